@@ -1,0 +1,171 @@
+"""Safetensors checkpoint I/O: lazy tensor index, validated reads, atomic directory writes.
+
+Reads never load a whole shard: :class:`TensorIndex` maps tensor names to shard files from the
+headers only, and tensors are read one at a time. Writes go to a temporary sibling directory that
+is renamed into place only when complete, so a crash never leaves a checkpoint that looks whole.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+WEIGHT_SUFFIXES = (".safetensors",)
+INDEX_NAME = "model.safetensors.index.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory or file is missing, unreadable, truncated or inconsistent."""
+
+
+def read_json(path: Path) -> dict:
+    """Read a JSON file, raising :class:`CheckpointError` that names it on failure."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: file not found") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+
+
+def write_json(path: Path, obj) -> None:
+    """Write JSON atomically (temp file + rename)."""
+    tmp = Path(f"{path}.tmp-{uuid.uuid4().hex[:8]}")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=False)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def shard_files(model_dir: Path) -> list[Path]:
+    """The safetensors shards of a model directory (from the index when there is one)."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise CheckpointError(f"{model_dir}: not a directory")
+    index = model_dir / INDEX_NAME
+    if index.exists():
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index}: has no 'weight_map'")
+        files = [model_dir / f for f in dict.fromkeys(weight_map.values())]
+        missing = [str(f) for f in files if not f.exists()]
+        if missing:
+            raise CheckpointError(f"{index}: lists shard(s) that do not exist: {missing}")
+        return files
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        bins = sorted(p.name for p in model_dir.glob("*.bin"))
+        hint = f" (found {bins}: convert to safetensors first)" if bins else ""
+        raise CheckpointError(f"{model_dir}: no *.safetensors weight files{hint}")
+    return files
+
+
+class TensorIndex:
+    """Name -> (shard, dtype, shape) for every tensor of a checkpoint, from the headers only."""
+
+    def __init__(self, model_dir: Path):
+        self.model_dir = Path(model_dir)
+        self.location: dict[str, Path] = {}
+        self.meta: dict[str, tuple[str, tuple[int, ...]]] = {}
+        for shard in shard_files(self.model_dir):
+            with _open(shard) as f:
+                for name in f.keys():
+                    if name in self.location:
+                        raise CheckpointError(
+                            f"{shard}: tensor {name!r} also appears in {self.location[name]}"
+                        )
+                    sl = f.get_slice(name)
+                    self.location[name] = shard
+                    self.meta[name] = (sl.get_dtype(), tuple(sl.get_shape()))
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.location
+
+    def names(self) -> list[str]:
+        return list(self.location)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.meta[name][1]
+
+    def nbytes(self, name: str) -> int:
+        dtype, shape = self.meta[name]
+        n = 1
+        for d in shape:
+            n *= d
+        return n * _DTYPE_BYTES.get(dtype, 4)
+
+    def get(self, name: str) -> torch.Tensor:
+        """Read one tensor (a copy in host memory)."""
+        if name not in self.location:
+            raise CheckpointError(f"{self.model_dir}: tensor {name!r} is missing from the checkpoint")
+        shard = self.location[name]
+        try:
+            with safe_open(shard, framework="pt") as f:
+                return f.get_tensor(name)
+        except Exception as e:  # safetensors raises its own error types
+            raise CheckpointError(f"{shard}: cannot read tensor {name!r}: {e}") from None
+
+
+_DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "U8": 1, "I8": 1, "F8_E4M3": 1,
+                "I32": 4, "I64": 8, "BOOL": 1}
+
+
+@contextlib.contextmanager
+def _open(shard: Path):
+    try:
+        f = safe_open(shard, framework="pt")
+    except Exception as e:
+        size = shard.stat().st_size if shard.exists() else 0
+        raise CheckpointError(
+            f"{shard}: not a readable safetensors file ({size} bytes; truncated or corrupt?): {e}"
+        ) from None
+    with f:
+        yield f
+
+
+def save_shard(tensors: dict[str, torch.Tensor], path: Path, metadata: dict | None = None) -> None:
+    """Save one safetensors shard (contiguous tensors, ``format=pt`` metadata)."""
+    meta = {"format": "pt", **(metadata or {})}
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=meta)
+
+
+def is_nonempty_dir(path: Path) -> bool:
+    return Path(path).is_dir() and any(Path(path).iterdir())
+
+
+@contextlib.contextmanager
+def atomic_directory(dst: Path, force: bool = False) -> Iterator[Path]:
+    """Yield a temporary directory beside ``dst``; on success it replaces ``dst`` atomically.
+
+    On any exception the temporary directory is removed and ``dst`` is left as it was. An existing
+    ``dst`` is replaced only with ``force`` (callers decide what counts as "the same model").
+    """
+    dst = Path(dst)
+    if is_nonempty_dir(dst) and not force:
+        raise CheckpointError(f"{dst}: already exists and is not empty (use --force to replace)")
+    if dst.exists() and not dst.is_dir():
+        raise CheckpointError(f"{dst}: exists and is not a directory")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.parent / f".{dst.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if dst.exists():
+        old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
+        os.replace(dst, old)
+    os.replace(tmp, dst)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,39 @@
+"""Resolve a model argument (local directory or Hugging Face hub id) to a local directory."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from qerl.checkpoint import CheckpointError
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+#: Files a causal LM needs; skips *.bin/*.pt/*.pth/onnx duplicates of the weights.
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken", "*.py"]
+
+
+def resolve_model_dir(src: str | Path, revision: str | None = None) -> Path:
+    """A local model directory for ``src``; downloads hub ids with ``huggingface_hub``.
+
+    Raises :class:`CheckpointError` with what to do when the path is missing or the hub cannot be
+    reached (no network, gated repository without a token, offline mode without a cache).
+    """
+    path = Path(src).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise CheckpointError(f"{path}: expected a model directory, found a file")
+        if not (path / "config.json").exists():
+            raise CheckpointError(f"{path}: not a Hugging Face model directory (no config.json)")
+        return path
+    if not _HUB_ID.match(str(src)):
+        raise CheckpointError(f"{src}: no such model directory (and not a hub id like 'Qwen/Qwen2.5-7B-Instruct')")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(str(src), revision=revision, allow_patterns=HUB_PATTERNS))
+    except Exception as e:  # network, auth, offline-mode and not-found errors all land here
+        raise CheckpointError(
+            f"could not fetch {src!r}{f' at revision {revision}' if revision else ''} from the "
+            f"Hugging Face hub ({type(e).__name__}: {e}). If the machine has no network, download "
+            "the model elsewhere and pass its local directory, or set HF_HUB_OFFLINE=1 to use a "
+            "cached copy; for gated models set HF_TOKEN."
+        ) from None

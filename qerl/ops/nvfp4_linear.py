@@ -1,0 +1,109 @@
+"""The one seam through which every use of an NVFP4 base weight goes.
+
+``nvfp4_linear(x, packed, scale, global_scale, bias)`` computes ``y = x · dequant(W)ᵀ + b`` with
+``x [..., K]`` (bf16/fp16/fp32), ``packed uint8 [N, K/2]``, ``scale float8_e4m3fn [N, K/16]``,
+``global_scale float32 [1]``, ``bias [N] | None``; it returns ``y [..., N]`` in ``x.dtype``.
+
+Autograd: gradients flow to ``x`` only (the base is frozen): ``dX = dY · dequant(W)``. The backward
+recomputes the dequantized weight instead of saving it, so no bf16 copy of W outlives a call.
+
+Backends: the pure-torch reference below (dequantize, then ``F.linear``) is the readable
+definition and the CPU path. GPU kernels register themselves with :func:`register_backend`
+(``qerl_kernels`` does so on import when CUDA and Triton are available); setting the environment
+variable ``QERL_FORCE_REFERENCE=1`` forces the reference everywhere for debugging.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from qerl.quant.nvfp4 import dequantize
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A fast implementation: ``supports(x, packed)`` gates it; ``forward``/``backward_input``
+    have the signatures of :func:`reference_forward` / :func:`reference_backward_input`."""
+
+    name: str
+    supports: Callable[[torch.Tensor, torch.Tensor], bool]
+    forward: Callable[..., torch.Tensor]
+    backward_input: Callable[..., torch.Tensor]
+
+
+_BACKENDS: list[Backend] = []
+
+
+def register_backend(backend: Backend) -> None:
+    """Register a fast backend (tried in registration order, newest first)."""
+    _BACKENDS.insert(0, backend)
+
+
+def use_reference() -> bool:
+    """True when ``QERL_FORCE_REFERENCE`` is set to a true value (1/true/yes)."""
+    return os.environ.get("QERL_FORCE_REFERENCE", "").lower() in ("1", "true", "yes")
+
+
+def reference_forward(x, packed, scale, global_scale, bias):
+    """``x [..., K] · dequant(W)ᵀ [K, N] + bias`` in ``x.dtype`` (dequantize, then matmul)."""
+    w = dequantize(packed, scale, global_scale, dtype=x.dtype)
+    return F.linear(x, w, bias)
+
+
+def reference_backward_input(grad_out, packed, scale, global_scale):
+    """``dX [..., K] = dY [..., N] · dequant(W) [N, K]`` in ``grad_out.dtype``."""
+    w = dequantize(packed, scale, global_scale, dtype=grad_out.dtype)
+    return grad_out @ w
+
+
+def select_backend(x: torch.Tensor, packed: torch.Tensor) -> Backend | None:
+    """The first registered backend that supports these tensors, or None for the reference."""
+    if use_reference():
+        return None
+    for backend in _BACKENDS:
+        if backend.supports(x, packed):
+            return backend
+    return None
+
+
+class _NVFP4LinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, packed, scale, global_scale, bias):
+        backend = select_backend(x, packed)
+        fwd = backend.forward if backend else reference_forward
+        ctx.save_for_backward(packed, scale, global_scale)
+        ctx.backend = backend
+        ctx.x_dtype = x.dtype
+        return fwd(x, packed, scale, global_scale, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        packed, scale, global_scale = ctx.saved_tensors
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            bwd = ctx.backend.backward_input if ctx.backend else reference_backward_input
+            grad_x = bwd(grad_out.contiguous(), packed, scale, global_scale).to(ctx.x_dtype)
+        grad_bias = None
+        if ctx.needs_input_grad[4]:  # a bias is frozen in every method, but stay correct if not
+            grad_bias = grad_out.reshape(-1, grad_out.shape[-1]).sum(0)
+        return grad_x, None, None, None, grad_bias
+
+
+def nvfp4_linear(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scale: torch.Tensor,
+    global_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``y = x · dequant(W)ᵀ + bias`` on an NVFP4 weight (see module docstring for shapes)."""
+    if x.shape[-1] != packed.shape[1] * 2:
+        raise ValueError(
+            f"nvfp4_linear: input has K = {x.shape[-1]} features but the packed weight "
+            f"{tuple(packed.shape)} holds K = {packed.shape[1] * 2}"
+        )
+    return _NVFP4LinearFn.apply(x, packed, scale, global_scale, bias)

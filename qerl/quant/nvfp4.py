@@ -1,0 +1,228 @@
+"""NVFP4 weight quantization, the pure-torch reference (no I/O, CPU or GPU).
+
+Format (``../shared/docs/nvfp4.md``; bit-exact with ``compressed-tensors`` ``nvfp4-pack-quantized``):
+
+* element: FP4 E2M1, codes ``0..7 -> 0, .5, 1, 1.5, 2, 3, 4, 6``; bit 3 is the sign. Values round to
+  nearest with ties to the even mantissa; the sign bit is kept, so a small negative value is -0
+  (code 8), as compressed-tensors writes it.
+* blocks of 16 consecutive elements along K of a ``[N, K]`` Linear weight, each with an FP8 E4M3
+  block scale ``s_b = fp8(clamp(gs * amax_block / 6, -448, 448))`` (an exact 0 is stored as 0.125);
+* one fp32 global scale per tensor in the *quantize* direction, ``gs = 448 * 6 / amax(|W|)``
+  (1.0 for an all-zero tensor); fused projections (q/k/v, gate/up) share the minimum of theirs.
+* quantize ``q = rne_e2m1(clamp(x / (fp32(s_b) / gs), -6, 6))``;
+  dequantize ``x_hat = e2m1(q) * (fp32(s_b) / gs)`` in fp32, then cast.
+* packing: byte ``[n, j]`` holds ``W[n, 2j]`` in its low nibble and ``W[n, 2j+1]`` in its high one.
+
+Cost 4.5 bits per weight (3.56x smaller than bf16). Public, stable API: :func:`quantize`,
+:func:`dequantize`, :func:`pack_fp4`, :func:`unpack_fp4`, :func:`global_scale`,
+:func:`fused_global_scale`.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+BLOCK_SIZE = 16
+FP4_MAX = 6.0
+FP8_MAX = 448.0
+ZERO_SCALE_REPLACEMENT = 0.125
+#: E2M1 magnitudes indexed by the 3-bit magnitude code.
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+#: All 16 code values (bit 3 = sign; code 8 is -0).
+E2M1_LUT = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), dtype=torch.float32)
+
+# Rounding thresholds on |x| for round-half-to-even onto the E2M1 grid. ``_UPPER[i]`` is the
+# largest |x| mapped to code ``i``; at a tie the even-mantissa neighbour wins, so the bound is
+# inclusive (``<=``) for codes 0, 2, 4, 6 and exclusive (``<``) for codes 1, 3, 5.
+_BOUNDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+
+
+class NVFP4Error(ValueError):
+    """Invalid input to NVFP4 quantization (shape, dtype, non-finite values, bad scales)."""
+
+
+def _check_weight(w: torch.Tensor, name: str) -> None:
+    if not isinstance(w, torch.Tensor) or w.ndim != 2:
+        got = tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
+        raise NVFP4Error(f"{name}: expected a 2-D [N_out, K_in] weight, got shape {got}")
+    if not w.dtype.is_floating_point:
+        raise NVFP4Error(f"{name}: expected a floating-point weight, got dtype {w.dtype}")
+    if w.shape[1] % BLOCK_SIZE != 0:
+        raise NVFP4Error(
+            f"{name}: K_in = {w.shape[1]} is not a multiple of the NVFP4 block size {BLOCK_SIZE} "
+            f"(weight shape {tuple(w.shape)})"
+        )
+    if not bool(torch.isfinite(w).all()):
+        bad = int((~torch.isfinite(w)).sum())
+        raise NVFP4Error(f"{name}: weight holds {bad} NaN/Inf value(s); refusing to quantize")
+
+
+def rne_e2m1_codes(x: torch.Tensor) -> torch.Tensor:
+    """Round fp32 values already clamped to [-6, 6] to E2M1 codes (uint8 in 0..15).
+
+    Round-half-to-even on the grid (ties go to the value whose mantissa bit is 0). The sign bit is
+    the input's sign bit, so a negative value that rounds to magnitude 0 is stored as -0 (code 8),
+    exactly as compressed-tensors packs it.
+    """
+    mag = x.abs()
+    code = torch.zeros(x.shape, dtype=torch.uint8, device=x.device)
+    for i, bound in enumerate(_BOUNDS):
+        # Codes 0, 2, 4, 6 (even mantissa) own their upper tie; codes 1, 3, 5 do not.
+        above = mag > bound if i % 2 == 0 else mag >= bound
+        code += above.to(torch.uint8)
+    sign = torch.signbit(x).to(torch.uint8) << 3
+    return code | sign
+
+
+def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
+    """Pack ``[N, K]`` uint8 codes (0..15) into ``[N, K/2]`` bytes: low nibble = even k."""
+    if codes.ndim != 2 or codes.shape[1] % 2:
+        raise NVFP4Error(f"pack_fp4: expected [N, K] codes with even K, got {tuple(codes.shape)}")
+    c = codes.to(torch.uint8)
+    return (c[:, 0::2] & 0xF) | ((c[:, 1::2] & 0xF) << 4)
+
+
+def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`pack_fp4`: ``[N, K/2]`` uint8 -> ``[N, K]`` uint8 codes."""
+    if packed.dtype != torch.uint8 or packed.ndim != 2:
+        raise NVFP4Error(
+            f"unpack_fp4: expected a 2-D uint8 tensor, got {packed.dtype} {tuple(packed.shape)}"
+        )
+    lo = packed & 0xF
+    hi = packed >> 4
+    return torch.stack((lo, hi), dim=-1).reshape(packed.shape[0], packed.shape[1] * 2)
+
+
+def e2m1_to_float(codes: torch.Tensor) -> torch.Tensor:
+    """Codes (any integer dtype, 0..15) -> fp32 values."""
+    return E2M1_LUT.to(codes.device)[codes.long()]
+
+
+def compute_global_scale(w: torch.Tensor) -> torch.Tensor:
+    """Per-tensor fp32 global scale ``[1]`` in the quantize direction: ``448*6 / amax(|w|)``."""
+    amax = w.detach().abs().amax().float()
+    gs = torch.where(amax > 0, (FP8_MAX * FP4_MAX) / amax, torch.ones_like(amax))
+    return gs.reshape(1).to(torch.float32)
+
+
+#: Public alias (``quantize`` takes a ``global_scale`` argument, hence the longer internal name).
+global_scale = compute_global_scale
+
+
+def fused_global_scale(weights: Iterable[torch.Tensor]) -> torch.Tensor:
+    """Shared global scale of fused projections (q/k/v or gate/up): the minimum of theirs."""
+    scales = [compute_global_scale(w) for w in weights]
+    if not scales:
+        raise NVFP4Error("fused_global_scale: needs at least one weight")
+    return torch.stack(scales).amin(dim=0)
+
+
+def _check_global_scale(gs: torch.Tensor, name: str) -> torch.Tensor:
+    gs = torch.as_tensor(gs, dtype=torch.float32).reshape(-1)
+    if gs.numel() != 1:
+        raise NVFP4Error(f"{name}: global scale must hold one value, got shape {tuple(gs.shape)}")
+    value = float(gs)
+    if not (value == value) or value in (float("inf"), float("-inf")):
+        raise NVFP4Error(f"{name}: global scale is {value}; expected a finite positive number")
+    if value < 1.0:
+        raise NVFP4Error(
+            f"{name}: global scale {value:.6g} is below 1. NVFP4 global scales are stored in the "
+            "quantize direction (gs = 2688 / amax, e.g. ~1e4 for typical weights); a value below 1 "
+            "means the reciprocal (amax / 2688, as ModelOpt `weight_scale_2` or torchao store it) was "
+            "passed. Use 1 / that value."
+        )
+    return gs
+
+
+def block_scales(w: torch.Tensor, gs: torch.Tensor) -> torch.Tensor:
+    """FP8 E4M3 block scales ``[N, K/16]`` of ``w`` under global scale ``gs``."""
+    n, k = w.shape
+    amax_b = w.detach().float().reshape(n, k // BLOCK_SIZE, BLOCK_SIZE).abs().amax(dim=-1)
+    s = torch.clamp(gs.to(w.device) * (amax_b / FP4_MAX), min=-FP8_MAX, max=FP8_MAX)
+    s = s.to(torch.float8_e4m3fn)
+    zero = s.float() == 0
+    if bool(zero.any()):
+        s = torch.where(zero, torch.tensor(ZERO_SCALE_REPLACEMENT).to(s.dtype), s)
+    return s
+
+
+@torch.no_grad()
+def quantize(
+    w: torch.Tensor, global_scale: torch.Tensor | float | None = None, *, name: str = "weight"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Quantize a Linear weight to NVFP4.
+
+    Args:
+        w: ``[N_out, K_in]`` float weight (any float dtype; math in fp32), K a multiple of 16.
+        global_scale: fp32 global scale to use as is (e.g. the fused minimum); ``None`` computes
+            ``2688 / amax(|w|)``.
+        name: tensor name used in error messages.
+
+    Returns:
+        ``(packed uint8 [N, K/2], scale float8_e4m3fn [N, K/16], global_scale float32 [1])``.
+    """
+    _check_weight(w, name)
+    if global_scale is None:
+        gs = compute_global_scale(w)
+    else:
+        gs = _check_global_scale(global_scale, name)
+    gs = gs.to(w.device)
+    n, k = w.shape
+    scale = block_scales(w, gs)
+    eff = scale.float() / gs  # [N, K/16]; computed exactly like compressed-tensors (no 1/gs)
+    x = w.float().reshape(n, k // BLOCK_SIZE, BLOCK_SIZE) / eff.unsqueeze(-1)
+    codes = rne_e2m1_codes(torch.clamp(x, -FP4_MAX, FP4_MAX)).reshape(n, k)
+    return pack_fp4(codes), scale, gs.clone()
+
+
+def dequantize(
+    packed: torch.Tensor,
+    scale: torch.Tensor,
+    global_scale: torch.Tensor | float,
+    dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """Dequantize NVFP4 to a dense ``[N, K]`` tensor of ``dtype`` (math in fp32).
+
+    Args:
+        packed: ``[N, K/2]`` uint8, low nibble = even k.
+        scale: ``[N, K/16]`` float8_e4m3fn block scales.
+        global_scale: fp32 ``[1]`` (quantize direction: divided out here).
+    """
+    check_packed(packed, scale, "dequantize")
+    gs = _check_global_scale(global_scale, "dequantize").to(packed.device)
+    n = packed.shape[0]
+    k = packed.shape[1] * 2
+    values = e2m1_to_float(unpack_fp4(packed)).reshape(n, k // BLOCK_SIZE, BLOCK_SIZE)
+    eff = (scale.float() / gs).unsqueeze(-1)
+    return (values * eff).reshape(n, k).to(dtype)
+
+
+def check_packed(packed: torch.Tensor, scale: torch.Tensor, name: str) -> None:
+    """Validate dtypes and shapes of a packed weight and its block scales."""
+    if packed.dtype != torch.uint8 or packed.ndim != 2:
+        raise NVFP4Error(
+            f"{name}: weight_packed must be 2-D uint8 [N, K/2], got {packed.dtype} "
+            f"{tuple(packed.shape)}"
+        )
+    if scale.dtype != torch.float8_e4m3fn or scale.ndim != 2:
+        raise NVFP4Error(
+            f"{name}: weight_scale must be 2-D float8_e4m3fn [N, K/16], got {scale.dtype} "
+            f"{tuple(scale.shape)}"
+        )
+    n, half_k = packed.shape
+    if (half_k * 2) % BLOCK_SIZE or tuple(scale.shape) != (n, half_k * 2 // BLOCK_SIZE):
+        raise NVFP4Error(
+            f"{name}: weight_scale shape {tuple(scale.shape)} does not match weight_packed "
+            f"{tuple(packed.shape)}; expected ({n}, {half_k * 2 // BLOCK_SIZE})"
+        )
+
+
+def quantization_error(w: torch.Tensor, w_hat: torch.Tensor) -> dict[str, float]:
+    """Relative Frobenius error ``||w - w_hat|| / ||w||`` and SQNR in dB of a reconstruction."""
+    w = w.float()
+    err = (w - w_hat.float()).norm()
+    ref = w.norm()
+    rel = float(err / ref) if float(ref) > 0 else 0.0
+    sqnr = float(20 * torch.log10(ref / err)) if float(err) > 0 else float("inf")
+    return {"rel_fro_error": rel, "sqnr_db": sqnr}

@@ -1,0 +1,238 @@
+"""``qerl quantize``: a bf16 Hugging Face checkpoint -> a compressed-tensors NVFP4 checkpoint.
+
+Calibration-free round-to-nearest (as the QeRL reference code does; the paper's AWQ is never run
+there). Every decoder ``nn.Linear`` is quantized (q/k/v and gate/up share the minimum global scale,
+as vLLM requires); embeddings, ``lm_head`` and norms are copied unchanged.
+
+Streaming: the source is read tensor by tensor from its shards and the output is written shard by
+shard, so peak host memory is about one output shard plus one decoder layer. The whole output is
+written into a temporary directory and renamed into place when complete.
+"""
+from __future__ import annotations
+
+import hashlib
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from qerl.checkpoint import (
+    INDEX_NAME,
+    CheckpointError,
+    TensorIndex,
+    atomic_directory,
+    is_nonempty_dir,
+    read_json,
+    save_shard,
+    shard_files,
+    write_json,
+)
+from qerl.models.arch import check_supported, fused_groups
+from qerl.quant import nvfp4
+from qerl.quant.format import is_target, quantization_config
+
+MANIFEST = "qerl_quantize.json"
+REPORT = "quantization_report.json"
+_SKIP_COPY = {"config.json", INDEX_NAME, MANIFEST, REPORT}
+
+
+@dataclass
+class _Unit:
+    """Tensors produced together: one fused group of linears, or one pass-through tensor."""
+
+    linears: list[str] = field(default_factory=list)  # module names
+    passthrough: str | None = None  # tensor name
+    out_bytes: int = 0
+
+
+def parse_size(size: str | int) -> int:
+    """'2GB' / '500MB' / '1GiB' / int -> bytes."""
+    if isinstance(size, int):
+        return size
+    s = size.strip().upper()
+    units = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9, "B": 1}
+    for u, mult in units.items():
+        if s.endswith(u):
+            return int(float(s[: -len(u)]) * mult)
+    return int(s)
+
+
+def source_fingerprint(model_dir: Path) -> str:
+    """A cheap content hash: config, shard headers and sizes, and 1 MiB at each shard's ends."""
+    h = hashlib.sha256((model_dir / "config.json").read_bytes())
+    for shard in shard_files(model_dir):
+        size = shard.stat().st_size
+        h.update(f"{shard.name}:{size}".encode())
+        with open(shard, "rb") as f:
+            h.update(f.read(2**20))
+            f.seek(max(0, size - 2**20))
+            h.update(f.read())
+    return h.hexdigest()
+
+
+def _linear_modules(config) -> dict[str, tuple[int, int, bool, tuple[str, ...]]]:
+    """``name -> (out_features, in_features, has_bias, class names)`` of the model's Linears."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return {
+        name: (m.out_features, m.in_features, m.bias is not None,
+               tuple(c.__name__ for c in type(m).__mro__))
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear)
+    }
+
+
+def plan(src: Path, ignore: tuple[str, ...]) -> tuple[dict, TensorIndex, list[_Unit]]:
+    """Validate the source and return ``(config dict, tensor index, ordered units)``."""
+    from transformers import AutoConfig
+
+    cfg = read_json(src / "config.json")
+    if cfg.get("quantization_config"):
+        method = cfg["quantization_config"].get("quant_method", "?")
+        raise CheckpointError(f"{src}/config.json: model is already quantized ({method})")
+    model_type = check_supported(cfg.get("model_type"), f"{src}/config.json")
+    index = TensorIndex(src)
+    linears = _linear_modules(AutoConfig.from_pretrained(src))
+    targets = [n for n, (_, _, _, cls) in linears.items() if is_target(n, cls, ["Linear"], ignore)]
+    if not targets:
+        raise CheckpointError(f"{src}: no Linear layers to quantize (ignore={list(ignore)})")
+    for name in targets:
+        out_f, in_f, has_bias, _ = linears[name]
+        wname = f"{name}.weight"
+        if wname not in index:
+            raise CheckpointError(f"{src}: tensor {wname!r} is missing from the checkpoint")
+        if index.shape(wname) != (out_f, in_f):
+            raise CheckpointError(
+                f"{src}: tensor {wname!r} has shape {index.shape(wname)}; config implies {(out_f, in_f)}"
+            )
+        if in_f % nvfp4.BLOCK_SIZE:
+            raise CheckpointError(f"{src}: {wname} has K_in = {in_f}, not a multiple of 16")
+    quantized_weights = {f"{n}.weight" for n in targets}
+    order = {name: i for i, name in enumerate(index.names())}
+    units = []
+    for group in fused_groups(model_type, targets):
+        nbytes = 0
+        for n in group:
+            out_f, in_f, has_bias, _ = linears[n]
+            nbytes += out_f * in_f // 2 + out_f * in_f // 16 + 4
+            nbytes += index.nbytes(f"{n}.bias") if has_bias and f"{n}.bias" in index else 0
+        units.append(_Unit(linears=group, out_bytes=nbytes))
+    biases = {f"{n}.bias" for n in targets}
+    for name in index.names():
+        if name not in quantized_weights and name not in biases:
+            units.append(_Unit(passthrough=name, out_bytes=index.nbytes(name)))
+
+    def first_pos(u: _Unit) -> int:
+        return order[u.passthrough] if u.passthrough else min(order[f"{n}.weight"] for n in u.linears)
+
+    units.sort(key=first_pos)
+    return cfg, index, units
+
+
+def _quantize_unit(unit: _Unit, index: TensorIndex, report: dict) -> dict[str, torch.Tensor]:
+    if unit.passthrough:
+        return {unit.passthrough: index.get(unit.passthrough)}
+    weights = {n: index.get(f"{n}.weight") for n in unit.linears}
+    gs = nvfp4.fused_global_scale(weights.values())
+    out = {}
+    for n, w in weights.items():
+        packed, scale, g = nvfp4.quantize(w, global_scale=gs, name=f"{n}.weight")
+        out[f"{n}.weight_packed"] = packed
+        out[f"{n}.weight_scale"] = scale
+        out[f"{n}.weight_global_scale"] = g
+        if f"{n}.bias" in index:
+            out[f"{n}.bias"] = index.get(f"{n}.bias")
+        err = nvfp4.quantization_error(w, nvfp4.dequantize(packed, scale, g, dtype=torch.float32))
+        report[n] = {"shape": list(w.shape), "global_scale": float(g), "fused_with": unit.linears, **err}
+    return out
+
+
+def quantize_checkpoint(
+    src: str | Path,
+    dst: str | Path,
+    *,
+    force: bool = False,
+    max_shard_size: str | int = "2GB",
+    ignore: tuple[str, ...] = ("lm_head",),
+    revision: str | None = None,
+    progress: bool = True,
+) -> dict:
+    """Quantize ``src`` (local dir or hub id) into ``dst``; return the error report summary.
+
+    A ``dst`` that already holds this quantization of the same source is left alone ("up to
+    date"); one that holds anything else is refused unless ``force``.
+    """
+    from tqdm.auto import tqdm
+
+    from qerl.models.source import resolve_model_dir
+
+    src = resolve_model_dir(src, revision)
+    dst = Path(dst)
+    settings = {"ignore": list(ignore), "format": "nvfp4-pack-quantized"}
+    fingerprint = source_fingerprint(src)
+    if is_nonempty_dir(dst) and not force:
+        manifest = dst / MANIFEST
+        if manifest.exists():
+            old = read_json(manifest)
+            if old.get("source_fingerprint") == fingerprint and old.get("settings") == settings:
+                return {"up_to_date": True, **read_json(dst / REPORT)["summary"]}
+        raise CheckpointError(
+            f"{dst}: already holds a different model or quantization; refusing to overwrite "
+            "(pass --force to replace it)"
+        )
+    cfg, index, units = plan(src, ignore)
+    limit = parse_size(max_shard_size)
+    shards: list[list[_Unit]] = [[]]
+    size = 0
+    for u in units:
+        if shards[-1] and size + u.out_bytes > limit:
+            shards.append([])
+            size = 0
+        shards[-1].append(u)
+        size += u.out_bytes
+    n = len(shards)
+    names = ["model.safetensors"] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    report: dict = {}
+    weight_map: dict[str, str] = {}
+    total = 0
+    with atomic_directory(dst, force=force) as tmp:
+        bar = tqdm(total=len(units), desc=f"quantize {src.name}", unit="tensor", disable=not progress)
+        for shard_name, shard_units in zip(names, shards):
+            tensors: dict[str, torch.Tensor] = {}
+            for u in shard_units:
+                tensors.update(_quantize_unit(u, index, report))
+                bar.update(1)
+            save_shard(tensors, tmp / shard_name)
+            total += sum(t.numel() * t.element_size() for t in tensors.values())
+            weight_map.update({k: shard_name for k in tensors})
+            del tensors
+        bar.close()
+        if n > 1:
+            write_json(tmp / INDEX_NAME, {"metadata": {"total_size": total}, "weight_map": weight_map})
+        cfg = dict(cfg)
+        cfg["quantization_config"] = quantization_config(ignore)
+        write_json(tmp / "config.json", cfg)
+        for f in src.iterdir():
+            if f.is_file() and f.name not in _SKIP_COPY and f.suffix not in (".safetensors", ".bin", ".pt", ".pth"):
+                shutil.copy2(f, tmp / f.name)
+        summary = _summary(report, total)
+        write_json(tmp / REPORT, {"summary": summary, "layers": report})
+        write_json(tmp / MANIFEST, {"source": str(src), "source_fingerprint": fingerprint,
+                                    "settings": settings, "shards": names})
+    return {"up_to_date": False, **summary}
+
+
+def _summary(report: dict, total_bytes: int) -> dict:
+    errs = [r["rel_fro_error"] for r in report.values()]
+    sqnr = [r["sqnr_db"] for r in report.values()]
+    return {
+        "quantized_linears": len(report),
+        "checkpoint_bytes": total_bytes,
+        "rel_fro_error_mean": sum(errs) / len(errs),
+        "rel_fro_error_max": max(errs),
+        "sqnr_db_mean": sum(sqnr) / len(sqnr),
+        "sqnr_db_min": min(sqnr),
+    }
