@@ -96,7 +96,7 @@ def _load_nvfp4(src: Path, cfg: dict, qcfg: dict, dtype):
         mod: NVFP4Linear = model.get_submodule(name)
         packed, scale, gs = (index.get(f"{name}.{s}") for s in PACKED_SUFFIXES)
         try:
-            gs = nvfp4._check_global_scale(gs, f"{src}: {name}.weight_global_scale")
+            gs = nvfp4.check_global_scale(gs, f"{name}.weight_global_scale", reject_reciprocal=True)
             if gs.dtype != torch.float32 or packed.dtype != torch.uint8:
                 raise nvfp4.NVFP4Error(f"{name}: wrong dtypes ({packed.dtype}, {scale.dtype}, {gs.dtype})")
             mod.load_packed(packed, scale, gs, index.get(f"{name}.bias") if mod.bias is not None else None)

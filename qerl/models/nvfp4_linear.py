@@ -25,6 +25,7 @@ class NVFP4Linear(nn.Module):
             raise nvfp4.NVFP4Error(f"NVFP4Linear: in_features {in_features} is not a multiple of 16")
         self.in_features = in_features
         self.out_features = out_features
+        self.compute_dtype = dtype  # activations' dtype; LoRA adapters are created to match
         self.register_buffer("weight_packed", torch.zeros(out_features, in_features // 2, dtype=torch.uint8, device=device))
         self.register_buffer("weight_scale", torch.ones(out_features, in_features // 16, device=device).to(torch.float8_e4m3fn))
         self.register_buffer("weight_global_scale", torch.ones(1, dtype=torch.float32, device=device))
@@ -54,6 +55,11 @@ class NVFP4Linear(nn.Module):
         self.weight_global_scale = global_scale.reshape(1).to(torch.float32)
         if bias is not None:
             self.bias = bias
+
+    @property
+    def qweight(self) -> torch.Tensor:
+        """The packed weight under the name PEFT probes to find a quantized layer's device."""
+        return self.weight_packed
 
     def dequantized_weight(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """The dense ``[N, K]`` weight (a temporary: never stored on the module)."""

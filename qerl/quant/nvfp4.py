@@ -3,8 +3,8 @@
 Format (``../shared/docs/nvfp4.md``; bit-exact with ``compressed-tensors`` ``nvfp4-pack-quantized``):
 
 * element: FP4 E2M1, codes ``0..7 -> 0, .5, 1, 1.5, 2, 3, 4, 6``; bit 3 is the sign. Values round to
-  nearest with ties to the even mantissa; the sign bit is kept, so a small negative value is -0
-  (code 8), as compressed-tensors writes it.
+  nearest with ties to the even mantissa; a small negative value that rounds to 0 keeps its sign
+  (-0, code 8), as compressed-tensors writes it (an input of exactly -0.0 gives +0, code 0).
 * blocks of 16 consecutive elements along K of a ``[N, K]`` Linear weight, each with an FP8 E4M3
   block scale ``s_b = fp8(clamp(gs * amax_block / 6, -448, 448))`` (an exact 0 is stored as 0.125);
 * one fp32 global scale per tensor in the *quantize* direction, ``gs = 448 * 6 / amax(|W|)``
@@ -19,6 +19,7 @@ Cost 4.5 bits per weight (3.56x smaller than bf16). Public, stable API: :func:`q
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
@@ -62,8 +63,9 @@ def rne_e2m1_codes(x: torch.Tensor) -> torch.Tensor:
     """Round fp32 values already clamped to [-6, 6] to E2M1 codes (uint8 in 0..15).
 
     Round-half-to-even on the grid (ties go to the value whose mantissa bit is 0). The sign bit is
-    the input's sign bit, so a negative value that rounds to magnitude 0 is stored as -0 (code 8),
-    exactly as compressed-tensors packs it.
+    set for every strictly negative input, so a small negative value that rounds to magnitude 0
+    is stored as -0 (code 8), while an input of exactly -0.0 gives +0: exactly as
+    compressed-tensors packs them (its CPU and Triton paths agree on this).
     """
     mag = x.abs()
     code = torch.zeros(x.shape, dtype=torch.uint8, device=x.device)
@@ -71,7 +73,7 @@ def rne_e2m1_codes(x: torch.Tensor) -> torch.Tensor:
         # Codes 0, 2, 4, 6 (even mantissa) own their upper tie; codes 1, 3, 5 do not.
         above = mag > bound if i % 2 == 0 else mag >= bound
         code += above.to(torch.uint8)
-    sign = torch.signbit(x).to(torch.uint8) << 3
+    sign = (x < 0).to(torch.uint8) << 3  # strictly negative: an input of -0.0 stays +0
     return code | sign
 
 
@@ -102,7 +104,9 @@ def e2m1_to_float(codes: torch.Tensor) -> torch.Tensor:
 def compute_global_scale(w: torch.Tensor) -> torch.Tensor:
     """Per-tensor fp32 global scale ``[1]`` in the quantize direction: ``448*6 / amax(|w|)``."""
     amax = w.detach().abs().amax().float()
-    gs = torch.where(amax > 0, (FP8_MAX * FP4_MAX) / amax, torch.ones_like(amax))
+    gs = (FP8_MAX * FP4_MAX) / amax
+    # amax = 0 (or so tiny that 2688/amax overflows) -> 1.0, exactly as compressed-tensors does.
+    gs = torch.nan_to_num(gs, nan=1.0, posinf=1.0, neginf=1.0)
     return gs.reshape(1).to(torch.float32)
 
 
@@ -118,19 +122,25 @@ def fused_global_scale(weights: Iterable[torch.Tensor]) -> torch.Tensor:
     return torch.stack(scales).amin(dim=0)
 
 
-def _check_global_scale(gs: torch.Tensor, name: str) -> torch.Tensor:
-    gs = torch.as_tensor(gs, dtype=torch.float32).reshape(-1)
+def check_global_scale(gs, name: str, *, reject_reciprocal: bool = False) -> torch.Tensor:
+    """A ``[1]`` fp32 global scale; finite and positive. With ``reject_reciprocal``, below 1 too.
+
+    A stored global scale below 1 almost always means the reciprocal convention (``amax / 2688``,
+    as ModelOpt's ``weight_scale_2`` and torchao store it); only a tensor with ``amax > 2688``
+    legitimately has one. Checkpoint readers pass ``reject_reciprocal=True``.
+    """
+    gs = torch.as_tensor(gs).detach().to(torch.float32).reshape(-1)
     if gs.numel() != 1:
         raise NVFP4Error(f"{name}: global scale must hold one value, got shape {tuple(gs.shape)}")
     value = float(gs)
-    if not (value == value) or value in (float("inf"), float("-inf")):
+    if not math.isfinite(value) or value <= 0:
         raise NVFP4Error(f"{name}: global scale is {value}; expected a finite positive number")
-    if value < 1.0:
+    if reject_reciprocal and value < 1.0:
         raise NVFP4Error(
             f"{name}: global scale {value:.6g} is below 1. NVFP4 global scales are stored in the "
             "quantize direction (gs = 2688 / amax, e.g. ~1e4 for typical weights); a value below 1 "
-            "means the reciprocal (amax / 2688, as ModelOpt `weight_scale_2` or torchao store it) was "
-            "passed. Use 1 / that value."
+            "means the reciprocal (amax / 2688, as ModelOpt `weight_scale_2` or torchao store it) "
+            "was given. Use 1 / that value."
         )
     return gs
 
@@ -166,7 +176,9 @@ def quantize(
     if global_scale is None:
         gs = compute_global_scale(w)
     else:
-        gs = _check_global_scale(global_scale, name)
+        # A given scale below 1 is the reciprocal convention unless this tensor's own is below 1.
+        own_below_one = float(compute_global_scale(w)) < 1.0
+        gs = check_global_scale(global_scale, name, reject_reciprocal=not own_below_one)
     gs = gs.to(w.device)
     n, k = w.shape
     scale = block_scales(w, gs)
@@ -190,7 +202,7 @@ def dequantize(
         global_scale: fp32 ``[1]`` (quantize direction: divided out here).
     """
     check_packed(packed, scale, "dequantize")
-    gs = _check_global_scale(global_scale, "dequantize").to(packed.device)
+    gs = check_global_scale(global_scale, "dequantize").to(packed.device)
     n = packed.shape[0]
     k = packed.shape[1] * 2
     values = e2m1_to_float(unpack_fp4(packed)).reshape(n, k // BLOCK_SIZE, BLOCK_SIZE)

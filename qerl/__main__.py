@@ -1,0 +1,5 @@
+import sys
+
+from qerl.cli import main
+
+sys.exit(main())

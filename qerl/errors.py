@@ -1,0 +1,8 @@
+"""The error types a user can cause (bad files, bad settings), reported without a traceback."""
+from qerl.checkpoint import CheckpointError
+from qerl.models.arch import UnsupportedArchitectureError
+from qerl.quant.format import CheckpointFormatError
+from qerl.quant.nvfp4 import NVFP4Error
+
+USER_ERRORS = (CheckpointError, CheckpointFormatError, NVFP4Error, UnsupportedArchitectureError,
+               FileNotFoundError, ValueError)

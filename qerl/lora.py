@@ -1,0 +1,143 @@
+"""LoRA on any policy base (bf16, NF4, NVFP4) through PEFT, in PEFT's on-disk format.
+
+``y = base(x) + (alpha / r) · B(A(dropout(x)))`` with ``A [r, K]``, ``B [N, r]`` trained (fp32
+master weights), the base frozen. On an NVFP4 base the LoRA layer is :class:`LoraNVFP4Linear`, a
+PEFT ``lora.Linear`` registered for :class:`NVFP4Linear` through PEFT's custom-module API: adapters
+save as ``adapter_config.json`` + ``adapter_model.safetensors`` with PEFT's key names, so
+``peft.PeftModel.from_pretrained`` on the bf16 (or dequantized) base reproduces our logits.
+
+Paper: rank 32 on the seven projections; reference code: rank 16, alpha 16, and it also trains the
+RMSNorm weights (``train_norms``, off by default).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from qerl.models.arch import PROJECTIONS
+from qerl.models.nvfp4_linear import NVFP4Linear
+
+NORM_SUFFIXES = ("input_layernorm", "post_attention_layernorm")
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA hyperparameters.
+
+    r: rank (paper 32; ablation 16/32/64/128). alpha: scale numerator, the update is
+    ``alpha / r · B A`` (reference code 16 at r = 16). dropout: on the LoRA input (0 in the paper).
+    targets: projection names. train_norms: also train the RMSNorm weights (reference code).
+    """
+
+    r: int = 32
+    alpha: float = 32.0
+    dropout: float = 0.0
+    targets: tuple[str, ...] = PROJECTIONS
+    train_norms: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.r, int) or self.r < 1:
+            raise ValueError(f"lora.r must be a positive integer, got {self.r!r}")
+        if not self.alpha > 0:
+            raise ValueError(f"lora.alpha must be > 0, got {self.alpha!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout!r}")
+        if not self.targets:
+            raise ValueError("lora.targets must name at least one projection")
+
+
+def _lora_linear_cls():
+    from peft.tuners.lora.layer import Linear as PeftLoraLinear
+
+    class LoraNVFP4Linear(PeftLoraLinear):
+        """PEFT LoRA layer over an :class:`NVFP4Linear` base (which is never merged into)."""
+
+        def _get_in_out_features(self, module):
+            return module.in_features, module.out_features
+
+        def _get_base_layer_device_and_dtype(self, base_layer):
+            return base_layer.weight_packed.device, base_layer.compute_dtype
+
+        def merge(self, *args, **kwargs):
+            raise RuntimeError(
+                "cannot merge LoRA into an NVFP4 base in place (the packed base stays frozen and "
+                "bit-identical); use qerl.lora.export_merged to write a merged bf16 model"
+            )
+
+    return LoraNVFP4Linear
+
+
+def lora_config(settings: LoraSettings, base_model_path: str | None = None):
+    """The ``peft.LoraConfig`` for ``settings`` (NVFP4 layers registered as custom modules)."""
+    from peft import LoraConfig
+
+    norms = list(NORM_SUFFIXES) if settings.train_norms else None
+    config = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+                        target_modules=list(settings.targets), modules_to_save=norms,
+                        bias="none", task_type="CAUSAL_LM", base_model_name_or_path=base_model_path)
+    config._register_custom_module({NVFP4Linear: _lora_linear_cls()})
+    return config
+
+
+def apply_lora(model, settings: LoraSettings = LoraSettings()):
+    """Wrap ``model`` in a ``peft.PeftModel`` with fresh LoRA adapters (B = 0: output unchanged)."""
+    from peft import get_peft_model
+
+    config = lora_config(settings, getattr(model.config, "_name_or_path", None))
+    peft_model = get_peft_model(model, config)
+    return peft_model
+
+
+def load_adapter(model, adapter_dir: str | Path, is_trainable: bool = False):
+    """Attach a saved PEFT adapter to ``model`` (any base: bf16, NF4 or NVFP4)."""
+    from peft import LoraConfig, PeftModel
+
+    adapter_dir = Path(adapter_dir)
+    if not (adapter_dir / "adapter_config.json").exists():
+        raise FileNotFoundError(f"{adapter_dir}: no adapter_config.json (not a PEFT adapter directory)")
+    config = LoraConfig.from_pretrained(str(adapter_dir))
+    config._register_custom_module({NVFP4Linear: _lora_linear_cls()})
+    return PeftModel.from_pretrained(model, str(adapter_dir), config=config, is_trainable=is_trainable)
+
+
+def save_adapter(peft_model, output: str | Path) -> Path:
+    """Save adapters in PEFT format, atomically (temp directory, then rename)."""
+    from qerl.checkpoint import atomic_directory
+
+    output = Path(output)
+    with atomic_directory(output, force=True) as tmp:
+        peft_model.save_pretrained(str(tmp))
+    return output
+
+
+def export_merged(base: str | Path, adapter_dir: str | Path, output: str | Path,
+                  dtype: torch.dtype = torch.bfloat16, force: bool = False) -> Path:
+    """Merge an adapter into its base and save a dense model (bf16 by default).
+
+    An NVFP4 base is dequantized first, so the merged model is exactly what the policy computed
+    (dequantized base + LoRA), in a checkpoint any tool reads.
+    """
+    from qerl.checkpoint import atomic_directory
+    from qerl.models import load_policy
+    from qerl.models.source import resolve_model_dir
+
+    src = resolve_model_dir(base)
+    model = load_policy(src, base="bf16", dtype=dtype)
+    merged = load_adapter(model, adapter_dir).merge_and_unload()
+    merged.config.__dict__.pop("quantization_config", None)
+    with atomic_directory(Path(output), force=force) as tmp:
+        merged.save_pretrained(str(tmp))
+        for f in Path(src).iterdir():
+            if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template",
+                                  "generation_config")):
+                (tmp / f.name).write_bytes(f.read_bytes())
+    return Path(output)
+
+
+def trainable_parameters(model) -> dict[str, int]:
+    """``{"trainable": n, "total": m}`` parameter counts (packed NVFP4 buffers count as 0)."""
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {"trainable": trainable, "total": total}
