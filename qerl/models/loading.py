@@ -96,9 +96,9 @@ def _load_nvfp4(src: Path, cfg: dict, qcfg: dict, dtype):
         mod: NVFP4Linear = model.get_submodule(name)
         packed, scale, gs = (index.get(f"{name}.{s}") for s in PACKED_SUFFIXES)
         try:
+            if gs.dtype != torch.float32 or tuple(gs.shape) != (1,):
+                raise nvfp4.NVFP4Error(f"weight_global_scale must be float32 [1], got {gs.dtype} {tuple(gs.shape)}")
             gs = nvfp4.check_global_scale(gs, f"{name}.weight_global_scale", reject_reciprocal=True)
-            if gs.dtype != torch.float32 or packed.dtype != torch.uint8:
-                raise nvfp4.NVFP4Error(f"{name}: wrong dtypes ({packed.dtype}, {scale.dtype}, {gs.dtype})")
             mod.load_packed(packed, scale, gs, index.get(f"{name}.bias") if mod.bias is not None else None)
         except nvfp4.NVFP4Error as e:
             raise CheckpointError(f"{src}: tensor {name}: {e}") from None

@@ -4,7 +4,7 @@ Buffers (not parameters, so no optimizer ever sees them): ``weight_packed`` uint
 ``weight_scale`` float8_e4m3fn ``[N, K/16]``, ``weight_global_scale`` float32 ``[1]``, and an
 optional ``bias`` ``[N]``. The names match the compressed-tensors checkpoint, so
 ``state_dict()`` of a quantized model is exactly the on-disk format. ``forward`` goes through the
-single seam :func:`qerl.ops.nvfp4_linear` (reference on CPU, Triton kernels on CUDA).
+single seam :func:`qerl.ops.linear.nvfp4_linear` (reference on CPU, Triton kernels on CUDA).
 """
 from __future__ import annotations
 
