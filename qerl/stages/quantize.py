@@ -11,6 +11,7 @@ written into a temporary directory and renamed into place when complete.
 from __future__ import annotations
 
 import hashlib
+import math
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,21 +133,46 @@ def plan(src: Path, ignore: tuple[str, ...]) -> tuple[dict, TensorIndex, list[_U
     return cfg, index, units
 
 
+#: Rows quantized at a time: keeps fp32 temporaries to a few MB per chunk.
+_CHUNK_ELEMENTS = 1 << 21
+
+
+def _quantize_rows(w: torch.Tensor, gs: torch.Tensor, name: str):
+    """Quantize ``w`` under ``gs`` in row chunks; also return its error statistics.
+
+    Row blocks are independent given the global scale, so chunking is bit-identical to
+    ``nvfp4.quantize(w, gs)`` while keeping peak memory near one weight, not several fp32 copies.
+    """
+    rows = max(1, _CHUNK_ELEMENTS // w.shape[1])
+    packed, scales, err2, ref2 = [], [], 0.0, 0.0
+    for chunk in w.split(rows):
+        p, s, _ = nvfp4.quantize(chunk, global_scale=gs, name=name)
+        diff = chunk.double() - nvfp4.dequantize(p, s, gs, dtype=torch.float32).double()
+        err2 += float(diff.square().sum())
+        ref2 += float(chunk.double().square().sum())
+        packed.append(p)
+        scales.append(s)
+    rel = math.sqrt(err2 / ref2) if ref2 > 0 else 0.0
+    sqnr = 10 * math.log10(ref2 / err2) if err2 > 0 else float("inf")
+    return torch.cat(packed), torch.cat(scales), {"rel_fro_error": rel, "sqnr_db": sqnr}
+
+
 def _quantize_unit(unit: _Unit, index: TensorIndex, report: dict) -> dict[str, torch.Tensor]:
     if unit.passthrough:
         return {unit.passthrough: index.get(unit.passthrough)}
-    weights = {n: index.get(f"{n}.weight") for n in unit.linears}
-    gs = nvfp4.fused_global_scale(weights.values())
+    # The fused global scale needs every member's amax first; read them one at a time.
+    gs = torch.stack([nvfp4.global_scale(index.get(f"{n}.weight")) for n in unit.linears]).amin(0)
     out = {}
-    for n, w in weights.items():
-        packed, scale, g = nvfp4.quantize(w, global_scale=gs, name=f"{n}.weight")
+    for n in unit.linears:
+        w = index.get(f"{n}.weight")
+        packed, scale, err = _quantize_rows(w, gs, f"{n}.weight")
         out[f"{n}.weight_packed"] = packed
         out[f"{n}.weight_scale"] = scale
-        out[f"{n}.weight_global_scale"] = g
+        out[f"{n}.weight_global_scale"] = gs.clone()
         if f"{n}.bias" in index:
             out[f"{n}.bias"] = index.get(f"{n}.bias")
-        err = nvfp4.quantization_error(w, nvfp4.dequantize(packed, scale, g, dtype=torch.float32))
-        report[n] = {"shape": list(w.shape), "global_scale": float(g), "fused_with": unit.linears, **err}
+        report[n] = {"shape": list(w.shape), "global_scale": float(gs), "fused_with": unit.linears, **err}
+        del w
     return out
 
 
