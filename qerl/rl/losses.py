@@ -1,0 +1,139 @@
+"""Policy-gradient losses as one pure function: ``policy_loss(...) -> (loss, info)``.
+
+Per token t of completion i, with ratio ``ρ = exp(logp - old_logp)`` and advantage ``A_i``::
+
+    ℓ_it = max(-A_i ρ, -A_i clip(ρ, 1 - ε_low, 1 + ε_high))          (PPO clipped surrogate)
+           · w_it                                                   (optional truncated IS weight)
+           + β · k3_it,  k3 = exp(ref - logp) - (ref - logp) - 1     (optional KL, GRPO only)
+
+Aggregation (the only difference between the algorithms besides their defaults):
+
+* ``grpo``    — mean over each sequence's tokens, then mean over sequences (paper §2, TRL "grpo").
+* ``dapo``    — sum over all completion tokens / number of tokens (token-level; clip-higher).
+* ``dr_grpo`` — sum over all tokens / (n_sequences · max_len): a constant normaliser, no length bias.
+
+Truncated importance sampling (TIS): rollouts come from the noisy sampling policy (AQN) while
+``old_logp`` is the trainer's noise-free log-prob; ``w = min(exp(old_logp - rollout_logp), C)``
+(detached) reweights tokens by how much more likely the trainer finds them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+ALGORITHMS = ("grpo", "dapo", "dr_grpo")
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """Loss hyperparameters. Paper Table 4: GRPO ε = 0.2 both sides, no KL; DAPO ε_low 0.2,
+    ε_high 0.28, no KL."""
+
+    algorithm: str = "grpo"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    kl_coef: float = 0.0
+    max_len: int | None = None  # dr_grpo normaliser (max new tokens)
+
+    def __post_init__(self):
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        if self.clip_low < 0 or self.clip_high < 0:
+            raise ValueError(f"clip ε must be >= 0, got low={self.clip_low}, high={self.clip_high}")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.algorithm == "dr_grpo" and not self.max_len:
+            raise ValueError("dr_grpo needs max_len (the max completion length) as its normaliser")
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    settings: LossSettings,
+    ref_logp: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The clipped policy-gradient loss.
+
+    Args:
+        logp, old_logp: ``[B, T]`` per-token log-probs of the sampled completion tokens under the
+            current policy (with grad) and the policy that generated the batch (no grad).
+        advantages: ``[B]`` per sequence or ``[B, T]`` per token.
+        mask: ``[B, T]`` 1 for completion tokens that count, 0 for padding / masked sequences.
+        ref_logp: ``[B, T]`` reference-policy log-probs (needed when ``kl_coef > 0``).
+        is_weights: ``[B, T]`` truncated importance weights (detached), or None.
+        entropy: ``[B, T]`` per-token policy entropy, only reported in ``info``.
+
+    Returns:
+        ``(loss, info)``; ``info`` holds detached floats: clip_frac, ratio_mean/min/max, kl,
+        entropy, pg_loss.
+    """
+    mask = mask.to(logp.dtype)
+    adv = advantages.to(logp.dtype)
+    if adv.ndim == 1:
+        adv = adv.unsqueeze(1)
+    ratio = torch.exp(logp - old_logp)
+    clipped = torch.clamp(ratio, 1 - settings.clip_low, 1 + settings.clip_high)
+    per_token = torch.maximum(-adv * ratio, -adv * clipped)
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach()
+    kl = None
+    if settings.kl_coef > 0:
+        if ref_logp is None:
+            raise ValueError("kl_coef > 0 needs ref_logp")
+        d = ref_logp - logp
+        kl = torch.exp(d) - d - 1
+        per_token = per_token + settings.kl_coef * kl
+    if settings.algorithm == "grpo":
+        per_seq = (per_token * mask).sum(1) / mask.sum(1).clamp(min=1)
+        has_tokens = (mask.sum(1) > 0).to(per_seq.dtype)
+        loss = (per_seq * has_tokens).sum() / has_tokens.sum().clamp(min=1)
+    elif settings.algorithm == "dapo":
+        loss = (per_token * mask).sum() / mask.sum().clamp(min=1)
+    else:  # dr_grpo
+        loss = (per_token * mask).sum() / (mask.shape[0] * settings.max_len)
+    with torch.no_grad():
+        is_clipped = ((ratio < 1 - settings.clip_low) & (adv < 0)) | ((ratio > 1 + settings.clip_high) & (adv > 0))
+        m = mask > 0
+        r = ratio[m] if bool(m.any()) else ratio.new_ones(1)
+        info = {
+            "pg_loss": float(loss),
+            "clip_frac": float(_masked_mean(is_clipped.to(mask.dtype), mask)),
+            "ratio_mean": float(r.mean()),
+            "ratio_min": float(r.min()),
+            "ratio_max": float(r.max()),
+            "kl": float(_masked_mean(kl, mask)) if kl is not None else 0.0,
+            "entropy": float(_masked_mean(entropy, mask)) if entropy is not None else float("nan"),
+        }
+    return loss, info
+
+
+def truncated_is_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """TIS weights ``min(exp(old_logp - rollout_logp), cap)`` (detached)."""
+    if cap <= 0:
+        raise ValueError(f"TIS cap must be > 0, got {cap}")
+    return torch.exp(old_logp - rollout_logp).clamp(max=cap).detach()
+
+
+def mismatch_stats(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Rollout-vs-trainer mismatch over completion tokens (sampled from the rollout policy):
+    ``mismatch_kl`` = k3 estimate of KL(rollout ‖ trainer), importance-ratio mean/min/max."""
+    m = mask > 0
+    if not bool(m.any()):
+        return {"mismatch_kl": 0.0, "is_ratio_mean": 1.0, "is_ratio_min": 1.0, "is_ratio_max": 1.0}
+    log_r = (old_logp - rollout_logp)[m].double()
+    r = log_r.exp()
+    return {
+        "mismatch_kl": float((r - 1 - log_r).mean()),
+        "is_ratio_mean": float(r.mean()),
+        "is_ratio_min": float(r.min()),
+        "is_ratio_max": float(r.max()),
+    }

@@ -1,0 +1,101 @@
+"""Losses and advantages against hand-computed values."""
+import math
+
+import pytest
+import torch
+
+from qerl.rl.advantages import group_advantages, informative_groups, overlong_penalty
+from qerl.rl.losses import LossSettings, mismatch_stats, policy_loss, truncated_is_weights
+
+
+def test_group_advantages_by_hand():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5])
+    a = group_advantages(r, 4, eps=1e-6)
+    s = math.sqrt(1 / 3)  # unbiased std of [1, 0, 0, 1]
+    assert torch.allclose(a[:4], torch.tensor([0.5, -0.5, -0.5, 0.5]) / (s + 1e-6))
+    assert torch.equal(a[4:], torch.zeros(4))  # equal rewards: zero advantage, no NaN
+    assert torch.allclose(group_advantages(r, 4, scale="none"), torch.tensor([.5, -.5, -.5, .5, 0, 0, 0, 0]))
+    with pytest.raises(ValueError, match="group_size must be >= 2"):
+        group_advantages(r, 1)
+
+
+def test_informative_groups_and_overlong_penalty():
+    r = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0])
+    assert informative_groups(r, 2).tolist() == [False, True, False]
+    pen = overlong_penalty(torch.tensor([10, 12, 14, 16, 20]), max_len=16, cache_len=4)
+    assert pen.tolist() == [0.0, 0.0, -0.5, -1.0, -1.0]
+
+
+def _inputs():
+    logp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -1.2, 0.0]])
+    old = torch.tensor([[-1.1, -1.5, -0.5], [-0.3, -0.9, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    adv = torch.tensor([1.0, -2.0])
+    return logp, old, adv, mask
+
+
+def _hand(logp, old, adv, mask, lo, hi):
+    out = torch.zeros_like(logp)
+    for i in range(2):
+        for t in range(3):
+            r = math.exp(logp[i, t] - old[i, t])
+            a = float(adv[i])
+            out[i, t] = max(-a * r, -a * min(max(r, 1 - lo), 1 + hi))
+    return out * mask
+
+
+def test_grpo_dapo_drgrpo_aggregation_by_hand():
+    logp, old, adv, mask = _inputs()
+    tok = _hand(logp, old, adv, mask, 0.2, 0.2)
+    loss, info = policy_loss(logp, old, adv, mask, LossSettings("grpo"))
+    want = (tok[0].sum() / 3 + tok[1].sum() / 2) / 2
+    assert loss.item() == pytest.approx(want.item(), rel=1e-6)
+    tok_d = _hand(logp, old, adv, mask, 0.2, 0.28)
+    loss, _ = policy_loss(logp, old, adv, mask, LossSettings("dapo", clip_high=0.28))
+    assert loss.item() == pytest.approx((tok_d.sum() / 5).item(), rel=1e-6)
+    loss, _ = policy_loss(logp, old, adv, mask, LossSettings("dr_grpo", max_len=4))
+    assert loss.item() == pytest.approx((tok.sum() / (2 * 4)).item(), rel=1e-6)
+    # clip fraction: token (0,0) has ratio e^0.1 > 1.2? no; (0,1) e^-0.5=0.61 with A>0 -> not clipped
+    # (clipping only binds when it lowers the objective); (1,1) ratio e^-0.3=0.74 with A<0 -> clipped
+    assert info["clip_frac"] == pytest.approx(1 / 5)
+    assert info["ratio_max"] == pytest.approx(math.exp(0.1), rel=1e-6)
+
+
+def test_kl_k3_and_gradient():
+    logp, old, adv, mask = _inputs()
+    logp = logp.clone().requires_grad_(True)
+    ref = torch.tensor([[-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0]])
+    loss, info = policy_loss(logp, old, adv, mask, LossSettings("grpo", kl_coef=0.1), ref_logp=ref)
+    d = ref - logp.detach()
+    k3 = torch.exp(d) - d - 1
+    assert info["kl"] == pytest.approx(((k3 * mask).sum() / mask.sum()).item(), rel=1e-6)
+    loss.backward()
+    assert logp.grad[1, 2] == 0  # masked token gets no gradient
+    with pytest.raises(ValueError, match="ref_logp"):
+        policy_loss(logp, old, adv, mask, LossSettings("grpo", kl_coef=0.1))
+
+
+def test_on_policy_gradient_is_minus_advantage():
+    # at ratio 1 the gradient wrt logp of the GRPO loss is -A / (len * B)
+    logp = torch.zeros(2, 2, requires_grad=True)
+    loss, _ = policy_loss(logp, logp.detach(), torch.tensor([1.0, -1.0]), torch.ones(2, 2), LossSettings("grpo"))
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-0.25, -0.25], [0.25, 0.25]]))
+
+
+def test_tis_and_mismatch():
+    old = torch.log(torch.tensor([[0.5, 0.2]]))
+    roll = torch.log(torch.tensor([[0.25, 0.4]]))
+    w = truncated_is_weights(old, roll, cap=1.5)
+    assert torch.allclose(w, torch.tensor([[1.5, 0.5]]))
+    st = mismatch_stats(old, roll, torch.ones(1, 2))
+    r = torch.tensor([2.0, 0.5])
+    assert st["mismatch_kl"] == pytest.approx(float((r - 1 - r.log()).mean()), rel=1e-6)
+    assert st["is_ratio_max"] == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("kwargs, match", [({"algorithm": "ppo"}, "algorithm"), ({"clip_low": -0.1}, "ε"),
+                                           ({"kl_coef": -1}, "kl_coef"), ({"algorithm": "dr_grpo"}, "max_len")])
+def test_settings_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LossSettings(**kwargs)
