@@ -1,1 +1,1 @@
-"""qerl.rewards."""
+"""Rewards: answer extraction, math-verify equivalence under a time limit, a registry."""

@@ -1,0 +1,83 @@
+"""Answer extraction, math-verify grading (with hostile completions), the reward registry."""
+import time
+
+import pytest
+
+from qerl.rewards.extract import extract_answer, gsm8k_gold
+from qerl.rewards.registry import RewardSettings, build_reward, format_reward, register_reward
+from qerl.rewards.verify import MathVerifier
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    v = MathVerifier(timeout=3.0)
+    yield v
+    v.close()
+
+
+@pytest.mark.parametrize("text, want", [
+    ("<think>2+2</think><answer> 4 </answer>", "4"),
+    ("<answer>1</answer> then <answer>2</answer>", "2"),
+    ("so \\boxed{\\frac{1}{2}} done", "\\frac{1}{2}"),
+    ("nested \\boxed{\\sqrt{\\frac{a}{b}}}", "\\sqrt{\\frac{a}{b}}"),
+    ("He pays 3 + 4 = 7.\n#### 1,234", "1234"),
+    ("no answer here", None),
+])
+def test_extraction(text, want):
+    assert extract_answer(text) == want
+
+
+def test_extraction_fallback_order_and_errors():
+    assert extract_answer("the result is 42.", ("answer_tag", "last_number")) == "42"
+    assert extract_answer("\\boxed{3} <answer>5</answer>", ("boxed", "answer_tag")) == "3"
+    with pytest.raises(ValueError, match="unknown answer extraction"):
+        extract_answer("x", ("regex",))
+    assert gsm8k_gold("Natalia sold 48/2 = 24 clips.\n#### 72") == "72"
+    with pytest.raises(ValueError, match="####"):
+        gsm8k_gold("no marker")
+
+
+@pytest.mark.parametrize("gold, answer, ok", [
+    ("\\frac12", "0.5", True), ("0.5", "\\boxed{1/2}", True), ("72", "72.0", True),
+    ("1/3", "0.33", False), ("x^2", "x*x", True), ("7", "8", False), ("7", None, False),
+])
+def test_math_verify_equivalence(verifier, gold, answer, ok):
+    assert verifier(gold, answer) is ok
+
+
+def test_hostile_completions_cost_at_most_the_limit(verifier):
+    hostile = [
+        "9" * 5000,                                   # huge number (over max_chars: scored 0 at once)
+        "{" * 400 + "1" + "}" * 400,                  # deep nesting
+        "\\frac{" * 200 + "1" + "}{2}" * 200,
+        "10^{10^{10^{10^{10^{10}}}}}",                # sympy power tower
+        "(" * 300 + "x" + ")" * 300,
+    ]
+    for ans in hostile:
+        t = time.time()
+        assert verifier("1", ans) is False
+        assert time.time() - t < verifier.timeout + 2.0
+    reward = build_reward(RewardSettings())
+    t = time.time()
+    assert reward("x" * 3_000_000 + "<answer>" + "1" * 2000 + "</answer>", "1") == 0.0  # megabytes
+    assert time.time() - t < 5
+    assert verifier.timeouts >= 1  # the power tower really hung sympy and was killed
+    assert verifier("2", "2.0") is True  # a fresh worker answers after a kill
+
+
+def test_registry_and_format():
+    r = build_reward(RewardSettings(format_weight=0.2))
+    assert r("<think>hm</think><answer>\\frac{1}{2}</answer>", "0.5") == pytest.approx(1.2)
+    assert r("<answer>0.5</answer>", "1/2") == pytest.approx(1.0)
+    assert format_reward("<think>a</think> <answer>b</answer>") == 1.0
+    assert format_reward("<answer>b</answer>") == 0.0
+    exact = build_reward(RewardSettings(correctness="exact"))
+    assert exact(" 12", "12") == 1.0 and exact("12.0", "12") == 0.0
+
+    @register_reward("always_one_test")
+    def _factory(settings):
+        return lambda completion, gold: 1.0
+
+    assert build_reward(RewardSettings(correctness="always_one_test"))("", "") == 1.0
+    with pytest.raises(ValueError, match="unknown reward"):
+        build_reward(RewardSettings(correctness="nope"))
