@@ -1,1 +1,1 @@
-"""qerl.rollout."""
+"""Rollouts: the reference sampler (batched, KV cache, per-token log-probs) behind one seam."""

@@ -1,0 +1,160 @@
+"""Reference rollout engine: batched autoregressive sampling with a KV cache on the policy model.
+
+``generate(model, tokenizer, prompts, settings, seed, num_samples)`` samples ``num_samples``
+completions per prompt (groups contiguous: rows ``i*G .. i*G+G-1`` belong to prompt i) and
+returns tokens, masks and the per-token log-probs of the *sampling* policy (AQN noise included
+when active), ``log softmax(logits / T)`` of the chosen token over the full vocabulary (top-k/top-p
+change which tokens can be drawn, not the reported log-prob, as in vLLM/TRL). T = 0 is greedy.
+
+This is the readable reference; a fast GPU engine replaces it behind the same signature.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """temperature (paper: 1.0 for rollouts, 0.6 for evaluation; 0 = greedy), top_p, top_k
+    (0 = off), max_new_tokens, stop strings (generation ends once one appears; it is kept)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass
+class Rollout:
+    """``N = len(prompts) * G`` samples. Tensors are on the model's device."""
+
+    prompt_ids: torch.Tensor  # [N, P] left-padded
+    prompt_mask: torch.Tensor  # [N, P]
+    completion_ids: torch.Tensor  # [N, T] right-padded with pad id
+    completion_mask: torch.Tensor  # [N, T] 1 for generated tokens (EOS included)
+    logprobs: torch.Tensor  # [N, T] fp32 sampling-policy log-probs (0 on padding)
+    truncated: torch.Tensor  # [N] bool: hit max_new_tokens without EOS / stop string
+    texts: list[str] = field(default_factory=list)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.completion_mask.sum(1)
+
+
+def _filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Mask (set to -inf) tokens outside top-k / the top-p nucleus; always keeps the best one."""
+    if top_k and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, idx = torch.sort(logits, descending=True, dim=-1)
+        probs = sorted_logits.softmax(-1)
+        cum = probs.cumsum(-1)
+        remove = (cum - probs) >= top_p  # tokens whose preceding mass already reaches p
+        remove[..., 0] = False
+        logits = logits.masked_fill(torch.zeros_like(remove).scatter(-1, idx, remove), float("-inf"))
+    return logits
+
+
+def _sample(logits: torch.Tensor, s: SamplingSettings, gen: torch.Generator):
+    """``logits [B, V]`` fp32 -> (tokens [B], log-probs [B])."""
+    if s.temperature == 0:
+        tok = logits.argmax(-1)
+        return tok, logits.log_softmax(-1).gather(-1, tok[:, None])[:, 0]
+    scaled = logits / s.temperature
+    probs = _filter(scaled, s.top_k, s.top_p).softmax(-1)
+    tok = torch.multinomial(probs, 1, generator=gen)[:, 0]
+    return tok, scaled.log_softmax(-1).gather(-1, tok[:, None])[:, 0]
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts: list[str], settings: SamplingSettings, seed: int = 0,
+             num_samples: int = 1) -> Rollout:
+    """Sample ``num_samples`` completions per prompt (see module docstring)."""
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    old_side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    enc = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
+    tokenizer.padding_side = old_side
+    ids = enc.input_ids.repeat_interleave(num_samples, 0).to(device)
+    mask = enc.attention_mask.repeat_interleave(num_samples, 0).to(device)
+    n = ids.shape[0]
+    gen = torch.Generator(device=device).manual_seed(seed)
+    cache = DynamicCache()
+    attn = mask.clone()
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True)
+    logits = out.logits[:, -1, :].float()
+    next_pos = pos[:, -1] + 1
+    tokens, logps, alive_cols = [], [], []
+    finished = torch.zeros(n, dtype=torch.bool, device=device)
+    stop_hit = torch.zeros(n, dtype=torch.bool, device=device)
+    max_stop = max((len(tokenizer.encode(x, add_special_tokens=False)) for x in settings.stop), default=0)
+    for step in range(settings.max_new_tokens):
+        tok, lp = _sample(logits, settings, gen)
+        alive = ~finished
+        tok = torch.where(alive, tok, torch.full_like(tok, pad))
+        tokens.append(tok)
+        logps.append(torch.where(alive, lp, torch.zeros_like(lp)))
+        alive_cols.append(alive)
+        finished = finished | (tok == eos)
+        if settings.stop:
+            for i in torch.nonzero(alive & ~finished).flatten().tolist():
+                tail = tokenizer.decode(torch.stack(tokens[-(max_stop + 2):])[:, i].tolist())
+                if any(s_ in tail for s_ in settings.stop):
+                    stop_hit[i] = True
+            finished = finished | stop_hit
+        if bool(finished.all()) or step == settings.max_new_tokens - 1:
+            break
+        attn = torch.cat([attn, alive.to(attn.dtype)[:, None]], dim=1)
+        out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
+                    past_key_values=cache, use_cache=True)
+        logits = out.logits[:, -1, :].float()
+        next_pos = next_pos + 1
+    comp = torch.stack(tokens, 1)
+    cmask = torch.stack(alive_cols, 1).to(torch.long)
+    ended = (comp == eos).any(1) | stop_hit
+    texts = [tokenizer.decode(comp[i][cmask[i].bool()].tolist(), skip_special_tokens=True) for i in range(n)]
+    return Rollout(ids, mask, comp, cmask, torch.stack(logps, 1), ~ended, texts)
+
+
+def sequence_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                      temperature: float = 1.0, with_entropy: bool = False, chunk: int = 256):
+    """Teacher-forced per-token log-probs ``[N, T]`` (fp32) of the completion tokens under
+    ``model`` (and per-token entropies if asked). Same temperature scaling as :func:`generate`.
+    Differentiable; log-softmax runs in chunks of ``chunk`` positions to bound fp32 memory."""
+    ids = torch.cat([prompt_ids, completion_ids], 1)
+    attn = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], 1)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    p = prompt_ids.shape[1]
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
+    logits = logits[:, p - 1 : -1, :]
+    t = temperature if temperature > 0 else 1.0
+    logps, ents = [], []
+    for s in range(0, logits.shape[1], chunk):
+        lg = logits[:, s : s + chunk].float() / t
+        lsm = lg.log_softmax(-1)
+        logps.append(lsm.gather(-1, completion_ids[:, s : s + chunk, None])[..., 0])
+        if with_entropy:
+            ents.append(-(lsm.exp() * lsm).sum(-1).detach())
+    logp = torch.cat(logps, 1) * completion_mask
+    if with_entropy:
+        return logp, torch.cat(ents, 1) * completion_mask
+    return logp

@@ -1,0 +1,83 @@
+"""The reference sampler: greedy == transformers greedy, log-probs == teacher forcing, seeding,
+stop handling, filters."""
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from qerl.models import load_policy
+from qerl.rollout.sampler import SamplingSettings, _filter, generate, sequence_logprobs
+
+PROMPTS = ["12+7=", "hello, world", "a"]
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_dirs):
+    return AutoTokenizer.from_pretrained(tiny_dirs["qwen2"])
+
+
+@pytest.mark.parametrize("base, dtype", [("bf16", torch.bfloat16), ("nvfp4", torch.bfloat16), ("bf16", torch.float32)])
+def test_greedy_equals_transformers_generate(tiny_dirs, tok, base, dtype):
+    model = load_policy(tiny_dirs["qwen2"], base=base, dtype=dtype)
+    r = generate(model, tok, PROMPTS, SamplingSettings(temperature=0, max_new_tokens=12))
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    ref = model.generate(**enc, max_new_tokens=12, do_sample=False, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id)[:, enc.input_ids.shape[1]:]
+    for i in range(len(PROMPTS)):
+        ours = r.completion_ids[i][r.completion_mask[i].bool()]
+        assert ours.tolist() == ref[i][: len(ours)].tolist()
+
+
+def test_rollout_logprobs_match_teacher_forcing(quantized_dirs, tok):
+    model = load_policy(quantized_dirs["qwen2"], dtype=torch.float32)
+    r = generate(model, tok, PROMPTS, SamplingSettings(temperature=0.8, top_p=0.9, max_new_tokens=10), seed=3, num_samples=2)
+    assert r.completion_ids.shape[0] == 6 and r.logprobs.shape == r.completion_ids.shape
+    with torch.no_grad():
+        tf = sequence_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, 0.8)
+    assert torch.allclose(tf, r.logprobs, atol=1e-4)
+    assert torch.all(r.logprobs[r.completion_mask == 0] == 0)
+
+
+def test_seeded_and_groups(quantized_dirs, tok):
+    model = load_policy(quantized_dirs["qwen2"])
+    s = SamplingSettings(max_new_tokens=8)
+    a = generate(model, tok, PROMPTS[:2], s, seed=1, num_samples=4)
+    b = generate(model, tok, PROMPTS[:2], s, seed=1, num_samples=4)
+    c = generate(model, tok, PROMPTS[:2], s, seed=2, num_samples=4)
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    assert not torch.equal(a.completion_ids, c.completion_ids)
+    assert torch.equal(a.prompt_ids[0], a.prompt_ids[3]) and not torch.equal(a.prompt_ids[3], a.prompt_ids[4])
+
+
+def test_eos_and_truncation(quantized_dirs, tok):
+    model = load_policy(quantized_dirs["qwen2"])
+    bias = {"v": 100.0}
+
+    def hook(mod, inp, out):
+        out[..., tok.eos_token_id] += bias["v"]
+        return out
+
+    model.lm_head.register_forward_hook(hook)  # force (then forbid) EOS
+    r = generate(model, tok, PROMPTS, SamplingSettings(temperature=0, max_new_tokens=6))
+    assert r.completion_ids[:, 0].tolist() == [tok.eos_token_id] * 3
+    assert r.completion_mask.sum(1).tolist() == [1, 1, 1] and not r.truncated.any()
+    bias["v"] = -100.0
+    r = generate(model, tok, PROMPTS, SamplingSettings(temperature=1.0, max_new_tokens=5))
+    assert r.truncated.all() and r.completion_mask.sum(1).tolist() == [5, 5, 5]
+
+
+def test_stop_strings(quantized_dirs, tok):
+    model = load_policy(quantized_dirs["qwen2"])
+    full = generate(model, tok, ["x"], SamplingSettings(temperature=0, max_new_tokens=16))
+    text = full.texts[0]
+    stop = text[3:5]
+    r = generate(model, tok, ["x"], SamplingSettings(temperature=0, max_new_tokens=16, stop=(stop,)))
+    assert r.texts[0].endswith(stop) and len(r.texts[0]) <= 5 and not r.truncated[0]
+
+
+def test_filters():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert torch.isinf(_filter(logits, 2, 1.0)).tolist() == [[False, False, True, True]]
+    assert torch.isinf(_filter(logits, 0, 0.7)).tolist() == [[False, False, True, True]]
+    assert torch.isinf(_filter(logits, 0, 0.4)).tolist() == [[False, True, True, True]]
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingSettings(top_p=0)
