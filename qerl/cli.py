@@ -4,6 +4,8 @@ Verbs (each has ``--help``):
   build-tiny     build a seeded tiny Qwen2/Llama model + tokenizer offline
   quantize       bf16 checkpoint -> compressed-tensors NVFP4 checkpoint (+ error report)
   export-merged  merge a PEFT adapter into its (dequantized) base and save a bf16 model
+  sft            supervised warm-start on the synthetic task
+  train          RL training (GRPO / DAPO) with one of the five methods
 Heavy imports happen inside each verb so ``qerl --help`` stays fast.
 """
 from __future__ import annotations
@@ -46,6 +48,33 @@ def _cmd_export_merged(args) -> int:
 
     out = export_merged(args.base, args.adapter, args.output, force=args.force)
     print(f"wrote merged bf16 model to {out}")
+    return 0
+
+
+def _cmd_train(args) -> int:
+    from qerl.train.config import load_config
+    from qerl.train.loop import train
+
+    overrides = {}
+    for item in args.set or []:
+        key, _, value = item.partition("=")
+        import yaml
+
+        overrides[key] = yaml.safe_load(value)
+    cfg = load_config(args.config, overrides)
+    out = train(cfg, resume=args.resume, progress=not args.no_progress)
+    print(f"done: metrics in {out / 'metrics.jsonl'}, final weights in {out / 'final'}")
+    return 0
+
+
+def _cmd_sft(args) -> int:
+    from qerl.data.tasks import synthetic_arithmetic
+    from qerl.train.sft import sft
+
+    records = synthetic_arithmetic(args.size, seed=args.seed, max_operand=args.max_operand)
+    stats = sft(args.model, args.output, records, steps=args.steps, lr=args.lr, batch_size=args.batch_size,
+                seed=args.seed, progress=not args.no_progress)
+    print(json.dumps(stats))
     return 0
 
 
@@ -92,6 +121,30 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--output", required=True, type=Path)
     e.add_argument("--force", action="store_true", help="replace an existing output directory")
     e.set_defaults(func=_cmd_export_merged)
+    r = sub.add_parser("train", help="RL training (GRPO/DAPO) of one method",
+                       description="Train a policy with GRPO / DAPO / Dr. GRPO using one of the methods "
+                                   "full, lora, qlora, nvfp4_lora, qerl. Writes metrics.jsonl, checkpoints "
+                                   "and the final adapter under the config's output_dir.")
+    r.add_argument("--config", required=True, type=Path, help="YAML training config")
+    r.add_argument("--resume", action="store_true", help="continue from output_dir/checkpoint")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set steps=10 --set algorithm.name=dapo")
+    r.add_argument("--no-progress", action="store_true")
+    r.set_defaults(func=_cmd_train)
+
+    f = sub.add_parser("sft", help="supervised warm-start on the synthetic arithmetic task",
+                       description="Full-parameter SFT of a (tiny) model on the offline synthetic arithmetic "
+                                   "task, so RL starts with non-zero reward.")
+    f.add_argument("--model", required=True, help="model directory to start from")
+    f.add_argument("--output", required=True, type=Path)
+    f.add_argument("--steps", type=int, default=200)
+    f.add_argument("--lr", type=float, default=3e-3)
+    f.add_argument("--batch-size", type=int, default=32)
+    f.add_argument("--size", type=int, default=2000, help="number of synthetic problems")
+    f.add_argument("--max-operand", type=int, default=9)
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--no-progress", action="store_true")
+    f.set_defaults(func=_cmd_sft)
     return p
 
 

@@ -29,3 +29,16 @@ def quantized_dirs(tiny_dirs, tmp_path_factory):
         quantize_checkpoint(src, root / arch, progress=False)
         out[arch] = root / arch
     return out
+
+
+@pytest.fixture(scope="session")
+def warm_model(tmp_path_factory):
+    """A tiny Qwen2 model warm-started (SFT) on the synthetic arithmetic task: reward ~0.25."""
+    from qerl.data.tasks import synthetic_arithmetic
+    from qerl.models.tiny import TinySpec, save_tiny_model
+    from qerl.train.sft import sft
+
+    root = tmp_path_factory.mktemp("warm")
+    base = save_tiny_model(root / "base", TinySpec(seed=0))
+    sft(base, root / "sft", synthetic_arithmetic(2000, seed=0), steps=80, progress=False)
+    return root / "sft"

@@ -59,8 +59,17 @@ def _load_nf4(src: Path, device, dtype):
 
     bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                              bnb_4bit_compute_dtype=dtype, bnb_4bit_use_double_quant=True)
-    return AutoModelForCausalLM.from_pretrained(src, quantization_config=bnb, dtype=dtype,
-                                                device_map={"": str(device)})
+    model = AutoModelForCausalLM.from_pretrained(src, quantization_config=bnb, dtype=dtype,
+                                                 device_map={"": str(device)})
+    import bitsandbytes
+
+    for m in model.modules():
+        if isinstance(m, bitsandbytes.nn.Linear4bit):
+            # bitsandbytes 0.50 on AVX512-BF16 CPUs repacks the weight for inference the first time
+            # it runs in eval mode, after which backward fails; RL alternates eval (rollouts) and
+            # train (updates), so keep the trainable layout.
+            m.support_avx512bf16_for_cpu = False
+    return model
 
 
 def _skeleton(src: Path, dtype):

@@ -65,18 +65,33 @@ def format_reward(completion: str) -> float:
     return 1.0 if _FORMAT.match(completion[-20_000:]) else 0.0
 
 
-def build_reward(settings: RewardSettings) -> RewardFn:
-    """The total reward: correctness + format_weight · format."""
+class Reward:
+    """``reward(completion, gold) -> total``; ``reward.score(...) -> (total, correctness)``.
+    total = correctness + format_weight · format."""
+
+    def __init__(self, correct: RewardFn, format_weight: float):
+        self.correct = correct
+        self.format_weight = format_weight
+
+    def score(self, completion: str, gold: str) -> tuple[float, float]:
+        c = self.correct(completion, gold)
+        f = format_reward(completion) if self.format_weight else 0.0
+        return c + self.format_weight * f, c
+
+    def __call__(self, completion: str, gold: str) -> float:
+        return self.score(completion, gold)[0]
+
+    def close(self) -> None:
+        v = getattr(self.correct, "verifier", None)
+        if v is not None:
+            v.close()
+
+
+def build_reward(settings: RewardSettings) -> Reward:
+    """The configured reward (correctness from the registry plus the optional format bonus)."""
     if settings.correctness not in _REGISTRY:
         raise ValueError(f"unknown reward {settings.correctness!r}; registered: {sorted(_REGISTRY)}")
-    correct = _REGISTRY[settings.correctness](settings)
-    if settings.format_weight == 0:
-        return correct
-
-    def total(completion: str, gold: str) -> float:
-        return correct(completion, gold) + settings.format_weight * format_reward(completion)
-
-    return total
+    return Reward(_REGISTRY[settings.correctness](settings), settings.format_weight)
 
 
 def available_rewards() -> list[str]:

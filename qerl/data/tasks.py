@@ -1,0 +1,138 @@
+"""Tasks: prompt/answer records from the hub, local files, or the offline synthetic arithmetic task.
+
+A record is ``{"prompt": str, "answer": str}`` after field mapping. Hub datasets go through
+``datasets.load_dataset`` with a pinned revision (set ``revision`` to a commit for exact
+reproduction). The paper's prompt suffix (App. E) and chat templates are applied by
+:func:`format_prompt`.
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+PAPER_SUFFIX = (
+    "Solve the following math problem step by step. The reasoning process and direct answer are "
+    "enclosed within <think> </think> and <answer> </answer> tags, respectively, i.e., <think> "
+    "reasoning process here </think> <answer> answer here </answer>."
+)
+
+
+@dataclass(frozen=True)
+class HubSpec:
+    """Where a dataset lives and how its fields map to prompt/answer."""
+
+    repo: str
+    config: str | None
+    split: str
+    prompt_field: str
+    answer_field: str
+    answer_format: str = "plain"  # "plain" | "gsm8k" (gold = text after ####)
+    revision: str = "main"
+    max_prompt_chars: int | None = None
+
+
+HUB_TASKS: dict[str, HubSpec] = {
+    "gsm8k": HubSpec("openai/gsm8k", "main", "train", "question", "answer", "gsm8k"),
+    "gsm8k_test": HubSpec("openai/gsm8k", "main", "test", "question", "answer", "gsm8k"),
+    "bigmath_l345": HubSpec("open-r1/Big-Math-RL-Verified-Processed", "level_3_4_5", "train", "prompt",
+                            "solution", max_prompt_chars=1024),
+    "bigmath_l45": HubSpec("open-r1/Big-Math-RL-Verified-Processed", "level_4_5", "train", "prompt",
+                           "solution", max_prompt_chars=1024),
+    "dapo_math": HubSpec("open-r1/DAPO-Math-17k-Processed", "all", "train", "prompt", "solution"),
+    "math500": HubSpec("HuggingFaceH4/MATH-500", None, "test", "problem", "answer"),
+    "aime24": HubSpec("HuggingFaceH4/aime_2024", None, "train", "problem", "answer"),
+    "aime25": HubSpec("yentinglin/aime_2025", None, "train", "problem", "answer"),
+    "amc23": HubSpec("math-ai/amc23", None, "test", "question", "answer"),
+}
+
+
+class DataError(ValueError):
+    """A dataset is missing, unreadable or has rows without the mapped fields."""
+
+
+def _map_rows(rows, prompt_field: str, answer_field: str, answer_format: str, source: str,
+              max_prompt_chars: int | None = None) -> list[dict]:
+    from qerl.rewards.extract import gsm8k_gold
+
+    out = []
+    for i, row in enumerate(rows):
+        missing = [f for f in (prompt_field, answer_field) if f not in row or row[f] is None]
+        if missing:
+            raise DataError(f"{source}: row {i} has no field(s) {missing} (fields: {sorted(row)})")
+        prompt, answer = str(row[prompt_field]), str(row[answer_field])
+        if answer_format == "gsm8k":
+            try:
+                answer = gsm8k_gold(answer)
+            except ValueError as e:
+                raise DataError(f"{source}: row {i}: {e}") from None
+        if max_prompt_chars is None or len(prompt) <= max_prompt_chars:
+            out.append({"prompt": prompt, "answer": answer})
+    return out
+
+
+def load_hub(name: str, revision: str | None = None) -> list[dict]:
+    """Load a registered hub task (needs network or a populated HF cache)."""
+    if name not in HUB_TASKS:
+        raise DataError(f"unknown task {name!r}; known: {sorted(HUB_TASKS)} (or use a local file)")
+    spec = HUB_TASKS[name]
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(spec.repo, spec.config, split=spec.split, revision=revision or spec.revision)
+    except Exception as e:
+        raise DataError(f"could not load {spec.repo} ({type(e).__name__}: {e}); without network use a "
+                        "local JSONL/Parquet file or set HF_DATASETS_OFFLINE=1 with a cached copy") from None
+    return _map_rows(ds, spec.prompt_field, spec.answer_field, spec.answer_format, spec.repo, spec.max_prompt_chars)
+
+
+def load_local(path: str | Path, prompt_field: str = "prompt", answer_field: str = "answer",
+               answer_format: str = "plain") -> list[dict]:
+    """Records from a local ``.jsonl`` or ``.parquet`` file."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: file not found")
+    if path.suffix == ".jsonl":
+        rows = []
+        with open(path) as f:
+            for i, line in enumerate(f):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        raise DataError(f"{path}: line {i + 1} is not JSON ({e})") from None
+    elif path.suffix == ".parquet":
+        import pandas as pd
+
+        rows = pd.read_parquet(path).to_dict("records")
+    else:
+        raise DataError(f"{path}: unsupported file type {path.suffix!r} (use .jsonl or .parquet)")
+    return _map_rows(rows, prompt_field, answer_field, answer_format, str(path))
+
+
+def synthetic_arithmetic(n: int, seed: int = 0, max_operand: int = 9, ops: str = "+") -> list[dict]:
+    """``n`` seeded problems ``"a+b="`` with exact answers (a tiny model can learn them on a CPU)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        a, b, op = rng.randint(0, max_operand), rng.randint(0, max_operand), rng.choice(ops)
+        val = {"+": a + b, "-": a - b, "*": a * b}[op]
+        out.append({"prompt": f"{a}{op}{b}=", "answer": str(val)})
+    return out
+
+
+def format_prompt(text: str, tokenizer=None, template: str = "raw", suffix: str | None = None) -> str:
+    """``raw``: the text (plus suffix); ``chat``: the tokenizer's chat template with a user turn;
+    ``paper``: chat template with the paper's App. E instruction appended."""
+    if template == "paper":
+        suffix = PAPER_SUFFIX
+    body = f"{text} {suffix}" if suffix else text
+    if template == "raw":
+        return body
+    if template in ("chat", "paper"):
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise DataError("chat prompt template needs a tokenizer with a chat template")
+        return tokenizer.apply_chat_template([{"role": "user", "content": body}], tokenize=False,
+                                             add_generation_prompt=True)
+    raise DataError(f"unknown prompt template {template!r}; use 'raw', 'chat' or 'paper'")

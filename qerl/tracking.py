@@ -1,0 +1,70 @@
+"""Experiment tracking: MLflow (sqlite store by default) or a no-op tracker for tests.
+
+Files are the truth (``metrics.jsonl``); MLflow is the index. The tracking URI comes from the
+config, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///<root>/mlflow.db``.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+class NullTracker:
+    """Does nothing (tests, or ``tracking.backend: none``)."""
+
+    run_id = None
+
+    def log_params(self, params: dict) -> None: ...
+
+    def log_metrics(self, metrics: dict, step: int) -> None: ...
+
+    def log_artifact(self, path: str | Path) -> None: ...
+
+    def set_tags(self, tags: dict) -> None: ...
+
+    def close(self, status: str = "FINISHED") -> None: ...
+
+
+class MLflowTracker:
+    """One MLflow run; resumes the same run id when given one."""
+
+    def __init__(self, experiment: str, run_name: str, tracking_uri: str, run_id: str | None = None,
+                 tags: dict | None = None):
+        import mlflow
+
+        self._mlflow = mlflow
+        mlflow.set_tracking_uri(tracking_uri)
+        mlflow.set_experiment(experiment)
+        run = mlflow.start_run(run_id=run_id, run_name=None if run_id else run_name, tags=tags or {})
+        self.run_id = run.info.run_id
+
+    def log_params(self, params: dict) -> None:
+        self._mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
+
+    def log_metrics(self, metrics: dict, step: int) -> None:
+        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and v == v}
+        self._mlflow.log_metrics(clean, step=step)
+
+    def log_artifact(self, path: str | Path) -> None:
+        self._mlflow.log_artifact(str(path))
+
+    def set_tags(self, tags: dict) -> None:
+        self._mlflow.set_tags(tags)
+
+    def close(self, status: str = "FINISHED") -> None:
+        self._mlflow.end_run(status=status)
+
+
+def default_tracking_uri(root: Path) -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(root).resolve() / 'mlflow.db'}"
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out

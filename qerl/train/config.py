@@ -1,0 +1,253 @@
+"""``qerl train`` configuration: nested dataclasses loaded strictly from YAML.
+
+Unknown keys, wrong types and impossible values raise :class:`ConfigError` naming the field and
+what is allowed, before any model loads. Defaults live here (and in the settings dataclasses of
+the modules they configure); paper values are noted per field.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qerl.lora import LoraSettings
+from qerl.rewards.registry import RewardSettings
+from qerl.rl.aqn import AQNSettings
+from qerl.rl.losses import ALGORITHMS
+from qerl.rollout.sampler import SamplingSettings
+
+METHOD_NAMES = ("full", "lora", "qlora", "nvfp4_lora", "qerl")
+
+
+class ConfigError(ValueError):
+    """A configuration key or value is invalid."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """path: bf16 Hugging Face directory / hub id (an NVFP4 checkpoint also works for NVFP4
+    methods). dtype: compute dtype (bfloat16 in the paper; float32 is handy for tiny CPU runs)."""
+
+    path: str = ""
+    dtype: str = "bfloat16"
+    revision: str | None = None
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """task: 'synthetic' (offline arithmetic), a hub task name (qerl.data.tasks.HUB_TASKS) or
+    'local' with ``path`` to .jsonl/.parquet. template: 'raw' | 'chat' | 'paper'."""
+
+    task: str = "synthetic"
+    path: str | None = None
+    prompt_field: str = "prompt"
+    answer_field: str = "answer"
+    answer_format: str = "plain"
+    revision: str | None = None
+    template: str = "raw"
+    synthetic_size: int = 2000
+    synthetic_max_operand: int = 9
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """name: grpo | dapo | dr_grpo. group_size G (paper 8 GSM8K / 16 BigMath). clip_high defaults
+    to 0.28 for dapo (clip-higher) and clip_low otherwise. dynamic_sampling / overlong_mask default
+    on for dapo. updates_per_batch μ (paper 4 GSM8K / 1 BigMath). tis_cap: truncated importance
+    sampling cap C for the rollout-vs-trainer mismatch (None = off)."""
+
+    name: str = "grpo"
+    group_size: int = 8
+    clip_low: float = 0.2
+    clip_high: float | None = None
+    kl_coef: float = 0.0
+    adv_scale: str | None = None  # "std" | "none"; default "none" for dr_grpo
+    updates_per_batch: int = 1
+    dynamic_sampling: bool | None = None
+    max_refill_rounds: int = 3
+    overlong_mask: bool | None = None
+    overlong_penalty: bool = False
+    overlong_cache: int = 0
+    tis_cap: float | None = None
+
+    def resolved(self) -> "AlgorithmConfig":
+        dapo = self.name == "dapo"
+        return dataclasses.replace(
+            self,
+            clip_high=self.clip_high if self.clip_high is not None else (0.28 if dapo else self.clip_low),
+            adv_scale=self.adv_scale or ("none" if self.name == "dr_grpo" else "std"),
+            dynamic_sampling=dapo if self.dynamic_sampling is None else self.dynamic_sampling,
+            overlong_mask=dapo if self.overlong_mask is None else self.overlong_mask,
+        )
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW. lr: paper 1e-5 for NVFP4/NF4 LoRA, 5e-6 for bf16 LoRA. eight_bit: 'auto' uses
+    bitsandbytes AdamW8bit on CUDA and torch AdamW on CPU."""
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+    grad_clip: float = 1.0
+    eight_bit: str = "auto"
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    """backend: 'mlflow' (sqlite store under the output's parent by default) or 'none'."""
+
+    backend: str = "mlflow"
+    tracking_uri: str | None = None
+    experiment: str = "qerl"
+    run_name: str | None = None
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    method: str = "qerl"
+    output_dir: str = "results/train/run"
+    steps: int = 100
+    prompts_per_step: int = 16
+    micro_batch_size: int = 64
+    seed: int = 0
+    gradient_checkpointing: bool = False
+    checkpoint_every: int = 10
+    device: str = "auto"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    rollout: SamplingSettings = field(default_factory=SamplingSettings)
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    aqn: AQNSettings = field(default_factory=AQNSettings)
+    reward: RewardSettings = field(default_factory=RewardSettings)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+
+def _check_type(value, hint, path: str):
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(hint):
+            if arg is type(None) and value is None:
+                return None
+        for arg in typing.get_args(hint):
+            if arg is not type(None):
+                try:
+                    return _check_type(value, arg, path)
+                except ConfigError:
+                    pass
+        raise ConfigError(f"{path}: expected {hint}, got {value!r}")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{path}: expected a list, got {value!r}")
+        return tuple(_check_type(v, typing.get_args(hint)[0], f"{path}[{i}]") for i, v in enumerate(value))
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path}: expected a number, got {value!r}")
+        return float(value)
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}: expected an integer, got {value!r}")
+        return value
+    if hint in (str, bool):
+        if not isinstance(value, hint):
+            raise ConfigError(f"{path}: expected {hint.__name__}, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(hint):
+        return from_dict(hint, value, path)
+    return value
+
+
+def from_dict(cls, data, path: str = "config"):
+    """Build dataclass ``cls`` from a mapping, strictly (unknown keys and bad types raise)."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) {unknown}; allowed: {names}")
+    kwargs = {k: _check_type(v, hints[k], f"{path}.{k}") for k, v in data.items()}
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """Cross-field checks; returns the config with algorithm defaults resolved."""
+    if cfg.method not in METHOD_NAMES:
+        raise ConfigError(f"config.method: {cfg.method!r} is not one of {METHOD_NAMES}")
+    a = cfg.algorithm
+    if a.name not in ALGORITHMS:
+        raise ConfigError(f"config.algorithm.name: {a.name!r} is not one of {ALGORITHMS}")
+    if a.group_size < 2:
+        raise ConfigError(f"config.algorithm.group_size: G = {a.group_size}; must be >= 2")
+    if a.clip_low < 0 or (a.clip_high is not None and a.clip_high < 0):
+        raise ConfigError("config.algorithm.clip_low/clip_high: ε must be >= 0")
+    if a.updates_per_batch < 1:
+        raise ConfigError("config.algorithm.updates_per_batch: μ must be >= 1")
+    if a.kl_coef < 0:
+        raise ConfigError("config.algorithm.kl_coef: must be >= 0")
+    if a.kl_coef > 0 and cfg.method == "full":
+        raise ConfigError("config.algorithm.kl_coef: KL needs a reference policy; with method 'full' that "
+                          "would be a second model copy (use a LoRA method, whose reference is the base)")
+    if a.tis_cap is not None and a.tis_cap <= 0:
+        raise ConfigError("config.algorithm.tis_cap: must be > 0 (or null)")
+    if a.overlong_penalty and not 0 < a.overlong_cache <= cfg.rollout.max_new_tokens:
+        raise ConfigError("config.algorithm.overlong_cache: must be in (0, rollout.max_new_tokens] with overlong_penalty")
+    for name in ("steps", "prompts_per_step", "micro_batch_size", "checkpoint_every"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"config.{name}: must be >= 1, got {getattr(cfg, name)}")
+    if cfg.optim.lr <= 0:
+        raise ConfigError(f"config.optim.lr: must be > 0, got {cfg.optim.lr}")
+    if cfg.optim.eight_bit not in ("auto", "true", "false"):
+        raise ConfigError("config.optim.eight_bit: one of 'auto', 'true', 'false'")
+    if cfg.model.dtype not in ("bfloat16", "float16", "float32"):
+        raise ConfigError(f"config.model.dtype: {cfg.model.dtype!r} is not bfloat16/float16/float32")
+    if cfg.tracking.backend not in ("mlflow", "none"):
+        raise ConfigError("config.tracking.backend: 'mlflow' or 'none'")
+    if not cfg.model.path:
+        raise ConfigError("config.model.path: required (a model directory or hub id)")
+    return dataclasses.replace(cfg, algorithm=a.resolved())
+
+
+def load_config(path: str | Path, overrides: dict | None = None) -> TrainConfig:
+    """Read a YAML config file (plus optional overrides merged on top) and validate it."""
+    import yaml
+
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({e})") from None
+    for key, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return validate(from_dict(TrainConfig, data, path.name))
+
+
+def to_dict(cfg) -> dict:
+    """A plain (YAML/JSON-able) dict of a config."""
+    def conv(x):
+        if dataclasses.is_dataclass(x):
+            return {f.name: conv(getattr(x, f.name)) for f in dataclasses.fields(x)}
+        if isinstance(x, tuple):
+            return [conv(v) for v in x]
+        return x
+    return conv(cfg)

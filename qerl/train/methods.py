@@ -1,0 +1,57 @@
+"""Training methods: one registry, one loop. A method is (base format, LoRA?, AQN?)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    base: str  # "bf16" | "nf4" | "nvfp4"
+    lora: bool
+    aqn: bool
+    description: str
+
+
+METHODS = {
+    "full": Method("full", "bf16", False, False, "bf16 full fine-tuning (all parameters)"),
+    "lora": Method("lora", "bf16", True, False, "bf16 base + LoRA"),
+    "qlora": Method("qlora", "nf4", True, False, "NF4 base (bitsandbytes) + LoRA (QLoRA)"),
+    "nvfp4_lora": Method("nvfp4_lora", "nvfp4", True, False, "NVFP4 base + LoRA"),
+    "qerl": Method("qerl", "nvfp4", True, True, "NVFP4 base + LoRA + AQN (QeRL)"),
+}
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def build_policy(cfg, device: torch.device):
+    """Load the base in the method's format and wrap it for training. Returns ``(model, tokenizer)``."""
+    from transformers import AutoTokenizer
+
+    from qerl.lora import apply_lora
+    from qerl.models import load_policy
+    from qerl.models.source import resolve_model_dir
+
+    method = METHODS[cfg.method]
+    src = resolve_model_dir(cfg.model.path, cfg.model.revision)
+    model = load_policy(src, base=method.base, device=device, dtype=DTYPES[cfg.model.dtype])
+    tokenizer = AutoTokenizer.from_pretrained(src)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if method.lora:
+        model = apply_lora(model, cfg.lora)
+    else:
+        model.requires_grad_(True)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "enable_input_require_grads"):
+            model.enable_input_require_grads()
+    return model, tokenizer

@@ -1,0 +1,74 @@
+"""Training checkpoints: written atomically, restored exactly.
+
+``<output>/checkpoint/`` holds ``adapter/`` (PEFT format) or ``model/`` (full fine-tuning,
+safetensors), ``trainer_state.pt`` (optimizer, scheduler, torch/python/numpy RNG states) and
+``trainer_state.json`` (step, data position, MLflow run id). The directory is replaced in one
+rename, so a kill at any moment leaves the previous checkpoint intact.
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from qerl.checkpoint import atomic_directory
+
+CHECKPOINT = "checkpoint"
+
+
+@dataclass
+class TrainState:
+    step: int = 0  # optimizer steps completed
+    data_pos: int = 0  # prompts consumed from the data stream
+    run_id: str | None = None
+
+
+def _trainable_state(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def save_checkpoint(out_dir: Path, model, optimizer, scheduler, state: TrainState, is_peft: bool) -> Path:
+    path = Path(out_dir) / CHECKPOINT
+    with atomic_directory(path, force=True) as tmp:
+        if is_peft:
+            model.save_pretrained(str(tmp / "adapter"))
+        save_file(_trainable_state(model), str(tmp / "trainable.safetensors"))
+        torch.save({
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "python_rng": random.getstate(),
+            "numpy_rng": np.random.get_state(),
+        }, tmp / "trainer_state.pt")
+        (tmp / "trainer_state.json").write_text(json.dumps(asdict(state), indent=2))
+    return path
+
+
+def load_checkpoint(out_dir: Path, model, optimizer, scheduler) -> TrainState:
+    """Restore trainable weights, optimizer, scheduler and RNG states; return the saved state."""
+    path = Path(out_dir) / CHECKPOINT
+    if not (path / "trainer_state.json").exists():
+        raise FileNotFoundError(f"{path}: no checkpoint to resume from")
+    weights = load_file(str(path / "trainable.safetensors"))
+    params = dict(model.named_parameters())
+    missing = [n for n in weights if n not in params]
+    if missing:
+        raise ValueError(f"{path}: checkpoint has parameters the model lacks, e.g. {missing[:3]}")
+    with torch.no_grad():
+        for n, t in weights.items():
+            params[n].copy_(t)
+    blob = torch.load(path / "trainer_state.pt", weights_only=False)
+    optimizer.load_state_dict(blob["optimizer"])
+    scheduler.load_state_dict(blob["scheduler"])
+    torch.set_rng_state(blob["torch_rng"])
+    if blob["cuda_rng"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(blob["cuda_rng"])
+    random.setstate(blob["python_rng"])
+    np.random.set_state(blob["numpy_rng"])
+    return TrainState(**json.loads((path / "trainer_state.json").read_text()))

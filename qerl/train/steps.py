@@ -1,0 +1,181 @@
+"""Pieces of one RL step, kept out of the loop so that it reads like pseudocode."""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import random
+
+import torch
+
+from qerl.data.tasks import format_prompt
+from qerl.rl.advantages import informative_groups, overlong_penalty
+from qerl.rollout.sampler import Rollout, generate, sequence_logprobs
+
+
+class TrainingError(RuntimeError):
+    """Training cannot continue (non-finite loss/reward); the last checkpoint is intact."""
+
+
+def derive_seed(*parts) -> int:
+    """A stable 63-bit seed from any parts (run seed, step, round, purpose)."""
+    h = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(h[:8], "little") >> 1
+
+
+class PromptStream:
+    """Endless, seeded stream of records: a fresh permutation per epoch; ``pos`` is resumable."""
+
+    def __init__(self, records: list[dict], seed: int, pos: int = 0):
+        if not records:
+            raise ValueError("the training set is empty")
+        self.records, self.seed, self.pos = records, seed, pos
+
+    def take(self, n: int) -> list[dict]:
+        out = []
+        for _ in range(n):
+            epoch, i = divmod(self.pos, len(self.records))
+            order = list(range(len(self.records)))
+            random.Random(derive_seed(self.seed, "epoch", epoch)).shuffle(order)
+            out.append(self.records[order[i]])
+            self.pos += 1
+        return out
+
+
+def _pad_cat(tensors: list[torch.Tensor], value: int, left: bool) -> torch.Tensor:
+    width = max(t.shape[1] for t in tensors)
+    padded = []
+    for t in tensors:
+        extra = width - t.shape[1]
+        pad = t.new_full((t.shape[0], extra), value)
+        padded.append(torch.cat([pad, t] if left else [t, pad], 1))
+    return torch.cat(padded, 0)
+
+
+def merge(parts: list[Rollout], pad_id: int) -> Rollout:
+    """Concatenate rollouts (re-padding prompts on the left and completions on the right)."""
+    if len(parts) == 1:
+        return parts[0]
+    return Rollout(
+        _pad_cat([p.prompt_ids for p in parts], pad_id, True),
+        _pad_cat([p.prompt_mask for p in parts], 0, True),
+        _pad_cat([p.completion_ids for p in parts], pad_id, False),
+        _pad_cat([p.completion_mask for p in parts], 0, False),
+        _pad_cat([p.logprobs for p in parts], 0, False),
+        torch.cat([p.truncated for p in parts]),
+        [t for p in parts for t in p.texts],
+    )
+
+
+def select(r: Rollout, rows: torch.Tensor) -> Rollout:
+    return Rollout(r.prompt_ids[rows], r.prompt_mask[rows], r.completion_ids[rows], r.completion_mask[rows],
+                   r.logprobs[rows], r.truncated[rows], [r.texts[i] for i in rows.tolist()])
+
+
+def collect_rollouts(policy, tokenizer, stream: PromptStream, cfg, step: int, reward, aqn, sigma: float):
+    """Generate G completions for ``prompts_per_step`` prompts, score them, and (DAPO dynamic
+    sampling) drop groups whose rewards are all equal, refilling with fresh prompts for up to
+    ``max_refill_rounds`` extra rounds. Returns ``(rollout, rewards, stats)``; ``stats`` covers
+    every sample generated this step."""
+    a = cfg.algorithm
+    G, want = a.group_size, cfg.prompts_per_step
+    kept, kept_rewards = [], []
+    all_rewards, all_correct, all_len, all_trunc = [], [], [], []
+    rounds, groups_seen = 0, 0
+    while True:
+        n_prompts = want - sum(len(k.texts) // G for k in kept) if rounds else want
+        records = stream.take(n_prompts)
+        prompts = [format_prompt(r["prompt"], tokenizer, cfg.data.template) for r in records]
+        seed = derive_seed(cfg.seed, step, rounds, "rollout")
+        noise = aqn.noise(sigma, derive_seed(cfg.seed, step, rounds, "aqn")) if aqn else contextlib.nullcontext()
+        with noise:
+            ro = generate(policy, tokenizer, prompts, cfg.rollout, seed=seed, num_samples=G)
+        scores = [reward.score(text, records[i // G]["answer"]) for i, text in enumerate(ro.texts)]
+        rewards = torch.tensor([s[0] for s in scores], dtype=torch.float32)
+        if a.overlong_penalty:
+            rewards = rewards + overlong_penalty(ro.lengths.cpu(), cfg.rollout.max_new_tokens, a.overlong_cache)
+        if not torch.isfinite(rewards).all():
+            raise TrainingError(f"step {step}: non-finite reward from the reward function")
+        all_rewards.append(rewards)
+        all_correct.append(torch.tensor([s[1] for s in scores]))
+        all_len.append(ro.lengths.cpu().float())
+        all_trunc.append(ro.truncated.cpu().float())
+        groups_seen += n_prompts
+        keep = informative_groups(rewards, G) if a.dynamic_sampling else torch.ones(n_prompts, dtype=torch.bool)
+        rows = torch.nonzero(keep.repeat_interleave(G)).flatten()
+        if len(rows):
+            kept.append(select(ro, rows.to(ro.prompt_ids.device)))
+            kept_rewards.append(rewards[rows])
+        rounds += 1
+        have = sum(len(k.texts) // G for k in kept)
+        if not a.dynamic_sampling or have >= want or rounds > a.max_refill_rounds:
+            break
+    rewards_all = torch.cat(all_rewards)
+    stats = {
+        "reward_mean": float(rewards_all.mean()),
+        "reward_std": float(rewards_all.std()) if rewards_all.numel() > 1 else 0.0,
+        "accuracy": float(torch.cat(all_correct).float().mean()),
+        "response_len_mean": float(torch.cat(all_len).mean()),
+        "response_len_max": float(torch.cat(all_len).max()),
+        "truncated_frac": float(torch.cat(all_trunc).mean()),
+        "groups_generated": groups_seen,
+        "rollout_rounds": rounds,
+        "generated_tokens": int(torch.cat(all_len).sum()),
+    }
+    if not kept:
+        stats["groups_kept"] = 0
+        return None, None, stats
+    batch = merge(kept, tokenizer.pad_token_id)
+    batch_rewards = torch.cat(kept_rewards)
+    n_keep = min(want, len(batch.texts) // G) * G
+    batch, batch_rewards = select(batch, torch.arange(n_keep, device=batch.prompt_ids.device)), batch_rewards[:n_keep]
+    stats["groups_kept"] = n_keep // G
+    return batch, batch_rewards, stats
+
+
+def micro_batches(n: int, size: int):
+    for s in range(0, n, size):
+        yield slice(s, min(n, s + size))
+
+
+@torch.no_grad()
+def logprobs_no_grad(model, batch: Rollout, temperature: float, micro: int) -> torch.Tensor:
+    return torch.cat([sequence_logprobs(model, batch.prompt_ids[m], batch.prompt_mask[m], batch.completion_ids[m],
+                                        batch.completion_mask[m], temperature) for m in micro_batches(len(batch.texts), micro)])
+
+
+def micro_weight(algorithm: str, mask: torch.Tensor, m: slice) -> float:
+    """Share of micro-batch ``m`` in the batch-level loss, so that summing micro losses times
+    these weights equals the loss of the whole batch (sequence-, token- or constant-normalised)."""
+    if algorithm == "dapo":
+        return float(mask[m].sum() / mask.sum().clamp(min=1))
+    if algorithm == "grpo":
+        has = mask.sum(1) > 0
+        return float(has[m].sum() / has.sum().clamp(min=1))
+    return (m.stop - m.start) / mask.shape[0]
+
+
+def warmup_cosine(optimizer, warmup: int, total: int, min_ratio: float):
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / max(1, warmup)
+        t = (step - warmup) / max(1, total - warmup)
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def make_optimizer(params, o, device: torch.device):
+    eight = o.eight_bit == "true" or (o.eight_bit == "auto" and device.type == "cuda")
+    if eight:
+        import bitsandbytes as bnb
+
+        return bnb.optim.AdamW8bit(params, lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
+    return torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20

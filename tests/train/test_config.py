@@ -1,0 +1,48 @@
+"""Config loading: strict keys, types and impossible values, all before any model loads."""
+import pytest
+
+from qerl.train.config import ConfigError, load_config
+
+
+def _write(tmp_path, text):
+    p = tmp_path / "c.yaml"
+    p.write_text("model:\n  path: some/model\n" + text)
+    return p
+
+
+@pytest.mark.parametrize("text, match", [
+    ("stepz: 3\n", r"unknown key\(s\) \['stepz'\].*allowed"),
+    ("algorithm:\n  name: ppo\n", "algorithm.name.*'ppo'"),
+    ("algorithm:\n  group_size: 1\n", "group_size.*>= 2"),
+    ("algorithm:\n  clip_low: -0.1\n", "clip_low"),
+    ("lora:\n  r: 0\n", "lora.r"),
+    ("aqn:\n  sigma_start: 0.001\n  sigma_end: 0.01\n", "sigma_end"),
+    ("aqn:\n  stages: 0\n", "K"),
+    ("steps: ten\n", "steps: expected an integer"),
+    ("optim:\n  lr: 0\n", "optim.lr"),
+    ("method: qlora8\n", "method.*qlora8"),
+    ("rollout:\n  temperature: -1\n", "temperature"),
+    ("method: full\nalgorithm:\n  kl_coef: 0.1\n", "second model copy"),
+    ("optim:\n  betas: [0.9]\n", "unknown key"),
+])
+def test_bad_configs(tmp_path, text, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(_write(tmp_path, text))
+
+
+def test_defaults_resolve_per_algorithm(tmp_path):
+    dapo = load_config(_write(tmp_path, "algorithm:\n  name: dapo\n")).algorithm
+    assert (dapo.clip_high, dapo.dynamic_sampling, dapo.overlong_mask) == (0.28, True, True)
+    grpo = load_config(_write(tmp_path, "")).algorithm
+    assert (grpo.clip_high, grpo.dynamic_sampling, grpo.adv_scale) == (0.2, False, "std")
+    dr = load_config(_write(tmp_path, "algorithm:\n  name: dr_grpo\n")).algorithm
+    assert dr.adv_scale == "none"
+    cfg = load_config(_write(tmp_path, ""), {"steps": 7, "aqn.stages": 4})
+    assert cfg.steps == 7 and cfg.aqn.stages == 4
+
+
+def test_the_shipped_config_loads():
+    from pathlib import Path
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "config/train/tiny.yaml")
+    assert cfg.method == "qerl"

@@ -1,0 +1,206 @@
+"""``qerl train`` end to end on a tiny warm-started model: every method, DAPO, KL, AQN wiring,
+metrics, checkpoints, exact resume after a kill, NaN guard, MLflow, and a learning test."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from qerl.tracking import NullTracker
+from qerl.train.config import from_dict, validate, TrainConfig
+from qerl.train.loop import DETERMINISTIC_METRICS, train
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = {
+    "steps": 4, "prompts_per_step": 4, "micro_batch_size": 16, "checkpoint_every": 2, "device": "cpu",
+    "model": {"dtype": "float32"}, "data": {"task": "synthetic"},
+    "rollout": {"temperature": 1.0, "max_new_tokens": 5},
+    "algorithm": {"name": "grpo", "group_size": 4}, "lora": {"r": 8, "alpha": 16},
+    "aqn": {"sigma_start": 0.05, "sigma_end": 0.01, "stages": 1},
+    "reward": {"correctness": "exact"}, "optim": {"lr": 0.003}, "tracking": {"backend": "none"},
+}
+
+
+def make_cfg(model, out, **over):
+    import copy
+
+    d = copy.deepcopy(BASE)
+    d["model"]["path"] = str(model)
+    d["output_dir"] = str(out)
+    for k, v in over.items():
+        node = d
+        *parents, leaf = k.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = v
+    return validate(from_dict(TrainConfig, d))
+
+
+def rows(out):
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+REQUIRED = {"reward_mean", "reward_std", "accuracy", "entropy", "kl", "clip_frac", "mismatch_kl",
+            "is_ratio_mean", "response_len_mean", "response_len_max", "truncated_frac", "sigma", "lr",
+            "rollout_seconds", "train_seconds", "tokens_per_second", "peak_memory_gb", "loss", "grad_norm"}
+
+
+@pytest.mark.parametrize("method", ["full", "lora", "qlora", "nvfp4_lora", "qerl"])
+def test_every_method_trains(method, warm_model, tmp_path):
+    if method == "qlora":
+        pytest.importorskip("bitsandbytes")
+    out = train(make_cfg(warm_model, tmp_path / method, method=method), tracker=NullTracker(), progress=False)
+    m = rows(out)
+    assert [r["step"] for r in m] == [1, 2, 3, 4]
+    assert REQUIRED <= set(m[0])
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in m)
+    final = out / "final"
+    if method == "full":
+        assert (final / "model.safetensors").exists()
+    else:
+        assert (final / "adapter_config.json").exists() and (final / "adapter_model.safetensors").exists()
+    assert (out / "checkpoint" / "trainer_state.json").exists()
+    # AQN: the schedule ran (stage 0 then σ_start) and only qerl rollouts were noisy
+    sig = [r["sigma"] for r in m]
+    assert sig == ([0.0, 0.0, 0.05, 0.05] if method == "qerl" else [0.0] * 4)
+    noisy = [r["mismatch_kl"] > 1e-6 for r in m]  # without noise: float round-off only (~1e-14)
+    assert noisy == ([False, False, True, True] if method == "qerl" else [False] * 4)
+
+
+def test_nvfp4_base_stays_bit_identical_through_training(warm_model, tmp_path):
+    from qerl.models import load_policy
+    from qerl.train import methods
+
+    seen = {}
+    real = methods.build_policy
+
+    def spy(cfg, device):
+        model, tok = real(cfg, device)
+        seen["model"] = model
+        seen["before"] = {k: v.clone() for k, v in model.state_dict().items() if "weight_packed" in k}
+        return model, tok
+
+    import qerl.train.loop as loop
+
+    loop.build_policy = spy
+    try:
+        train(make_cfg(warm_model, tmp_path / "q", method="qerl"), tracker=NullTracker(), progress=False)
+    finally:
+        loop.build_policy = real
+    after = {k: v for k, v in seen["model"].state_dict().items() if "weight_packed" in k}
+    assert seen["before"] and all(torch.equal(seen["before"][k], after[k]) for k in after)
+    assert load_policy is not None
+
+
+def test_dapo_dynamic_sampling_overlong_and_kl(warm_model, tmp_path):
+    out = train(make_cfg(warm_model, tmp_path / "dapo", **{"algorithm.name": "dapo", "algorithm.overlong_penalty": True,
+                                                            "algorithm.overlong_cache": 2, "algorithm.max_refill_rounds": 2}),
+                tracker=NullTracker(), progress=False)
+    m = rows(out)
+    assert all(r["groups_kept"] <= 4 for r in m)
+    assert any(r["rollout_rounds"] > 1 or r["groups_kept"] == 4 for r in m)
+    out = train(make_cfg(warm_model, tmp_path / "kl", method="lora", **{"algorithm.kl_coef": 0.5,
+                                                                           "algorithm.updates_per_batch": 2}),
+                tracker=NullTracker(), progress=False)
+    m = rows(out)
+    assert m[0]["kl"] == 0.0 or m[0]["kl"] < 1e-6  # before any update the adapter is zero: policy == reference
+    assert any(r["kl"] > 0 for r in m[1:])
+    out = train(make_cfg(warm_model, tmp_path / "dr", method="nvfp4_lora", **{"algorithm.name": "dr_grpo",
+                                                                                 "algorithm.tis_cap": 2.0}),
+                tracker=NullTracker(), progress=False)
+    assert len(rows(out)) == 4
+
+
+def test_aqn_rollout_plus_train_removes_the_mismatch(warm_model, tmp_path):
+    out = train(make_cfg(warm_model, tmp_path / "rt", method="qerl", **{"aqn.apply_to": "rollout+train"}),
+                tracker=NullTracker(), progress=False)
+    m = rows(out)
+    assert all(r["mismatch_kl"] < 1e-6 for r in m)
+
+
+def test_nan_reward_stops_with_checkpoint_intact(warm_model, tmp_path, monkeypatch):
+    from qerl.rewards import registry
+    from qerl.train.steps import TrainingError
+
+    out = tmp_path / "nan"
+    train(make_cfg(warm_model, out, steps=2), tracker=NullTracker(), progress=False)
+    state = (out / "checkpoint" / "trainer_state.json").read_text()
+    monkeypatch.setattr(registry.Reward, "score", lambda self, c, g: (float("nan"), 0.0))
+    with pytest.raises(TrainingError, match="non-finite reward"):
+        train(make_cfg(warm_model, out, steps=4), resume=True, tracker=NullTracker(), progress=False)
+    assert (out / "checkpoint" / "trainer_state.json").read_text() == state
+
+
+def _cli(cfg_path, *extra):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "qerl", "train", "--config", str(cfg_path), "--no-progress", *extra],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def test_killed_run_resumes_exactly(warm_model, tmp_path):
+    import yaml
+
+    def write(out):
+        cfg = json.loads(json.dumps(BASE))
+        cfg.update(steps=30, checkpoint_every=4, output_dir=str(out))
+        cfg["model"]["path"] = str(warm_model)
+        cfg["method"] = "qerl"
+        cfg["aqn"]["stages"] = 3
+        cfg["lora"]["dropout"] = 0.1  # exercises the saved torch RNG state
+        p = tmp_path / f"{out.name}.yaml"
+        p.write_text(yaml.safe_dump(cfg))
+        return p
+
+    ref_cfg, run_cfg = write(tmp_path / "ref"), write(tmp_path / "run")
+    assert _cli(ref_cfg).wait(timeout=300) == 0
+    proc = _cli(run_cfg)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 10:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    assert proc.wait(timeout=60) == -signal.SIGKILL, "the run finished before it could be killed"
+    done = json.loads((tmp_path / "run" / "checkpoint" / "trainer_state.json").read_text())["step"]
+    assert 8 <= done < 30 and done % 4 == 0
+    resumed = _cli(run_cfg, "--resume")
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
+    a, b = rows(tmp_path / "ref"), rows(tmp_path / "run")
+    assert [r["step"] for r in b] == list(range(1, 31))
+    for ra, rb in zip(a, b):
+        assert {k: ra[k] for k in DETERMINISTIC_METRICS} == {k: rb[k] for k in DETERMINISTIC_METRICS}, ra["step"]
+    from safetensors.torch import load_file
+
+    fa, fb = (load_file(str(tmp_path / d / "final" / "adapter_model.safetensors")) for d in ("ref", "run"))
+    assert all(torch.equal(fa[k], fb[k]) for k in fa)
+
+
+def test_mlflow_tracking(warm_model, tmp_path):
+    mlflow = pytest.importorskip("mlflow")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = make_cfg(warm_model, tmp_path / "ml", steps=2, **{"tracking.backend": "mlflow", "tracking.tracking_uri": uri,
+                                                           "tracking.experiment": "unit"})
+    train(cfg, progress=False)
+    client = mlflow.tracking.MlflowClient(uri)
+    exp = client.get_experiment_by_name("unit")
+    (run,) = client.search_runs([exp.experiment_id])
+    assert run.info.run_name == str(tmp_path / "ml") and run.data.tags["method"] == "qerl"
+    assert len(client.get_metric_history(run.info.run_id, "reward_mean")) == 2
+    assert run.data.params["algorithm.name"] == "grpo"
+
+
+@pytest.mark.parametrize("method", ["lora", "qerl"])
+def test_learning_raises_reward(method, warm_model, tmp_path):
+    cfg = make_cfg(warm_model, tmp_path / method, method=method, steps=50, prompts_per_step=16, checkpoint_every=50,
+                   **{"algorithm.group_size": 8, "rollout.max_new_tokens": 6, "lora.r": 16, "lora.alpha": 32,
+                      "aqn.stages": 3, "optim.lr": 0.004, "micro_batch_size": 128})
+    m = rows(train(cfg, tracker=NullTracker(), progress=False))
+    first = sum(r["reward_mean"] for r in m[:5]) / 5
+    last = sum(r["reward_mean"] for r in m[-10:]) / 10
+    assert last - first >= 0.04, (first, last)
