@@ -41,6 +41,6 @@ def test_importing_qerl_loads_no_torch():
 
 
 def test_cli_help_for_every_verb():
-    for verb in ([], ["build-tiny"], ["quantize"], ["export-merged"]):
+    for verb in ([], ["build-tiny"], ["quantize"], ["export-merged"], ["sft"], ["train"]):
         out = subprocess.run([sys.executable, "-m", "qerl", *verb, "--help"], capture_output=True, text=True)
         assert out.returncode == 0 and "usage: qerl" in out.stdout

@@ -204,3 +204,13 @@ def test_learning_raises_reward(method, warm_model, tmp_path):
     first = sum(r["reward_mean"] for r in m[:5]) / 5
     last = sum(r["reward_mean"] for r in m[-10:]) / 10
     assert last - first >= 0.04, (first, last)
+
+
+def test_gradient_checkpointing_and_8bit_adamw_switches(warm_model, tmp_path):
+    out = train(make_cfg(warm_model, tmp_path / "gc", method="nvfp4_lora", steps=2, gradient_checkpointing=True,
+                         **{"optim.eight_bit": "true"}), tracker=NullTracker(), progress=False)
+    m = rows(out)
+    assert len(m) == 2 and all(r["grad_norm"] > 0 for r in m)
+    blob = torch.load(out / "checkpoint" / "trainer_state.pt", weights_only=False)
+    # bitsandbytes optimizer state (tensors this small stay 32-bit inside it: min_8bit_size = 4096)
+    assert all("__bnb_optimizer_quant_state__" in s for s in blob["optimizer"]["state"].values())
