@@ -1,19 +1,28 @@
-# QeRL workflow: get model -> NVFP4 quantization (later: train -> evaluate -> report).
-# The rules are a table of contents; every job calls the `qerl` CLI.
+# QeRL workflow: get model -> NVFP4 quantization -> RL training (experiment matrix) -> evaluation
+# -> report. The rules are a table of contents; every job calls the `qerl` CLI and logs an MLflow run.
 from snakemake.utils import min_version
 
 min_version("9.0")
 
 
-configfile: os.path.join(workflow.basedir, "config/config.yaml")
+# The embedded default, unless config files are given on the command line (then only those,
+# deep-merged in order: an ablation is `--configfile config/config.yaml config/ablations/X.yaml`).
+if not workflow.overwrite_configfiles:
+
+    configfile: os.path.join(workflow.basedir, "config/config.yaml")
+
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/tracking.smk"
 include: "workflow/rules/model.smk"
 include: "workflow/rules/quantize.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/report.smk"
 
 
 rule all:
     input:
-        expand("results/quantize/{model}/config.json", model=MODELS),
+        f"reports/{CONFIGURATION}/index.md",
     default_target: True

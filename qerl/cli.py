@@ -6,6 +6,10 @@ Verbs (each has ``--help``):
   export-merged  merge a PEFT adapter into its (dequantized) base and save a bf16 model
   sft            supervised warm-start on the synthetic task
   train          RL training (GRPO / DAPO) with one of the five methods
+  evaluate       pass@1 over k samples on a benchmark
+  report         paper-shaped tables, figures and index.md from results/
+  download       hub snapshot at a pinned revision
+  resolve-config / mlflow-init   workflow helpers
 Heavy imports happen inside each verb so ``qerl --help`` stays fast.
 """
 from __future__ import annotations
@@ -40,7 +44,7 @@ def _cmd_quantize(args) -> int:
         print(f"{args.output}: already quantized from this source; nothing to do")
     print(json.dumps(summary, indent=2))
     print(f"per-layer report: {Path(args.output) / REPORT}")
-    return 0
+    return {k: v for k, v in summary.items() if isinstance(v, (int, float))}
 
 
 def _cmd_export_merged(args) -> int:
@@ -62,7 +66,14 @@ def _cmd_train(args) -> int:
 
         overrides[key] = yaml.safe_load(value)
     cfg = load_config(args.config, overrides)
-    out = train(cfg, resume=args.resume, progress=not args.no_progress)
+    resume = args.resume
+    if args.auto_resume:
+        from qerl.train.state import CHECKPOINT
+
+        resume = (Path(cfg.output_dir) / CHECKPOINT / "trainer_state.json").exists()
+        if resume:
+            print(f"resuming from {Path(cfg.output_dir) / CHECKPOINT}")
+    out = train(cfg, resume=resume, progress=not args.no_progress)
     print(f"done: metrics in {out / 'metrics.jsonl'}, final weights in {out / 'final'}")
     return 0
 
@@ -75,6 +86,114 @@ def _cmd_sft(args) -> int:
     stats = sft(args.model, args.output, records, steps=args.steps, lr=args.lr, batch_size=args.batch_size,
                 seed=args.seed, progress=not args.no_progress)
     print(json.dumps(stats))
+    return stats
+
+
+def _cmd_evaluate(args) -> dict:
+    import torch
+
+    from qerl.stages.evaluate import EvalSettings, evaluate, load_for_eval
+    from qerl.train.methods import DTYPES, resolve_device
+
+    settings = EvalSettings(samples=args.samples, temperature=args.temperature, top_p=args.top_p,
+                            max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, limit=args.limit,
+                            seed=args.seed, template=args.template)
+    device = resolve_device(args.device)
+    model, tok = load_for_eval(args.model, args.base, args.adapter, DTYPES[args.dtype], device)
+    out = Path(args.output)
+    samples = Path(args.samples_output) if args.samples_output else out.with_suffix(".samples.jsonl")
+    with torch.no_grad():
+        summary = evaluate(model, tok, args.benchmark, settings, out, samples, progress=not args.no_progress,
+                           meta={"model": str(args.model), "base": args.base, "adapter": str(args.adapter or "")})
+    print(json.dumps({k: summary[k] for k in ("benchmark", "pass@1", "problems", "samples_per_problem")}))
+    return {"pass_at_1": summary["pass@1"], "problems": summary["problems"]}
+
+
+def _cmd_report(args) -> dict:
+    import yaml
+
+    from qerl.stages.report import build_report
+
+    config = yaml.safe_load(Path(args.workflow_config).read_text())
+    idx = build_report(config, Path(args.results), Path(args.output))
+    print(f"wrote {idx}")
+    return {}
+
+
+def _cmd_download(args) -> dict:
+    from qerl.checkpoint import CheckpointError
+    from qerl.models.source import HUB_PATTERNS
+
+    from huggingface_hub import snapshot_download
+
+    try:
+        path = snapshot_download(args.model, revision=args.revision, local_dir=str(args.output),
+                                 allow_patterns=HUB_PATTERNS)
+    except Exception as e:
+        raise CheckpointError(
+            f"could not download {args.model!r} at revision {args.revision} ({type(e).__name__}: {e}). Without "
+            "network: download elsewhere and point the model's 'path' at a local directory (source: local), or set "
+            "HF_HUB_OFFLINE=1 with a populated cache; gated models need HF_TOKEN.") from None
+    print(f"downloaded {args.model}@{args.revision} to {path}")
+    return {}
+
+
+def _cmd_resolve_config(args) -> dict:
+    import yaml
+
+    from qerl.train.config import from_dict, TrainConfig, validate
+    from qerl.workflow_config import Run, train_config
+
+    config = yaml.safe_load(Path(args.workflow_config).read_text())
+    run = Run(args.model, args.method, args.algo, args.dataset, args.seed)
+    cfg = train_config(config, run, args.tracking_uri)
+    validate(from_dict(TrainConfig, cfg, f"{args.workflow_config} (run {run.path})"))  # fail early, name the run
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return {}
+
+
+def _cmd_mlflow_init(args) -> dict:
+    from qerl.tracking import init_store
+
+    exp = init_store(args.tracking_uri, args.experiment)
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps({"tracking_uri": args.tracking_uri, "experiment": args.experiment,
+                                             "experiment_id": exp}) + "\n")
+    return {}
+
+
+def _add_tracking(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("MLflow (optional: log this job as a run)")
+    g.add_argument("--mlflow-run-name", help="run name (the workflow uses the output path under results/)")
+    g.add_argument("--mlflow-experiment", default="qerl")
+    g.add_argument("--mlflow-uri", default=None, help="tracking URI (default: $MLFLOW_TRACKING_URI)")
+    g.add_argument("--mlflow-tag", action="append", default=[], metavar="KEY=VALUE")
+
+
+def _tracked(args, func):
+    """Run a verb inside an MLflow run when --mlflow-run-name is given; log its returned metrics."""
+    if not getattr(args, "mlflow_run_name", None):
+        return func(args)
+    import os
+
+    from qerl.tracking import MLflowTracker
+    from qerl.train.tracking_setup import git_commit
+
+    uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        raise ValueError("--mlflow-run-name needs --mlflow-uri or MLFLOW_TRACKING_URI")
+    tags = dict(t.split("=", 1) for t in args.mlflow_tag)
+    tags.update(command=args.command, git_commit=git_commit())
+    tracker = MLflowTracker(args.mlflow_experiment, args.mlflow_run_name, uri, tags=tags)
+    try:
+        tracker.log_params({k: v for k, v in vars(args).items() if k not in ("func",) and not k.startswith("mlflow")})
+        result = func(args) or {}
+        tracker.log_metrics(result, step=0)
+        tracker.close("FINISHED")
+    except BaseException:
+        tracker.close("FAILED")
+        raise
     return 0
 
 
@@ -127,6 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "and the final adapter under the config's output_dir.")
     r.add_argument("--config", required=True, type=Path, help="YAML training config")
     r.add_argument("--resume", action="store_true", help="continue from output_dir/checkpoint")
+    r.add_argument("--auto-resume", action="store_true",
+                   help="resume if output_dir/checkpoint exists, else start fresh (what the workflow uses)")
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a config value, e.g. --set steps=10 --set algorithm.name=dapo")
     r.add_argument("--no-progress", action="store_true")
@@ -145,6 +266,70 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--no-progress", action="store_true")
     f.set_defaults(func=_cmd_sft)
+    _add_tracking(f)
+
+    v = sub.add_parser("evaluate", help="pass@1 over k samples on a benchmark",
+                       description="Evaluate a base model or a trained policy (adapter on its quantized or bf16 "
+                                   "base, as trained) on a benchmark: mean pass@1 over k samples per problem. "
+                                   "Writes a summary JSON and per-sample JSONL.")
+    v.add_argument("--model", required=True, help="base model directory (bf16, or NVFP4 checkpoint)")
+    v.add_argument("--base", choices=["bf16", "nvfp4", "nf4"], required=True, help="format to run the base in")
+    v.add_argument("--adapter", default=None, help="PEFT adapter directory (trained LoRA)")
+    v.add_argument("--benchmark", required=True,
+                   help="synthetic_test | gsm8k_test | math500 | aime24 | aime25 | amc23")
+    v.add_argument("--output", required=True, help="summary JSON path")
+    v.add_argument("--samples-output", default=None, help="per-sample JSONL (default: beside the JSON)")
+    v.add_argument("--samples", type=int, default=4, help="k samples per problem (pass@1 is their mean)")
+    v.add_argument("--temperature", type=float, default=0.6)
+    v.add_argument("--top-p", type=float, default=0.95)
+    v.add_argument("--max-new-tokens", type=int, default=4096)
+    v.add_argument("--batch-size", type=int, default=32, help="sequences per generation batch")
+    v.add_argument("--limit", type=int, default=None, help="only the first N problems")
+    v.add_argument("--template", default="paper", help="prompt template for hub benchmarks: raw | chat | paper")
+    v.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    v.add_argument("--device", default="auto")
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--no-progress", action="store_true")
+    v.set_defaults(func=_cmd_evaluate)
+    _add_tracking(v)
+
+    rp = sub.add_parser("report", help="tables (paper-shaped, paper numbers adjacent), figures, index.md",
+                        description="Build Table 1 / Table 2 (Markdown + CSV) with the paper's numbers in adjacent "
+                                    "columns, training-curve / σ / accuracy figures and an index.md, from results/.")
+    rp.add_argument("--workflow-config", required=True, help="the workflow config (config/*.yaml)")
+    rp.add_argument("--results", default="results")
+    rp.add_argument("--output", required=True, help="e.g. reports/<configuration>")
+    rp.set_defaults(func=_cmd_report)
+    _add_tracking(rp)
+
+    d = sub.add_parser("download", help="hub snapshot of a model at a pinned revision",
+                       description="Download a Hugging Face model snapshot (weights, config, tokenizer) at a pinned "
+                                   "revision into a local directory.")
+    d.add_argument("--model", required=True, help="hub id, e.g. Qwen/Qwen2.5-7B-Instruct")
+    d.add_argument("--revision", required=True, help="commit hash or tag to pin")
+    d.add_argument("--output", required=True, type=Path)
+    d.set_defaults(func=_cmd_download)
+
+    c = sub.add_parser("resolve-config", help="write the resolved qerl-train config of one workflow run",
+                       description="Resolve one run of a workflow config's experiment matrix into a strict "
+                                   "`qerl train` config file (validated).")
+    c.add_argument("--workflow-config", required=True)
+    for name in ("model", "method", "algo", "dataset"):
+        c.add_argument(f"--{name}", required=True)
+    c.add_argument("--seed", type=int, required=True)
+    c.add_argument("--tracking-uri", required=True)
+    c.add_argument("--output", required=True)
+    c.set_defaults(func=_cmd_resolve_config)
+
+    mi = sub.add_parser("mlflow-init", help="create the MLflow store and experiment before parallel jobs",
+                        description="Create the MLflow tracking store (schema) and experiment once, so that "
+                                    "parallel jobs only append runs.")
+    mi.add_argument("--tracking-uri", required=True)
+    mi.add_argument("--experiment", required=True)
+    mi.add_argument("--output", required=True, help="marker JSON written on success")
+    mi.set_defaults(func=_cmd_mlflow_init)
+
+    _add_tracking(q)
     return p
 
 
@@ -154,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     from qerl.errors import USER_ERRORS
 
     try:
-        return args.func(args)
+        result = _tracked(args, args.func)
+        return result if isinstance(result, int) else 0
     except USER_ERRORS as e:
         print(f"qerl {args.command}: error: {e}", file=sys.stderr)
         return 2

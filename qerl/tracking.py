@@ -25,8 +25,23 @@ class NullTracker:
     def close(self, status: str = "FINISHED") -> None: ...
 
 
+def _retry(fn, *args, attempts: int = 30, **kwargs):
+    """Call ``fn``, retrying while the sqlite store is locked by a concurrent job."""
+    import random
+    import time
+
+    for i in range(attempts):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # sqlite "database is locked" surfaces through several exception types
+            if "locked" not in str(e).lower() or i == attempts - 1:
+                raise
+            time.sleep(0.2 + random.random() * 0.5)
+
+
 class MLflowTracker:
-    """One MLflow run; resumes the same run id when given one."""
+    """One MLflow run; resumes the same run id when given one. Safe with parallel jobs on one
+    sqlite store (writes retry while the database is locked)."""
 
     def __init__(self, experiment: str, run_name: str, tracking_uri: str, run_id: str | None = None,
                  tags: dict | None = None):
@@ -34,25 +49,25 @@ class MLflowTracker:
 
         self._mlflow = mlflow
         mlflow.set_tracking_uri(tracking_uri)
-        mlflow.set_experiment(experiment)
-        run = mlflow.start_run(run_id=run_id, run_name=None if run_id else run_name, tags=tags or {})
+        _retry(mlflow.set_experiment, experiment)
+        run = _retry(mlflow.start_run, run_id=run_id, run_name=None if run_id else run_name, tags=tags or {})
         self.run_id = run.info.run_id
 
     def log_params(self, params: dict) -> None:
-        self._mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
+        _retry(self._mlflow.log_params, {k: str(v)[:500] for k, v in params.items()})
 
     def log_metrics(self, metrics: dict, step: int) -> None:
-        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and v == v}
-        self._mlflow.log_metrics(clean, step=step)
+        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v}
+        _retry(self._mlflow.log_metrics, clean, step=step)
 
     def log_artifact(self, path: str | Path) -> None:
-        self._mlflow.log_artifact(str(path))
+        _retry(self._mlflow.log_artifact, str(path))
 
     def set_tags(self, tags: dict) -> None:
-        self._mlflow.set_tags(tags)
+        _retry(self._mlflow.set_tags, tags)
 
     def close(self, status: str = "FINISHED") -> None:
-        self._mlflow.end_run(status=status)
+        _retry(self._mlflow.end_run, status=status)
 
 
 def default_tracking_uri(root: Path) -> str:
@@ -68,3 +83,12 @@ def flatten(d: dict, prefix: str = "") -> dict:
         else:
             out[key] = v
     return out
+
+
+def init_store(tracking_uri: str, experiment: str) -> str:
+    """Create the store (schema migrations) and the experiment once, before parallel jobs start."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    exp = mlflow.set_experiment(experiment)
+    return exp.experiment_id

@@ -106,6 +106,7 @@ class TrackingConfig:
     tracking_uri: str | None = None
     experiment: str = "qerl"
     run_name: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,10 @@ def _check_type(value, hint, path: str):
                 except ConfigError:
                     pass
         raise ConfigError(f"{path}: expected {hint}, got {value!r}")
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+        return {str(k): str(v) for k, v in value.items()}
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{path}: expected a list, got {value!r}")

@@ -95,6 +95,7 @@ def train(cfg: TrainConfig, resume: bool = False, tracker=None, progress: bool =
             if state.step % cfg.checkpoint_every == 0 or state.step == cfg.steps:
                 save_checkpoint(out, policy, optimizer, scheduler, state, method.lora)
         _save_final(out, policy, tokenizer, method)
+        _write_summary(out, metrics_path, cfg)
         tracker.close("FINISHED")
     except BaseException:
         tracker.close("FAILED")
@@ -150,6 +151,20 @@ def _update(policy, batch, rewards, cfg, loss_settings, aqn, sigma, step, optimi
             optimizer.zero_grad(set_to_none=True)
     policy.eval()
     return {**sums, "loss": total, "grad_norm": float(grad_norm), **mismatch}
+
+
+def _write_summary(out: Path, metrics_path: Path, cfg: TrainConfig) -> None:
+    """``summary.json``: written last, so its presence means the run completed."""
+    from qerl.checkpoint import write_json
+
+    rows = [json.loads(x) for x in metrics_path.read_text().splitlines() if x.strip()]
+    tail = rows[-max(1, len(rows) // 10):]
+    write_json(out / "summary.json", {
+        "method": cfg.method, "algorithm": cfg.algorithm.name, "steps": len(rows),
+        "reward_first": rows[0]["reward_mean"] if rows else None,
+        "reward_last10pct": sum(r["reward_mean"] for r in tail) / len(tail) if rows else None,
+        "final": str(out / "final"),
+    })
 
 
 def _append_jsonl(path: Path, row: dict) -> None:

@@ -28,7 +28,8 @@ def make_tracker(cfg, out: Path, run_id: str | None = None):
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     tags = {"method": cfg.method, "algorithm": cfg.algorithm.name, "model": cfg.model.path, "seed": str(cfg.seed),
             "git_commit": git_commit(), "device": device,
-            "config_hash": hashlib.sha256(json.dumps(conf, sort_keys=True).encode()).hexdigest()[:12]}
+            "config_hash": hashlib.sha256(json.dumps(conf, sort_keys=True).encode()).hexdigest()[:12],
+            **cfg.tracking.tags}
     uri = cfg.tracking.tracking_uri or default_tracking_uri(Path(out).parent)
     tracker = MLflowTracker(cfg.tracking.experiment, cfg.tracking.run_name or str(out), uri, run_id, tags)
     if run_id is None:

@@ -1,29 +1,106 @@
 # Helpers and wildcard constraints shared by all rules.
+import hashlib
+import json
+
+import yaml
 from snakemake.utils import validate
+
+from qerl import workflow_config as wc
 
 validate(config, os.path.join(workflow.basedir, "workflow/schemas/config.schema.yaml"))
 
+CONFIGURATION = config["configuration"]
+RUNS = wc.runs(config)
 MODELS = list(config["models"])
+RESULTS = "results"
+MLFLOW_URI = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{os.path.abspath('results/mlflow.db')}"
+MLFLOW_MARKER = f"results/mlflow/{CONFIGURATION}.json"
+CONFIG_HASH = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
+EVAL = config["evaluation"]
+
+
+def _check_names():
+    """Unknown model/dataset names in the matrix fail before any job runs, naming the culprit."""
+    for i, block in enumerate(config["experiments"]):
+        for key, known in (("models", config["models"]), ("datasets", config["datasets"])):
+            bad = [x for x in block[key] if x not in known]
+            if bad:
+                raise ValueError(f"config experiments[{i}].{key}: {bad} not defined under '{key}' (known: {list(known)})")
+        known = list(wc.METHODS) + list(config.get("variants", {}))
+        bad = [x for x in block["methods"] if x not in known]
+        if bad:
+            raise ValueError(f"config experiments[{i}].methods: {bad} unknown (methods: {list(wc.METHODS)}; "
+                             f"variants: {list(config.get('variants', {}))})")
+
+
+_check_names()
+
+
+TRAIN_METHODS = list(wc.METHODS) + list(config.get("variants", {}))
 
 
 wildcard_constraints:
     model="|".join(re.escape(m) for m in MODELS),
+    dataset="|".join(re.escape(d) for d in config["datasets"]) + "|none",
+    seed=r"\d+",
+    benchmark="|".join(EVAL["benchmarks"]),
 
 
-def model_cfg(wildcards):
-    return config["models"][wildcards.model]
+def resources(kind, key, default):
+    return config.get("resources", {}).get(kind, {}).get(key, default)
 
 
-def quantize_source(wildcards):
-    """Input of the quantize rule: the built tiny model directory, or nothing for path models."""
-    if model_cfg(wildcards)["source"] == "tiny":
-        return f"results/models/{wildcards.model}"
-    return []
+def model_source(model):
+    return config["models"][model]["source"]
 
 
-def quantize_model_arg(wildcards):
-    m = model_cfg(wildcards)
-    if m["source"] == "tiny":
-        return f"results/models/{wildcards.model}"
-    rev = f" --revision {m['revision']}" if m.get("revision") else ""
-    return f"{m['path']}{rev}"
+def model_marker(model):
+    """The bf16 model directory's config.json (local models are used in place)."""
+    if model_source(model) == "local":
+        return os.path.join(config["models"][model]["path"], "config.json")
+    return f"results/models/{model}/config.json"
+
+
+def model_path(model):
+    return os.path.dirname(model_marker(model))
+
+
+def run_of(w):
+    return wc.Run(w.model, w.method, w.algo, w.dataset, int(w.seed))
+
+
+def train_config_text(w):
+    return yaml.safe_dump(wc.train_config(config, run_of(w), MLFLOW_URI), sort_keys=False)
+
+
+def track(stage, name, **tags):
+    """CLI options that log a job as an MLflow run named after its output path."""
+    t = " ".join(f"--mlflow-tag {k}={v}" for k, v in {"stage": stage, "config_hash": CONFIG_HASH, **tags}.items())
+    return f"--mlflow-uri '{MLFLOW_URI}' --mlflow-experiment {CONFIGURATION} --mlflow-run-name {name} {t}"
+
+
+def train_inputs(w):
+    base = f"results/quantize/{w.model}/config.json" if wc.uses_nvfp4(config, w.method) else model_marker(w.model)
+    return {"cfg": f"results/train/{w.model}/{w.method}/{w.algo}/{w.dataset}/seed{w.seed}/train.yaml",
+            "model": base, "mlflow": MLFLOW_MARKER}
+
+
+def eval_opts():
+    e = EVAL
+    opts = [f"--samples {e.get('samples', 4)}", f"--temperature {e.get('temperature', 0.6)}",
+            f"--top-p {e.get('top_p', 0.95)}", f"--max-new-tokens {e.get('max_new_tokens', 4096)}",
+            f"--batch-size {e.get('batch_size', 32)}", f"--dtype {e.get('dtype', 'bfloat16')}",
+            f"--template {e.get('template', 'paper')}"]
+    if e.get("limit"):
+        opts.append(f"--limit {e['limit']}")
+    return " ".join(opts)
+
+
+def trained_policy(w):
+    """(--model, --base, --adapter) of a trained run, exactly as it was trained."""
+    final = f"results/train/{w.model}/{w.method}/{w.algo}/{w.dataset}/seed{w.seed}/final"
+    method = wc.base_method(config, w.method)
+    if method == "full":
+        return f"--model {final} --base bf16"
+    base = f"results/quantize/{w.model}" if method in wc.NVFP4_METHODS else model_path(w.model)
+    return f"--model {base} --base {wc.BASE_OF[method]} --adapter {final}"

@@ -1,15 +1,56 @@
-# Get model: build the seeded tiny model offline (hub/local models are read in place).
+# Get model: build + warm-start the offline tiny model, or download a hub snapshot at a pinned revision.
 
 
 rule build_tiny_model:
     output:
-        directory("results/models/{model}"),
+        "results/base_models/{model}/config.json",
     params:
-        arch=lambda wc: model_cfg(wc).get("arch", "qwen2"),
-        seed=lambda wc: model_cfg(wc).get("seed", 0),
-    conda:
-        "../envs/qerl.yaml"
+        out=lambda w, output: os.path.dirname(output[0]),
+        arch=lambda w: config["models"][w.model].get("arch", "qwen2"),
+        seed=lambda w: config["models"][w.model].get("seed", 0),
     log:
         "logs/build_tiny_model/{model}.log",
+    conda:
+        "../envs/qerl.yaml"
     shell:
-        "qerl build-tiny --output {output} --arch {params.arch} --seed {params.seed} > {log} 2>&1"
+        "qerl build-tiny --output {params.out} --arch {params.arch} --seed {params.seed} > {log} 2>&1"
+
+
+rule warm_start:
+    input:
+        base="results/base_models/{model}/config.json",
+        mlflow=MLFLOW_MARKER,
+    output:
+        "results/models/{model}/config.json",
+    wildcard_constraints:
+        model="|".join(re.escape(m) for m in MODELS if model_source(m) == "tiny") or "^$",
+    params:
+        base=lambda w, input: os.path.dirname(input.base),
+        out=lambda w, output: os.path.dirname(output[0]),
+        steps=lambda w: config["models"][w.model].get("sft_steps", 80),
+        seed=lambda w: config["models"][w.model].get("seed", 0),
+        track=lambda w: track("sft", f"models/{w.model}", model=w.model),
+    log:
+        "logs/warm_start/{model}.log",
+    conda:
+        "../envs/qerl.yaml"
+    shell:
+        "qerl sft --model {params.base} --output {params.out} --steps {params.steps} --seed {params.seed} "
+        "--no-progress {params.track} > {log} 2>&1"
+
+
+rule download_model:
+    output:
+        "results/models/{model}/config.json",
+    wildcard_constraints:
+        model="|".join(re.escape(m) for m in MODELS if model_source(m) == "hub") or "^$",
+    params:
+        out=lambda w, output: os.path.dirname(output[0]),
+        hub_id=lambda w: config["models"][w.model]["hub_id"],
+        revision=lambda w: config["models"][w.model]["revision"],
+    log:
+        "logs/download_model/{model}.log",
+    conda:
+        "../envs/qerl.yaml"
+    shell:
+        "qerl download --model {params.hub_id} --revision {params.revision} --output {params.out} > {log} 2>&1"

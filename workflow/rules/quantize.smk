@@ -3,18 +3,23 @@
 
 rule quantize:
     input:
-        quantize_source,
+        model=lambda w: model_marker(w.model),
+        mlflow=MLFLOW_MARKER,
     output:
         config="results/quantize/{model}/config.json",
         report="results/quantize/{model}/quantization_report.json",
     params:
-        model=quantize_model_arg,
-        outdir=lambda wc, output: os.path.dirname(output.config),
+        src=lambda w: model_path(w.model),
+        out=lambda w, output: os.path.dirname(output.config),
         shard=config.get("quantize", {}).get("max_shard_size", "2GB"),
-    conda:
-        "../envs/qerl.yaml"
+        track=lambda w: track("quantize", f"quantize/{w.model}", model=w.model),
+    resources:
+        mem_mb=resources("quantize", "mem_mb", 4000),
+        runtime=resources("quantize", "runtime", 60),
     log:
         "logs/quantize/{model}.log",
+    conda:
+        "../envs/qerl.yaml"
     shell:
-        "qerl quantize --model {params.model} --output {params.outdir} --force "
-        "--max-shard-size {params.shard} --no-progress > {log} 2>&1"
+        "qerl quantize --model {params.src} --output {params.out} --force --max-shard-size {params.shard} "
+        "--no-progress {params.track} > {log} 2>&1"

@@ -1,0 +1,218 @@
+"""``qerl report``: tables shaped like the paper's (Markdown + CSV, paper numbers adjacent),
+figures (training curves, σ schedule, accuracy bars) and an ``index.md`` that embeds them.
+
+Built only from declared files: ``results/train/.../metrics.jsonl`` and ``results/eval/.../*.json``
+(files are the truth; MLflow is the index).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from qerl.stages.paper_numbers import ROW_LABEL, TABLE1, TABLE2, TABLE2_BENCHMARKS
+from qerl.workflow_config import runs
+
+CURVES = (("reward_mean", "reward"), ("accuracy", "accuracy"), ("entropy", "policy entropy"),
+          ("response_len_mean", "response length (tokens)"))
+
+
+def _eval(results: Path, path: str, bench: str) -> float | None:
+    f = results / "eval" / path / f"{bench}.json"
+    return 100 * json.loads(f.read_text())["pass@1"] if f.exists() else None
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _fmt(x) -> str:
+    return "—" if x is None else f"{x:.1f}"
+
+
+def _score(config, results, model, method, algo, dataset, bench):
+    if method in ("bf16", "nvfp4"):
+        return _eval(results, f"{model}/{method}/untrained/none/seed0", bench)
+    seeds = [r.seed for r in runs(config) if (r.model, r.method, r.algo, r.dataset) == (model, method, algo, dataset)]
+    return _mean([_eval(results, f"{model}/{method}/{algo}/{dataset}/seed{s}", bench) for s in seeds])
+
+
+def table1(config: dict, results: Path) -> tuple[str, list[list[str]]]:
+    t = config.get("report", {}).get("table1", {})
+    bench, algo, dataset = t.get("benchmark", "gsm8k_test"), t.get("algorithm", "grpo"), t.get("dataset")
+    models = t.get("models") or list(dict.fromkeys(r.model for r in runs(config)))
+    header = ["method"]
+    for m in models:
+        col = config["models"][m].get("paper_column")
+        header += [f"{m} (ours)", f"{col} (paper)" if col else "paper"]
+    rows = []
+    for method in ("bf16", "nvfp4", "full", "lora", "qlora", "nvfp4_lora", "qerl"):
+        label = ROW_LABEL[method]
+        row = [label]
+        for m in models:
+            ds = dataset or next((r.dataset for r in runs(config) if r.model == m and r.algo == algo), None)
+            col = config["models"][m].get("paper_column")
+            row += [_fmt(_score(config, results, m, method, algo, ds, bench)), _fmt(TABLE1[label].get(col))]
+        rows.append(row)
+    title = f"Table 1 — {bench} pass@1 (%) after {algo.upper()} on {dataset or 'the training set'}"
+    return title, [header] + rows
+
+
+def table2(config: dict, results: Path) -> tuple[str, list[list[str]]] | None:
+    t = config.get("report", {}).get("table2")
+    if not t:
+        return None
+    benches = t.get("benchmarks", list(TABLE2_BENCHMARKS))
+    algo, dataset = t.get("algorithm", "dapo"), t.get("dataset")
+    header = ["model", "method"] + [f"{b} (ours)" for b in benches] + ["avg (ours)"] + \
+             [f"{b} (paper)" for b in TABLE2_BENCHMARKS] + ["avg (paper)"]
+    rows = []
+    for m in t.get("models") or list(dict.fromkeys(r.model for r in runs(config))):
+        size = config["models"][m].get("paper_column")
+        ds = dataset or next((r.dataset for r in runs(config) if r.model == m and r.algo == algo), None)
+        for method in ("bf16", "full", "lora", "nvfp4_lora", "qerl"):
+            ours = [_score(config, results, m, method, algo, ds, b) for b in benches]
+            paper = TABLE2.get((size, method), (None,) * 5)
+            if all(x is None for x in ours) and paper[0] is None:
+                continue
+            rows.append([m, ROW_LABEL[method].replace(", untrained", " untrained")] + [_fmt(x) for x in ours] +
+                        [_fmt(_mean(ours) if all(x is not None for x in ours) else None)] + [_fmt(x) for x in paper])
+    return f"Table 2 — pass@1 (%) after {algo.upper()}", [header] + rows
+
+
+def runs_table(config: dict, results: Path) -> tuple[str, list[list[str]]]:
+    """Every run of the matrix (variants/ablations included): reward at the start and the end of
+    training and pass@1 per benchmark."""
+    benches = config.get("evaluation", {}).get("benchmarks", [])
+    header = ["model", "method", "algorithm", "dataset", "seed", "reward first", "reward last 10%"] + benches
+    rows = []
+    for r in runs(config):
+        s = results / "train" / r.path / "summary.json"
+        summ = json.loads(s.read_text()) if s.exists() else {}
+        first, last = summ.get("reward_first"), summ.get("reward_last10pct")
+        rows.append([r.model, r.method, r.algo, r.dataset, str(r.seed),
+                     "—" if first is None else f"{first:.3f}", "—" if last is None else f"{last:.3f}"] +
+                    [_fmt(_eval(results, r.path, b)) for b in benches])
+    return "All runs (pass@1 in %)", [header] + rows
+
+
+def _smooth(ys: list[float], alpha: float = 0.3) -> list[float]:
+    out, acc = [], None
+    for y in ys:
+        acc = y if acc is None or y != y else alpha * y + (1 - alpha) * acc
+        out.append(acc)
+    return out
+
+
+def _markdown(title: str, rows: list[list[str]]) -> str:
+    head, *body = rows
+    lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in body]
+    return "\n".join(lines) + "\n"
+
+
+def _csv(rows: list[list[str]]) -> str:
+    import csv
+    import io
+
+    buf = io.StringIO()
+    csv.writer(buf).writerows(rows)
+    return buf.getvalue()
+
+
+def _metrics(results: Path, run) -> list[dict]:
+    f = results / "train" / run.path / "metrics.jsonl"
+    return [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.exists() else []
+
+
+def figures(config: dict, results: Path, out: Path) -> list[Path]:
+    """Training curves per (model, dataset, algorithm), σ schedule, accuracy bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    groups: dict[tuple, list] = {}
+    for r in runs(config):
+        groups.setdefault((r.model, r.dataset, r.algo), []).append(r)
+    for (model, dataset, algo), rs in groups.items():
+        fig, axes = plt.subplots(1, len(CURVES), figsize=(4.2 * len(CURVES), 3.4))
+        for ax, (key, label) in zip(axes, CURVES):
+            for i, r in enumerate(rs):
+                m = _metrics(results, r)
+                if m:
+                    xs, ys = [x["step"] for x in m], [x.get(key, float("nan")) for x in m]
+                    color = f"C{i % 10}"
+                    ax.plot(xs, ys, color=color, lw=0.8, alpha=0.3)
+                    ax.plot(xs, _smooth(ys), color=color, lw=1.6, label=f"{r.method} s{r.seed}")
+            ax.set_xlabel("step")
+            ax.set_title(label)
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=8)
+        fig.suptitle(f"{model} · {dataset} · {algo.upper()}  (faint: per step; bold: EMA 0.3)")
+        fig.tight_layout()
+        p = out / f"curves_{model}_{dataset}_{algo}.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        made.append(p)
+    sig = [(r, _metrics(results, r)) for r in runs(config) if r.method == "qerl"]
+    if sig:
+        fig, ax = plt.subplots(figsize=(5.5, 3.4))
+        for r, m in sig:
+            ax.step([x["step"] for x in m], [x["sigma"] for x in m], where="post", label=r.path)
+        ax.set_xlabel("step"), ax.set_ylabel("AQN σ"), ax.set_title("AQN noise schedule")
+        ax.grid(alpha=0.3), ax.legend(fontsize=7)
+        fig.tight_layout()
+        p = out / "aqn_sigma.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        made.append(p)
+    benches = config.get("evaluation", {}).get("benchmarks", [])
+    if benches:
+        labels, values = [], {b: [] for b in benches}
+        models = list(dict.fromkeys(r.model for r in runs(config)))
+        for m in models:
+            for base in config.get("evaluation", {}).get("untrained", ["bf16", "nvfp4"]):
+                labels.append(f"{m}\n{base} (untrained)")
+                for b in benches:
+                    values[b].append(_eval(results, f"{m}/{base}/untrained/none/seed0", b) or 0.0)
+            for r in [r for r in runs(config) if r.model == m]:
+                labels.append(f"{m}\n{r.method}/{r.algo}/s{r.seed}")
+                for b in benches:
+                    values[b].append(_eval(results, f"{r.path}", b) or 0.0)
+        fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(labels)), 3.8))
+        w = 0.8 / len(benches)
+        for i, b in enumerate(benches):
+            ax.bar([x + i * w for x in range(len(labels))], values[b], width=w, label=b)
+        ax.set_xticks([x + w * (len(benches) - 1) / 2 for x in range(len(labels))], labels, fontsize=7, rotation=30, ha="right")
+        ax.set_ylabel("pass@1 (%)"), ax.set_title("Evaluation"), ax.legend(fontsize=8), ax.grid(axis="y", alpha=0.3)
+        fig.tight_layout()
+        p = out / "accuracy.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        made.append(p)
+    return made
+
+
+def build_report(config: dict, results: Path, out: Path) -> Path:
+    """Write tables, figures and index.md into ``out``; returns the index path."""
+    out.mkdir(parents=True, exist_ok=True)
+    name = config.get("configuration", "default")
+    parts = [f"# qerl report — `{name}`", "",
+             "Generated by `qerl report` from `results/` (metrics.jsonl and evaluation JSON files). "
+             "Paper numbers are QeRL's (arXiv 2510.11696); '—' marks cells without a run or a paper value.", ""]
+    tabs = (("table1", table1(config, results)), ("table2", table2(config, results)), ("runs", runs_table(config, results)))
+    for tag, tab in tabs:
+        if tab is None:
+            continue
+        title, rows = tab
+        (out / f"{tag}.md").write_text(_markdown(title, rows))
+        (out / f"{tag}.csv").write_text(_csv(rows))
+        parts += [_markdown(title, rows), f"[{tag}.csv]({tag}.csv)", ""]
+    parts += ["## Figures", ""]
+    for p in figures(config, results, out):
+        parts += [f"![{p.stem}]({p.name})", ""]
+    idx = out / "index.md"
+    idx.write_text("\n".join(parts))
+    return idx

@@ -1,0 +1,123 @@
+"""The workflow's experiment matrix (no torch: imported by the Snakefile).
+
+A workflow config (``config/*.yaml``, schema ``workflow/schemas/config.schema.yaml``) names models,
+training datasets and experiment blocks (models × datasets × methods × algorithms × seeds). This
+module expands the matrix and resolves the per-run ``qerl train`` config: ``train`` defaults, then
+``algorithm_overrides[algo]``, then ``method_overrides[method]``, then the run's own fields.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+METHODS = ("full", "lora", "qlora", "nvfp4_lora", "qerl")
+ALGORITHMS = ("grpo", "dapo", "dr_grpo")
+NVFP4_METHODS = ("nvfp4_lora", "qerl")
+UNTRAINED = ("bf16", "nvfp4")
+BASE_OF = {"full": "bf16", "lora": "bf16", "qlora": "nf4", "nvfp4_lora": "nvfp4", "qerl": "nvfp4",
+           "bf16": "bf16", "nvfp4": "nvfp4"}
+
+
+def base_method(config: dict, method: str) -> str:
+    """A matrix 'method' is a base method or a named variant (``variants: {name: {method, overrides}}``)."""
+    variants = config.get("variants", {})
+    if method in variants:
+        return variants[method]["method"]
+    if method not in METHODS:
+        raise ValueError(f"method {method!r} is neither one of {METHODS} nor a variant ({sorted(variants)})")
+    return method
+
+
+def uses_nvfp4(config: dict, method: str) -> bool:
+    return base_method(config, method) in NVFP4_METHODS
+
+
+@dataclass(frozen=True)
+class Run:
+    model: str
+    method: str
+    algo: str
+    dataset: str
+    seed: int
+
+    @property
+    def path(self) -> str:
+        """Output path under results/train (one wildcard per directory level)."""
+        return f"{self.model}/{self.method}/{self.algo}/{self.dataset}/seed{self.seed}"
+
+
+def _block_runs(block: dict) -> list[Run]:
+    return [Run(m, meth, a, d, s) for m in block["models"] for d in block["datasets"] for meth in block["methods"]
+            for a in block["algorithms"] for s in block.get("seeds", [0])]
+
+
+def runs(config: dict) -> list[Run]:
+    """Every training run of the matrix, in config order, without duplicates."""
+    out: dict[Run, None] = {}
+    for block in config.get("experiments", []):
+        for r in _block_runs(block):
+            out[r] = None
+    return list(out)
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in (over or {}).items():
+        out[k] = _merge(out.get(k, {}), v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def model_dir(model: str) -> str:
+    return f"results/models/{model}"
+
+
+def quantized_dir(model: str) -> str:
+    return f"results/quantize/{model}"
+
+
+def train_config(config: dict, run: Run, tracking_uri: str) -> dict:
+    """The resolved ``qerl train`` config (a plain dict) of one run."""
+    cfg = _merge(config.get("train", {}), config.get("algorithm_overrides", {}).get(run.algo, {}))
+    method = base_method(config, run.method)
+    cfg = _merge(cfg, config.get("method_overrides", {}).get(method, {}))
+    cfg = _merge(cfg, config.get("variants", {}).get(run.method, {}).get("overrides", {}))
+    data = _merge(cfg.get("data", {}), config["datasets"][run.dataset])
+    local = config["models"][run.model].get("path") if config["models"][run.model]["source"] == "local" else None
+    path = quantized_dir(run.model) if method in NVFP4_METHODS else (local or model_dir(run.model))
+    name = f"train/{run.path}"
+    cfg = _merge(cfg, {
+        "method": method, "seed": run.seed, "output_dir": f"results/{name}", "data": data,
+        "model": {"path": path},
+        "algorithm": {"name": run.algo},
+        "tracking": {"backend": "mlflow", "tracking_uri": tracking_uri, "run_name": name,
+                     "experiment": config.get("configuration", "default"),
+                     "tags": {"model": run.model, "method": run.method, "algo": run.algo,
+                              "dataset": run.dataset, "seed": str(run.seed), "stage": "train"}},
+    })
+    return cfg
+
+
+def eval_targets(config: dict) -> list[str]:
+    """``results/eval/...json`` paths: every trained run on its block's benchmarks (default:
+    ``evaluation.benchmarks``) plus the untrained bases of each model on the same benchmarks."""
+    ev = config.get("evaluation", {})
+    out: dict[str, None] = {}
+    for block in config.get("experiments", []):
+        benches = block.get("benchmarks", ev.get("benchmarks", []))
+        for r in _block_runs(block):
+            for b in benches:
+                out[f"results/eval/{r.path}/{b}.json"] = None
+                for base in ev.get("untrained", UNTRAINED):
+                    out[f"results/eval/{r.model}/{base}/untrained/none/seed0/{b}.json"] = None
+    return list(out)
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file and a rename."""
+    import os
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

@@ -1,0 +1,55 @@
+# Evaluation: every trained policy (as trained: adapter on its base) and the untrained bf16/NVFP4 bases.
+
+
+rule evaluate_trained:
+    input:
+        summary="results/train/{model}/{method}/{algo}/{dataset}/seed{seed}/summary.json",
+        mlflow=MLFLOW_MARKER,
+    output:
+        "results/eval/{model}/{method}/{algo}/{dataset}/seed{seed}/{benchmark}.json",
+    wildcard_constraints:
+        method="|".join(re.escape(m) for m in TRAIN_METHODS),
+        algo="|".join(wc.ALGORITHMS),
+    params:
+        policy=trained_policy,
+        opts=eval_opts(),
+        track=lambda w: track("eval", f"eval/{w.model}/{w.method}/{w.algo}/{w.dataset}/seed{w.seed}/{w.benchmark}",
+                              model=w.model, method=w.method, algo=w.algo, dataset=w.dataset, seed=w.seed,
+                              benchmark=w.benchmark),
+    resources:
+        gpu=resources("evaluate", "gpu", 0),
+        mem_mb=resources("evaluate", "mem_mb", 8000),
+        runtime=resources("evaluate", "runtime", 120),
+    log:
+        "logs/evaluate/{model}/{method}/{algo}/{dataset}/seed{seed}/{benchmark}.log",
+    conda:
+        "../envs/qerl.yaml"
+    shell:
+        "qerl evaluate {params.policy} --benchmark {wildcards.benchmark} --output {output} {params.opts} "
+        "--no-progress {params.track} > {log} 2>&1"
+
+
+rule evaluate_untrained:
+    input:
+        model=lambda w: f"results/quantize/{w.model}/config.json" if w.method == "nvfp4" else model_marker(w.model),
+        mlflow=MLFLOW_MARKER,
+    output:
+        "results/eval/{model}/{method}/untrained/none/seed0/{benchmark}.json",
+    wildcard_constraints:
+        method="bf16|nvfp4",
+    params:
+        src=lambda w, input: os.path.dirname(input.model),
+        opts=eval_opts(),
+        track=lambda w: track("eval", f"eval/{w.model}/{w.method}/untrained/none/seed0/{w.benchmark}",
+                              model=w.model, method=w.method, algo="untrained", benchmark=w.benchmark),
+    resources:
+        gpu=resources("evaluate", "gpu", 0),
+        mem_mb=resources("evaluate", "mem_mb", 8000),
+        runtime=resources("evaluate", "runtime", 120),
+    log:
+        "logs/evaluate/{model}/{method}/untrained/{benchmark}.log",
+    conda:
+        "../envs/qerl.yaml"
+    shell:
+        "qerl evaluate --model {params.src} --base {wildcards.method} --benchmark {wildcards.benchmark} "
+        "--output {output} {params.opts} --no-progress {params.track} > {log} 2>&1"
