@@ -1,0 +1,219 @@
+"""Public entry points of the NVFP4 kernels: validation, tile configs, torch custom ops, and the
+backend registration that plugs them into :mod:`qerl.ops.linear` (the seam every model uses).
+
+``nvfp4_matmul(x, packed, scale, gs, bias=None, xa=None, lora_b=None, lora_scale=1.0)``
+    ``x [..., K]`` bf16/fp16 -> ``[..., N]`` (``x · Ŵᵀ + bias + lora_scale · xa · lora_bᵀ``).
+``nvfp4_matmul_t(dy, packed, scale, gs, dyb=None, lora_a=None, lora_scale=1.0)``
+    ``dy [..., N]`` -> ``dX [..., K] = dy · Ŵ + lora_scale · dyb · lora_a``.
+
+Tile configs: a tuned table per GPU (``kernels/tuned/<device>.json``, written by
+``qerl bench kernels --tune``) keyed on (M bucket, N, K), else a heuristic that splits K (or N)
+across programs at decode sizes so that every SM has work.
+"""
+
+import functools
+import json
+import os
+from pathlib import Path
+
+import torch
+
+M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+_TUNED_DIR = Path(__file__).parent / "tuned"
+
+
+class KernelInputError(ValueError):
+    """Bad arguments to an NVFP4 kernel (dtype, layout, shapes)."""
+
+
+def m_bucket(m: int) -> int:
+    for b in M_BUCKETS:
+        if m <= b:
+            return b
+    return M_BUCKETS[-1]
+
+
+@functools.lru_cache(maxsize=None)
+def _tuned(device_name: str) -> dict:
+    path = _TUNED_DIR / (device_name.replace(" ", "_") + ".json")
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def heuristic(kind: str, M: int, N: int, K: int, sms: int) -> dict:
+    """Tile config: BM/BN/BK, split factor, warps, stages. ``kind`` is 'fwd' or 'bwd'."""
+    if M <= 16:
+        cfg = dict(BM=16, BN=64, BK=256, num_warps=4, num_stages=4)
+    elif M <= 64:
+        cfg = dict(BM=32 if M <= 32 else 64, BN=64, BK=128, num_warps=4, num_stages=4)
+    elif M <= 256:
+        cfg = dict(BM=64, BN=128, BK=64, num_warps=4, num_stages=4)
+    else:
+        cfg = dict(BM=128, BN=128, BK=64, num_warps=8, num_stages=3)
+    if kind == "bwd":  # dX tiles over (M, K), loop over N
+        cfg["BN"], cfg["BK"] = cfg["BK"], cfg["BN"]
+        out_tiles = -(-M // cfg["BM"]) * -(-K // cfg["BK"])
+        loop = -(-N // cfg["BN"])
+    else:
+        out_tiles = -(-M // cfg["BM"]) * -(-N // cfg["BN"])
+        loop = -(-K // cfg["BK"])
+    cfg["SPLIT"] = max(1, min(loop, (2 * sms) // max(1, out_tiles))) if M <= 256 else 1
+    return cfg
+
+
+def config_for(kind: str, M: int, N: int, K: int, device: torch.device) -> dict:
+    if device.type != "cuda":  # interpreter: small tiles
+        cfg = dict(BM=16, BN=32, BK=32, num_warps=4, num_stages=1, SPLIT=1)
+        return {**cfg, **json.loads(os.environ.get("QERL_KERNEL_CONFIG", "{}"))}
+    name = torch.cuda.get_device_name(device)
+    hit = _tuned(name).get(f"{kind}:{m_bucket(M)}:{N}:{K}")
+    return dict(hit) if hit else heuristic(kind, M, N, K, _sm_count(device.index or 0))
+
+
+def _check(x, packed, scale, gs, k_dim: int, name: str) -> tuple[int, int]:
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        raise KernelInputError(f"{name}: activations must be bf16 or fp16, got {x.dtype}")
+    if packed.dtype != torch.uint8 or packed.ndim != 2:
+        raise KernelInputError(f"{name}: packed weight must be 2-D uint8 [N, K/2], got {packed.dtype} {tuple(packed.shape)}")
+    n, half_k = packed.shape
+    k = half_k * 2
+    if k % 16:
+        raise KernelInputError(f"{name}: K = {k} is not a multiple of 16")
+    if scale.dtype not in (torch.float8_e4m3fn, torch.uint8) or tuple(scale.shape) != (n, k // 16):
+        raise KernelInputError(f"{name}: scale must be float8_e4m3fn [{n}, {k // 16}], got {scale.dtype} {tuple(scale.shape)}")
+    if gs.numel() != 1 or gs.dtype != torch.float32:
+        raise KernelInputError(f"{name}: global scale must be float32 [1], got {gs.dtype} {tuple(gs.shape)}")
+    for t, tn in ((x, "activations"), (packed, "packed weight"), (scale, "scale"), (gs, "global scale")):
+        if t.device != x.device:
+            raise KernelInputError(f"{name}: {tn} is on {t.device}, activations on {x.device}")
+        if not t.is_contiguous():
+            raise KernelInputError(f"{name}: {tn} must be contiguous")
+    if x.shape[-1] != (k if k_dim == 0 else n):
+        want = k if k_dim == 0 else n
+        raise KernelInputError(f"{name}: last dim of the input is {x.shape[-1]}, expected {want}")
+    return n, k
+
+
+def _pad_rank(a: torch.Tensor, dim: int) -> torch.Tensor:
+    """tl.dot needs R >= 16: zero-pad the rank dimension (exact)."""
+    r = a.shape[dim]
+    if r >= 16 and r & (r - 1) == 0:
+        return a.contiguous()
+    target = max(16, 1 << (r - 1).bit_length())
+    pad = [0, 0] * (a.ndim - 1 - dim) + [0, target - r]
+    return torch.nn.functional.pad(a, pad).contiguous()
+
+
+def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret):
+    from qerl_kernels.nvfp4_matmul import _nvfp4_bwd_kernel, _nvfp4_fwd_kernel
+    import triton
+
+    M = x2.shape[0]
+    N, K = packed.shape[0], packed.shape[1] * 2
+    cfg = config_for(kind, M, N, K, x2.device)
+    split = cfg.pop("SPLIT")
+    BM, BN, BK = cfg.pop("BM"), cfg.pop("BN"), cfg.pop("BK")
+    out = torch.empty(M, n_out, device=x2.device, dtype=x2.dtype) if split == 1 else \
+        torch.empty(split, M, n_out, device=x2.device, dtype=torch.float32)
+    s8 = scale.view(torch.uint8)
+    dummy = x2
+    if kind == "fwd":
+        bias, xa, lb = extra
+        grid = (triton.cdiv(M, BM), triton.cdiv(N, BN), split)
+        _nvfp4_fwd_kernel[grid](x2, packed, s8, gs, out, bias if bias is not None else dummy,
+                                xa if xa is not None else dummy, lb if lb is not None else dummy,
+                                M, N, K, x2.stride(0), out.stride(-2), float(lora_scale),
+                                HAS_BIAS=bias is not None, R=r, SPLIT_K=split, BM=BM, BN=BN, BK=BK,
+                                DOT_FP32=interpret, **cfg)
+    else:
+        dyb, la = extra
+        grid = (triton.cdiv(M, BM), triton.cdiv(K, BK), split)
+        _nvfp4_bwd_kernel[grid](x2, packed, s8, gs, out, dyb if dyb is not None else dummy,
+                                la if la is not None else dummy, M, N, K, x2.stride(0), out.stride(-2),
+                                float(lora_scale), R=r, SPLIT_N=split, BM=BM, BN=BN, BK=BK,
+                                DOT_FP32=interpret, **cfg)
+    return out if split == 1 else out.sum(0).to(x2.dtype)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@torch.library.custom_op("qerl::nvfp4_matmul", mutates_args=())
+def _matmul_op(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, gs: torch.Tensor,
+               bias: torch.Tensor | None, xa: torch.Tensor | None, lora_b: torch.Tensor | None,
+               lora_scale: float) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    r = 0
+    if xa is not None:
+        xa, lora_b = _pad_rank(xa.reshape(-1, xa.shape[-1]).to(x.dtype), 1), _pad_rank(lora_b.to(x.dtype), 1)
+        r = xa.shape[1]
+    out = _launch("fwd", x2.contiguous(), packed, scale, gs, packed.shape[0], (bias, xa, lora_b), lora_scale, r,
+                  _interpreting())
+    return out.reshape(*x.shape[:-1], packed.shape[0])
+
+
+@_matmul_op.register_fake
+def _(x, packed, scale, gs, bias, xa, lora_b, lora_scale):
+    return x.new_empty(*x.shape[:-1], packed.shape[0])
+
+
+@torch.library.custom_op("qerl::nvfp4_matmul_t", mutates_args=())
+def _matmul_t_op(dy: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, gs: torch.Tensor,
+                 dyb: torch.Tensor | None, lora_a: torch.Tensor | None, lora_scale: float) -> torch.Tensor:
+    d2 = dy.reshape(-1, dy.shape[-1])
+    r = 0
+    if dyb is not None:
+        dyb, lora_a = _pad_rank(dyb.reshape(-1, dyb.shape[-1]).to(dy.dtype), 1), _pad_rank(lora_a.to(dy.dtype), 0)
+        r = dyb.shape[1]
+    out = _launch("bwd", d2.contiguous(), packed, scale, gs, packed.shape[1] * 2, (dyb, lora_a), lora_scale, r,
+                  _interpreting())
+    return out.reshape(*dy.shape[:-1], packed.shape[1] * 2)
+
+
+@_matmul_t_op.register_fake
+def _(dy, packed, scale, gs, dyb, lora_a, lora_scale):
+    return dy.new_empty(*dy.shape[:-1], packed.shape[1] * 2)
+
+
+def nvfp4_matmul(x, packed, scale, gs, bias=None, xa=None, lora_b=None, lora_scale: float = 1.0):
+    """Validated forward (see module docstring)."""
+    _check(x, packed, scale, gs, 0, "nvfp4_matmul")
+    if (xa is None) != (lora_b is None):
+        raise KernelInputError("nvfp4_matmul: xa and lora_b go together")
+    if xa is not None and (lora_b.shape[0] != packed.shape[0] or lora_b.shape[1] != xa.shape[-1]):
+        raise KernelInputError(f"nvfp4_matmul: lora_b {tuple(lora_b.shape)} does not match N={packed.shape[0]}, "
+                               f"R={xa.shape[-1]}")
+    if bias is not None and bias.shape != (packed.shape[0],):
+        raise KernelInputError(f"nvfp4_matmul: bias shape {tuple(bias.shape)}, expected ({packed.shape[0]},)")
+    return _matmul_op(x, packed, scale, gs, bias, xa, lora_b, float(lora_scale))
+
+
+def nvfp4_matmul_t(dy, packed, scale, gs, dyb=None, lora_a=None, lora_scale: float = 1.0):
+    """Validated backward-input (see module docstring)."""
+    _check(dy, packed, scale, gs, 1, "nvfp4_matmul_t")
+    if (dyb is None) != (lora_a is None):
+        raise KernelInputError("nvfp4_matmul_t: dyb and lora_a go together")
+    return _matmul_t_op(dy, packed, scale, gs, dyb, lora_a, float(lora_scale))
+
+
+def supports(x: torch.Tensor, packed: torch.Tensor) -> bool:
+    """The fast path's gate: CUDA (or the interpreter on CPU), bf16/fp16 activations."""
+    return (x.is_cuda or _interpreting()) and x.dtype in (torch.bfloat16, torch.float16)
+
+
+def register() -> None:
+    """Plug the kernels into :mod:`qerl.ops.linear` (idempotent)."""
+    from qerl.ops import linear
+
+    if any(b.name == "triton-nvfp4" for b in linear._BACKENDS):
+        return
+    linear.register_backend(linear.Backend(
+        "triton-nvfp4", supports,
+        lambda x, p, s, g, b: nvfp4_matmul(x, p, s, g, b),
+        lambda dy, p, s, g: nvfp4_matmul_t(dy, p, s, g),
+    ))

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# One device call: correctness of the NVFP4 kernels on the GPU, then the benchmark.
+# Usage (on the GPU machine, repo root): bash scripts/gpu_kernels.sh OUT_DIR [quick|full|tune]
+set -euo pipefail
+OUT=${1:?out dir}; MODE=${2:-quick}
+mkdir -p "$OUT" /tmp/qerl_pp
+ln -sfn "$PWD/kernels" /tmp/qerl_pp/qerl_kernels     # the import name pyproject maps kernels/ to
+export PYTHONPATH="$PWD:/tmp/qerl_pp${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+python3 -m qerl_kernels.selfcheck $( [ "$MODE" = quick ] && echo --quick ) --json "$OUT/selfcheck.json" 2>&1 | tail -3
+case "$MODE" in
+  quick) python3 -c "
+from pathlib import Path; from qerl.stages import bench_kernels as b
+print(b.run(Path('$OUT'), models=('7B',), ms=(1, 16, 64, 2048), progress=False))" ;;
+  full) python3 -m qerl.stages.bench_kernels "$OUT" ;;
+  tune) python3 -m qerl.stages.bench_kernels "$OUT" --tune; cp kernels/tuned/*.json "$OUT/" ;;
+esac
