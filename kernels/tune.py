@@ -71,7 +71,7 @@ def tune_all(shapes, ms, progress: bool = True) -> Path:
             if best is None or t < best[0]:
                 best = (t, cfg)
         table[key] = best[1]
-    TUNED_DIR.mkdir(exist_ok=True)
-    path.write_text(json.dumps(table, indent=0, sort_keys=True))
+        TUNED_DIR.mkdir(exist_ok=True)
+        path.write_text(json.dumps(table, indent=0, sort_keys=True))  # after every key: a cut-off run keeps its work
     ops._tuned.cache_clear()
     return path

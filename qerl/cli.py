@@ -197,6 +197,12 @@ def _tracked(args, func):
     return 0
 
 
+def _cmd_bench(args) -> int:
+    from qerl.stages import bench_kernels
+
+    return bench_kernels.main(args.rest)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="qerl", description="QeRL: RL on NVFP4-quantized LLMs with LoRA and AQN.")
     p.add_argument("--version", action="version", version=f"qerl {__version__}")
@@ -328,6 +334,14 @@ def build_parser() -> argparse.ArgumentParser:
     mi.add_argument("--experiment", required=True)
     mi.add_argument("--output", required=True, help="marker JSON written on success")
     mi.set_defaults(func=_cmd_mlflow_init)
+
+    bk = sub.add_parser("bench", help="benchmarks: `qerl bench kernels` (NVFP4 kernels vs cuBLAS, GPU)",
+                        description="Benchmarks. `qerl bench kernels [--output DIR] [--models 7B 14B 32B] [--ms ...] "
+                                    "[--tune]` times the NVFP4 Triton kernels against cuBLAS bf16 on Qwen2.5 "
+                                    "projection shapes and writes <device>.csv / .md (needs a CUDA GPU).")
+    bk.add_argument("what", choices=["kernels"])
+    bk.add_argument("rest", nargs=argparse.REMAINDER, help="options of the benchmark (see `qerl bench kernels --help`)")
+    bk.set_defaults(func=_cmd_bench)
 
     _add_tracking(q)
     return p

@@ -13,6 +13,7 @@ case "$MODE" in
   quick) python3 -c "
 from pathlib import Path; from qerl.stages import bench_kernels as b
 print(b.run(Path('$OUT'), models=('7B',), ms=(1, 16, 64, 2048), progress=False))" ;;
-  full) python3 -m qerl.stages.bench_kernels "$OUT" ;;
-  tune) python3 -m qerl.stages.bench_kernels "$OUT" --tune; cp kernels/tuned/*.json "$OUT/" ;;
+  full) python3 -m qerl.stages.bench_kernels --output "$OUT" --no-progress ;;
+  tune7b) python3 -m qerl.stages.bench_kernels --output "$OUT" --models 7B --ms 1 16 64 2048 --tune --no-progress
+          cp kernels/tuned/*.json "$OUT/" ;;
 esac

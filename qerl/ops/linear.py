@@ -60,10 +60,22 @@ def reference_backward_input(grad_out, packed, scale, global_scale):
     return grad_out @ w
 
 
+def _maybe_register_kernels() -> None:
+    """``QERL_KERNELS=triton`` opts into the Triton kernels (``qerl_kernels``). They are correct
+    (tested) but not yet faster than dequantize + cuBLAS on Hopper (reports/kernels/), so the
+    reference stays the default."""
+    if os.environ.get("QERL_KERNELS", "").lower() == "triton":
+        from qerl_kernels.ops import register
+
+        register()
+
+
 def select_backend(x: torch.Tensor, packed: torch.Tensor) -> Backend | None:
     """The first registered backend that supports these tensors, or None for the reference."""
     if use_reference():
         return None
+    if not _BACKENDS:
+        _maybe_register_kernels()
     for backend in _BACKENDS:
         if backend.supports(x, packed):
             return backend

@@ -137,7 +137,7 @@ def run(out_dir: Path, models=("7B", "14B", "32B"), ms=MS, tune: bool = False, p
     from tqdm.auto import tqdm
 
     if not torch.cuda.is_available():
-        raise RuntimeError("qerl bench kernels needs a CUDA GPU")
+        raise ValueError("qerl bench kernels needs a CUDA GPU; none is visible here")
     device = torch.cuda.get_device_name()
     if tune:
         from qerl_kernels.tune import tune_all
@@ -167,8 +167,20 @@ def summarize(rows: list[dict], copy_gbps: float) -> dict:
     }
 
 
-if __name__ == "__main__":  # python -m qerl.stages.bench_kernels OUT_DIR [--tune]
-    import sys
+def main(argv=None) -> int:
+    import argparse
 
-    res = run(Path(sys.argv[1]), tune="--tune" in sys.argv)
+    p = argparse.ArgumentParser(prog="qerl bench kernels", description=__doc__.splitlines()[0])
+    p.add_argument("--output", default="reports/kernels", help="directory for <device>.csv / .md")
+    p.add_argument("--models", nargs="*", default=list(SHAPES), choices=list(SHAPES))
+    p.add_argument("--ms", nargs="*", type=int, default=list(MS), help="token counts M")
+    p.add_argument("--tune", action="store_true", help="search tile configs first (writes kernels/tuned/<device>.json)")
+    p.add_argument("--no-progress", action="store_true")
+    a = p.parse_args(argv)
+    res = run(Path(a.output), models=tuple(a.models), ms=tuple(a.ms), tune=a.tune, progress=not a.no_progress)
     print(json.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":  # python -m qerl.stages.bench_kernels --output DIR [--tune] [--models 7B] [--ms 1 16]
+    raise SystemExit(main())

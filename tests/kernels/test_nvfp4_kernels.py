@@ -1,0 +1,91 @@
+"""The Triton NVFP4 kernels on CPU under TRITON_INTERPRET=1 (a subprocess: the interpreter must be
+enabled before triton is imported), input validation, and the opt-in seam wiring."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+
+def _interp(code: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_selfcheck_under_interpreter():
+    out = _interp("import sys; from qerl_kernels.selfcheck import main; sys.exit(main([]))")
+    assert out.returncode == 0, out.stdout + out.stderr
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["checked"] >= 12 and res["failed"] == 0
+
+
+def test_split_k_and_odd_shapes_under_interpreter():
+    code = """
+import json, os, torch
+os.environ['QERL_KERNEL_CONFIG'] = json.dumps({'SPLIT': 3, 'BK': 16, 'BN': 16})
+from qerl.quant import nvfp4
+from qerl.ops.linear import reference_forward, reference_backward_input
+from qerl_kernels.ops import nvfp4_matmul, nvfp4_matmul_t
+g = torch.Generator().manual_seed(1)
+errs = []
+for N, K, M in [(24, 48, 3), (17, 96, 1), (40, 16, 9)]:
+    p, s, gs = nvfp4.quantize(torch.randn(N, K, generator=g) * 0.1)
+    x = torch.randn(2, M, K, generator=g).bfloat16()
+    dy = torch.randn(2, M, N, generator=g).bfloat16()
+    y, yr = nvfp4_matmul(x, p, s, gs).float(), reference_forward(x, p, s, gs, None).float()
+    d, dr = nvfp4_matmul_t(dy, p, s, gs).float(), reference_backward_input(dy, p, s, gs).float()
+    assert y.shape == yr.shape and d.shape == dr.shape
+    errs += [float((y - yr).norm() / yr.norm()), float((d - dr).norm() / dr.norm())]
+print(json.dumps(errs))
+"""
+    out = _interp(code)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert max(json.loads(out.stdout.strip().splitlines()[-1])) < 2e-2
+
+
+def test_input_validation():
+    from qerl.quant import nvfp4
+    from qerl_kernels.ops import KernelInputError, nvfp4_matmul, nvfp4_matmul_t
+
+    p, s, gs = nvfp4.quantize(torch.randn(32, 64))
+    x = torch.randn(4, 64).bfloat16()
+    with pytest.raises(KernelInputError, match="bf16 or fp16"):
+        nvfp4_matmul(x.float(), p, s, gs)
+    with pytest.raises(KernelInputError, match="last dim of the input is 48, expected 64"):
+        nvfp4_matmul(torch.randn(4, 48).bfloat16(), p, s, gs)
+    with pytest.raises(KernelInputError, match="uint8"):
+        nvfp4_matmul(x, p.to(torch.int16), s, gs)
+    with pytest.raises(KernelInputError, match="scale must be float8_e4m3fn"):
+        nvfp4_matmul(x, p, s[:, :2], gs)
+    with pytest.raises(KernelInputError, match="contiguous"):
+        nvfp4_matmul(x, p.t().contiguous().t(), s, gs)
+    with pytest.raises(KernelInputError, match="float32"):
+        nvfp4_matmul(x, p, s, gs.double())
+    with pytest.raises(KernelInputError, match="go together"):
+        nvfp4_matmul(x, p, s, gs, xa=torch.randn(4, 8).bfloat16())
+    with pytest.raises(KernelInputError, match="expected 32"):
+        nvfp4_matmul_t(torch.randn(4, 64).bfloat16(), p, s, gs)
+
+
+def test_heuristic_configs_fill_the_gpu():
+    from qerl_kernels.ops import heuristic, m_bucket
+
+    assert [m_bucket(m) for m in (1, 3, 16, 17, 9000)] == [1, 4, 16, 32, 8192]
+    cfg = heuristic("fwd", 1, 3584, 3584, 132)  # decode: split K so that programs ~ 2 x SMs
+    assert cfg["BM"] == 16 and cfg["SPLIT"] > 1
+    assert heuristic("fwd", 4096, 3584, 3584, 132)["SPLIT"] == 1
+
+
+def test_seam_opt_in(monkeypatch):
+    from qerl.ops import linear
+
+    monkeypatch.setattr(linear, "_BACKENDS", [])
+    monkeypatch.setenv("QERL_KERNELS", "triton")
+    x = torch.randn(2, 64).bfloat16()
+    p = torch.zeros(8, 32, dtype=torch.uint8)
+    assert linear.select_backend(x, p) is None  # CPU without the interpreter: reference
+    assert [b.name for b in linear._BACKENDS] == ["triton-nvfp4"]
