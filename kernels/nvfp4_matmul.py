@@ -104,6 +104,72 @@ def _nvfp4_fwd_kernel(
 
 
 @triton.jit
+def _e2m1_bf16(c):
+    """E2M1 codes (int32) -> bf16 by bit construction: 0.5 is 0x3F00, and c = 2..7 step through
+    1, 1.5, 2, 3, 4, 6 as 0x3F80 + (c - 2) * 0x40; bit 3 becomes the bf16 sign (bit 15)."""
+    mag = c & 7
+    bits = tl.where(mag < 2, mag * 0x3F00, 0x3F80 + ((mag - 2) << 6)) | ((c & 8) << 12)
+    return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _nvfp4_fwd_blockscale_kernel(
+    x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr,
+    M, N, K, stride_xm, stride_om, lora_scale,
+    HAS_BIAS: tl.constexpr, R: tl.constexpr, SPLIT_K: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_FP32: tl.constexpr,
+):
+    """Forward with the block scales applied to the fp32 accumulator, one 16-wide K block at a
+    time: ``acc += (x_b · v_bᵀ) · eff_b`` with ``v_b`` the exact E2M1 values (bf16 by bit
+    construction) and ``eff_b = fp32(s_b) / gs`` per output column. Within a block the K order is
+    'planar' (the 8 low nibbles, then the 8 high nibbles) and x is loaded in the same order, so no
+    nibble interleaving is needed."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    i16 = tl.arange(0, 16)
+    perm = 2 * (i16 % 8) + (i16 // 8)  # planar column i -> k offset inside the block
+    byte = i16 % 8
+    shift = (i16 // 8) * 4
+    inv_gs = 1.0 / tl.load(gs_ptr)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    k_tiles = tl.cdiv(K, BK)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    nmask = (rn < N)[:, None]
+    for t in range(pid_k * per_split, tl.minimum(k_tiles, (pid_k + 1) * per_split)):
+        for b in tl.static_range(BK // 16):
+            kb = t * BK + 16 * b
+            inb = kb < K
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + (kb + perm)[None, :], mask=(rm < M)[:, None] & inb,
+                        other=0.0, eviction_policy="evict_last")  # [BM, 16] planar
+            p = tl.load(wp_ptr + rn[:, None] * (K // 2) + (kb // 2 + byte)[None, :], mask=nmask & inb, other=0,
+                        eviction_policy="evict_first").to(tl.int32)  # [BN, 16]: each byte twice
+            v = _e2m1_bf16((p >> shift[None, :]) & 15)  # [BN, 16]
+            sb = tl.load(ws_ptr + rn * (K // 16) + kb // 16, mask=(rn < N) & inb, other=0).to(tl.int32)
+            eff = _e4m3_to_f32(sb) * inv_gs  # [BN]
+            if DOT_FP32:
+                d = tl.dot(x.to(tl.float32), tl.trans(v.to(tl.float32)))
+            else:
+                d = tl.dot(x.to(tl.bfloat16), tl.trans(v))
+            acc += d * eff[None, :]
+    if pid_k == 0:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        if R > 0:
+            rr = tl.arange(0, R)
+            xa = tl.load(xa_ptr + rm[:, None] * R + rr[None, :], mask=(rm < M)[:, None], other=0.0)
+            lb = tl.load(lb_ptr + rn[:, None] * R + rr[None, :], mask=(rn < N)[:, None], other=0.0)
+            acc += lora_scale * tl.dot(xa.to(tl.float32), tl.trans(lb.to(tl.float32)), input_precision="ieee")
+    omask = (rm < M)[:, None] & (rn < N)[None, :]
+    if SPLIT_K == 1:
+        tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=omask)
+    else:
+        tl.store(out_ptr + pid_k * M * N + rm[:, None] * N + rn[None, :], acc, mask=omask)
+
+
+@triton.jit
 def _nvfp4_bwd_kernel(
     dy_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, dyb_ptr, la_ptr,
     M, N, K, stride_dm, stride_om, lora_scale,

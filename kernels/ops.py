@@ -71,7 +71,8 @@ def config_for(kind: str, M: int, N: int, K: int, device: torch.device) -> dict:
         return {**cfg, **json.loads(os.environ.get("QERL_KERNEL_CONFIG", "{}"))}
     name = torch.cuda.get_device_name(device)
     hit = _tuned(name).get(f"{kind}:{m_bucket(M)}:{N}:{K}")
-    return dict(hit) if hit else heuristic(kind, M, N, K, _sm_count(device.index or 0))
+    cfg = dict(hit) if hit else heuristic(kind, M, N, K, _sm_count(device.index or 0))
+    return {**cfg, **json.loads(os.environ.get("QERL_KERNEL_CONFIG", "{}"))}  # experiments / debugging
 
 
 def _check(x, packed, scale, gs, k_dim: int, name: str) -> tuple[int, int]:
