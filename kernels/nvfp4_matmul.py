@@ -46,16 +46,18 @@ def _e2m1_to_f32(c):
 
 
 @triton.jit
-def _dequant_tile(wp_ptr, ws_ptr, gs, rn, k0, N, K, BN: tl.constexpr, BK: tl.constexpr):
-    """Rows ``rn`` (``[BN]``) x columns ``k0 .. k0+BK`` of Ŵ as bf16 ``[BN, BK]`` (0 outside)."""
-    rkh = k0 // 2 + tl.arange(0, BK // 2)
+def _dequant_tile(wp_ptr, ws_ptr, gs, rn, k0, N, K, stride_wn, stride_sn, BN: tl.constexpr, BK: tl.constexpr):
+    """Rows ``rn`` (``[BN]``) x columns ``k0 .. k0+BK`` of Ŵ as bf16 ``[BN, BK]`` (0 outside).
+    ``stride_wn``/``stride_sn`` are the row strides (K/2, K/16) passed as arguments so that Triton
+    specialises them as multiples of 16 and issues wide vector loads of the packed bytes."""
+    rkh = tl.max_contiguous(tl.multiple_of(k0 // 2 + tl.arange(0, BK // 2), BK // 2), BK // 2)
     mask = (rn < N)[:, None] & (rkh < K // 2)[None, :]
-    p = tl.load(wp_ptr + rn[:, None] * (K // 2) + rkh[None, :], mask=mask, other=0,
+    p = tl.load(wp_ptr + rn[:, None] * stride_wn + rkh[None, :], mask=mask, other=0,
                 eviction_policy="evict_first").to(tl.int32)  # [BN, BK/2]
     codes = tl.reshape(tl.join(p & 15, p >> 4), (BN, BK))  # interleave: k = 2j low, 2j+1 high
     rs = k0 // 16 + tl.arange(0, BK // 16)
     smask = (rn < N)[:, None] & (rs < K // 16)[None, :]
-    sbits = tl.load(ws_ptr + rn[:, None] * (K // 16) + rs[None, :], mask=smask, other=0).to(tl.int32)
+    sbits = tl.load(ws_ptr + rn[:, None] * stride_sn + rs[None, :], mask=smask, other=0).to(tl.int32)
     eff = tl.div_rn(_e4m3_to_f32(sbits), gs)  # [BN, BK/16], exactly fp32(s_b) / gs
     w = tl.reshape(_e2m1_to_f32(codes), (BN, BK // 16, 16)) * eff[:, :, None]
     return tl.reshape(w, (BN, BK)).to(tl.bfloat16)
@@ -64,7 +66,7 @@ def _dequant_tile(wp_ptr, ws_ptr, gs, rn, k0, N, K, BN: tl.constexpr, BK: tl.con
 @triton.jit
 def _nvfp4_fwd_kernel(
     x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr,
-    M, N, K, stride_xm, stride_om, lora_scale,
+    M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale,
     HAS_BIAS: tl.constexpr, R: tl.constexpr, SPLIT_K: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
@@ -83,7 +85,7 @@ def _nvfp4_fwd_kernel(
         rk = k0 + tl.arange(0, BK)
         x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm < M)[:, None] & (rk < K)[None, :],
                     other=0.0, eviction_policy="evict_last")  # [BM, BK]
-        w = _dequant_tile(wp_ptr, ws_ptr, gs, rn, k0, N, K, BN, BK)  # [BN, BK]
+        w = _dequant_tile(wp_ptr, ws_ptr, gs, rn, k0, N, K, stride_wn, stride_sn, BN, BK)  # [BN, BK]
         if DOT_FP32:
             acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)))
         else:
@@ -106,7 +108,7 @@ def _nvfp4_fwd_kernel(
 @triton.jit
 def _nvfp4_bwd_kernel(
     dy_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, dyb_ptr, la_ptr,
-    M, N, K, stride_dm, stride_om, lora_scale,
+    M, N, K, stride_dm, stride_om, stride_wn, stride_sn, lora_scale,
     R: tl.constexpr, SPLIT_N: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
@@ -125,7 +127,7 @@ def _nvfp4_bwd_kernel(
         rn = t * BN + tl.arange(0, BN)
         dy = tl.load(dy_ptr + rm[:, None] * stride_dm + rn[None, :], mask=(rm < M)[:, None] & (rn < N)[None, :],
                      other=0.0, eviction_policy="evict_last")  # [BM, BN]
-        w = _dequant_tile(wp_ptr, ws_ptr, gs, rn, k0, N, K, BN, BK)  # [BN, BK]
+        w = _dequant_tile(wp_ptr, ws_ptr, gs, rn, k0, N, K, stride_wn, stride_sn, BN, BK)  # [BN, BK]
         if DOT_FP32:
             acc += tl.dot(dy.to(tl.float32), w.to(tl.float32))
         else:

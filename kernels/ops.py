@@ -127,15 +127,15 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret)
         grid = (triton.cdiv(M, BM), triton.cdiv(N, BN), split)
         _nvfp4_fwd_kernel[grid](x2, packed, s8, gs, out, bias if bias is not None else dummy,
                                 xa if xa is not None else dummy, lb if lb is not None else dummy,
-                                M, N, K, x2.stride(0), out.stride(-2), float(lora_scale),
-                                HAS_BIAS=bias is not None, R=r, SPLIT_K=split, BM=BM, BN=BN, BK=BK,
+                                M, N, K, x2.stride(0), out.stride(-2), packed.stride(0), s8.stride(0),
+                                float(lora_scale), HAS_BIAS=bias is not None, R=r, SPLIT_K=split, BM=BM, BN=BN, BK=BK,
                                 DOT_FP32=interpret, **cfg)
     else:
         dyb, la = extra
         grid = (triton.cdiv(M, BM), triton.cdiv(K, BK), split)
         _nvfp4_bwd_kernel[grid](x2, packed, s8, gs, out, dyb if dyb is not None else dummy,
                                 la if la is not None else dummy, M, N, K, x2.stride(0), out.stride(-2),
-                                float(lora_scale), R=r, SPLIT_N=split, BM=BM, BN=BN, BK=BK,
+                                packed.stride(0), s8.stride(0), float(lora_scale), R=r, SPLIT_N=split, BM=BM, BN=BN, BK=BK,
                                 DOT_FP32=interpret, **cfg)
     return out if split == 1 else out.sum(0).to(x2.dtype)
 
