@@ -9,9 +9,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_kernels_ship_as_qerl_kernels():
-    import qerl_kernels.gates
+    import qerl_kernels.ops
 
-    assert Path(qerl_kernels.gates.__file__).resolve() == ROOT / "kernels" / "gates.py"
+    assert Path(qerl_kernels.ops.__file__).resolve() == ROOT / "kernels" / "ops.py"
     assert [Path(p).resolve() for p in qerl_kernels.__path__][0] == ROOT / "kernels"
     spec = importlib.util.find_spec("kernels")
     # no top-level `kernels` module of ours; if the HF `kernels` package is installed it is not ours
