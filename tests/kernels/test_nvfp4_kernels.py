@@ -89,3 +89,14 @@ def test_seam_opt_in(monkeypatch):
     p = torch.zeros(8, 32, dtype=torch.uint8)
     assert linear.select_backend(x, p) is None  # CPU without the interpreter: reference
     assert [b.name for b in linear._BACKENDS] == ["triton-nvfp4"]
+
+
+def test_sm90_code_inspection_without_a_gpu():
+    """The forward kernel compiles for Hopper on a CPU machine; its packed-weight loads are
+    software-pipelined (cp.async) and large tiles use wgmma (what reports/kernels/README.md cites)."""
+    from qerl_kernels.inspect_ir import inspect
+
+    big = inspect(128, 128, 64, 8, 3)
+    assert big["cp_async"] > 0 and big["wgmma"] > 0
+    dec = inspect(16, 64, 256, 4, 4, 3)
+    assert dec["cp_async"] > 0 and dec["mma_sync"] > 0
