@@ -121,19 +121,9 @@ def _cmd_report(args) -> dict:
 
 
 def _cmd_download(args) -> dict:
-    from qerl.checkpoint import CheckpointError
-    from qerl.models.source import HUB_PATTERNS
+    from qerl.models.source import download
 
-    from huggingface_hub import snapshot_download
-
-    try:
-        path = snapshot_download(args.model, revision=args.revision, local_dir=str(args.output),
-                                 allow_patterns=HUB_PATTERNS)
-    except Exception as e:
-        raise CheckpointError(
-            f"could not download {args.model!r} at revision {args.revision} ({type(e).__name__}: {e}). Without "
-            "network: download elsewhere and point the model's 'path' at a local directory (source: local), or set "
-            "HF_HUB_OFFLINE=1 with a populated cache; gated models need HF_TOKEN.") from None
+    path = download(args.model, args.revision, args.output)
     print(f"downloaded {args.model}@{args.revision} to {path}")
     return {}
 

@@ -113,8 +113,9 @@ def _load_nvfp4(src: Path, cfg: dict, qcfg: dict, dtype):
             raise CheckpointError(f"{src}: tensor {name}: {e}") from None
     quantized = {f"{n}.{s}" for n in targets for s in (*PACKED_SUFFIXES, "bias")}
     dense = {k: index.get(k) for k in expected if k not in quantized and k in index}
+    params = dict(model.named_parameters())
     for k, t in dense.items():
-        want = model.get_parameter(k) if k in dict(model.named_parameters()) else None
+        want = params.get(k)
         if want is not None and tuple(want.shape) != tuple(t.shape):
             raise CheckpointError(f"{src}: tensor {k!r} has shape {tuple(t.shape)}, expected {tuple(want.shape)}")
     model.load_state_dict({k: v.to(dtype) for k, v in dense.items()}, strict=False, assign=True)

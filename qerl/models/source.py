@@ -26,13 +26,20 @@ def resolve_model_dir(src: str | Path, revision: str | None = None) -> Path:
         return path
     if not _HUB_ID.match(str(src)):
         raise CheckpointError(f"{src}: no such model directory (and not a hub id like 'Qwen/Qwen2.5-7B-Instruct')")
+    return download(str(src), revision)
+
+
+def download(repo: str, revision: str | None = None, local_dir: str | Path | None = None) -> Path:
+    """Snapshot ``repo`` (weights, config, tokenizer) at ``revision`` into the HF cache or
+    ``local_dir``; failures become a :class:`CheckpointError` that says what to do."""
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(str(src), revision=revision, allow_patterns=HUB_PATTERNS))
+        return Path(snapshot_download(repo, revision=revision, allow_patterns=HUB_PATTERNS,
+                                      local_dir=None if local_dir is None else str(local_dir)))
     except Exception as e:  # network, auth, offline-mode and not-found errors all land here
         raise CheckpointError(
-            f"could not fetch {src!r}{f' at revision {revision}' if revision else ''} from the "
+            f"could not fetch {repo!r}{f' at revision {revision}' if revision else ''} from the "
             f"Hugging Face hub ({type(e).__name__}: {e}). If the machine has no network, download "
             "the model elsewhere and pass its local directory, or set HF_HUB_OFFLINE=1 to use a "
             "cached copy; for gated models set HF_TOKEN."
