@@ -1,44 +1,109 @@
-"""Compile the NVFP4 forward kernel for sm_90 on any machine (no GPU needed) and report what the
-generated code does with memory: load widths, async copies (software pipelining), tensor-core ops.
+"""Compile the NVFP4 kernels for sm_90 on any machine (no GPU needed) and report what the generated
+code does: load widths, async copies (software pipelining), tensor-core ops, shared memory, and —
+from the SASS that Triton's bundled ``nvdisasm`` prints — the instruction mix of the main loop and
+its cost in **SASS instructions per weight** (issued per thread x threads / weights per iteration),
+the static number that decides whether dequantization can keep up with memory.
 
-``python -m qerl_kernels.inspect_ir [--bm 128 --bn 128 --bk 64 --warps 8 --stages 3]``
+``python -m qerl_kernels.inspect_ir [--kind fwd|bwd] [--bm 16 --bn 64 --bk 256 --warps 4 --stages 4
+--split 1 --swap 0] [--sass FILE]``
 Pointer and integer arguments are specialised as multiples of 16, as Triton's JIT does at run time
 when the actual values are.
 """
 import argparse
 import collections
 import json
+import os
 import re
+import subprocess
+import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from qerl_kernels.nvfp4_matmul import _nvfp4_fwd_kernel
+from qerl_kernels.nvfp4_matmul import _nvfp4_bwd_kernel, _nvfp4_fwd_kernel
 
-SIG = {"x_ptr": "*bf16", "wp_ptr": "*u8", "ws_ptr": "*u8", "gs_ptr": "*fp32", "out_ptr": "*bf16", "bias_ptr": "*bf16",
-       "xa_ptr": "*bf16", "lb_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
-       "stride_om": "i32", "stride_wn": "i32", "stride_sn": "i32", "lora_scale": "fp32"}
+FWD_SIG = {"x_ptr": "*bf16", "wp_ptr": "*u8", "ws_ptr": "*u8", "gs_ptr": "*fp32", "out_ptr": "*bf16",
+           "bias_ptr": "*bf16", "xa_ptr": "*bf16", "lb_ptr": "*bf16", "part_ptr": "*fp32", "lock_ptr": "*i32",
+           "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_om": "i32", "stride_wn": "i32",
+           "stride_sn": "i32", "lora_scale": "fp32", "SPLIT": "i32"}
+BWD_SIG = {"dy_ptr": "*bf16", "wp_ptr": "*u8", "ws_ptr": "*u8", "gs_ptr": "*fp32", "out_ptr": "*bf16",
+           "dyb_ptr": "*bf16", "la_ptr": "*bf16", "part_ptr": "*fp32", "lock_ptr": "*i32",
+           "M": "i32", "N": "i32", "K": "i32", "stride_dm": "i32", "stride_om": "i32", "stride_wn": "i32",
+           "stride_sn": "i32", "lora_scale": "fp32", "SPLIT": "i32"}
+SIG = FWD_SIG  # kept for callers of the first version
 
 
-def inspect(bm=128, bn=128, bk=64, warps=8, stages=3, split=1) -> dict:
-    consts = {"HAS_BIAS": False, "R": 0, "SPLIT_K": split, "BM": bm, "BN": bn, "BK": bk, "DOT_FP32": False}
-    sig = {**SIG, **{k: "constexpr" for k in consts}}
-    div16 = [i for i, k in enumerate(SIG) if k.endswith("_ptr") or k in ("N", "K", "stride_xm", "stride_om", "stride_wn", "stride_sn")]
-    attrs = {(i,): [["tt.divisibility", 16]] for i in div16}
-    src = ASTSource(fn=_nvfp4_fwd_kernel, signature=sig, constexprs=consts, attrs=attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+def compile_sm90(kind="fwd", bm=16, bn=64, bk=256, warps=4, stages=4, split=1, swap=0):
+    consts = {"R": 0, "USE_SPLIT": split > 1, "EVEN_K": True, "BM": bm, "BN": bn, "BK": bk, "FAST": True, "DOT_FP32": False}
+    if kind == "fwd":
+        fn, base = _nvfp4_fwd_kernel, FWD_SIG
+        consts.update(HAS_BIAS=False, SWAP=bool(swap))
+    else:
+        fn, base = _nvfp4_bwd_kernel, BWD_SIG
+        consts.update(SWAP=bool(swap))
+    sig = {**base, **{k: "constexpr" for k in consts}}
+    names = list(sig)
+    div16 = [k for k in base if k.endswith("_ptr") or (base[k] == "i32" and k not in ("M", "SPLIT"))]
+    attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in div16}
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+
+
+def sass_of(kernel) -> str:
+    nvdisasm = os.path.join(triton.__path__[0], "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        return subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def main_loop(sass: str) -> tuple[int, collections.Counter]:
+    """Instructions of the largest loop (a backward branch) and their opcode counts."""
+    ins, labels, pending = [], {}, []
+    for line in sass.splitlines():
+        m = re.match(r"\s*(\.L_x_\d+):", line)
+        if m:
+            pending.append(m.group(1))
+            continue
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m:
+            addr = int(m.group(1), 16)
+            labels.update({p: addr for p in pending})
+            pending = []
+            ins.append((addr, m.group(2).strip()))
+    best: list[str] = []
+    for addr, text in ins:
+        m = re.search(r"BRA\s.*?(\.L_x_\d+)", text)
+        if m and labels.get(m.group(1), addr) < addr:
+            body = [t for a, t in ins if labels[m.group(1)] <= a <= addr]
+            best = max(best, body, key=len)
+    ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in best)
+    return len(best), ops
+
+
+def inspect(bm=16, bn=64, bk=256, warps=4, stages=4, split=1, swap=0, kind="fwd", sass_file=None) -> dict:
+    k = compile_sm90(kind, bm, bn, bk, warps, stages, split, swap)
     ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
+    sass = sass_of(k)
+    if sass_file:
+        with open(sass_file, "w") as f:
+            f.write(sass)
+    n, ops = main_loop(sass)
     loads = collections.Counter(re.sub(r"\.L1::\w+|\.L2::\w+", "", m) for m in re.findall(r"ld\.global[\w.:]*", ptx))
-    return {"config": dict(BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages, SPLIT=split),
+    return {"kind": kind, "config": dict(BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages, SPLIT=split, SWAP=swap),
             "global_loads": dict(loads), "cp_async": ptx.count("cp.async"), "wgmma": ptx.count("wgmma.mma_async"),
             "mma_sync": ptx.count("mma.sync"), "ttgir_async_copies": ttgir.count("async_copy_global_to_local"),
-            "ttgir_convert_layout": ttgir.count("convert_layout")}
+            "ttgir_convert_layout": ttgir.count("convert_layout"), "shared_bytes": k.metadata.shared,
+            "loop_sass_instructions": n, "loop_sass_per_weight": round(n * 32 * warps / (bn * bk), 3),
+            "loop_top_ops": dict(ops.most_common(12))}
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name, default in (("bm", 128), ("bn", 128), ("bk", 64), ("warps", 8), ("stages", 3), ("split", 1)):
+    p.add_argument("--kind", choices=("fwd", "bwd"), default="fwd")
+    for name, default in (("bm", 16), ("bn", 64), ("bk", 256), ("warps", 4), ("stages", 4), ("split", 1), ("swap", 0)):
         p.add_argument(f"--{name}", type=int, default=default)
+    p.add_argument("--sass", default=None, help="also write the SASS listing here")
     a = p.parse_args()
-    print(json.dumps(inspect(a.bm, a.bn, a.bk, a.warps, a.stages, a.split), indent=1))
+    print(json.dumps(inspect(a.bm, a.bn, a.bk, a.warps, a.stages, a.split, a.swap, a.kind, a.sass), indent=1))

@@ -1,27 +1,43 @@
 """NVFP4 weight-only (W4A16) matmuls in Triton, on the packed compressed-tensors layout.
 
 Format (``../shared/docs/nvfp4.md``): ``packed uint8 [N, K/2]`` (low nibble = even k), ``scale``
-float8_e4m3fn ``[N, K/16]`` (passed as its uint8 bits), ``gs`` float32 ``[1]`` (quantize direction).
-Hardware: any CUDA GPU Triton supports; written for Hopper (sm_90), which has no FP4 tensor cores:
-each tile is dequantized in registers to bf16 and multiplied on bf16 tensor cores, fp32 accumulate.
+float8_e4m3fn ``[N, K/16]`` (passed as its uint8 bits), ``gs`` float32 ``[1]`` (quantize direction:
+``W ≈ e2m1 · scale / gs``). Written for Hopper (sm_90), which has no FP4 tensor cores: each tile is
+dequantized in registers to bf16 and multiplied on bf16 tensor cores with fp32 accumulation.
 
-* forward ``y [M, N] = x [M, K] · Ŵᵀ (+ bias) (+ s · xa [M, R] · Bᵀ)``; ``SPLIT_K > 1`` splits the K
-  loop over programs (decode sizes) into an fp32 workspace reduced afterwards.
-* backward ``dX [M, K] = dY [M, N] · Ŵ (+ s · dyb [M, R] · A)`` straight from the same packed
-  tensors (no bf16 W is ever materialised in memory).
-* LoRA is folded into the epilogue: the caller computes the rank-R product (``xa = x·Aᵀ`` or
-  ``dyb = dY·B``) with one extra launch; the kernel adds ``s · xa · Bᵀ`` to its accumulator.
+* forward ``y [M, N] = x [M, K] · Ŵᵀ (+ bias) (+ s · xa [M, R] · Bᵀ)``;
+* backward ``dX [M, K] = dY [M, N] · Ŵ (+ s · dyb [M, R] · A)`` from the same packed tensors
+  (no bf16 W is ever materialised in memory);
+* LoRA in the epilogue: the caller computes the rank-R product (``xa = x·Aᵀ`` / ``dyb = dY·B``,
+  one extra launch); the kernel adds ``s · xa · Bᵀ`` before its single store;
+* ``SPLIT > 1`` (runtime; ``USE_SPLIT`` compiles the reduction in) splits the reduction loop over
+  programs (decode sizes: fills the SMs); partial sums go to an fp32 workspace and the *last* program of each output tile (an atomic ticket per tile,
+  reset by that program) reduces them and runs the epilogue — one launch, no zero-fill, no extra
+  reduction kernel, CUDA-graph safe (tickets always return to 0);
+* ``SWAP`` computes the transposed product ``yᵀ = Ŵ · xᵀ`` so that the weight tile is the MMA's
+  *A* operand (registers; wgmma on Hopper) and the few activation rows are its *B* operand.
 
-The dequantized tile is bit-identical to :func:`qerl.quant.nvfp4.dequantize` in bf16: E2M1 value
-times ``fp32(s_b) / gs`` (IEEE division, ``div_rn``) in fp32, rounded once to bf16. The readable
-reference of every kernel here is :mod:`qerl.ops.linear` (``reference_forward`` /
-``reference_backward_input``); tests check equivalence on odd shapes, on the GPU and under
-``TRITON_INTERPRET=1`` (where ``DOT_FP32`` works around the interpreter's bf16 ``tl.dot`` bug).
+Dequantization (the hot loop), per 4 packed bytes = 8 weights, with 32-bit integer ops
+(``_fp4_pairs``, inline PTX, like vLLM Marlin's ``dequant.h``): each nibble's sign and 3-bit
+magnitude are placed into a bf16 bit pattern (sign -> bit 15, magnitude -> bits 6..8) whose value is
+``e2m1 · 2^-126`` exactly (the 0.5 code lands on a subnormal), then one ``mul.bf16x2`` by the block
+scale pre-multiplied by 2^119 gives ``e2m1 · scale · 2^-7`` — exact (2 × 4 significant bits fit
+bf16's 8) and in range for every E4M3 scale. The MMA accumulates these *unscaled* weights; the
+epilogue multiplies by ``2^7 / gs`` once per output (paper Eq. 1, ``Ŵ = FP4 · S_FP8 · S_FP32``, with
+``S_FP32 = 1/gs``). ``FAST=False`` computes the same bf16 tile with plain Triton arithmetic (used
+under ``TRITON_INTERPRET=1``, which cannot run PTX); ``DOT_FP32`` works around the interpreter's
+bf16 ``tl.dot`` bug. The readable reference of everything here is :mod:`qerl.ops.linear`.
+
+Difference to the reference: the reference rounds each weight ``e2m1·scale/gs`` to bf16 before the
+matmul; the kernels use the exact ``e2m1·scale`` and apply ``1/gs`` in fp32 after accumulation
+(<= 2^-9 relative per weight, below the bf16 rounding of the output).
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+ENC_SHIFT = 7  # the MMA sees e2m1 · scale · 2^-ENC_SHIFT; the epilogue multiplies by 2^ENC_SHIFT / gs
 
 
 @triton.jit
@@ -46,99 +62,192 @@ def _e2m1_to_f32(c):
 
 
 @triton.jit
-def _dequant_tile(wp_ptr, ws_ptr, gs, rn, k0, N, K, stride_wn, stride_sn, BN: tl.constexpr, BK: tl.constexpr):
-    """Rows ``rn`` (``[BN]``) x columns ``k0 .. k0+BK`` of Ŵ as bf16 ``[BN, BK]`` (0 outside).
-    ``stride_wn``/``stride_sn`` are the row strides (K/2, K/16) passed as arguments so that Triton
-    specialises them as multiples of 16 and issues wide vector loads of the packed bytes."""
-    rkh = tl.max_contiguous(tl.multiple_of(k0 // 2 + tl.arange(0, BK // 2), BK // 2), BK // 2)
-    mask = (rn < N)[:, None] & (rkh < K // 2)[None, :]
-    p = tl.load(wp_ptr + rn[:, None] * stride_wn + rkh[None, :], mask=mask, other=0,
-                eviction_policy="evict_first").to(tl.int32)  # [BN, BK/2]
-    codes = tl.reshape(tl.join(p & 15, p >> 4), (BN, BK))  # interleave: k = 2j low, 2j+1 high
-    rs = k0 // 16 + tl.arange(0, BK // 16)
-    smask = (rn < N)[:, None] & (rs < K // 16)[None, :]
-    sbits = tl.load(ws_ptr + rn[:, None] * stride_sn + rs[None, :], mask=smask, other=0).to(tl.int32)
-    eff = tl.div_rn(_e4m3_to_f32(sbits), gs)  # [BN, BK/16], exactly fp32(s_b) / gs
-    w = tl.reshape(_e2m1_to_f32(codes), (BN, BK // 16, 16)) * eff[:, :, None]
-    return tl.reshape(w, (BN, BK)).to(tl.bfloat16)
+def _fp4_pairs(p, s):
+    """4 packed bytes (one b32) + their block scale (bf16, ``scale · 2^119``) -> 4 int32, each the
+    bf16x2 pair (low nibble, high nibble) · scale · 2^-7, i.e. weights k = 2b and 2b+1 in order.
+
+    Per byte b: ``prmt`` puts the low nibble at bits 12..15 and the high nibble at 28..31; then
+    ``(r & 0x80008000) | ((r >> 6) & 0x01C001C0)`` is the bf16x2 ``e2m1 · 2^-126``; ``mul.bf16x2``
+    by the scale (sm_90; subnormal inputs are honoured) is exact."""
+    return tl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b32 q4, r, t;
+        shl.b32 q4, $4, 4;
+        prmt.b32 r, $4, q4, 0x0040; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $0, r, $5;
+        prmt.b32 r, $4, q4, 0x1151; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $1, r, $5;
+        prmt.b32 r, $4, q4, 0x2262; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $2, r, $5;
+        prmt.b32 r, $4, q4, 0x3373; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $3, r, $5;
+        }
+        """,
+        constraints="=r,=r,=r,=r,r,r,r",
+        args=[p, s], dtype=tl.int32, is_pure=True, pack=4)
 
 
 @triton.jit
+def _w_tile(wp_ptr, ws_ptr, rn, k0, N, K, stride_wn, stride_sn,
+            BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, FAST: tl.constexpr):
+    """Rows ``rn`` ([BN]) x columns ``k0 .. k0+BK`` of ``e2m1 · scale · 2^-7`` as bf16 [BN, BK]
+    (0 outside the matrix). Loads [BN, BK/2] packed bytes and [BN, BK/16] scale bytes."""
+    rg = k0 // 16 + tl.arange(0, BK // 16)  # 16-wide scale groups = 8 packed bytes each
+    rb = tl.arange(0, 8)
+    pmask = (rn < N)[:, None, None]
+    smask = (rn < N)[:, None]
+    if not EVEN_K:
+        pmask = pmask & (rg < K // 16)[None, :, None]
+        smask = smask & (rg < K // 16)[None, :]
+    p = tl.load(wp_ptr + rn[:, None, None] * stride_wn + rg[None, :, None] * 8 + rb[None, None, :], mask=pmask,
+                other=0, eviction_policy="evict_first")  # [BN, BK/16, 8] uint8
+    sb = tl.load(ws_ptr + rn[:, None] * stride_sn + rg[None, :], mask=smask, other=0,
+                 eviction_policy="evict_first")  # [BN, BK/16] uint8
+    if FAST:
+        s = (sb.to(tl.float8e4nv, bitcast=True).to(tl.float32) * 6.646139978924579e35).to(tl.bfloat16)  # · 2^119
+        pr = _fp4_pairs(p, s[:, :, None])  # int32 [BN, BK/16, 8]
+        lo = pr.to(tl.int16).to(tl.bfloat16, bitcast=True)
+        hi = (pr >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        sf = (_e4m3_to_f32(sb.to(tl.int32)) * 0.0078125)[:, :, None]  # scale · 2^-7
+        c = p.to(tl.int32)
+        lo = (_e2m1_to_f32(c & 15) * sf).to(tl.bfloat16)  # exact: 2 x 4 significant bits
+        hi = (_e2m1_to_f32(c >> 4) * sf).to(tl.bfloat16)
+    return tl.reshape(tl.join(lo, hi), (BN, BK))  # k = 16 g + 2 b + (0 | 1)
+
+
+@triton.jit
+def _dot(a, b, acc, DOT_FP32: tl.constexpr):
+    if DOT_FP32:  # interpreter: its bf16 tl.dot multiplies raw bits
+        return acc + tl.dot(a.to(tl.float32), b.to(tl.float32))
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _split_reduce(acc, part_ptr, lock_ptr, offs, omask, tile, MN, SPLIT, pid_s):
+    """Serial split reduction: store this program's fp32 partial, take a ticket; the last program
+    of the tile sums all partials (returns ``last=True``) and resets the ticket to 0."""
+    tl.store(part_ptr + pid_s * MN + offs, acc, mask=omask)
+    tl.debug_barrier()  # every thread's partial is written before the (releasing) ticket
+    ticket = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    last = ticket == SPLIT - 1
+    if last:
+        acc = tl.zeros_like(acc)
+        for j in range(SPLIT):
+            acc += tl.load(part_ptr + j * MN + offs, mask=omask, other=0.0, cache_modifier=".cg")
+        tl.atomic_xchg(lock_ptr + tile, 0)
+    return acc, last
+
+
+@triton.jit(do_not_specialize=["M", "SPLIT"])
 def _nvfp4_fwd_kernel(
-    x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr,
-    M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale,
-    HAS_BIAS: tl.constexpr, R: tl.constexpr, SPLIT_K: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_FP32: tl.constexpr,
+    x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr,
+    M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT,
+    HAS_BIAS: tl.constexpr, R: tl.constexpr, USE_SPLIT: tl.constexpr, SWAP: tl.constexpr, EVEN_K: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FAST: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
-    # program (pid_m, pid_n, pid_k): out tile [BM, BN], K range pid_k/SPLIT_K of the loop
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_k = tl.program_id(2)
+    # program (pid_n, pid_m, pid_s): output tile [BM, BN], K tiles pid_s::SPLIT-th share of the loop
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_s = tl.program_id(2)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
-    gs = tl.load(gs_ptr)
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if SWAP:  # acc = yᵀ tile [BN, BM]
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+        offs = rm[None, :] * N + rn[:, None]
+        omask = (rm < M)[None, :] & (rn < N)[:, None]
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        offs = rm[:, None] * N + rn[None, :]
+        omask = (rm < M)[:, None] & (rn < N)[None, :]
     k_tiles = tl.cdiv(K, BK)
-    per_split = tl.cdiv(k_tiles, SPLIT_K)
-    for t in range(pid_k * per_split, tl.minimum(k_tiles, (pid_k + 1) * per_split)):
+    per_split = tl.cdiv(k_tiles, SPLIT)
+    for t in range(pid_s * per_split, tl.minimum(k_tiles, (pid_s + 1) * per_split)):
         k0 = t * BK
         rk = k0 + tl.arange(0, BK)
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm < M)[:, None] & (rk < K)[None, :],
-                    other=0.0, eviction_policy="evict_last")  # [BM, BK]
-        w = _dequant_tile(wp_ptr, ws_ptr, gs, rn, k0, N, K, stride_wn, stride_sn, BN, BK)  # [BN, BK]
-        if DOT_FP32:
-            acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)))
+        xmask = (rm < M)[:, None]
+        if not EVEN_K:
+            xmask = xmask & (rk < K)[None, :]
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=xmask, other=0.0)  # [BM, BK]
+        w = _w_tile(wp_ptr, ws_ptr, rn, k0, N, K, stride_wn, stride_sn, BN, BK, EVEN_K, FAST)  # [BN, BK]
+        if SWAP:
+            acc = _dot(w, tl.trans(x.to(tl.bfloat16)), acc, DOT_FP32)
         else:
-            acc = tl.dot(x.to(tl.bfloat16), tl.trans(w), acc)
-    if pid_k == 0:  # epilogue terms are added once
+            acc = _dot(x.to(tl.bfloat16), tl.trans(w), acc, DOT_FP32)
+    last = True
+    if USE_SPLIT:
+        acc, last = _split_reduce(acc, part_ptr, lock_ptr, offs, omask, pid_m * tl.num_programs(0) + pid_n, M * N,
+                                  SPLIT, pid_s)
+    if last:
+        acc = acc * ((1 << 7) / tl.load(gs_ptr))  # undo the 2^-7 of the tile, apply 1/gs
         if HAS_BIAS:
-            acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+            b = tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+            if SWAP:
+                acc += b[:, None]
+            else:
+                acc += b[None, :]
         if R > 0:
             rr = tl.arange(0, R)
             xa = tl.load(xa_ptr + rm[:, None] * R + rr[None, :], mask=(rm < M)[:, None], other=0.0)  # [BM, R]
             lb = tl.load(lb_ptr + rn[:, None] * R + rr[None, :], mask=(rn < N)[:, None], other=0.0)  # [BN, R]
-            acc += lora_scale * tl.dot(xa.to(tl.float32), tl.trans(lb.to(tl.float32)))
-    omask = (rm < M)[:, None] & (rn < N)[None, :]
-    if SPLIT_K == 1:
-        tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=omask)
-    else:  # fp32 partials [SPLIT_K, M, N]
-        tl.store(out_ptr + pid_k * M * N + rm[:, None] * N + rn[None, :], acc, mask=omask)
+            if SWAP:
+                acc += lora_scale * tl.dot(lb.to(tl.float32), tl.trans(xa.to(tl.float32)))
+            else:
+                acc += lora_scale * tl.dot(xa.to(tl.float32), tl.trans(lb.to(tl.float32)))
+        if SWAP:
+            optr = out_ptr + rm[None, :] * stride_om + rn[:, None]
+        else:
+            optr = out_ptr + rm[:, None] * stride_om + rn[None, :]
+        tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=omask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "SPLIT"])
 def _nvfp4_bwd_kernel(
-    dy_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, dyb_ptr, la_ptr,
-    M, N, K, stride_dm, stride_om, stride_wn, stride_sn, lora_scale,
-    R: tl.constexpr, SPLIT_N: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_FP32: tl.constexpr,
+    dy_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, dyb_ptr, la_ptr, part_ptr, lock_ptr,
+    M, N, K, stride_dm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT,
+    R: tl.constexpr, USE_SPLIT: tl.constexpr, SWAP: tl.constexpr, EVEN_K: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FAST: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
-    # program (pid_m, pid_k, pid_n): dX tile [BM, BK] summed over N range pid_n/SPLIT_N
-    pid_m = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_n = tl.program_id(2)
+    # program (pid_k, pid_m, pid_s): dX tile [BM, BK], N tiles pid_s::SPLIT-th share of the loop;
+    # SWAP accumulates dXᵀ = Ŵᵀ · dYᵀ ([BK, BM]) with the weight tile as the MMA's A operand
+    pid_k = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_s = tl.program_id(2)
     rm = pid_m * BM + tl.arange(0, BM)
     k0 = pid_k * BK
     rk = k0 + tl.arange(0, BK)
-    gs = tl.load(gs_ptr)
-    acc = tl.zeros((BM, BK), dtype=tl.float32)
+    if SWAP:
+        acc = tl.zeros((BK, BM), dtype=tl.float32)
+        offs = rm[None, :] * K + rk[:, None]
+        omask = (rm < M)[None, :] & (rk < K)[:, None]
+    else:
+        acc = tl.zeros((BM, BK), dtype=tl.float32)
+        offs = rm[:, None] * K + rk[None, :]
+        omask = (rm < M)[:, None] & (rk < K)[None, :]
     n_tiles = tl.cdiv(N, BN)
-    per_split = tl.cdiv(n_tiles, SPLIT_N)
-    for t in range(pid_n * per_split, tl.minimum(n_tiles, (pid_n + 1) * per_split)):
+    per_split = tl.cdiv(n_tiles, SPLIT)
+    for t in range(pid_s * per_split, tl.minimum(n_tiles, (pid_s + 1) * per_split)):
         rn = t * BN + tl.arange(0, BN)
         dy = tl.load(dy_ptr + rm[:, None] * stride_dm + rn[None, :], mask=(rm < M)[:, None] & (rn < N)[None, :],
-                     other=0.0, eviction_policy="evict_last")  # [BM, BN]
-        w = _dequant_tile(wp_ptr, ws_ptr, gs, rn, k0, N, K, stride_wn, stride_sn, BN, BK)  # [BN, BK]
-        if DOT_FP32:
-            acc += tl.dot(dy.to(tl.float32), w.to(tl.float32))
+                     other=0.0)  # [BM, BN]
+        w = _w_tile(wp_ptr, ws_ptr, rn, k0, N, K, stride_wn, stride_sn, BN, BK, EVEN_K, FAST)  # [BN, BK]
+        if SWAP:
+            acc = _dot(tl.trans(w), tl.trans(dy.to(tl.bfloat16)), acc, DOT_FP32)
         else:
-            acc = tl.dot(dy.to(tl.bfloat16), w, acc)
-    if pid_n == 0 and R > 0:
-        rr = tl.arange(0, R)
-        dyb = tl.load(dyb_ptr + rm[:, None] * R + rr[None, :], mask=(rm < M)[:, None], other=0.0)  # [BM, R]
-        la = tl.load(la_ptr + rr[:, None] * K + rk[None, :], mask=(rk < K)[None, :], other=0.0)  # [R, BK]
-        acc += lora_scale * tl.dot(dyb.to(tl.float32), la.to(tl.float32))
-    omask = (rm < M)[:, None] & (rk < K)[None, :]
-    if SPLIT_N == 1:
-        tl.store(out_ptr + rm[:, None] * stride_om + rk[None, :], acc.to(out_ptr.dtype.element_ty), mask=omask)
-    else:
-        tl.store(out_ptr + pid_n * M * K + rm[:, None] * K + rk[None, :], acc, mask=omask)
+            acc = _dot(dy.to(tl.bfloat16), w, acc, DOT_FP32)
+    last = True
+    if USE_SPLIT:
+        acc, last = _split_reduce(acc, part_ptr, lock_ptr, offs, omask, pid_m * tl.num_programs(0) + pid_k, M * K,
+                                  SPLIT, pid_s)
+    if last:
+        acc = acc * ((1 << 7) / tl.load(gs_ptr))
+        if R > 0:
+            rr = tl.arange(0, R)
+            dyb = tl.load(dyb_ptr + rm[:, None] * R + rr[None, :], mask=(rm < M)[:, None], other=0.0)  # [BM, R]
+            la = tl.load(la_ptr + rr[:, None] * K + rk[None, :], mask=(rk < K)[None, :], other=0.0)  # [R, BK]
+            if SWAP:
+                acc += lora_scale * tl.dot(tl.trans(la.to(tl.float32)), tl.trans(dyb.to(tl.float32)))
+            else:
+                acc += lora_scale * tl.dot(dyb.to(tl.float32), la.to(tl.float32))
+        if SWAP:
+            optr = out_ptr + rm[None, :] * stride_om + rk[:, None]
+        else:
+            optr = out_ptr + rm[:, None] * stride_om + rk[None, :]
+        tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=omask)

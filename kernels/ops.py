@@ -13,6 +13,7 @@ across programs at decode sizes so that every SM has work.
 
 import functools
 import json
+import math
 import os
 from pathlib import Path
 
@@ -45,32 +46,50 @@ def _sm_count(device_index: int) -> int:
 
 
 def heuristic(kind: str, M: int, N: int, K: int, sms: int) -> dict:
-    """Tile config: BM/BN/BK, split factor, warps, stages. ``kind`` is 'fwd' or 'bwd'."""
-    if M <= 16:
-        cfg = dict(BM=16, BN=64, BK=256, num_warps=4, num_stages=4)
-    elif M <= 64:
-        cfg = dict(BM=32 if M <= 32 else 64, BN=64, BK=128, num_warps=4, num_stages=4)
-    elif M <= 256:
-        cfg = dict(BM=64, BN=128, BK=64, num_warps=4, num_stages=4)
+    """Tile config when no tuned entry exists: BM/BN/BK, SPLIT (reduction split over programs so
+    that decode sizes fill the SMs), SWAP (weight tile as the MMA's A operand: needed for wgmma
+    tiles, BM > 32), warps, stages. ``kind`` is 'fwd' or 'bwd' (bwd tiles dX over (M, K) and
+    loops over N)."""
+    if kind == "fwd":
+        if M <= 16:
+            cfg = dict(BM=16, BN=64, BK=256, SWAP=0, num_warps=4, num_stages=4)
+        elif M <= 32:
+            cfg = dict(BM=32, BN=64, BK=256, SWAP=0, num_warps=4, num_stages=4)
+        elif M <= 256:
+            cfg = dict(BM=64, BN=128, BK=128, SWAP=1, num_warps=4, num_stages=4)
+        else:
+            cfg = dict(BM=128, BN=128, BK=64, SWAP=1, num_warps=8, num_stages=4)
+        out_tiles, loop = -(-M // cfg["BM"]) * -(-N // cfg["BN"]), -(-K // cfg["BK"])
     else:
-        cfg = dict(BM=128, BN=128, BK=64, num_warps=8, num_stages=3)
-    if kind == "bwd":  # dX tiles over (M, K), loop over N
-        cfg["BN"], cfg["BK"] = cfg["BK"], cfg["BN"]
-        out_tiles = -(-M // cfg["BM"]) * -(-K // cfg["BK"])
-        loop = -(-N // cfg["BN"])
-    else:
-        out_tiles = -(-M // cfg["BM"]) * -(-N // cfg["BN"])
-        loop = -(-K // cfg["BK"])
-    cfg["SPLIT"] = max(1, min(loop, (2 * sms) // max(1, out_tiles))) if M <= 256 else 1
+        if M <= 16:
+            cfg = dict(BM=16, BN=128, BK=64, SWAP=0, num_warps=4, num_stages=4)
+        elif M <= 32:
+            cfg = dict(BM=32, BN=128, BK=64, SWAP=0, num_warps=4, num_stages=4)
+        else:
+            cfg = dict(BM=128 if M > 256 else 64, BN=64, BK=128, SWAP=1, num_warps=8 if M > 256 else 4,
+                       num_stages=3)
+        out_tiles, loop = -(-M // cfg["BM"]) * -(-K // cfg["BK"]), -(-N // cfg["BN"])
+    cfg["SPLIT"] = max(1, min(loop // 2, (2 * sms) // max(1, out_tiles))) if M <= 256 else 1
     return cfg
+
+
+def tuned_entry(device_name: str, kind: str, M: int, N: int, K: int) -> dict | None:
+    """The tuned config of this (kind, N, K) at M's bucket, else at the nearest tuned bucket."""
+    table = _tuned(device_name)
+    hit = table.get(f"{kind}:{m_bucket(M)}:{N}:{K}")
+    if hit is None:
+        have = [b for b in M_BUCKETS if f"{kind}:{b}:{N}:{K}" in table]
+        if have:
+            b = min(have, key=lambda b: abs(math.log2(b) - math.log2(max(M, 1))))
+            hit = table[f"{kind}:{b}:{N}:{K}"]
+    return dict(hit) if hit else None
 
 
 def config_for(kind: str, M: int, N: int, K: int, device: torch.device) -> dict:
     if device.type != "cuda":  # interpreter: small tiles
-        cfg = dict(BM=16, BN=32, BK=32, num_warps=4, num_stages=1, SPLIT=1)
+        cfg = dict(BM=16, BN=32, BK=32, num_warps=4, num_stages=1, SPLIT=1, SWAP=0)
         return {**cfg, **json.loads(os.environ.get("QERL_KERNEL_CONFIG", "{}"))}
-    name = torch.cuda.get_device_name(device)
-    hit = _tuned(name).get(f"{kind}:{m_bucket(M)}:{N}:{K}")
+    hit = tuned_entry(torch.cuda.get_device_name(device), kind, M, N, K)
     cfg = dict(hit) if hit else heuristic(kind, M, N, K, _sm_count(device.index or 0))
     return {**cfg, **json.loads(os.environ.get("QERL_KERNEL_CONFIG", "{}"))}  # experiments / debugging
 
@@ -109,6 +128,16 @@ def _pad_rank(a: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.nn.functional.pad(a, pad).contiguous()
 
 
+_LOCK_SLOTS = 1 << 16
+
+
+@functools.lru_cache(maxsize=None)
+def _locks(device: torch.device) -> torch.Tensor:
+    """Per-device split-reduction tickets (int32, zero; every kernel leaves them at zero). Like
+    Marlin's workspace: kernels using them must not run concurrently on two streams."""
+    return torch.zeros(_LOCK_SLOTS, dtype=torch.int32, device=device)
+
+
 def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret):
     from qerl_kernels.nvfp4_matmul import _nvfp4_bwd_kernel, _nvfp4_fwd_kernel
     import triton
@@ -118,26 +147,31 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret)
     cfg = config_for(kind, M, N, K, x2.device)
     split = cfg.pop("SPLIT")
     BM, BN, BK = cfg.pop("BM"), cfg.pop("BN"), cfg.pop("BK")
-    out = torch.empty(M, n_out, device=x2.device, dtype=x2.dtype) if split == 1 else \
-        torch.empty(split, M, n_out, device=x2.device, dtype=torch.float32)
+    out = torch.empty(M, n_out, device=x2.device, dtype=x2.dtype)
+    tiles = triton.cdiv(M, BM) * (triton.cdiv(N, BN) if kind == "fwd" else triton.cdiv(K, BK))
+    if split > 1 and tiles > _LOCK_SLOTS:
+        split = 1
+    part = torch.empty(split * M * n_out if split > 1 else 1, device=x2.device, dtype=torch.float32)
+    locks = _locks(x2.device)
     s8 = scale.view(torch.uint8)
     dummy = x2
+    common = dict(USE_SPLIT=split > 1, EVEN_K=K % BK == 0, BM=BM, BN=BN, BK=BK, FAST=not interpret, DOT_FP32=interpret)
     if kind == "fwd":
         bias, xa, lb = extra
-        grid = (triton.cdiv(M, BM), triton.cdiv(N, BN), split)
+        grid = (triton.cdiv(N, BN), triton.cdiv(M, BM), split)
         _nvfp4_fwd_kernel[grid](x2, packed, s8, gs, out, bias if bias is not None else dummy,
-                                xa if xa is not None else dummy, lb if lb is not None else dummy,
-                                M, N, K, x2.stride(0), out.stride(-2), packed.stride(0), s8.stride(0),
-                                float(lora_scale), HAS_BIAS=bias is not None, R=r, SPLIT_K=split, BM=BM, BN=BN, BK=BK,
-                                DOT_FP32=interpret, **cfg)
+                                xa if xa is not None else dummy, lb if lb is not None else dummy, part, locks,
+                                M, N, K, x2.stride(0), out.stride(0), packed.stride(0), s8.stride(0),
+                                float(lora_scale), split, HAS_BIAS=bias is not None, R=r, SWAP=bool(cfg.pop("SWAP", 0)),
+                                **common, **cfg)
     else:
         dyb, la = extra
-        grid = (triton.cdiv(M, BM), triton.cdiv(K, BK), split)
+        grid = (triton.cdiv(K, BK), triton.cdiv(M, BM), split)
         _nvfp4_bwd_kernel[grid](x2, packed, s8, gs, out, dyb if dyb is not None else dummy,
-                                la if la is not None else dummy, M, N, K, x2.stride(0), out.stride(-2),
-                                packed.stride(0), s8.stride(0), float(lora_scale), R=r, SPLIT_N=split, BM=BM, BN=BN, BK=BK,
-                                DOT_FP32=interpret, **cfg)
-    return out if split == 1 else out.sum(0).to(x2.dtype)
+                                la if la is not None else dummy, part, locks, M, N, K, x2.stride(0), out.stride(0),
+                                packed.stride(0), s8.stride(0), float(lora_scale), split, R=r, SWAP=bool(cfg.pop("SWAP", 0)),
+                                **common, **cfg)
+    return out
 
 
 def _interpreting() -> bool:

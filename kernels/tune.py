@@ -1,8 +1,14 @@
 """Tile-config search for the NVFP4 kernels; writes ``kernels/tuned/<device>.json``.
 
 Keyed on ``"<kind>:<M bucket>:<N>:<K>"`` (kind 'fwd' or 'bwd'); :func:`qerl_kernels.ops.config_for`
-reads the file, so committed tuned defaults apply to every later run on that GPU.
+reads the file (falling back to the nearest tuned M bucket of the same shape), so committed tuned
+defaults apply to every later run on that GPU. Every candidate is also checked against the
+reference (relative error) before its time counts, and every measurement can be written to a CSV
+(``--csv``) so that the search itself is evidence.
+
+``python -m qerl_kernels.tune --models 7B --ms 1 16 64 2048 [--csv all.csv]`` (needs a CUDA GPU).
 """
+import argparse
 import json
 import os
 from pathlib import Path
@@ -14,31 +20,61 @@ from qerl_kernels import ops
 TUNED_DIR = Path(__file__).parent / "tuned"
 
 
-def candidates(kind: str, M: int, N: int, K: int, sms: int) -> list[dict]:
-    h = ops.heuristic(kind, M, N, K, sms)
+def _split_options(tiles_out: int, loop: int, sms: int) -> list[int]:
+    """1, and the split that brings the program count nearest 2 and 4 waves (at least 2 tiles each)."""
+    out = {1}
+    for waves in (2, 4):
+        s = max(1, min(loop // 2, (waves * sms) // max(1, tiles_out)))
+        out.add(s)
+    return sorted(out)
+
+
+def _tiles(kind: str, M: int) -> list[tuple]:
+    """(BM, BN, BK, SWAP, warps, stages) to try. bwd tiles dX over (M, K) and loops over N (BN).
+    Non-swapped tiles stay at BM <= 32 (mma.sync): with wgmma, Triton 3.6 cannot place the joined
+    dequantized tile as the B operand (a compiler error), so larger M uses SWAP."""
+    if kind == "fwd":
+        if M <= 16:
+            return [(16, bn, bk, 0, 4, st) for bn, bk, st in ((32, 256, 4), (64, 256, 4), (128, 256, 4), (64, 512, 3),
+                                                               (32, 512, 3), (128, 128, 4), (64, 128, 5))] + \
+                   [(16, bn, bk, 1, 4, st) for bn, bk, st in ((64, 256, 4), (64, 128, 5), (128, 128, 4), (128, 256, 3))]
+        if M <= 64:
+            return [(32, 64, 256, 0, 4, 4), (32, 128, 256, 0, 4, 3), (64, 64, 256, 0, 2, 4)] + \
+                   [(64, bn, bk, 1, 4, st) for bn, bk, st in ((64, 256, 4), (128, 128, 4), (128, 256, 3), (64, 128, 5))]
+        if M <= 512:
+            return [(64, 128, 128, 1, 4, 4), (128, 128, 64, 1, 8, 4), (128, 128, 128, 1, 8, 3), (64, 256, 64, 1, 8, 4)]
+        return [(128, 128, 64, 1, 8, 4), (128, 128, 128, 1, 8, 3), (128, 256, 64, 1, 8, 3), (256, 128, 64, 1, 8, 3),
+                (128, 256, 128, 1, 8, 2)]
     if M <= 16:
-        tiles = [(16, bn, bk, 4, 3) for bn in (32, 64, 128) for bk in (128, 256, 512)]
-    elif M <= 64:
-        tiles = [(bm, bn, bk, 4, 3) for bm in (32, 64) for bn in (64, 128) for bk in (64, 128, 256) if bm >= min(M, 64)]
-    elif M <= 512:
-        tiles = [(64, 128, 64, 4, 4), (128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (64, 64, 128, 4, 4), (64, 256, 64, 8, 3)]
-    else:
-        tiles = [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 128, 8, 3), (64, 128, 64, 4, 4)]
+        return [(16, bn, bk, 0, 4, st) for bn, bk, st in ((128, 64, 4), (256, 64, 3), (64, 128, 4), (128, 128, 4))]
+    if M <= 64:
+        return [(32, 128, 64, 0, 4, 4), (64, 64, 128, 1, 4, 4), (64, 128, 128, 1, 4, 3)]
+    return [(128, 64, 128, 1, 8, 3), (128, 64, 256, 1, 8, 3), (128, 128, 128, 1, 8, 3), (256, 64, 128, 1, 8, 3),
+            (64, 64, 256, 1, 4, 4), (128, 32, 256, 1, 8, 4)]
+
+
+def candidates(kind: str, M: int, N: int, K: int, sms: int) -> list[dict]:
     out = []
-    for bm, bn, bk, w, st in tiles:
-        if kind == "bwd":
-            bn, bk = bk, bn  # dX tiles over (M, K)
-        base = dict(BM=bm, BN=bn, BK=bk, num_warps=w, num_stages=st)
+    for bm, bn, bk, swap, w, st in _tiles(kind, M):
+        base = dict(BM=bm, BN=bn, BK=bk, SWAP=swap, num_warps=w, num_stages=st)
         loop = -(-(K if kind == "fwd" else N) // (bk if kind == "fwd" else bn))
         tiles_out = -(-M // bm) * -(-(N if kind == "fwd" else K) // (bn if kind == "fwd" else bk))
-        split_h = max(1, min(loop, (2 * sms) // max(1, tiles_out)))
-        for split in sorted({1, split_h, min(loop, 2 * split_h)} if M <= 512 else {1}):
+        for split in (_split_options(tiles_out, loop, sms) if M <= 512 else [1]):
             out.append({**base, "SPLIT": split})
-    out.append(h)
+    h = ops.heuristic(kind, M, N, K, sms)
+    if h not in out:
+        out.append(h)
     return out
 
 
-def tune_all(shapes, ms, progress: bool = True) -> Path:
+def _reference(kind, x, p, s, g):
+    from qerl.quant import nvfp4
+
+    w = nvfp4.dequantize(p, s, g, torch.float32)
+    return (x.float() @ w.T) if kind == "fwd" else (x.float() @ w)
+
+
+def tune_all(shapes, ms, progress: bool = True, csv_path: Path | None = None, kinds=("fwd", "bwd")) -> Path:
     from tqdm.auto import tqdm
 
     from qerl.quant import nvfp4
@@ -48,29 +84,73 @@ def tune_all(shapes, ms, progress: bool = True) -> Path:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     path = TUNED_DIR / (device.replace(" ", "_") + ".json")
     table = json.loads(path.read_text()) if path.exists() else {}
-    jobs = [(kind, M, N, K) for (N, K) in dict.fromkeys(shapes) for M in ms for kind in ("fwd", "bwd")]
-    weights = {}
+    jobs = [(kind, M, N, K) for (N, K) in dict.fromkeys(shapes) for M in ms for kind in kinds]
+    log = []
+    weights: dict = {}
     for kind, M, N, K in tqdm(jobs, desc="tune", disable=not progress):
         key = f"{kind}:{ops.m_bucket(M)}:{N}:{K}"
         if (N, K) not in weights:
             weights.clear()
-            weights[(N, K)] = nvfp4.quantize(torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02)
-        p, s, g = weights[(N, K)]
+            copies = max(2, min(8, (256 * 2 ** 20) // (N * K // 2) + 1))  # rotate past the L2
+            weights[(N, K)] = [nvfp4.quantize(torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02)
+                               for _ in range(copies)]
+        ws = weights[(N, K)]
         x = torch.randn(M, K if kind == "fwd" else N, device="cuda", dtype=torch.bfloat16)
+        ref = _reference(kind, x, *ws[0])
+        op = ops.nvfp4_matmul if kind == "fwd" else ops.nvfp4_matmul_t
         best = None
-        fn = (lambda: ops.nvfp4_matmul(x, p, s, g)) if kind == "fwd" else (lambda: ops.nvfp4_matmul_t(x, p, s, g))
         for cfg in candidates(kind, M, N, K, sms):
             os.environ["QERL_KERNEL_CONFIG"] = json.dumps(cfg)  # overrides every key of config_for's choice
+            err, t = float("nan"), float("inf")
             try:
-                t = _graph_time([fn] * 4, reps=5)
-            except Exception:  # a config that does not compile (e.g. out of shared memory)
-                t = float("inf")
+                y = op(x, *ws[0])
+                err = float((y.float() - ref).norm() / ref.norm())
+                if err < 1e-2:
+                    t = _graph_time([lambda w=w: op(x, *w) for w in ws], reps=9)
+            except Exception as e:  # a config that does not compile (e.g. out of shared memory)
+                err = repr(e)[:80]
             finally:
                 os.environ.pop("QERL_KERNEL_CONFIG", None)
+            log.append({"device": device, "kind": kind, "M": M, "N": N, "K": K, **cfg, "us": t * 1e6, "rel_err": err})
             if best is None or t < best[0]:
                 best = (t, cfg)
-        table[key] = best[1]
+        if best[0] < float("inf"):
+            table[key] = best[1]
         TUNED_DIR.mkdir(exist_ok=True)
         path.write_text(json.dumps(table, indent=0, sort_keys=True))  # after every key: a cut-off run keeps its work
+        if csv_path is not None:
+            _write_csv(log, csv_path)
     ops._tuned.cache_clear()
     return path
+
+
+def _write_csv(rows, path: Path) -> None:
+    import csv
+
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def main(argv=None) -> int:
+    from qerl.stages.bench_kernels import SHAPES, projections
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="*", default=["7B"], choices=list(SHAPES))
+    p.add_argument("--projs", nargs="*", default=None, help="subset of qkv o gate_up down")
+    p.add_argument("--ms", nargs="*", type=int, default=[1, 16, 64, 2048])
+    p.add_argument("--kinds", nargs="*", default=["fwd", "bwd"], choices=["fwd", "bwd"])
+    p.add_argument("--csv", default=None, help="write every measurement here")
+    p.add_argument("--no-progress", action="store_true")
+    a = p.parse_args(argv)
+    shapes = [nk for m in a.models for name, nk in projections(m).items() if a.projs is None or name in a.projs]
+    path = tune_all(shapes, a.ms, progress=not a.no_progress, csv_path=Path(a.csv) if a.csv else None,
+                    kinds=tuple(a.kinds))
+    print(json.dumps({"tuned": str(path)}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
