@@ -98,6 +98,10 @@ def tune_all(shapes, ms, progress: bool = True, csv_path: Path | None = None, ki
         x = torch.randn(M, K if kind == "fwd" else N, device="cuda", dtype=torch.bfloat16)
         ref = _reference(kind, x, *ws[0])
         op = ops.nvfp4_matmul if kind == "fwd" else ops.nvfp4_matmul_t
+        dense = [nvfp4.dequantize(*w, torch.bfloat16) for w in ws[:max(2, min(4, 2 ** 28 // (N * K * 2) + 1))]]
+        f_dense = (lambda w: torch.nn.functional.linear(x, w)) if kind == "fwd" else (lambda w: x @ w)
+        t_cublas = _graph_time([lambda w=w: f_dense(w) for w in dense], reps=9)
+        del dense
         best = None
         for cfg in candidates(kind, M, N, K, sms):
             os.environ["QERL_KERNEL_CONFIG"] = json.dumps(cfg)  # overrides every key of config_for's choice
@@ -111,11 +115,15 @@ def tune_all(shapes, ms, progress: bool = True, csv_path: Path | None = None, ki
                 err = repr(e)[:80]
             finally:
                 os.environ.pop("QERL_KERNEL_CONFIG", None)
-            log.append({"device": device, "kind": kind, "M": M, "N": N, "K": K, **cfg, "us": t * 1e6, "rel_err": err})
+            log.append({"device": device, "kind": kind, "M": M, "N": N, "K": K, **cfg, "us": t * 1e6,
+                        "cublas_us": t_cublas * 1e6, "speedup": t_cublas / t, "rel_err": err})
             if best is None or t < best[0]:
                 best = (t, cfg)
         if best[0] < float("inf"):
             table[key] = best[1]
+            if progress is False:
+                print(f"{key}: {best[0] * 1e6:.1f} us, cuBLAS {t_cublas * 1e6:.1f} us, "
+                      f"{t_cublas / best[0]:.2f}x  {best[1]}", flush=True)
         TUNED_DIR.mkdir(exist_ok=True)
         path.write_text(json.dumps(table, indent=0, sort_keys=True))  # after every key: a cut-off run keeps its work
         if csv_path is not None:
