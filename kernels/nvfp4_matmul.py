@@ -62,26 +62,33 @@ def _e2m1_to_f32(c):
 
 
 @triton.jit
-def _fp4_pairs(p, s):
-    """4 packed bytes (one b32) + their block scale (bf16, ``scale · 2^119``) -> 4 int32, each the
-    bf16x2 pair (low nibble, high nibble) · scale · 2^-7, i.e. weights k = 2b and 2b+1 in order.
+def _fp4_pairs(p, s2, PURE: tl.constexpr = False):
+    """4 packed bytes (one b32) + each byte's block scale as a bf16x2 pair ``(s, s)`` with
+    ``s = scale · 2^119`` (int32, four registers) -> 4 int32, each the bf16x2 pair
+    ``(low nibble, high nibble) · scale · 2^-7`` of one byte, i.e. weights k = 2b and 2b+1 in order.
 
-    Per byte b: ``prmt`` puts the low nibble at bits 12..15 and the high nibble at 28..31; then
+    Strictly elementwise (output j depends only on byte j and scale j): Triton may pack any four
+    elements of its layout into one call, e.g. bytes of different rows.
+    Per byte: ``prmt`` puts the low nibble at bits 12..15 and the high nibble at 28..31; then
     ``(r & 0x80008000) | ((r >> 6) & 0x01C001C0)`` is the bf16x2 ``e2m1 · 2^-126``; ``mul.bf16x2``
-    by the scale (sm_90; subnormal inputs are honoured) is exact."""
+    by the scale (sm_90; subnormal inputs are honoured) is exact.
+
+    ``PURE=False`` (default) on purpose: it stops Triton from hoisting the MMA operand's layout
+    conversion above the dequantization, which otherwise loads the packed bytes one ``LDS.U8`` at a
+    time in the MMA fragment order (bank-conflicted; ncu: L1 91% busy, DRAM 19%, on an H200)."""
     return tl.inline_asm_elementwise(
         asm="""
         {
         .reg .b32 q4, r, t;
         shl.b32 q4, $4, 4;
         prmt.b32 r, $4, q4, 0x0040; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $0, r, $5;
-        prmt.b32 r, $4, q4, 0x1151; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $1, r, $5;
-        prmt.b32 r, $4, q4, 0x2262; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $2, r, $5;
-        prmt.b32 r, $4, q4, 0x3373; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $3, r, $5;
+        prmt.b32 r, $4, q4, 0x1151; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $1, r, $6;
+        prmt.b32 r, $4, q4, 0x2262; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $2, r, $7;
+        prmt.b32 r, $4, q4, 0x3373; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $3, r, $8;
         }
         """,
-        constraints="=r,=r,=r,=r,r,r,r",
-        args=[p, s], dtype=tl.int32, is_pure=True, pack=4)
+        constraints="=r,=r,=r,=r,r,r,r,r,r",
+        args=[p, s2], dtype=tl.int32, is_pure=PURE, pack=4)
 
 
 @triton.jit
@@ -102,7 +109,8 @@ def _w_tile(wp_ptr, ws_ptr, rn, k0, N, K, stride_wn, stride_sn,
                  eviction_policy="evict_first")  # [BN, BK/16] uint8
     if FAST:
         s = (sb.to(tl.float8e4nv, bitcast=True).to(tl.float32) * 6.646139978924579e35).to(tl.bfloat16)  # · 2^119
-        pr = _fp4_pairs(p, s[:, :, None])  # int32 [BN, BK/16, 8]
+        s16 = s.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        pr = _fp4_pairs(p, (s16 | (s16 << 16))[:, :, None])  # int32 [BN, BK/16, 8]
         lo = pr.to(tl.int16).to(tl.bfloat16, bitcast=True)
         hi = (pr >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
     else:

@@ -51,20 +51,17 @@ def heuristic(kind: str, M: int, N: int, K: int, sms: int) -> dict:
     tiles, BM > 32), warps, stages. ``kind`` is 'fwd' or 'bwd' (bwd tiles dX over (M, K) and
     loops over N)."""
     if kind == "fwd":
-        if M <= 16:
-            cfg = dict(BM=16, BN=64, BK=256, SWAP=0, num_warps=4, num_stages=4)
-        elif M <= 32:
-            cfg = dict(BM=32, BN=64, BK=256, SWAP=0, num_warps=4, num_stages=4)
+        if M <= 64:
+            cfg = dict(BM=16 if M <= 16 else (32 if M <= 32 else 64), BN=128, BK=128, SWAP=1, num_warps=4,
+                       num_stages=4)
         elif M <= 256:
             cfg = dict(BM=64, BN=128, BK=128, SWAP=1, num_warps=4, num_stages=4)
         else:
             cfg = dict(BM=128, BN=128, BK=64, SWAP=1, num_warps=8, num_stages=4)
         out_tiles, loop = -(-M // cfg["BM"]) * -(-N // cfg["BN"]), -(-K // cfg["BK"])
     else:
-        if M <= 16:
-            cfg = dict(BM=16, BN=128, BK=64, SWAP=0, num_warps=4, num_stages=4)
-        elif M <= 32:
-            cfg = dict(BM=32, BN=128, BK=64, SWAP=0, num_warps=4, num_stages=4)
+        if M <= 32:
+            cfg = dict(BM=16 if M <= 16 else 32, BN=64, BK=128, SWAP=1, num_warps=4, num_stages=4)
         else:
             cfg = dict(BM=128 if M > 256 else 64, BN=64, BK=128, SWAP=1, num_warps=8 if M > 256 else 4,
                        num_stages=3)

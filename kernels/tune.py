@@ -31,26 +31,29 @@ def _split_options(tiles_out: int, loop: int, sms: int) -> list[int]:
 
 def _tiles(kind: str, M: int) -> list[tuple]:
     """(BM, BN, BK, SWAP, warps, stages) to try. bwd tiles dX over (M, K) and loops over N (BN).
-    Non-swapped tiles stay at BM <= 32 (mma.sync): with wgmma, Triton 3.6 cannot place the joined
-    dequantized tile as the B operand (a compiler error), so larger M uses SWAP."""
+    SWAP=1 (the weight tile as the A operand of wgmma, converted from the load layout with
+    STS.128 + LDSM) is the fast path; a few non-swapped mma.sync tiles stay as a comparison.
+    Non-swapped tiles stay at BM <= 32: with wgmma, Triton 3.6 fails to compile them."""
     if kind == "fwd":
         if M <= 16:
-            return [(16, bn, bk, 0, 4, st) for bn, bk, st in ((32, 256, 4), (64, 256, 4), (128, 256, 4), (64, 512, 3),
-                                                               (32, 512, 3), (128, 128, 4), (64, 128, 5))] + \
-                   [(16, bn, bk, 1, 4, st) for bn, bk, st in ((64, 256, 4), (64, 128, 5), (128, 128, 4), (128, 256, 3))]
+            return [(16, bn, bk, 1, w, st) for bn, bk, w, st in ((64, 128, 4, 4), (64, 256, 4, 4), (128, 128, 4, 4),
+                                                                  (128, 256, 4, 3), (64, 512, 4, 3), (128, 128, 8, 4),
+                                                                  (256, 128, 8, 3), (128, 64, 4, 6))] + \
+                   [(16, 32, 256, 0, 4, 4), (16, 128, 128, 0, 4, 4)]
         if M <= 64:
-            return [(32, 64, 256, 0, 4, 4), (32, 128, 256, 0, 4, 3), (64, 64, 256, 0, 2, 4)] + \
-                   [(64, bn, bk, 1, 4, st) for bn, bk, st in ((64, 256, 4), (128, 128, 4), (128, 256, 3), (64, 128, 5))]
+            return [(bm, bn, bk, 1, w, st) for bm in (32, 64) for bn, bk, w, st in
+                    ((64, 128, 4, 4), (128, 128, 4, 4), (128, 256, 4, 3), (256, 128, 8, 3))] + [(32, 64, 256, 0, 4, 4)]
         if M <= 512:
             return [(64, 128, 128, 1, 4, 4), (128, 128, 64, 1, 8, 4), (128, 128, 128, 1, 8, 3), (64, 256, 64, 1, 8, 4)]
         return [(128, 128, 64, 1, 8, 4), (128, 128, 128, 1, 8, 3), (128, 256, 64, 1, 8, 3), (256, 128, 64, 1, 8, 3),
-                (128, 256, 128, 1, 8, 2)]
+                (128, 256, 128, 1, 8, 2), (64, 128, 128, 1, 4, 4)]
     if M <= 16:
-        return [(16, bn, bk, 0, 4, st) for bn, bk, st in ((128, 64, 4), (256, 64, 3), (64, 128, 4), (128, 128, 4))]
+        return [(16, bn, bk, 1, 4, st) for bn, bk, st in ((64, 128, 4), (128, 128, 4), (64, 64, 5), (128, 64, 4))] + \
+               [(16, 128, 64, 0, 4, 4)]
     if M <= 64:
-        return [(32, 128, 64, 0, 4, 4), (64, 64, 128, 1, 4, 4), (64, 128, 128, 1, 4, 3)]
+        return [(32, 128, 64, 0, 4, 4), (64, 64, 128, 1, 4, 4), (64, 128, 128, 1, 4, 3), (32, 64, 128, 1, 4, 4)]
     return [(128, 64, 128, 1, 8, 3), (128, 64, 256, 1, 8, 3), (128, 128, 128, 1, 8, 3), (256, 64, 128, 1, 8, 3),
-            (64, 64, 256, 1, 4, 4), (128, 32, 256, 1, 8, 4)]
+            (64, 64, 256, 1, 4, 4), (128, 128, 64, 1, 8, 4)]
 
 
 def candidates(kind: str, M: int, N: int, K: int, sms: int) -> list[dict]:
