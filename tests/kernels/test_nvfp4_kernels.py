@@ -109,3 +109,27 @@ def test_sm90_code_inspection_without_a_gpu():
     assert dec["loop_sass_per_weight"] < 8 and dec["loop_top_ops"].get("HMUL2", 0) > 0
     bwd = inspect(128, 64, 128, 8, 3, swap=1, kind="bwd")
     assert bwd["wgmma"] > 0
+
+
+def test_tuned_table_falls_back_to_the_nearest_bucket(monkeypatch):
+    from qerl_kernels import ops
+
+    table = {"fwd:1:64:128": {"BM": 16, "SPLIT": 2}, "fwd:2048:64:128": {"BM": 128, "SPLIT": 1}}
+    monkeypatch.setattr(ops, "_tuned", lambda name: table)
+    assert ops.tuned_entry("X", "fwd", 1, 64, 128)["SPLIT"] == 2
+    assert ops.tuned_entry("X", "fwd", 4, 64, 128)["BM"] == 16  # bucket 4: nearest tuned is 1
+    assert ops.tuned_entry("X", "fwd", 4000, 64, 128)["BM"] == 128
+    assert ops.tuned_entry("X", "bwd", 4, 64, 128) is None  # other kind: heuristic
+    assert ops.tuned_entry("X", "fwd", 4, 64, 256) is None  # other shape
+
+
+def test_committed_h200_table_uses_compilable_tiles():
+    """Non-swapped tiles with BM > 32 do not compile (wgmma B operand); none may be committed."""
+    import json
+    from pathlib import Path
+
+    import qerl_kernels.ops as ops
+
+    table = json.loads((Path(ops.__file__).parent / "tuned" / "NVIDIA_H200.json").read_text())
+    assert table and all(c["SWAP"] or c["BM"] <= 32 for c in table.values())
+    assert all({"BM", "BN", "BK", "SPLIT", "SWAP", "num_warps", "num_stages"} <= set(c) for c in table.values())
