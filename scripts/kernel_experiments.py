@@ -1,12 +1,11 @@
 """Kernel experiments on a GPU (evidence for reports/kernels/README.md), one JSON line per result.
 
-``python scripts/kernel_experiments.py OUT_DIR [--ncu]``
+``python scripts/kernel_experiments.py OUT_DIR`` (repo root on PYTHONPATH, ``kernels/`` as ``qerl_kernels``)
 
 1. *dequant cost*: the decode forward timed as is and with the packed-word dequantization replaced
    by a trivial stand-in (wrong numbers, same loads / MMAs / layout) — the difference is what the
    dequantization costs; if the stand-in is not faster, the kernel is bound elsewhere.
-2. *occupancy*: the same tile with 4 and 8 warps, and deeper pipelines.
-3. with ``--ncu``: the run is meant to be wrapped by Nsight Compute (see scripts/gpu_kernels.sh).
+2. *occupancy*: the same tile with 4 and 8 warps, deeper pipelines, wider and swapped tiles.
 """
 import json
 import os
