@@ -31,7 +31,6 @@ BWD_SIG = {"dy_ptr": "*bf16", "wp_ptr": "*u8", "ws_ptr": "*u8", "gs_ptr": "*fp32
            "dyb_ptr": "*bf16", "la_ptr": "*bf16", "part_ptr": "*fp32", "lock_ptr": "*i32",
            "M": "i32", "N": "i32", "K": "i32", "stride_dm": "i32", "stride_om": "i32", "stride_wn": "i32",
            "stride_sn": "i32", "lora_scale": "fp32", "SPLIT": "i32"}
-SIG = FWD_SIG  # kept for callers of the first version
 
 
 def compile_sm90(kind="fwd", bm=16, bn=64, bk=256, warps=4, stages=4, split=1, swap=0):

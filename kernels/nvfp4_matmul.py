@@ -62,7 +62,7 @@ def _e2m1_to_f32(c):
 
 
 @triton.jit
-def _fp4_pairs(p, s2, PURE: tl.constexpr = False):
+def _fp4_pairs(p, s2):
     """4 packed bytes (one b32) + each byte's block scale as a bf16x2 pair ``(s, s)`` with
     ``s = scale · 2^119`` (int32, four registers) -> 4 int32, each the bf16x2 pair
     ``(low nibble, high nibble) · scale · 2^-7`` of one byte, i.e. weights k = 2b and 2b+1 in order.
@@ -73,7 +73,7 @@ def _fp4_pairs(p, s2, PURE: tl.constexpr = False):
     ``(r & 0x80008000) | ((r >> 6) & 0x01C001C0)`` is the bf16x2 ``e2m1 · 2^-126``; ``mul.bf16x2``
     by the scale (sm_90; subnormal inputs are honoured) is exact.
 
-    ``PURE=False`` (default) on purpose: it stops Triton from hoisting the MMA operand's layout
+    Declared non-pure on purpose: it stops Triton from hoisting the MMA operand's layout
     conversion above the dequantization, which otherwise loads the packed bytes one ``LDS.U8`` at a
     time in the MMA fragment order (bank-conflicted; ncu: L1 91% busy, DRAM 19%, on an H200)."""
     return tl.inline_asm_elementwise(
@@ -88,7 +88,7 @@ def _fp4_pairs(p, s2, PURE: tl.constexpr = False):
         }
         """,
         constraints="=r,=r,=r,=r,r,r,r,r,r",
-        args=[p, s2], dtype=tl.int32, is_pure=PURE, pack=4)
+        args=[p, s2], dtype=tl.int32, is_pure=False, pack=4)
 
 
 @triton.jit
