@@ -4,7 +4,7 @@ from the SASS that Triton's bundled ``nvdisasm`` prints — the instruction mix 
 its cost in **SASS instructions per weight** (issued per thread x threads / weights per iteration),
 the static number that decides whether dequantization can keep up with memory.
 
-``python -m qerl_kernels.inspect_ir [--kind fwd|bwd] [--bm 16 --bn 64 --bk 256 --warps 4 --stages 4
+``python -m qerl_kernels.inspect_ir [--kind fwd|bwd|gemv] [--bm 16 --bn 64 --bk 256 --warps 4 --stages 4
 --split 1 --swap 0] [--sass FILE]``
 Pointer and integer arguments are specialised as multiples of 16, as Triton's JIT does at run time
 when the actual values are.
@@ -21,6 +21,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from qerl_kernels.nvfp4_gemv import _nvfp4_gemv_kernel
 from qerl_kernels.nvfp4_matmul import _nvfp4_bwd_kernel, _nvfp4_fwd_kernel
 
 FWD_SIG = {"x_ptr": "*bf16", "wp_ptr": "*u8", "ws_ptr": "*u8", "gs_ptr": "*fp32", "out_ptr": "*bf16",
@@ -35,7 +36,11 @@ BWD_SIG = {"dy_ptr": "*bf16", "wp_ptr": "*u8", "ws_ptr": "*u8", "gs_ptr": "*fp32
 
 def compile_sm90(kind="fwd", bm=16, bn=64, bk=256, warps=4, stages=4, split=1, swap=0):
     consts = {"R": 0, "USE_SPLIT": split > 1, "EVEN_K": True, "BM": bm, "BN": bn, "BK": bk, "FAST": True, "DOT_FP32": False}
-    if kind == "fwd":
+    if kind == "gemv":  # CUDA-core decode path (nvfp4_gemv)
+        fn, base = _nvfp4_gemv_kernel, FWD_SIG
+        consts.update(HAS_BIAS=False)
+        consts.pop("DOT_FP32")
+    elif kind == "fwd":
         fn, base = _nvfp4_fwd_kernel, FWD_SIG
         consts.update(HAS_BIAS=False, SWAP=bool(swap))
     else:
@@ -100,7 +105,7 @@ def inspect(bm=16, bn=64, bk=256, warps=4, stages=4, split=1, swap=0, kind="fwd"
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--kind", choices=("fwd", "bwd"), default="fwd")
+    p.add_argument("--kind", choices=("fwd", "bwd", "gemv"), default="fwd")
     for name, default in (("bm", 16), ("bn", 64), ("bk", 256), ("warps", 4), ("stages", 4), ("split", 1), ("swap", 0)):
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--sass", default=None, help="also write the SASS listing here")

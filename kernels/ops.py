@@ -136,6 +136,7 @@ def _locks(device: torch.device) -> torch.Tensor:
 
 
 def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret):
+    from qerl_kernels.nvfp4_gemv import _nvfp4_gemv_kernel
     from qerl_kernels.nvfp4_matmul import _nvfp4_bwd_kernel, _nvfp4_fwd_kernel
     import triton
 
@@ -153,7 +154,17 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret)
     s8 = scale.view(torch.uint8)
     dummy = x2
     common = dict(USE_SPLIT=split > 1, EVEN_K=K % BK == 0, BM=BM, BN=BN, BK=BK, FAST=not interpret, DOT_FP32=interpret)
-    if kind == "fwd":
+    gemv = kind == "fwd" and cfg.pop("GEMV", 0) and packed.data_ptr() % 4 == 0 and packed.stride(0) % 4 == 0
+    if gemv:  # CUDA-core path for decode sizes (reads the packed rows as 32-bit words)
+        bias, xa, lb = extra
+        common.pop("DOT_FP32"), cfg.pop("SWAP", None), cfg.pop("HOIST", None)
+        grid = (triton.cdiv(N, BN), triton.cdiv(M, BM), split)
+        _nvfp4_gemv_kernel[grid](x2, packed, s8, gs, out, bias if bias is not None else dummy,
+                                 xa if xa is not None else dummy, lb if lb is not None else dummy, part, locks,
+                                 M, N, K, x2.stride(0), out.stride(0), packed.stride(0) // 4, s8.stride(0),
+                                 float(lora_scale), split, HAS_BIAS=bias is not None, R=r, **common, **cfg)
+    elif kind == "fwd":
+        cfg.pop("GEMV", None)
         bias, xa, lb = extra
         grid = (triton.cdiv(N, BN), triton.cdiv(M, BM), split)
         _nvfp4_fwd_kernel[grid](x2, packed, s8, gs, out, bias if bias is not None else dummy,
@@ -162,6 +173,7 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret)
                                 float(lora_scale), split, HAS_BIAS=bias is not None, R=r, SWAP=bool(cfg.pop("SWAP", 0)),
                                 **common, **cfg)
     else:
+        cfg.pop("GEMV", None)
         dyb, la = extra
         grid = (triton.cdiv(K, BK), triton.cdiv(M, BM), split)
         _nvfp4_bwd_kernel[grid](x2, packed, s8, gs, out, dyb if dyb is not None else dummy,
