@@ -4,7 +4,7 @@ from the SASS that Triton's bundled ``nvdisasm`` prints — the instruction mix 
 its cost in **SASS instructions per weight** (issued per thread x threads / weights per iteration),
 the static number that decides whether dequantization can keep up with memory.
 
-``python -m qerl_kernels.inspect_ir [--kind fwd|bwd|gemv] [--bm 16 --bn 64 --bk 256 --warps 4 --stages 4
+``python -m qerl_kernels.inspect_ir [--kind fwd|bwd|gemv|mmv] [--bm 16 --bn 64 --bk 256 --warps 4 --stages 4
 --split 1 --swap 0] [--sass FILE]``
 Pointer and integer arguments are specialised as multiples of 16, as Triton's JIT does at run time
 when the actual values are.
@@ -36,7 +36,11 @@ BWD_SIG = {"dy_ptr": "*bf16", "wp_ptr": "*u8", "ws_ptr": "*u8", "gs_ptr": "*fp32
 
 def compile_sm90(kind="fwd", bm=16, bn=64, bk=256, warps=4, stages=4, split=1, swap=0):
     consts = {"R": 0, "USE_SPLIT": split > 1, "EVEN_K": True, "BM": bm, "BN": bn, "BK": bk, "FAST": True, "DOT_FP32": False}
-    if kind == "gemv":  # CUDA-core decode path (nvfp4_gemv)
+    if kind == "mmv":  # register-fragment tensor-core decode path (nvfp4_mmv)
+        from qerl_kernels.nvfp4_mmv import _nvfp4_mmv_kernel
+        fn, base = _nvfp4_mmv_kernel, FWD_SIG
+        consts = {"HAS_BIAS": False, "R": 0, "USE_SPLIT": split > 1, "EVEN_K": True, "WARPS": warps}
+    elif kind == "gemv":  # CUDA-core decode path (nvfp4_gemv)
         fn, base = _nvfp4_gemv_kernel, FWD_SIG
         consts.update(HAS_BIAS=False)
         consts.pop("DOT_FP32")
@@ -105,7 +109,7 @@ def inspect(bm=16, bn=64, bk=256, warps=4, stages=4, split=1, swap=0, kind="fwd"
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--kind", choices=("fwd", "bwd", "gemv"), default="fwd")
+    p.add_argument("--kind", choices=("fwd", "bwd", "gemv", "mmv"), default="fwd")
     for name, default in (("bm", 16), ("bn", 64), ("bk", 256), ("warps", 4), ("stages", 4), ("split", 1), ("swap", 0)):
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--sass", default=None, help="also write the SASS listing here")

@@ -50,7 +50,10 @@ def heuristic(kind: str, M: int, N: int, K: int, sms: int) -> dict:
     that decode sizes fill the SMs), SWAP (weight tile as the MMA's A operand: needed for wgmma
     tiles, BM > 32), warps, stages. ``kind`` is 'fwd' or 'bwd' (bwd tiles dX over (M, K) and
     loops over N)."""
-    if kind == "fwd":
+    if kind == "fwd" and M <= 16 and K % 32 == 0:  # register-fragment tensor-core decode kernel
+        cfg = dict(MMV=1, BM=8, BN=64, BK=128, num_warps=4, num_stages=1)
+        out_tiles, loop = -(-M // 8) * -(-N // 64), -(-K // 128)
+    elif kind == "fwd":
         if M <= 64:
             cfg = dict(BM=16 if M <= 16 else (32 if M <= 32 else 64), BN=128, BK=128, SWAP=1, num_warps=4,
                        num_stages=4)
@@ -143,6 +146,10 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret)
     M = x2.shape[0]
     N, K = packed.shape[0], packed.shape[1] * 2
     cfg = config_for(kind, M, N, K, x2.device)
+    if kind == "fwd" and cfg.get("MMV") and (interpret or K % 32 or packed.data_ptr() % 16 or x2.data_ptr() % 16
+                                             or x2.stride(0) % 8):
+        # no PTX under the interpreter / unaligned rows: the CUDA-core GEMV computes the same product
+        cfg = {**cfg, "MMV": 0, "GEMV": 1, "BM": 1 if M == 1 else (2 if M == 2 else 4), "BN": 32, "BK": 64}
     split = cfg.pop("SPLIT")
     BM, BN, BK = cfg.pop("BM"), cfg.pop("BN"), cfg.pop("BK")
     out = torch.empty(M, n_out, device=x2.device, dtype=x2.dtype)
@@ -154,8 +161,20 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret)
     s8 = scale.view(torch.uint8)
     dummy = x2
     common = dict(USE_SPLIT=split > 1, EVEN_K=K % BK == 0, BM=BM, BN=BN, BK=BK, FAST=not interpret, DOT_FP32=interpret)
+    mmv = kind == "fwd" and cfg.pop("MMV", 0)
     gemv = kind == "fwd" and cfg.pop("GEMV", 0) and packed.data_ptr() % 4 == 0 and packed.stride(0) % 4 == 0
-    if gemv:  # CUDA-core path for decode sizes (reads the packed rows as 32-bit words)
+    if mmv:  # tensor cores on register fragments (decode sizes; 8 activation rows per program)
+        from qerl_kernels.nvfp4_mmv import _nvfp4_mmv_kernel
+
+        bias, xa, lb = extra
+        warps = BN // 16  # 16 weight rows per warp, BM = 8 activation rows, BK = 128
+        grid = (triton.cdiv(N, BN), triton.cdiv(M, 8), split)
+        _nvfp4_mmv_kernel[grid](x2, packed, s8, gs, out, bias if bias is not None else dummy,
+                                xa if xa is not None else dummy, lb if lb is not None else dummy, part, locks,
+                                M, N, K, x2.stride(0), out.stride(0), packed.stride(0), s8.stride(0),
+                                float(lora_scale), split, HAS_BIAS=bias is not None, R=r, USE_SPLIT=split > 1,
+                                EVEN_K=K % 128 == 0, WARPS=warps, num_warps=warps, num_stages=1)
+    elif gemv:  # CUDA-core path for decode sizes (reads the packed rows as 32-bit words)
         bias, xa, lb = extra
         common.pop("DOT_FP32"), cfg.pop("SWAP", None), cfg.pop("HOIST", None)
         grid = (triton.cdiv(N, BN), triton.cdiv(M, BM), split)

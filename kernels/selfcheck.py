@@ -43,12 +43,17 @@ def _rel(a, b):
 
 
 # Forced tile configs (QERL_KERNEL_CONFIG) so that every code path is checked, not only the ones the
-# heuristic or tuned table pick: split reduction, swapped operands (wgmma), masked K tails.
+# heuristic or tuned table pick: split reduction, swapped operands (wgmma), masked K tails, the
+# register-fragment decode kernel (MMV; K % 128 != 0 tail on (100, 352)) and the CUDA-core GEMV.
 FORCED = {
     "fwd": [dict(BM=16, BN=64, BK=256, SWAP=0, SPLIT=3, num_warps=4, num_stages=4),
             dict(BM=16, BN=64, BK=128, SWAP=1, SPLIT=2, num_warps=4, num_stages=4),
             dict(BM=64, BN=128, BK=128, SWAP=1, SPLIT=1, num_warps=4, num_stages=4),
-            dict(BM=128, BN=128, BK=64, SWAP=1, SPLIT=1, num_warps=8, num_stages=3)],
+            dict(BM=128, BN=128, BK=64, SWAP=1, SPLIT=1, num_warps=8, num_stages=3),
+            dict(MMV=1, BM=8, BN=64, BK=128, SPLIT=1, num_warps=4, num_stages=1),
+            dict(MMV=1, BM=8, BN=32, BK=128, SPLIT=3, num_warps=2, num_stages=1),
+            dict(GEMV=1, BM=4, BN=64, BK=128, SPLIT=2, num_warps=4, num_stages=1),
+            dict(GEMV=1, BM=1, BN=128, BK=256, SPLIT=1, num_warps=4, num_stages=3)],
     "bwd": [dict(BM=16, BN=128, BK=64, SWAP=0, SPLIT=3, num_warps=4, num_stages=4),
             dict(BM=64, BN=64, BK=128, SWAP=1, SPLIT=1, num_warps=4, num_stages=4),
             dict(BM=128, BN=64, BK=128, SWAP=1, SPLIT=2, num_warps=8, num_stages=3)],
@@ -113,7 +118,8 @@ def main(argv=None) -> int:
     if torch.cuda.is_available():
         shapes = [(48, 80), (130, 272), (3584, 3584), (512, 18944)] if not a.quick else [(48, 80), (130, 272)]
         ms = [1, 2, 3, 8, 16, 17, 33, 64, 100, 256, 513, 2048]
-        rows = run("cuda", shapes, ms, 5e-3) + run_forced("cuda", [(130, 272), (3584, 3584)], [1, 17, 100], 5e-3)
+        rows = run("cuda", shapes, ms, 5e-3) + run_forced("cuda", [(130, 272), (100, 352), (3584, 3584)], [1, 3, 17, 100],
+                                                       5e-3)
     else:
         rows = run("cpu", [(48, 80), (40, 32)], [1, 5, 17], 1e-2)
     bad = [r for r in rows if not r["ok"]]

@@ -56,8 +56,27 @@ def _tiles(kind: str, M: int) -> list[tuple]:
             (64, 64, 256, 1, 4, 4), (128, 128, 64, 1, 8, 4)]
 
 
-def candidates(kind: str, M: int, N: int, K: int, sms: int) -> list[dict]:
+def _decode_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
+    """Forward decode candidates off the tensor-core tiles: the register-fragment MMA kernel
+    (``MMV``: 16 weight rows per warp, 8 activation rows per program) and the CUDA-core ``GEMV``."""
     out = []
+    if K % 32 == 0:
+        for warps in (2, 4, 8):
+            bn = 16 * warps
+            tiles_out = -(-M // 8) * -(-N // bn)
+            for split in _split_options(tiles_out, -(-K // 128), sms):
+                out.append(dict(MMV=1, BM=8, BN=bn, BK=128, SPLIT=split, num_warps=warps, num_stages=1))
+    if M <= 4:
+        bm = 1 if M == 1 else (2 if M == 2 else 4)
+        for bn, bk, st in ((64, 128, 1), (128, 256, 1), (64, 256, 3)):
+            tiles_out = -(-N // bn)
+            for split in _split_options(tiles_out, -(-K // bk), sms):
+                out.append(dict(GEMV=1, BM=bm, BN=bn, BK=bk, SPLIT=split, num_warps=4, num_stages=st))
+    return out
+
+
+def candidates(kind: str, M: int, N: int, K: int, sms: int) -> list[dict]:
+    out = _decode_paths(M, N, K, sms) if kind == "fwd" and M <= 64 else []
     for bm, bn, bk, swap, w, st in _tiles(kind, M):
         base = dict(BM=bm, BN=bn, BK=bk, SWAP=swap, num_warps=w, num_stages=st)
         loop = -(-(K if kind == "fwd" else N) // (bk if kind == "fwd" else bn))

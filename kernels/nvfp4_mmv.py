@@ -1,0 +1,222 @@
+"""NVFP4 decode matmul on tensor cores with register-resident fragments (Marlin-style), M <= 8 per
+program row block: ``y [M, N] = x [M, K] · Ŵᵀ (+ bias) (+ s · xa · Bᵀ)``.
+
+Why: Triton's ``tl.dot`` needs the dequantized bf16 weight tile in its own MMA fragment layout and
+moves it there through shared memory (4 bytes of shared-memory traffic per weight: the limit of
+:mod:`.nvfp4_matmul` at decode sizes), and the CUDA-core path (:mod:`.nvfp4_gemv`) pays one
+bf16->fp32 move and one FMA per weight and activation row. Here every thread loads exactly the packed
+words whose weights its ``mma.sync.m16n8k16`` A fragment needs, decodes them in registers and feeds
+them to the tensor core directly; nothing goes through shared memory.
+
+The trick (as in Marlin) is that the order of the reduction index is free: the MMA's *logical* k
+can be any permutation of the *physical* k as long as A (weights) and B (activations) use the same
+one. Thread ``(g, c) = (lane // 4, lane % 4)`` of a warp owns weight rows ``g`` and ``g + 8`` of the
+warp's 16 rows and the 4 packed words ``4c .. 4c+3`` (32 weights, one LDG.128 per row) of each
+128-wide K step; the word decode (:func:`qerl_kernels.nvfp4_gemv._word_pairs` with the block scale)
+yields bf16x2 pairs of nibbles ``(3-i, 7-i)``, and MMA ``(w, h)`` (word w, half h) takes
+``A = (P[g][w][2h], P[g+8][w][2h], P[g][w][2h+1], P[g+8][w][2h+1])`` — logical k ``2c, 2c+1`` are the
+physical nibbles ``(3-2h, 7-2h)`` of word ``4c+w``, logical ``2c+8, 2c+9`` the nibbles ``(2-2h, 6-2h)``.
+The thread's B fragment is built from activation row ``m = g`` at the same physical k with one
+``prmt`` per register. 8 MMAs per step; the fp32 accumulator (4 registers) is the C fragment:
+``c0, c1 = y[2c, 2c+1][row g]``, ``c2, c3 = y[2c, 2c+1][row g+8]``.
+
+Every value here is one per thread (tensors of shape ``[32 · num_warps]`` whose element is identified
+by the holding thread's ``%tid.x``, so the code does not depend on how Triton lays the tensor out).
+Cost per weight ~3 SASS instructions (decode 2.4, the rest shared by 8 activation rows), vs ~6 on
+the CUDA-core path for one row. CUDA only: the CPU interpreter cannot run PTX, so
+:mod:`qerl_kernels.ops` runs :mod:`.nvfp4_gemv`'s interpreter twin there, and
+``tests/kernels/test_mmv_fragments.py`` replays this kernel's per-lane data flow in NumPy against
+the PTX ISA's fragment tables.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from qerl_kernels.nvfp4_gemv import _word_pairs
+
+KSTEP = 128  # k per warp step: 4 lanes x 4 words x 8 weights
+
+
+@triton.jit
+def _tid(like):
+    return tl.inline_asm_elementwise("mov.u32 $0, %tid.x;", "=r,r", [like], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _ld128(addr, pred):
+    """4 x b32 at ``addr`` (int64, 16-byte aligned) when ``pred != 0``, else zeros."""
+    return tl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .pred p;
+        setp.ne.b32 p, $5, 0;
+        mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0;
+        @p ld.global.nc.L1::no_allocate.v4.u32 {$0, $1, $2, $3}, [$4];
+        }
+        """,
+        constraints="=r,=r,=r,=r,l,r", args=[addr, pred], dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
+        is_pure=True, pack=1)
+
+
+@triton.jit
+def _prmt(a, b, sel: tl.constexpr):
+    return tl.inline_asm_elementwise(f"prmt.b32 $0, $1, $2, {sel};", "=r,r,r", [a, b], dtype=tl.int32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """One warp-wide ``mma.sync.m16n8k16`` bf16 x bf16 -> fp32 on per-thread fragments."""
+    return tl.inline_asm_elementwise(
+        asm="mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, {$4, $5, $6, $7}, "
+            "{$8, $9}, {$10, $11, $12, $13};",
+        constraints="=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", args=[a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
+        dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+
+
+@triton.jit
+def _scale2(sb):
+    """E4M3 scale bits (uint8) -> int32 bf16x2 ``(s · 2^119, s · 2^119)`` for the word decode."""
+    s = (sb.to(tl.float8e4nv, bitcast=True).to(tl.float32) * 6.646139978924579e35).to(tl.bfloat16)
+    s16 = s.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    return s16 | (s16 << 16)
+
+
+@triton.jit
+def _step(acc, qa, qb, sa, sb, u, w: tl.constexpr):
+    """The two MMAs of word ``w`` of this thread (rows g / g+8: words qa / qb, scales sa / sb)."""
+    c0, c1, c2, c3 = acc
+    pa = _word_pairs(qa, sa)
+    pb = _word_pairs(qb, sb)
+    for h in tl.static_range(2):
+        x0 = _prmt(u[4 * w + 1 - h], u[4 * w + 3 - h], 0x7632)  # (x[8w+3-2h], x[8w+7-2h])
+        x1 = _prmt(u[4 * w + 1 - h], u[4 * w + 3 - h], 0x5410)  # (x[8w+2-2h], x[8w+6-2h])
+        c0, c1, c2, c3 = _mma(pa[2 * h], pb[2 * h], pa[2 * h + 1], pb[2 * h + 1], x0, x1, c0, c1, c2, c3)
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def _out(c, m, n, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale,
+         HAS_BIAS: tl.constexpr, R: tl.constexpr):
+    y = c * inv
+    ok = (m < M) & (n < N)
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + n, mask=n < N, other=0.0).to(tl.float32)
+    if R > 0:
+        for r in range(R):
+            y += lora_scale * (tl.load(xa_ptr + m * R + r, mask=ok, other=0.0).to(tl.float32)
+                               * tl.load(lb_ptr + n * R + r, mask=ok, other=0.0).to(tl.float32))
+    tl.store(out_ptr + m * stride_om + n, y.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _loads(wa, wb, xr, sa_ptr, sb_ptr, t, c, na, nb, mx, M, N, K, EVEN_K: tl.constexpr):
+    """Everything step t needs: 4 packed words of rows na / nb, the 16 activation words (32 bf16 of
+    row mx), the 2 block scales of each row. Rows beyond N / M read a valid row (their results are
+    never stored); only a K tail is predicated to zero."""
+    if EVEN_K:
+        kin = 1
+    else:
+        kin = (t * 128 + c * 32 < K).to(tl.int32)
+    qa = _ld128(wa + t * 64, kin)
+    qb = _ld128(wb + t * 64, kin)
+    x0 = _ld128(xr + t * 256, kin)
+    x1 = _ld128(xr + t * 256 + 16, kin)
+    x2 = _ld128(xr + t * 256 + 32, kin)
+    x3 = _ld128(xr + t * 256 + 48, kin)
+    u = (x0[0], x0[1], x0[2], x0[3], x1[0], x1[1], x1[2], x1[3], x2[0], x2[1], x2[2], x2[3],
+         x3[0], x3[1], x3[2], x3[3])
+    if EVEN_K:
+        s = (tl.load(sa_ptr + t * 8), tl.load(sa_ptr + t * 8 + 1), tl.load(sb_ptr + t * 8), tl.load(sb_ptr + t * 8 + 1))
+    else:
+        sm = t * 128 + c * 32 < K
+        s = (tl.load(sa_ptr + t * 8, mask=sm, other=0), tl.load(sa_ptr + t * 8 + 1, mask=sm, other=0),
+             tl.load(sb_ptr + t * 8, mask=sm, other=0), tl.load(sb_ptr + t * 8 + 1, mask=sm, other=0))
+    return qa, qb, u, s
+
+
+@triton.jit
+def _compute(acc, ld):
+    qa, qb, u, s = ld
+    sa0 = _scale2(s[0])
+    sa1 = _scale2(s[1])
+    sb0 = _scale2(s[2])
+    sb1 = _scale2(s[3])
+    acc = _step(acc, qa[0], qb[0], sa0, sb0, u, 0)
+    acc = _step(acc, qa[1], qb[1], sa0, sb0, u, 1)
+    acc = _step(acc, qa[2], qb[2], sa1, sb1, u, 2)
+    acc = _step(acc, qa[3], qb[3], sa1, sb1, u, 3)
+    return acc
+
+
+@triton.jit(do_not_specialize=["M", "SPLIT"])
+def _nvfp4_mmv_kernel(
+    x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr,
+    M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT,
+    HAS_BIAS: tl.constexpr, R: tl.constexpr, USE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr, WARPS: tl.constexpr,
+):
+    # program (pid_n, pid_m, pid_s): weight rows pid_n*16*WARPS .. (16 per warp) x activation rows
+    # pid_m*8 .. +8, K steps pid_s::SPLIT-th share. Requires K % 32 == 0, 16-byte aligned rows.
+    T: tl.constexpr = 32 * WARPS
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    tid = _tid(tl.arange(0, T))
+    lane = tid & 31
+    g = lane >> 2
+    c = lane & 3
+    na = pid_n * (16 * WARPS) + (tid >> 5) * 16 + g  # weight rows of this thread's A fragment
+    nb = na + 8
+    mx = pid_m * 8 + g  # activation row of this thread's B fragment
+    la = tl.minimum(na, N - 1)  # rows beyond the matrix load a valid row; their outputs are not stored
+    lb_ = tl.minimum(nb, N - 1)
+    wa = wp_ptr.to(tl.int64) + la.to(tl.int64) * stride_wn + c * 16  # byte addresses (+ 64 per step)
+    wb = wp_ptr.to(tl.int64) + lb_.to(tl.int64) * stride_wn + c * 16
+    xr = x_ptr.to(tl.int64) + tl.minimum(mx, M - 1).to(tl.int64) * (stride_xm * 2) + c * 64
+    sa_ptr = ws_ptr + la * stride_sn + 2 * c
+    sb_ptr = ws_ptr + lb_ * stride_sn + 2 * c
+    acc = (tl.zeros((T,), tl.float32), tl.zeros((T,), tl.float32), tl.zeros((T,), tl.float32),
+           tl.zeros((T,), tl.float32))
+    k_steps = tl.cdiv(K, 128)
+    per_split = tl.cdiv(k_steps, SPLIT)
+    t0 = pid_s * per_split
+    t1 = tl.minimum(k_steps, t0 + per_split)
+    if t0 < t1:
+        nxt = _loads(wa, wb, xr, sa_ptr, sb_ptr, t0, c, na, nb, mx, M, N, K, EVEN_K)
+        for t in range(t0, t1):
+            cur = nxt
+            nxt = _loads(wa, wb, xr, sa_ptr, sb_ptr, tl.minimum(t + 1, t1 - 1), c, na, nb, mx, M, N, K, EVEN_K)
+            acc = _compute(acc, cur)
+    c0, c1, c2, c3 = acc
+    m0 = pid_m * 8 + 2 * c  # C fragment: c0/c1 = y[m0, m0+1][na], c2/c3 = y[m0, m0+1][nb]
+    MN = M * N
+    last = True
+    if USE_SPLIT:
+        base = part_ptr + pid_s * MN
+        tl.store(base + m0 * N + na, c0, mask=(m0 < M) & (na < N))
+        tl.store(base + (m0 + 1) * N + na, c1, mask=(m0 + 1 < M) & (na < N))
+        tl.store(base + m0 * N + nb, c2, mask=(m0 < M) & (nb < N))
+        tl.store(base + (m0 + 1) * N + nb, c3, mask=(m0 + 1 < M) & (nb < N))
+        tl.debug_barrier()  # every thread's partial is written before the (releasing) ticket
+        tile = pid_m * tl.num_programs(0) + pid_n
+        ticket = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        last = ticket == SPLIT - 1
+        if last:
+            c0 = tl.zeros_like(c0)
+            c1 = tl.zeros_like(c1)
+            c2 = tl.zeros_like(c2)
+            c3 = tl.zeros_like(c3)
+            for j in range(SPLIT):
+                pj = part_ptr + j * MN
+                c0 += tl.load(pj + m0 * N + na, mask=(m0 < M) & (na < N), other=0.0, cache_modifier=".cg")
+                c1 += tl.load(pj + (m0 + 1) * N + na, mask=(m0 + 1 < M) & (na < N), other=0.0, cache_modifier=".cg")
+                c2 += tl.load(pj + m0 * N + nb, mask=(m0 < M) & (nb < N), other=0.0, cache_modifier=".cg")
+                c3 += tl.load(pj + (m0 + 1) * N + nb, mask=(m0 + 1 < M) & (nb < N), other=0.0, cache_modifier=".cg")
+            tl.atomic_xchg(lock_ptr + tile, 0)
+    if last:
+        inv = 128.0 / tl.load(gs_ptr)  # undo the 2^-7 of the decoded weights, apply 1/gs
+        _out(c0, m0, na, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
+        _out(c1, m0 + 1, na, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
+        _out(c2, m0, nb, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
+        _out(c3, m0 + 1, nb, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
