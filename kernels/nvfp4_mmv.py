@@ -44,15 +44,17 @@ def _tid(like):
 
 
 @triton.jit
-def _ld128(addr, pred):
-    """4 x b32 at ``addr`` (int64, 16-byte aligned) when ``pred != 0``, else zeros."""
+def _ld128(addr, pred, STREAM: tl.constexpr):
+    """4 x b32 at ``addr`` (int64, 16-byte aligned) when ``pred != 0``, else zeros. ``STREAM``: read
+    once (weights: no L1 allocation); else L1-cached (activations: every warp of the SM reads them)."""
+    hint: tl.constexpr = ".L1::no_allocate" if STREAM else ""
     return tl.inline_asm_elementwise(
         asm="""
         {
         .reg .pred p;
         setp.ne.b32 p, $5, 0;
         mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0;
-        @p ld.global.nc.L1::no_allocate.v4.u32 {$0, $1, $2, $3}, [$4];
+        @p ld.global.nc""" + hint + """.v4.u32 {$0, $1, $2, $3}, [$4];
         }
         """,
         constraints="=r,=r,=r,=r,l,r", args=[addr, pred], dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
@@ -84,16 +86,70 @@ def _scale2(sb):
 
 
 @triton.jit
-def _step(acc, qa, qb, sa, sb, u, w: tl.constexpr):
-    """The two MMAs of word ``w`` of this thread (rows g / g+8: words qa / qb, scales sa / sb)."""
-    c0, c1, c2, c3 = acc
+def _step(acc, qa, qb, sa, sb, u, u2, w: tl.constexpr, NB: tl.constexpr):
+    """The MMAs of word ``w`` of this thread (rows g / g+8: words qa / qb, scales sa / sb), for NB
+    blocks of 8 activation rows (activation words u, u2)."""
+    c0, c1, c2, c3, d0, d1, d2, d3 = acc
     pa = _word_pairs(qa, sa)
     pb = _word_pairs(qb, sb)
     for h in tl.static_range(2):
         x0 = _prmt(u[4 * w + 1 - h], u[4 * w + 3 - h], 0x7632)  # (x[8w+3-2h], x[8w+7-2h])
         x1 = _prmt(u[4 * w + 1 - h], u[4 * w + 3 - h], 0x5410)  # (x[8w+2-2h], x[8w+6-2h])
         c0, c1, c2, c3 = _mma(pa[2 * h], pb[2 * h], pa[2 * h + 1], pb[2 * h + 1], x0, x1, c0, c1, c2, c3)
-    return c0, c1, c2, c3
+        if NB == 2:
+            y0 = _prmt(u2[4 * w + 1 - h], u2[4 * w + 3 - h], 0x7632)
+            y1 = _prmt(u2[4 * w + 1 - h], u2[4 * w + 3 - h], 0x5410)
+            d0, d1, d2, d3 = _mma(pa[2 * h], pb[2 * h], pa[2 * h + 1], pb[2 * h + 1], y0, y1, d0, d1, d2, d3)
+    return c0, c1, c2, c3, d0, d1, d2, d3
+
+
+@triton.jit
+def _x_words(xr, t, kin):
+    x0 = _ld128(xr + t * 256, kin, False)
+    x1 = _ld128(xr + t * 256 + 16, kin, False)
+    x2 = _ld128(xr + t * 256 + 32, kin, False)
+    x3 = _ld128(xr + t * 256 + 48, kin, False)
+    return (x0[0], x0[1], x0[2], x0[3], x1[0], x1[1], x1[2], x1[3], x2[0], x2[1], x2[2], x2[3],
+            x3[0], x3[1], x3[2], x3[3])
+
+
+@triton.jit
+def _loads(wa, wb, xr, xr2, sa_ptr, sb_ptr, t, c, K, EVEN_K: tl.constexpr, NB: tl.constexpr):
+    """Everything step t needs: 4 packed words of rows na / nb, 16 activation words (32 bf16) of
+    row mx (and mx + 8), the 2 block scales of each row. Rows beyond N / M read a valid row (their
+    results are never stored); only a K tail is predicated to zero."""
+    if EVEN_K:
+        kin = 1
+    else:
+        kin = (t * 128 + c * 32 < K).to(tl.int32)
+    qa = _ld128(wa + t * 64, kin, True)
+    qb = _ld128(wb + t * 64, kin, True)
+    u = _x_words(xr, t, kin)
+    if NB == 2:
+        u2 = _x_words(xr2, t, kin)
+    else:
+        u2 = u
+    if EVEN_K:
+        s = (tl.load(sa_ptr + t * 8), tl.load(sa_ptr + t * 8 + 1), tl.load(sb_ptr + t * 8), tl.load(sb_ptr + t * 8 + 1))
+    else:
+        sm = t * 128 + c * 32 < K
+        s = (tl.load(sa_ptr + t * 8, mask=sm, other=0), tl.load(sa_ptr + t * 8 + 1, mask=sm, other=0),
+             tl.load(sb_ptr + t * 8, mask=sm, other=0), tl.load(sb_ptr + t * 8 + 1, mask=sm, other=0))
+    return qa, qb, u, u2, s
+
+
+@triton.jit
+def _compute(acc, ld, NB: tl.constexpr):
+    qa, qb, u, u2, s = ld
+    sa0 = _scale2(s[0])
+    sa1 = _scale2(s[1])
+    sb0 = _scale2(s[2])
+    sb1 = _scale2(s[3])
+    acc = _step(acc, qa[0], qb[0], sa0, sb0, u, u2, 0, NB)
+    acc = _step(acc, qa[1], qb[1], sa0, sb0, u, u2, 1, NB)
+    acc = _step(acc, qa[2], qb[2], sa1, sb1, u, u2, 2, NB)
+    acc = _step(acc, qa[3], qb[3], sa1, sb1, u, u2, 3, NB)
+    return acc
 
 
 @triton.jit
@@ -111,43 +167,16 @@ def _out(c, m, n, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_
 
 
 @triton.jit
-def _loads(wa, wb, xr, sa_ptr, sb_ptr, t, c, na, nb, mx, M, N, K, EVEN_K: tl.constexpr):
-    """Everything step t needs: 4 packed words of rows na / nb, the 16 activation words (32 bf16 of
-    row mx), the 2 block scales of each row. Rows beyond N / M read a valid row (their results are
-    never stored); only a K tail is predicated to zero."""
-    if EVEN_K:
-        kin = 1
-    else:
-        kin = (t * 128 + c * 32 < K).to(tl.int32)
-    qa = _ld128(wa + t * 64, kin)
-    qb = _ld128(wb + t * 64, kin)
-    x0 = _ld128(xr + t * 256, kin)
-    x1 = _ld128(xr + t * 256 + 16, kin)
-    x2 = _ld128(xr + t * 256 + 32, kin)
-    x3 = _ld128(xr + t * 256 + 48, kin)
-    u = (x0[0], x0[1], x0[2], x0[3], x1[0], x1[1], x1[2], x1[3], x2[0], x2[1], x2[2], x2[3],
-         x3[0], x3[1], x3[2], x3[3])
-    if EVEN_K:
-        s = (tl.load(sa_ptr + t * 8), tl.load(sa_ptr + t * 8 + 1), tl.load(sb_ptr + t * 8), tl.load(sb_ptr + t * 8 + 1))
-    else:
-        sm = t * 128 + c * 32 < K
-        s = (tl.load(sa_ptr + t * 8, mask=sm, other=0), tl.load(sa_ptr + t * 8 + 1, mask=sm, other=0),
-             tl.load(sb_ptr + t * 8, mask=sm, other=0), tl.load(sb_ptr + t * 8 + 1, mask=sm, other=0))
-    return qa, qb, u, s
+def _partial(base, c, m, n, M, N):
+    tl.store(base + m * N + n, c, mask=(m < M) & (n < N))
 
 
 @triton.jit
-def _compute(acc, ld):
-    qa, qb, u, s = ld
-    sa0 = _scale2(s[0])
-    sa1 = _scale2(s[1])
-    sb0 = _scale2(s[2])
-    sb1 = _scale2(s[3])
-    acc = _step(acc, qa[0], qb[0], sa0, sb0, u, 0)
-    acc = _step(acc, qa[1], qb[1], sa0, sb0, u, 1)
-    acc = _step(acc, qa[2], qb[2], sa1, sb1, u, 2)
-    acc = _step(acc, qa[3], qb[3], sa1, sb1, u, 3)
-    return acc
+def _reduced(part_ptr, m, n, M, N, SPLIT):
+    y = tl.zeros(m.shape, tl.float32)
+    for j in range(SPLIT):
+        y += tl.load(part_ptr + j * M * N + m * N + n, mask=(m < M) & (n < N), other=0.0, cache_modifier=".cg")
+    return y
 
 
 @triton.jit(do_not_specialize=["M", "SPLIT"])
@@ -155,9 +184,11 @@ def _nvfp4_mmv_kernel(
     x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr,
     M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT,
     HAS_BIAS: tl.constexpr, R: tl.constexpr, USE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr, WARPS: tl.constexpr,
+    NB: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     # program (pid_n, pid_m, pid_s): weight rows pid_n*16*WARPS .. (16 per warp) x activation rows
-    # pid_m*8 .. +8, K steps pid_s::SPLIT-th share. Requires K % 32 == 0, 16-byte aligned rows.
+    # pid_m*8*NB .. +8*NB, K steps pid_s::SPLIT-th share; loads run PREFETCH (1 or 2) steps ahead.
+    # Requires K % 32 == 0 and 16-byte aligned rows (checked by ops).
     T: tl.constexpr = 32 * WARPS
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -168,51 +199,64 @@ def _nvfp4_mmv_kernel(
     c = lane & 3
     na = pid_n * (16 * WARPS) + (tid >> 5) * 16 + g  # weight rows of this thread's A fragment
     nb = na + 8
-    mx = pid_m * 8 + g  # activation row of this thread's B fragment
+    mx = pid_m * (8 * NB) + g  # activation row of this thread's B fragment (and mx + 8 if NB == 2)
     la = tl.minimum(na, N - 1)  # rows beyond the matrix load a valid row; their outputs are not stored
     lb_ = tl.minimum(nb, N - 1)
     wa = wp_ptr.to(tl.int64) + la.to(tl.int64) * stride_wn + c * 16  # byte addresses (+ 64 per step)
     wb = wp_ptr.to(tl.int64) + lb_.to(tl.int64) * stride_wn + c * 16
     xr = x_ptr.to(tl.int64) + tl.minimum(mx, M - 1).to(tl.int64) * (stride_xm * 2) + c * 64
+    xr2 = x_ptr.to(tl.int64) + tl.minimum(mx + 8, M - 1).to(tl.int64) * (stride_xm * 2) + c * 64
     sa_ptr = ws_ptr + la * stride_sn + 2 * c
     sb_ptr = ws_ptr + lb_ * stride_sn + 2 * c
-    acc = (tl.zeros((T,), tl.float32), tl.zeros((T,), tl.float32), tl.zeros((T,), tl.float32),
-           tl.zeros((T,), tl.float32))
+    z = tl.zeros((T,), tl.float32)
+    acc = (z, z, z, z, z, z, z, z)
     k_steps = tl.cdiv(K, 128)
     per_split = tl.cdiv(k_steps, SPLIT)
     t0 = pid_s * per_split
     t1 = tl.minimum(k_steps, t0 + per_split)
     if t0 < t1:
-        nxt = _loads(wa, wb, xr, sa_ptr, sb_ptr, t0, c, na, nb, mx, M, N, K, EVEN_K)
-        for t in range(t0, t1):
-            cur = nxt
-            nxt = _loads(wa, wb, xr, sa_ptr, sb_ptr, tl.minimum(t + 1, t1 - 1), c, na, nb, mx, M, N, K, EVEN_K)
-            acc = _compute(acc, cur)
-    c0, c1, c2, c3 = acc
-    m0 = pid_m * 8 + 2 * c  # C fragment: c0/c1 = y[m0, m0+1][na], c2/c3 = y[m0, m0+1][nb]
-    MN = M * N
+        nxt = _loads(wa, wb, xr, xr2, sa_ptr, sb_ptr, t0, c, K, EVEN_K, NB)
+        if PREFETCH == 2:
+            nxt2 = _loads(wa, wb, xr, xr2, sa_ptr, sb_ptr, tl.minimum(t0 + 1, t1 - 1), c, K, EVEN_K, NB)
+            for t in range(t0, t1):
+                cur = nxt
+                nxt = nxt2
+                nxt2 = _loads(wa, wb, xr, xr2, sa_ptr, sb_ptr, tl.minimum(t + 2, t1 - 1), c, K, EVEN_K, NB)
+                acc = _compute(acc, cur, NB)
+        else:
+            for t in range(t0, t1):
+                cur = nxt
+                nxt = _loads(wa, wb, xr, xr2, sa_ptr, sb_ptr, tl.minimum(t + 1, t1 - 1), c, K, EVEN_K, NB)
+                acc = _compute(acc, cur, NB)
+    c0, c1, c2, c3, d0, d1, d2, d3 = acc
+    m0 = pid_m * (8 * NB) + 2 * c  # C fragment: c0/c1 = y[m0, m0+1][na], c2/c3 = y[m0, m0+1][nb]; d: m0 + 8
+    m8 = m0 + 8
     last = True
     if USE_SPLIT:
-        base = part_ptr + pid_s * MN
-        tl.store(base + m0 * N + na, c0, mask=(m0 < M) & (na < N))
-        tl.store(base + (m0 + 1) * N + na, c1, mask=(m0 + 1 < M) & (na < N))
-        tl.store(base + m0 * N + nb, c2, mask=(m0 < M) & (nb < N))
-        tl.store(base + (m0 + 1) * N + nb, c3, mask=(m0 + 1 < M) & (nb < N))
+        base = part_ptr + pid_s * M * N
+        _partial(base, c0, m0, na, M, N)
+        _partial(base, c1, m0 + 1, na, M, N)
+        _partial(base, c2, m0, nb, M, N)
+        _partial(base, c3, m0 + 1, nb, M, N)
+        if NB == 2:
+            _partial(base, d0, m8, na, M, N)
+            _partial(base, d1, m8 + 1, na, M, N)
+            _partial(base, d2, m8, nb, M, N)
+            _partial(base, d3, m8 + 1, nb, M, N)
         tl.debug_barrier()  # every thread's partial is written before the (releasing) ticket
         tile = pid_m * tl.num_programs(0) + pid_n
         ticket = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
         last = ticket == SPLIT - 1
         if last:
-            c0 = tl.zeros_like(c0)
-            c1 = tl.zeros_like(c1)
-            c2 = tl.zeros_like(c2)
-            c3 = tl.zeros_like(c3)
-            for j in range(SPLIT):
-                pj = part_ptr + j * MN
-                c0 += tl.load(pj + m0 * N + na, mask=(m0 < M) & (na < N), other=0.0, cache_modifier=".cg")
-                c1 += tl.load(pj + (m0 + 1) * N + na, mask=(m0 + 1 < M) & (na < N), other=0.0, cache_modifier=".cg")
-                c2 += tl.load(pj + m0 * N + nb, mask=(m0 < M) & (nb < N), other=0.0, cache_modifier=".cg")
-                c3 += tl.load(pj + (m0 + 1) * N + nb, mask=(m0 + 1 < M) & (nb < N), other=0.0, cache_modifier=".cg")
+            c0 = _reduced(part_ptr, m0, na, M, N, SPLIT)
+            c1 = _reduced(part_ptr, m0 + 1, na, M, N, SPLIT)
+            c2 = _reduced(part_ptr, m0, nb, M, N, SPLIT)
+            c3 = _reduced(part_ptr, m0 + 1, nb, M, N, SPLIT)
+            if NB == 2:
+                d0 = _reduced(part_ptr, m8, na, M, N, SPLIT)
+                d1 = _reduced(part_ptr, m8 + 1, na, M, N, SPLIT)
+                d2 = _reduced(part_ptr, m8, nb, M, N, SPLIT)
+                d3 = _reduced(part_ptr, m8 + 1, nb, M, N, SPLIT)
             tl.atomic_xchg(lock_ptr + tile, 0)
     if last:
         inv = 128.0 / tl.load(gs_ptr)  # undo the 2^-7 of the decoded weights, apply 1/gs
@@ -220,3 +264,8 @@ def _nvfp4_mmv_kernel(
         _out(c1, m0 + 1, na, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
         _out(c2, m0, nb, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
         _out(c3, m0 + 1, nb, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
+        if NB == 2:
+            _out(d0, m8, na, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
+            _out(d1, m8 + 1, na, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
+            _out(d2, m8, nb, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
+            _out(d3, m8 + 1, nb, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)

@@ -51,8 +51,10 @@ def heuristic(kind: str, M: int, N: int, K: int, sms: int) -> dict:
     tiles, BM > 32), warps, stages. ``kind`` is 'fwd' or 'bwd' (bwd tiles dX over (M, K) and
     loops over N)."""
     if kind == "fwd" and M <= 16 and K % 32 == 0:  # register-fragment tensor-core decode kernel
-        cfg = dict(MMV=1, BM=8, BN=64, BK=128, num_warps=4, num_stages=1)
-        out_tiles, loop = -(-M // 8) * -(-N // 64), -(-K // 128)
+        cfg = dict(MMV=1, BM=8 if M <= 8 else 16, BN=64, BK=128, num_warps=4, num_stages=1)
+        out_tiles, loop = -(-M // cfg["BM"]) * -(-N // 64), -(-K // 128)
+        cfg["SPLIT"] = max(1, min(loop // 2, (8 * sms) // out_tiles))
+        return cfg
     elif kind == "fwd":
         if M <= 64:
             cfg = dict(BM=16 if M <= 16 else (32 if M <= 32 else 64), BN=128, BK=128, SWAP=1, num_warps=4,
@@ -167,13 +169,14 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret)
         from qerl_kernels.nvfp4_mmv import _nvfp4_mmv_kernel
 
         bias, xa, lb = extra
-        warps = BN // 16  # 16 weight rows per warp, BM = 8 activation rows, BK = 128
-        grid = (triton.cdiv(N, BN), triton.cdiv(M, 8), split)
+        warps = BN // 16  # 16 weight rows per warp, BM = 8 or 16 activation rows, BK = 128
+        grid = (triton.cdiv(N, BN), triton.cdiv(M, BM), split)
         _nvfp4_mmv_kernel[grid](x2, packed, s8, gs, out, bias if bias is not None else dummy,
                                 xa if xa is not None else dummy, lb if lb is not None else dummy, part, locks,
                                 M, N, K, x2.stride(0), out.stride(0), packed.stride(0), s8.stride(0),
                                 float(lora_scale), split, HAS_BIAS=bias is not None, R=r, USE_SPLIT=split > 1,
-                                EVEN_K=K % 128 == 0, WARPS=warps, num_warps=warps, num_stages=1)
+                                EVEN_K=K % 128 == 0, WARPS=warps, NB=BM // 8, PREFETCH=cfg.get("num_stages", 1),
+                                num_warps=warps, num_stages=1)
     elif gemv:  # CUDA-core path for decode sizes (reads the packed rows as 32-bit words)
         bias, xa, lb = extra
         common.pop("DOT_FP32"), cfg.pop("SWAP", None), cfg.pop("HOIST", None)

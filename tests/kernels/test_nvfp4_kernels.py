@@ -79,7 +79,11 @@ def test_heuristic_configs_fill_the_gpu():
     from qerl_kernels.ops import heuristic, m_bucket
 
     assert [m_bucket(m) for m in (1, 3, 16, 17, 9000)] == [1, 4, 16, 32, 8192]
-    cfg = heuristic("fwd", 1, 3584, 3584, 132)  # decode: split K so that programs ~ 2 x SMs
+    cfg = heuristic("fwd", 1, 3584, 3584, 132)  # decode: register-fragment kernel, K split over programs
+    assert cfg["MMV"] == 1 and cfg["BM"] == 8 and cfg["SPLIT"] > 1
+    assert heuristic("fwd", 16, 3584, 3584, 132)["BM"] == 16
+    assert "MMV" not in heuristic("fwd", 16, 3584, 3600, 132)  # K % 32 != 0: tensor-core tiles
+    cfg = heuristic("bwd", 1, 3584, 3584, 132)
     assert cfg["BM"] == 16 and cfg["SPLIT"] > 1
     assert heuristic("fwd", 4096, 3584, 3584, 132)["SPLIT"] == 1
 
