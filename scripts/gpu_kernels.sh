@@ -17,7 +17,7 @@ print(b.run(Path('$OUT'), models=('7B',), ms=(1, 16, 64, 2048), progress=False))
   tune7b) python3 -m qerl_kernels.tune --models 7B --ms 1 16 64 2048 --csv "$OUT/tune_7B.csv" --no-progress
           cp kernels/tuned/*.json "$OUT/"
           python3 -m qerl.stages.bench_kernels --output "$OUT" --models 7B --ms 1 4 16 64 256 2048 8192 --no-progress ;;
-  decode) python3 -m qerl_kernels.tune --models 7B 32B --ms 1 4 16 --kinds fwd --csv "$OUT/tune_decode.csv" --no-progress
+  decode) python3 -m qerl_kernels.tune --models 7B 32B --ms 1 4 16 64 --kinds fwd --csv "$OUT/tune_decode.csv" --no-progress
           cp kernels/tuned/*.json "$OUT/"
           python3 -m qerl.stages.bench_kernels --output "$OUT" --models 7B --ms 1 4 8 16 64 --no-progress ;;
   tune) python3 -m qerl_kernels.tune --models 7B 14B 32B --ms 1 16 64 2048 --csv "$OUT/tune_all.csv" --no-progress
