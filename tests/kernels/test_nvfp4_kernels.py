@@ -128,12 +128,16 @@ def test_tuned_table_falls_back_to_the_nearest_bucket(monkeypatch):
 
 
 def test_committed_h200_table_uses_compilable_tiles():
-    """Non-swapped tiles with BM > 32 do not compile (wgmma B operand); none may be committed."""
+    """Non-swapped tiles with BM > 32 do not compile (wgmma B operand); none may be committed. The
+    register-fragment decode kernel (MMV) has 16 weight rows per warp and 8 or 16 activation rows."""
     import json
     from pathlib import Path
 
     import qerl_kernels.ops as ops
 
     table = json.loads((Path(ops.__file__).parent / "tuned" / "NVIDIA_H200.json").read_text())
-    assert table and all(c["SWAP"] or c["BM"] <= 32 for c in table.values())
-    assert all({"BM", "BN", "BK", "SPLIT", "SWAP", "num_warps", "num_stages"} <= set(c) for c in table.values())
+    tiles = [c for c in table.values() if not c.get("MMV") and not c.get("GEMV")]
+    mmv = [c for c in table.values() if c.get("MMV")]
+    assert tiles and all(c["SWAP"] or c["BM"] <= 32 for c in tiles)
+    assert all({"BM", "BN", "BK", "SPLIT", "SWAP", "num_warps", "num_stages"} <= set(c) for c in tiles)
+    assert mmv and all(c["BM"] in (8, 16) and c["BN"] == 16 * c["num_warps"] and c["BK"] == 128 for c in mmv)
