@@ -159,8 +159,8 @@ def _out(c, m, n, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_
     ok = (m < M) & (n < N)
     if HAS_BIAS:
         y += tl.load(bias_ptr + n, mask=n < N, other=0.0).to(tl.float32)
-    if R > 0:
-        for r in range(R):
+    if R > 0:  # unrolled: the 2R loads are independent and issue together
+        for r in tl.static_range(R):
             y += lora_scale * (tl.load(xa_ptr + m * R + r, mask=ok, other=0.0).to(tl.float32)
                                * tl.load(lb_ptr + n * R + r, mask=ok, other=0.0).to(tl.float32))
     tl.store(out_ptr + m * stride_om + n, y.to(out_ptr.dtype.element_ty), mask=ok)
