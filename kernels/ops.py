@@ -91,9 +91,12 @@ def config_for(kind: str, M: int, N: int, K: int, device: torch.device) -> dict:
     if device.type != "cuda":  # interpreter: small tiles
         cfg = dict(BM=16, BN=32, BK=32, num_warps=4, num_stages=1, SPLIT=1, SWAP=0)
         return {**cfg, **json.loads(os.environ.get("QERL_KERNEL_CONFIG", "{}"))}
+    forced = json.loads(os.environ.get("QERL_KERNEL_CONFIG", "{}"))  # experiments / debugging / tuning
+    if "BM" in forced:  # a complete config replaces the tuned one (no stale MMV / GEMV keys from it)
+        return forced
     hit = tuned_entry(torch.cuda.get_device_name(device), kind, M, N, K)
     cfg = dict(hit) if hit else heuristic(kind, M, N, K, _sm_count(device.index or 0))
-    return {**cfg, **json.loads(os.environ.get("QERL_KERNEL_CONFIG", "{}"))}  # experiments / debugging
+    return {**cfg, **forced}
 
 
 def _check(x, packed, scale, gs, k_dim: int, name: str) -> tuple[int, int]:
@@ -164,6 +167,8 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret)
     dummy = x2
     common = dict(USE_SPLIT=split > 1, EVEN_K=K % BK == 0, BM=BM, BN=BN, BK=BK, FAST=not interpret, DOT_FP32=interpret)
     mmv = kind == "fwd" and cfg.pop("MMV", 0)
+    if mmv and (BM not in (8, 16) or BN not in (32, 64, 128, 256) or BK != 128):
+        raise ValueError(f"MMV config needs BM 8|16, BN = 16 x warps, BK 128; got BM={BM} BN={BN} BK={BK}")
     gemv = kind == "fwd" and cfg.pop("GEMV", 0) and packed.data_ptr() % 4 == 0 and packed.stride(0) % 4 == 0
     if mmv:  # tensor cores on register fragments (decode sizes; 8 activation rows per program)
         from qerl_kernels.nvfp4_mmv import _nvfp4_mmv_kernel

@@ -141,3 +141,21 @@ def test_committed_h200_table_uses_compilable_tiles():
     assert tiles and all(c["SWAP"] or c["BM"] <= 32 for c in tiles)
     assert all({"BM", "BN", "BK", "SPLIT", "SWAP", "num_warps", "num_stages"} <= set(c) for c in tiles)
     assert mmv and all(c["BM"] in (8, 16) and c["BN"] == 16 * c["num_warps"] and c["BK"] == 128 for c in mmv)
+
+
+def test_forced_config_replaces_the_tuned_one(monkeypatch):
+    """A complete QERL_KERNEL_CONFIG (as the tuner and selfcheck pass) must not inherit keys of the
+    tuned entry (an MMV=1 from the table turned forced tensor-core tiles into MMV launches)."""
+    import json
+
+    import qerl_kernels.ops as ops
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    monkeypatch.setattr(ops, "_sm_count", lambda i: 132)
+    dev = torch.device("cuda", 0)
+    assert ops.config_for("fwd", 1, 3584, 3584, dev).get("MMV") == 1  # the committed table
+    forced = dict(BM=64, BN=128, BK=128, SWAP=1, SPLIT=1, num_warps=4, num_stages=4)
+    monkeypatch.setenv("QERL_KERNEL_CONFIG", json.dumps(forced))
+    assert ops.config_for("fwd", 1, 3584, 3584, dev) == forced
+    monkeypatch.setenv("QERL_KERNEL_CONFIG", json.dumps({"SPLIT": 2}))  # partial: merged
+    assert ops.config_for("fwd", 1, 3584, 3584, dev)["SPLIT"] == 2
