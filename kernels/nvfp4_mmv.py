@@ -62,6 +62,14 @@ def _ld128(addr, pred, STREAM: tl.constexpr):
 
 
 @triton.jit
+def _prefetch_l2(addr):
+    """``prefetch.global.L2`` of the 128-byte line at ``addr``: brings weights PF steps ahead into L2
+    without holding registers (more bytes in flight than the register-limited occupancy allows)."""
+    return tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1];\n mov.u32 $0, 0;", "=r,l", [addr],
+                                     dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _prmt(a, b, sel: tl.constexpr):
     return tl.inline_asm_elementwise(f"prmt.b32 $0, $1, $2, {sel};", "=r,r,r", [a, b], dtype=tl.int32,
                                      is_pure=True, pack=1)
@@ -184,10 +192,11 @@ def _nvfp4_mmv_kernel(
     x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr,
     M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT,
     HAS_BIAS: tl.constexpr, R: tl.constexpr, USE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr, WARPS: tl.constexpr,
-    NB: tl.constexpr, PREFETCH: tl.constexpr,
+    NB: tl.constexpr, PREFETCH: tl.constexpr, PF: tl.constexpr,
 ):
     # program (pid_n, pid_m, pid_s): weight rows pid_n*16*WARPS .. (16 per warp) x activation rows
-    # pid_m*8*NB .. +8*NB, K steps pid_s::SPLIT-th share; loads run PREFETCH (1 or 2) steps ahead.
+    # pid_m*8*NB .. +8*NB, K steps pid_s::SPLIT-th share; loads run PREFETCH (1 or 2) steps ahead
+    # into registers and, if PF > 0, an L2 prefetch runs PF steps ahead.
     # Requires K % 32 == 0 and 16-byte aligned rows (checked by ops).
     T: tl.constexpr = 32 * WARPS
     pid_n = tl.program_id(0)
@@ -219,12 +228,18 @@ def _nvfp4_mmv_kernel(
         if PREFETCH == 2:
             nxt2 = _loads(wa, wb, xr, xr2, sa_ptr, sb_ptr, tl.minimum(t0 + 1, t1 - 1), c, K, EVEN_K, NB)
             for t in range(t0, t1):
+                if PF > 0:
+                    _prefetch_l2(wa + tl.minimum(t + PF, k_steps - 1) * 64)
+                    _prefetch_l2(wb + tl.minimum(t + PF, k_steps - 1) * 64)
                 cur = nxt
                 nxt = nxt2
                 nxt2 = _loads(wa, wb, xr, xr2, sa_ptr, sb_ptr, tl.minimum(t + 2, t1 - 1), c, K, EVEN_K, NB)
                 acc = _compute(acc, cur, NB)
         else:
             for t in range(t0, t1):
+                if PF > 0:
+                    _prefetch_l2(wa + tl.minimum(t + PF, k_steps - 1) * 64)
+                    _prefetch_l2(wb + tl.minimum(t + PF, k_steps - 1) * 64)
                 cur = nxt
                 nxt = _loads(wa, wb, xr, xr2, sa_ptr, sb_ptr, tl.minimum(t + 1, t1 - 1), c, K, EVEN_K, NB)
                 acc = _compute(acc, cur, NB)
