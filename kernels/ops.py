@@ -154,7 +154,8 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret)
     if kind == "fwd" and cfg.get("MMV") and (interpret or K % 32 or packed.data_ptr() % 16 or x2.data_ptr() % 16
                                              or x2.stride(0) % 8):
         # no PTX under the interpreter / unaligned rows: the CUDA-core GEMV computes the same product
-        cfg = {**cfg, "MMV": 0, "GEMV": 1, "BM": 1 if M == 1 else (2 if M == 2 else 4), "BN": 32, "BK": 64}
+        cfg = dict(GEMV=1, BM=1 if M == 1 else (2 if M == 2 else 4), BN=32, BK=64, SPLIT=cfg.get("SPLIT", 1),
+                   num_warps=4, num_stages=1)
     split = cfg.pop("SPLIT")
     BM, BN, BK = cfg.pop("BM"), cfg.pop("BN"), cfg.pop("BK")
     out = torch.empty(M, n_out, device=x2.device, dtype=x2.dtype)
