@@ -122,7 +122,7 @@ def _x_words(xr, t, kin):
 
 
 @triton.jit
-def _loads(wa, wb, xr, xr2, sa_ptr, sb_ptr, t, c, K, EVEN_K: tl.constexpr, NB: tl.constexpr):
+def _loads(wa, wb, xr, xr2, sa_ptr, sb_ptr, t, c, K, EVEN_K: tl.constexpr, NB: tl.constexpr, XPRE: tl.constexpr):
     """Everything step t needs: 4 packed words of rows na / nb, 16 activation words (32 bf16) of
     row mx (and mx + 8), the 2 block scales of each row. Rows beyond N / M read a valid row (their
     results are never stored); only a K tail is predicated to zero."""
@@ -132,11 +132,15 @@ def _loads(wa, wb, xr, xr2, sa_ptr, sb_ptr, t, c, K, EVEN_K: tl.constexpr, NB: t
         kin = (t * 128 + c * 32 < K).to(tl.int32)
     qa = _ld128(wa + t * 64, kin, True)
     qb = _ld128(wb + t * 64, kin, True)
-    u = _x_words(xr, t, kin)
-    if NB == 2:
-        u2 = _x_words(xr2, t, kin)
-    else:
-        u2 = u
+    if XPRE:  # activations prefetched with the weights (16 more live registers per block of 8 rows)
+        u = _x_words(xr, t, kin)
+        if NB == 2:
+            u2 = _x_words(xr2, t, kin)
+        else:
+            u2 = u
+    else:  # loaded (from L1) by _compute when needed: fewer registers, more resident warps
+        u = t
+        u2 = kin
     if EVEN_K:
         s = (tl.load(sa_ptr + t * 8), tl.load(sa_ptr + t * 8 + 1), tl.load(sb_ptr + t * 8), tl.load(sb_ptr + t * 8 + 1))
     else:
@@ -147,8 +151,16 @@ def _loads(wa, wb, xr, xr2, sa_ptr, sb_ptr, t, c, K, EVEN_K: tl.constexpr, NB: t
 
 
 @triton.jit
-def _compute(acc, ld, NB: tl.constexpr):
+def _compute(acc, ld, xr, xr2, NB: tl.constexpr, XPRE: tl.constexpr):
     qa, qb, u, u2, s = ld
+    if not XPRE:  # u, u2 carry (t, kin)
+        t = u
+        kin = u2
+        u = _x_words(xr, t, kin)
+        if NB == 2:
+            u2 = _x_words(xr2, t, kin)
+        else:
+            u2 = u
     sa0 = _scale2(s[0])
     sa1 = _scale2(s[1])
     sb0 = _scale2(s[2])
@@ -192,7 +204,7 @@ def _nvfp4_mmv_kernel(
     x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr,
     M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT,
     HAS_BIAS: tl.constexpr, R: tl.constexpr, USE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr, WARPS: tl.constexpr,
-    NB: tl.constexpr, PREFETCH: tl.constexpr, PF: tl.constexpr,
+    NB: tl.constexpr, PREFETCH: tl.constexpr, PF: tl.constexpr, XPRE: tl.constexpr,
 ):
     # program (pid_n, pid_m, pid_s): weight rows pid_n*16*WARPS .. (16 per warp) x activation rows
     # pid_m*8*NB .. +8*NB, K steps pid_s::SPLIT-th share; loads run PREFETCH (1 or 2) steps ahead
@@ -224,25 +236,25 @@ def _nvfp4_mmv_kernel(
     t0 = pid_s * per_split
     t1 = tl.minimum(k_steps, t0 + per_split)
     if t0 < t1:
-        nxt = _loads(wa, wb, xr, xr2, sa_ptr, sb_ptr, t0, c, K, EVEN_K, NB)
+        nxt = _loads(wa, wb, xr, xr2, sa_ptr, sb_ptr, t0, c, K, EVEN_K, NB, XPRE)
         if PREFETCH == 2:
-            nxt2 = _loads(wa, wb, xr, xr2, sa_ptr, sb_ptr, tl.minimum(t0 + 1, t1 - 1), c, K, EVEN_K, NB)
+            nxt2 = _loads(wa, wb, xr, xr2, sa_ptr, sb_ptr, tl.minimum(t0 + 1, t1 - 1), c, K, EVEN_K, NB, XPRE)
             for t in range(t0, t1):
                 if PF > 0:
                     _prefetch_l2(wa + tl.minimum(t + PF, k_steps - 1) * 64)
                     _prefetch_l2(wb + tl.minimum(t + PF, k_steps - 1) * 64)
                 cur = nxt
                 nxt = nxt2
-                nxt2 = _loads(wa, wb, xr, xr2, sa_ptr, sb_ptr, tl.minimum(t + 2, t1 - 1), c, K, EVEN_K, NB)
-                acc = _compute(acc, cur, NB)
+                nxt2 = _loads(wa, wb, xr, xr2, sa_ptr, sb_ptr, tl.minimum(t + 2, t1 - 1), c, K, EVEN_K, NB, XPRE)
+                acc = _compute(acc, cur, xr, xr2, NB, XPRE)
         else:
             for t in range(t0, t1):
                 if PF > 0:
                     _prefetch_l2(wa + tl.minimum(t + PF, k_steps - 1) * 64)
                     _prefetch_l2(wb + tl.minimum(t + PF, k_steps - 1) * 64)
                 cur = nxt
-                nxt = _loads(wa, wb, xr, xr2, sa_ptr, sb_ptr, tl.minimum(t + 1, t1 - 1), c, K, EVEN_K, NB)
-                acc = _compute(acc, cur, NB)
+                nxt = _loads(wa, wb, xr, xr2, sa_ptr, sb_ptr, tl.minimum(t + 1, t1 - 1), c, K, EVEN_K, NB, XPRE)
+                acc = _compute(acc, cur, xr, xr2, NB, XPRE)
     c0, c1, c2, c3, d0, d1, d2, d3 = acc
     m0 = pid_m * (8 * NB) + 2 * c  # C fragment: c0/c1 = y[m0, m0+1][na], c2/c3 = y[m0, m0+1][nb]; d: m0 + 8
     m8 = m0 + 8

@@ -182,7 +182,7 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret)
                                 M, N, K, x2.stride(0), out.stride(0), packed.stride(0), s8.stride(0),
                                 float(lora_scale), split, HAS_BIAS=bias is not None, R=r, USE_SPLIT=split > 1,
                                 EVEN_K=K % 128 == 0, WARPS=warps, NB=BM // 8, PREFETCH=cfg.get("num_stages", 1),
-                                PF=cfg.get("PF", 0),
+                                PF=cfg.get("PF", 0), XPRE=cfg.get("XPRE", 1),
                                 num_warps=warps, num_stages=1)
     elif gemv:  # CUDA-core path for decode sizes (reads the packed rows as 32-bit words)
         bias, xa, lb = extra

@@ -51,7 +51,7 @@ FORCED = {
             dict(BM=64, BN=128, BK=128, SWAP=1, SPLIT=1, num_warps=4, num_stages=4),
             dict(BM=128, BN=128, BK=64, SWAP=1, SPLIT=1, num_warps=8, num_stages=3),
             dict(MMV=1, BM=8, BN=64, BK=128, SPLIT=1, num_warps=4, num_stages=1),
-            dict(MMV=1, BM=8, BN=32, BK=128, SPLIT=3, num_warps=2, num_stages=1),
+            dict(MMV=1, BM=8, BN=32, BK=128, SPLIT=3, num_warps=2, num_stages=1, XPRE=0),
             dict(MMV=1, BM=16, BN=128, BK=128, SPLIT=2, num_warps=8, num_stages=2, PF=8),
             dict(GEMV=1, BM=4, BN=64, BK=128, SPLIT=2, num_warps=4, num_stages=1),
             dict(GEMV=1, BM=1, BN=128, BK=256, SPLIT=1, num_warps=4, num_stages=3)],

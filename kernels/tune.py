@@ -69,9 +69,9 @@ def _decode_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
                 # small programs: several are resident per SM, so aim at 2..16 programs per SM
                 splits = sorted({max(1, min(loop // 2, (w * sms) // tiles_out)) for w in (2, 4, 8, 16)})
                 for split in splits:
-                    for pre, pf in ((1, 0), (2, 0), (1, 8), (2, 8)):
+                    for pre, pf, xpre in ((1, 0, 1), (2, 0, 1), (1, 0, 0), (2, 0, 0), (2, 8, 0)):
                         out.append(dict(MMV=1, BM=bm, BN=bn, BK=128, SPLIT=split, num_warps=warps, num_stages=pre,
-                                        PF=pf))
+                                        PF=pf, XPRE=xpre))
     if M <= 4:
         bm = 1 if M == 1 else (2 if M == 2 else 4)
         for bn, bk, st in ((64, 128, 1), (128, 256, 1), (64, 256, 3)):
