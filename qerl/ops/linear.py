@@ -61,13 +61,20 @@ def reference_backward_input(grad_out, packed, scale, global_scale):
 
 
 def _maybe_register_kernels() -> None:
-    """``QERL_KERNELS=triton`` opts into the Triton kernels (``qerl_kernels``). They are correct
-    (tested) but not yet faster than dequantize + cuBLAS on Hopper (reports/kernels/), so the
-    reference stays the default."""
-    if os.environ.get("QERL_KERNELS", "").lower() == "triton":
+    """``QERL_KERNELS`` picks the CUDA path (``qerl_kernels``; CPU always uses the reference):
+
+    * ``auto`` (default): the Triton kernels where they are measured faster than dequantize + cuBLAS
+      on Hopper — forward calls with at most ``DECODE_ROWS`` token rows (rollout decode, 1.0–2.1x on an
+      H200, reports/kernels/) — and the reference everywhere else (prefill, training, backward);
+    * ``triton``: every forward and backward on the kernels;
+    * ``reference`` / ``off``: never (``QERL_FORCE_REFERENCE=1`` also forces it, for debugging)."""
+    mode = os.environ.get("QERL_KERNELS", "auto").lower()
+    if mode in ("triton", "auto"):
         from qerl_kernels.ops import register
 
-        register()
+        register(decode_only=mode == "auto")
+    elif mode not in ("reference", "off"):
+        raise ValueError(f"QERL_KERNELS={mode!r}: expected auto, triton, reference or off")
 
 
 def select_backend(x: torch.Tensor, packed: torch.Tensor) -> Backend | None:

@@ -102,6 +102,29 @@ def test_seam_opt_in(monkeypatch):
     assert [b.name for b in linear._BACKENDS] == ["triton-nvfp4"]
 
 
+def test_seam_default_is_decode_only(monkeypatch):
+    """Default (QERL_KERNELS unset = auto): kernels for forward calls of <= DECODE_ROWS rows (where
+    they beat dequantize + cuBLAS), their backward and every larger call on the reference."""
+    from qerl.ops import linear
+    from qerl_kernels import ops
+
+    monkeypatch.setattr(linear, "_BACKENDS", [])
+    monkeypatch.delenv("QERL_KERNELS", raising=False)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # makes supports() true on CPU; no kernel runs here
+    p = torch.zeros(8, 32, dtype=torch.uint8)
+    small, large = torch.randn(2, ops.DECODE_ROWS // 2, 64).bfloat16(), torch.randn(ops.DECODE_ROWS + 1, 64).bfloat16()
+    b = linear.select_backend(small, p)
+    assert b is not None and b.name == "triton-nvfp4-decode"
+    assert b.backward_input is linear.reference_backward_input
+    assert linear.select_backend(large, p) is None
+    monkeypatch.setattr(linear, "_BACKENDS", [])
+    monkeypatch.setenv("QERL_KERNELS", "off")
+    assert linear.select_backend(small, p) is None and linear._BACKENDS == []
+    monkeypatch.setenv("QERL_KERNELS", "fast")
+    with pytest.raises(ValueError, match="QERL_KERNELS"):
+        linear.select_backend(small, p)
+
+
 def test_sm90_code_inspection_without_a_gpu():
     """The kernels compile for Hopper on a CPU machine: packed-weight loads are software-pipelined
     (cp.async), swapped large tiles use wgmma, decode tiles mma.sync, and the main loop's static
