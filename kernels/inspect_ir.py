@@ -41,7 +41,7 @@ def compile_sm90(kind="fwd", bm=16, bn=64, bk=256, warps=4, stages=4, split=1, s
         from qerl_kernels.nvfp4_mmv import _nvfp4_mmv_kernel
         fn, base = _nvfp4_mmv_kernel, FWD_SIG
         consts = {"HAS_BIAS": False, "R": 0, "USE_SPLIT": split > 1, "EVEN_K": True, "WARPS": warps,
-                  "NB": 2 if bm > 8 else 1, "PREFETCH": max(1, min(stages, 2)), "PF": int(os.environ.get("QERL_INSPECT_PF", "0")),
+                  "NB": max(1, bm // 8), "ADJ": int(os.environ.get("QERL_INSPECT_ADJ", "0")), "PREFETCH": max(1, min(stages, 2)), "PF": int(os.environ.get("QERL_INSPECT_PF", "0")),
                   "XPRE": int(os.environ.get("QERL_INSPECT_XPRE", "1"))}
     elif kind == "gemv":  # CUDA-core decode path (nvfp4_gemv)
         fn, base = _nvfp4_gemv_kernel, FWD_SIG

@@ -94,21 +94,50 @@ def _scale2(sb):
 
 
 @triton.jit
-def _step(acc, qa, qb, sa, sb, u, u2, w: tl.constexpr, NB: tl.constexpr):
-    """The MMAs of word ``w`` of this thread (rows g / g+8: words qa / qb, scales sa / sb), for NB
-    blocks of 8 activation rows (activation words u, u2)."""
-    c0, c1, c2, c3, d0, d1, d2, d3 = acc
-    pa = _word_pairs(qa, sa)
-    pb = _word_pairs(qb, sb)
+def _word_pairs_adj(q, s2):
+    """int32 words (8 nibbles) -> 4 bf16x2 pairs of *adjacent* nibbles (0, 1), (2, 3), (4, 5), (6, 7),
+    i.e. byte j's (low, high) nibble = weights (2j, 2j+1), times the pair ``s2``: per byte one ``prmt``
+    puts the nibbles at bits 12..15 / 28..31, then the same masks as :func:`_word_pairs`. One more
+    instruction per pair than the Marlin order, but the activation B fragment is then a plain x word."""
+    return tl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b32 q4, r, t;
+        shl.b32 q4, $4, 4;
+        prmt.b32 r, $4, q4, 0x0040; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $0, r, $5;
+        prmt.b32 r, $4, q4, 0x1151; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $1, r, $5;
+        prmt.b32 r, $4, q4, 0x2262; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $2, r, $5;
+        prmt.b32 r, $4, q4, 0x3373; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $3, r, $5;
+        }
+        """,
+        constraints="=r,=r,=r,=r,r,r", args=[q, s2], dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
+        is_pure=True, pack=1)
+
+
+@triton.jit
+def _step(acc, qa, qb, sa, sb, us, w: tl.constexpr, NB: tl.constexpr, ADJ: tl.constexpr):
+    """The MMAs of word ``w`` of this thread (rows g / g+8: words qa / qb, scales sa / sb), for each of
+    the NB blocks of 8 activation rows (activation words ``us[b]``, 16 per block)."""
+    if ADJ:
+        pa = _word_pairs_adj(qa, sa)
+        pb = _word_pairs_adj(qb, sb)
+    else:
+        pa = _word_pairs(qa, sa)
+        pb = _word_pairs(qb, sb)
     for h in tl.static_range(2):
-        x0 = _prmt(u[4 * w + 1 - h], u[4 * w + 3 - h], 0x7632)  # (x[8w+3-2h], x[8w+7-2h])
-        x1 = _prmt(u[4 * w + 1 - h], u[4 * w + 3 - h], 0x5410)  # (x[8w+2-2h], x[8w+6-2h])
-        c0, c1, c2, c3 = _mma(pa[2 * h], pb[2 * h], pa[2 * h + 1], pb[2 * h + 1], x0, x1, c0, c1, c2, c3)
-        if NB == 2:
-            y0 = _prmt(u2[4 * w + 1 - h], u2[4 * w + 3 - h], 0x7632)
-            y1 = _prmt(u2[4 * w + 1 - h], u2[4 * w + 3 - h], 0x5410)
-            d0, d1, d2, d3 = _mma(pa[2 * h], pb[2 * h], pa[2 * h + 1], pb[2 * h + 1], y0, y1, d0, d1, d2, d3)
-    return c0, c1, c2, c3, d0, d1, d2, d3
+        new = ()
+        for b in tl.static_range(NB):
+            u = us[b]
+            if ADJ:  # logical (2c, 2c+1) = physical 8w+4h+{0,1}, (2c+8, 2c+9) = 8w+4h+2+{0,1}
+                x0 = u[4 * w + 2 * h]
+                x1 = u[4 * w + 2 * h + 1]
+            else:
+                x0 = _prmt(u[4 * w + 1 - h], u[4 * w + 3 - h], 0x7632)  # (x[8w+3-2h], x[8w+7-2h])
+                x1 = _prmt(u[4 * w + 1 - h], u[4 * w + 3 - h], 0x5410)  # (x[8w+2-2h], x[8w+6-2h])
+            c0, c1, c2, c3 = acc[b]
+            new = new + (_mma(pa[2 * h], pb[2 * h], pa[2 * h + 1], pb[2 * h + 1], x0, x1, c0, c1, c2, c3),)
+        acc = new
+    return acc
 
 
 @triton.jit
@@ -122,9 +151,17 @@ def _x_words(xr, t, kin):
 
 
 @triton.jit
-def _loads(wa, wb, xr, xr2, sa_ptr, sb_ptr, t, c, K, EVEN_K: tl.constexpr, NB: tl.constexpr, XPRE: tl.constexpr):
-    """Everything step t needs: 4 packed words of rows na / nb, 16 activation words (32 bf16) of
-    row mx (and mx + 8), the 2 block scales of each row. Rows beyond N / M read a valid row (their
+def _all_x(xrs, t, kin, NB: tl.constexpr):
+    us = ()
+    for b in tl.static_range(NB):
+        us = us + (_x_words(xrs[b], t, kin),)
+    return us
+
+
+@triton.jit
+def _loads(wa, wb, xrs, sa_ptr, sb_ptr, t, c, K, EVEN_K: tl.constexpr, NB: tl.constexpr, XPRE: tl.constexpr):
+    """Everything step t needs: 4 packed words of rows na / nb, 16 activation words (32 bf16) of each
+    activation row block, the 2 block scales of each row. Rows beyond N / M read a valid row (their
     results are never stored); only a K tail is predicated to zero."""
     if EVEN_K:
         kin = 1
@@ -133,42 +170,31 @@ def _loads(wa, wb, xr, xr2, sa_ptr, sb_ptr, t, c, K, EVEN_K: tl.constexpr, NB: t
     qa = _ld128(wa + t * 64, kin, True)
     qb = _ld128(wb + t * 64, kin, True)
     if XPRE:  # activations prefetched with the weights (16 more live registers per block of 8 rows)
-        u = _x_words(xr, t, kin)
-        if NB == 2:
-            u2 = _x_words(xr2, t, kin)
-        else:
-            u2 = u
+        us = _all_x(xrs, t, kin, NB)
     else:  # loaded (from L1) by _compute when needed: fewer registers, more resident warps
-        u = t
-        u2 = kin
+        us = (t, kin)
     if EVEN_K:
         s = (tl.load(sa_ptr + t * 8), tl.load(sa_ptr + t * 8 + 1), tl.load(sb_ptr + t * 8), tl.load(sb_ptr + t * 8 + 1))
     else:
         sm = t * 128 + c * 32 < K
         s = (tl.load(sa_ptr + t * 8, mask=sm, other=0), tl.load(sa_ptr + t * 8 + 1, mask=sm, other=0),
              tl.load(sb_ptr + t * 8, mask=sm, other=0), tl.load(sb_ptr + t * 8 + 1, mask=sm, other=0))
-    return qa, qb, u, u2, s
+    return qa, qb, us, s
 
 
 @triton.jit
-def _compute(acc, ld, xr, xr2, NB: tl.constexpr, XPRE: tl.constexpr):
-    qa, qb, u, u2, s = ld
-    if not XPRE:  # u, u2 carry (t, kin)
-        t = u
-        kin = u2
-        u = _x_words(xr, t, kin)
-        if NB == 2:
-            u2 = _x_words(xr2, t, kin)
-        else:
-            u2 = u
+def _compute(acc, ld, xrs, NB: tl.constexpr, XPRE: tl.constexpr, ADJ: tl.constexpr):
+    qa, qb, us, s = ld
+    if not XPRE:  # us carries (t, kin)
+        us = _all_x(xrs, us[0], us[1], NB)
     sa0 = _scale2(s[0])
     sa1 = _scale2(s[1])
     sb0 = _scale2(s[2])
     sb1 = _scale2(s[3])
-    acc = _step(acc, qa[0], qb[0], sa0, sb0, u, u2, 0, NB)
-    acc = _step(acc, qa[1], qb[1], sa0, sb0, u, u2, 1, NB)
-    acc = _step(acc, qa[2], qb[2], sa1, sb1, u, u2, 2, NB)
-    acc = _step(acc, qa[3], qb[3], sa1, sb1, u, u2, 3, NB)
+    acc = _step(acc, qa[0], qb[0], sa0, sb0, us, 0, NB, ADJ)
+    acc = _step(acc, qa[1], qb[1], sa0, sb0, us, 1, NB, ADJ)
+    acc = _step(acc, qa[2], qb[2], sa1, sb1, us, 2, NB, ADJ)
+    acc = _step(acc, qa[3], qb[3], sa1, sb1, us, 3, NB, ADJ)
     return acc
 
 
@@ -204,11 +230,12 @@ def _nvfp4_mmv_kernel(
     x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr,
     M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT,
     HAS_BIAS: tl.constexpr, R: tl.constexpr, USE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr, WARPS: tl.constexpr,
-    NB: tl.constexpr, PREFETCH: tl.constexpr, PF: tl.constexpr, XPRE: tl.constexpr,
+    NB: tl.constexpr, PREFETCH: tl.constexpr, PF: tl.constexpr, XPRE: tl.constexpr, ADJ: tl.constexpr,
 ):
     # program (pid_n, pid_m, pid_s): weight rows pid_n*16*WARPS .. (16 per warp) x activation rows
-    # pid_m*8*NB .. +8*NB, K steps pid_s::SPLIT-th share; loads run PREFETCH (1 or 2) steps ahead
-    # into registers and, if PF > 0, an L2 prefetch runs PF steps ahead.
+    # pid_m*8*NB .. +8*NB (NB blocks of 8), K steps pid_s::SPLIT-th share; loads run PREFETCH (1 or 2)
+    # steps ahead into registers and, if PF > 0, an L2 prefetch runs PF steps ahead. ADJ picks the
+    # adjacent-nibble weight pairs (activation words feed the MMA directly) over Marlin's order + prmt.
     # Requires K % 32 == 0 and 16-byte aligned rows (checked by ops).
     T: tl.constexpr = 32 * WARPS
     pid_n = tl.program_id(0)
@@ -220,79 +247,74 @@ def _nvfp4_mmv_kernel(
     c = lane & 3
     na = pid_n * (16 * WARPS) + (tid >> 5) * 16 + g  # weight rows of this thread's A fragment
     nb = na + 8
-    mx = pid_m * (8 * NB) + g  # activation row of this thread's B fragment (and mx + 8 if NB == 2)
     la = tl.minimum(na, N - 1)  # rows beyond the matrix load a valid row; their outputs are not stored
     lb_ = tl.minimum(nb, N - 1)
     wa = wp_ptr.to(tl.int64) + la.to(tl.int64) * stride_wn + c * 16  # byte addresses (+ 64 per step)
     wb = wp_ptr.to(tl.int64) + lb_.to(tl.int64) * stride_wn + c * 16
-    xr = x_ptr.to(tl.int64) + tl.minimum(mx, M - 1).to(tl.int64) * (stride_xm * 2) + c * 64
-    xr2 = x_ptr.to(tl.int64) + tl.minimum(mx + 8, M - 1).to(tl.int64) * (stride_xm * 2) + c * 64
+    xrs = ()  # per activation block b: this thread's B-fragment row pid_m*8*NB + 8b + g
+    for b in tl.static_range(NB):
+        mx = pid_m * (8 * NB) + 8 * b + g
+        xrs = xrs + (x_ptr.to(tl.int64) + tl.minimum(mx, M - 1).to(tl.int64) * (stride_xm * 2) + c * 64,)
     sa_ptr = ws_ptr + la * stride_sn + 2 * c
     sb_ptr = ws_ptr + lb_ * stride_sn + 2 * c
     z = tl.zeros((T,), tl.float32)
-    acc = (z, z, z, z, z, z, z, z)
+    acc = ()
+    for b in tl.static_range(NB):
+        acc = acc + ((z, z, z, z),)
     k_steps = tl.cdiv(K, 128)
     per_split = tl.cdiv(k_steps, SPLIT)
     t0 = pid_s * per_split
     t1 = tl.minimum(k_steps, t0 + per_split)
     if t0 < t1:
-        nxt = _loads(wa, wb, xr, xr2, sa_ptr, sb_ptr, t0, c, K, EVEN_K, NB, XPRE)
+        nxt = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t0, c, K, EVEN_K, NB, XPRE)
         if PREFETCH == 2:
-            nxt2 = _loads(wa, wb, xr, xr2, sa_ptr, sb_ptr, tl.minimum(t0 + 1, t1 - 1), c, K, EVEN_K, NB, XPRE)
+            nxt2 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, tl.minimum(t0 + 1, t1 - 1), c, K, EVEN_K, NB, XPRE)
             for t in range(t0, t1):
                 if PF > 0:
                     _prefetch_l2(wa + tl.minimum(t + PF, k_steps - 1) * 64)
                     _prefetch_l2(wb + tl.minimum(t + PF, k_steps - 1) * 64)
                 cur = nxt
                 nxt = nxt2
-                nxt2 = _loads(wa, wb, xr, xr2, sa_ptr, sb_ptr, tl.minimum(t + 2, t1 - 1), c, K, EVEN_K, NB, XPRE)
-                acc = _compute(acc, cur, xr, xr2, NB, XPRE)
+                nxt2 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, tl.minimum(t + 2, t1 - 1), c, K, EVEN_K, NB, XPRE)
+                acc = _compute(acc, cur, xrs, NB, XPRE, ADJ)
         else:
             for t in range(t0, t1):
                 if PF > 0:
                     _prefetch_l2(wa + tl.minimum(t + PF, k_steps - 1) * 64)
                     _prefetch_l2(wb + tl.minimum(t + PF, k_steps - 1) * 64)
                 cur = nxt
-                nxt = _loads(wa, wb, xr, xr2, sa_ptr, sb_ptr, tl.minimum(t + 1, t1 - 1), c, K, EVEN_K, NB, XPRE)
-                acc = _compute(acc, cur, xr, xr2, NB, XPRE)
-    c0, c1, c2, c3, d0, d1, d2, d3 = acc
-    m0 = pid_m * (8 * NB) + 2 * c  # C fragment: c0/c1 = y[m0, m0+1][na], c2/c3 = y[m0, m0+1][nb]; d: m0 + 8
-    m8 = m0 + 8
+                nxt = _loads(wa, wb, xrs, sa_ptr, sb_ptr, tl.minimum(t + 1, t1 - 1), c, K, EVEN_K, NB, XPRE)
+                acc = _compute(acc, cur, xrs, NB, XPRE, ADJ)
+    # C fragment of block b: (c0, c1) = y[m, m+1][na], (c2, c3) = y[m, m+1][nb] with m = pid_m*8*NB + 8b + 2c
+    m0 = pid_m * (8 * NB) + 2 * c
     last = True
     if USE_SPLIT:
         base = part_ptr + pid_s * M * N
-        _partial(base, c0, m0, na, M, N)
-        _partial(base, c1, m0 + 1, na, M, N)
-        _partial(base, c2, m0, nb, M, N)
-        _partial(base, c3, m0 + 1, nb, M, N)
-        if NB == 2:
-            _partial(base, d0, m8, na, M, N)
-            _partial(base, d1, m8 + 1, na, M, N)
-            _partial(base, d2, m8, nb, M, N)
-            _partial(base, d3, m8 + 1, nb, M, N)
+        for b in tl.static_range(NB):
+            c0, c1, c2, c3 = acc[b]
+            _partial(base, c0, m0 + 8 * b, na, M, N)
+            _partial(base, c1, m0 + 8 * b + 1, na, M, N)
+            _partial(base, c2, m0 + 8 * b, nb, M, N)
+            _partial(base, c3, m0 + 8 * b + 1, nb, M, N)
         tl.debug_barrier()  # every thread's partial is written before the (releasing) ticket
         tile = pid_m * tl.num_programs(0) + pid_n
         ticket = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
         last = ticket == SPLIT - 1
         if last:
-            c0 = _reduced(part_ptr, m0, na, M, N, SPLIT)
-            c1 = _reduced(part_ptr, m0 + 1, na, M, N, SPLIT)
-            c2 = _reduced(part_ptr, m0, nb, M, N, SPLIT)
-            c3 = _reduced(part_ptr, m0 + 1, nb, M, N, SPLIT)
-            if NB == 2:
-                d0 = _reduced(part_ptr, m8, na, M, N, SPLIT)
-                d1 = _reduced(part_ptr, m8 + 1, na, M, N, SPLIT)
-                d2 = _reduced(part_ptr, m8, nb, M, N, SPLIT)
-                d3 = _reduced(part_ptr, m8 + 1, nb, M, N, SPLIT)
+            red = ()
+            for b in tl.static_range(NB):
+                red = red + ((_reduced(part_ptr, m0 + 8 * b, na, M, N, SPLIT),
+                              _reduced(part_ptr, m0 + 8 * b + 1, na, M, N, SPLIT),
+                              _reduced(part_ptr, m0 + 8 * b, nb, M, N, SPLIT),
+                              _reduced(part_ptr, m0 + 8 * b + 1, nb, M, N, SPLIT)),)
+            acc = red
             tl.atomic_xchg(lock_ptr + tile, 0)
     if last:
         inv = 128.0 / tl.load(gs_ptr)  # undo the 2^-7 of the decoded weights, apply 1/gs
-        _out(c0, m0, na, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
-        _out(c1, m0 + 1, na, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
-        _out(c2, m0, nb, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
-        _out(c3, m0 + 1, nb, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
-        if NB == 2:
-            _out(d0, m8, na, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
-            _out(d1, m8 + 1, na, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
-            _out(d2, m8, nb, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
-            _out(d3, m8 + 1, nb, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
+        for b in tl.static_range(NB):
+            c0, c1, c2, c3 = acc[b]
+            m = m0 + 8 * b
+            _out(c0, m, na, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
+            _out(c1, m + 1, na, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
+            _out(c2, m, nb, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
+            _out(c3, m + 1, nb, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)

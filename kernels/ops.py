@@ -168,8 +168,8 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret)
     dummy = x2
     common = dict(USE_SPLIT=split > 1, EVEN_K=K % BK == 0, BM=BM, BN=BN, BK=BK, FAST=not interpret, DOT_FP32=interpret)
     mmv = kind == "fwd" and cfg.pop("MMV", 0)
-    if mmv and (BM not in (8, 16) or BN not in (32, 64, 128, 256) or BK != 128):
-        raise ValueError(f"MMV config needs BM 8|16, BN = 16 x warps, BK 128; got BM={BM} BN={BN} BK={BK}")
+    if mmv and (BM not in (8, 16, 32, 64) or BN not in (32, 64, 128, 256) or BK != 128):
+        raise ValueError(f"MMV config needs BM 8|16|32|64, BN = 16 x warps, BK 128; got BM={BM} BN={BN} BK={BK}")
     gemv = kind == "fwd" and cfg.pop("GEMV", 0) and packed.data_ptr() % 4 == 0 and packed.stride(0) % 4 == 0
     if mmv:  # tensor cores on register fragments (decode sizes; 8 activation rows per program)
         from qerl_kernels.nvfp4_mmv import _nvfp4_mmv_kernel
@@ -182,7 +182,7 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret)
                                 M, N, K, x2.stride(0), out.stride(0), packed.stride(0), s8.stride(0),
                                 float(lora_scale), split, HAS_BIAS=bias is not None, R=r, USE_SPLIT=split > 1,
                                 EVEN_K=K % 128 == 0, WARPS=warps, NB=BM // 8, PREFETCH=cfg.get("num_stages", 1),
-                                PF=cfg.get("PF", 0), XPRE=cfg.get("XPRE", 1),
+                                PF=cfg.get("PF", 0), XPRE=cfg.get("XPRE", 1), ADJ=cfg.get("ADJ", 0),
                                 num_warps=warps, num_stages=1)
     elif gemv:  # CUDA-core path for decode sizes (reads the packed rows as 32-bit words)
         bias, xa, lb = extra

@@ -61,17 +61,19 @@ def _decode_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
     (``MMV``: 16 weight rows per warp, 8 activation rows per program) and the CUDA-core ``GEMV``."""
     out = []
     if K % 32 == 0:
-        for bm in ((8,) if M <= 8 else (8, 16) if M <= 16 else (16,)):
+        for bm in ((8,) if M <= 8 else (8, 16) if M <= 16 else (16, 32) if M <= 32 else (32, 64)):
             for warps in (4, 8):
                 bn = 16 * warps
                 tiles_out = -(-M // bm) * -(-N // bn)
                 loop = -(-K // 128)
                 # small programs: several are resident per SM, so aim at 2..16 programs per SM
                 splits = sorted({max(1, min(loop // 2, (w * sms) // tiles_out)) for w in (2, 4, 8, 16)})
+                variants = ((1, 0, 1, 0), (2, 0, 1, 0), (1, 0, 0, 0), (2, 0, 0, 0), (1, 0, 0, 1), (2, 0, 0, 1)) \
+                    if bm <= 16 else ((1, 0, 0, 1), (2, 0, 0, 1), (1, 0, 0, 0))  # (prefetch, PF, XPRE, ADJ)
                 for split in splits:
-                    for pre, pf, xpre in ((1, 0, 1), (2, 0, 1), (1, 0, 0), (2, 0, 0), (2, 8, 0)):
+                    for pre, pf, xpre, adj in variants:
                         out.append(dict(MMV=1, BM=bm, BN=bn, BK=128, SPLIT=split, num_warps=warps, num_stages=pre,
-                                        PF=pf, XPRE=xpre))
+                                        PF=pf, XPRE=xpre, ADJ=adj))
     if M <= 4:
         bm = 1 if M == 1 else (2 if M == 2 else 4)
         for bn, bk, st in ((64, 128, 1), (128, 256, 1), (64, 256, 3)):

@@ -166,7 +166,7 @@ def test_committed_h200_table_uses_compilable_tiles():
     mmv = [c for c in table.values() if c.get("MMV")]
     assert tiles and all(c["SWAP"] or c["BM"] <= 32 for c in tiles)
     assert all({"BM", "BN", "BK", "SPLIT", "SWAP", "num_warps", "num_stages"} <= set(c) for c in tiles)
-    assert mmv and all(c["BM"] in (8, 16) and c["BN"] == 16 * c["num_warps"] and c["BK"] == 128 for c in mmv)
+    assert mmv and all(c["BM"] in (8, 16, 32, 64) and c["BN"] == 16 * c["num_warps"] and c["BK"] == 128 for c in mmv)
 
 
 def test_forced_config_replaces_the_tuned_one(monkeypatch):
