@@ -153,20 +153,26 @@ def test_tuned_table_falls_back_to_the_nearest_bucket(monkeypatch):
     assert ops.tuned_entry("X", "fwd", 4, 64, 256) is None  # other shape
 
 
-def test_committed_h200_table_uses_compilable_tiles():
-    """Non-swapped tiles with BM > 32 do not compile (wgmma B operand); none may be committed. The
-    register-fragment decode kernel (MMV) has 16 weight rows per warp and 8 or 16 activation rows."""
+def test_committed_tables_use_compilable_tiles():
+    """Every committed tuned table (H200, H100): non-swapped tiles with BM > 32 do not compile (wgmma B
+    operand), none may be committed; the register-fragment decode kernel (MMV) has 16 weight rows per
+    warp, 8..64 activation rows and 128-wide K steps; both GPUs' tables exist."""
     import json
     from pathlib import Path
 
     import qerl_kernels.ops as ops
 
-    table = json.loads((Path(ops.__file__).parent / "tuned" / "NVIDIA_H200.json").read_text())
-    tiles = [c for c in table.values() if not c.get("MMV") and not c.get("GEMV")]
-    mmv = [c for c in table.values() if c.get("MMV")]
-    assert tiles and all(c["SWAP"] or c["BM"] <= 32 for c in tiles)
-    assert all({"BM", "BN", "BK", "SPLIT", "SWAP", "num_warps", "num_stages"} <= set(c) for c in tiles)
-    assert mmv and all(c["BM"] in (8, 16, 32, 64) and c["BN"] == 16 * c["num_warps"] and c["BK"] == 128 for c in mmv)
+    paths = sorted((Path(ops.__file__).parent / "tuned").glob("*.json"))
+    assert {p.stem for p in paths} >= {"NVIDIA_H200", "NVIDIA_H100_80GB_HBM3"}
+    for path in paths:
+        table = json.loads(path.read_text())
+        tiles = [c for c in table.values() if not c.get("MMV") and not c.get("GEMV")]
+        mmv = [c for c in table.values() if c.get("MMV")]
+        assert tiles and all(c["SWAP"] or c["BM"] <= 32 for c in tiles), path
+        assert all({"BM", "BN", "BK", "SPLIT", "SWAP", "num_warps", "num_stages"} <= set(c) for c in tiles), path
+        assert mmv and all(c["BM"] in (8, 16, 32, 64) and c["BN"] == 16 * c["num_warps"] and c["BK"] == 128
+                           for c in mmv), path
+        assert all(k.split(":")[0] in ("fwd", "bwd") and int(k.split(":")[1]) in ops.M_BUCKETS for k in table), path
 
 
 def test_forced_config_replaces_the_tuned_one(monkeypatch):
