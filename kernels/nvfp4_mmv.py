@@ -1,5 +1,5 @@
-"""NVFP4 decode matmul on tensor cores with register-resident fragments (Marlin-style), M <= 8 per
-program row block: ``y [M, N] = x [M, K] · Ŵᵀ (+ bias) (+ s · xa · Bᵀ)``.
+"""NVFP4 decode matmul on tensor cores with register-resident fragments (Marlin-style):
+``y [M, N] = x [M, K] · Ŵᵀ (+ bias) (+ s · xa · Bᵀ)``, 8 x NB activation rows per program (NB 1, 2, 4, 8).
 
 Why: Triton's ``tl.dot`` needs the dequantized bf16 weight tile in its own MMA fragment layout and
 moves it there through shared memory (4 bytes of shared-memory traffic per weight: the limit of
@@ -17,13 +17,15 @@ yields bf16x2 pairs of nibbles ``(3-i, 7-i)``, and MMA ``(w, h)`` (word w, half 
 ``A = (P[g][w][2h], P[g+8][w][2h], P[g][w][2h+1], P[g+8][w][2h+1])`` — logical k ``2c, 2c+1`` are the
 physical nibbles ``(3-2h, 7-2h)`` of word ``4c+w``, logical ``2c+8, 2c+9`` the nibbles ``(2-2h, 6-2h)``.
 The thread's B fragment is built from activation row ``m = g`` at the same physical k with one
-``prmt`` per register. 8 MMAs per step; the fp32 accumulator (4 registers) is the C fragment:
-``c0, c1 = y[2c, 2c+1][row g]``, ``c2, c3 = y[2c, 2c+1][row g+8]``.
+``prmt`` per register. ``ADJ=1`` decodes pairs of *adjacent* nibbles instead (one ``prmt`` more per
+weight pair) so that the activation words feed the MMA unchanged. 8 MMAs per step and activation block;
+the fp32 accumulator (4 registers per block) is the C fragment: ``c0, c1 = y[2c, 2c+1][row g]``,
+``c2, c3 = y[2c, 2c+1][row g+8]`` (block b: rows + 8b).
 
 Every value here is one per thread (tensors of shape ``[32 · num_warps]`` whose element is identified
 by the holding thread's ``%tid.x``, so the code does not depend on how Triton lays the tensor out).
-Cost per weight ~3 SASS instructions (decode 2.4, the rest shared by 8 activation rows), vs ~6 on
-the CUDA-core path for one row. CUDA only: the CPU interpreter cannot run PTX, so
+Cost per weight: 3.6 SASS instructions in the main loop for 8 activation rows (decode 2.4), 4.2 for 16,
+vs ~6 on the CUDA-core path for one row (``python -m qerl_kernels.inspect_ir --kind mmv``). CUDA only: the CPU interpreter cannot run PTX, so
 :mod:`qerl_kernels.ops` runs :mod:`.nvfp4_gemv`'s interpreter twin there, and
 ``tests/kernels/test_mmv_fragments.py`` replays this kernel's per-lane data flow in NumPy against
 the PTX ISA's fragment tables.

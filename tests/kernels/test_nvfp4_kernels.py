@@ -139,6 +139,12 @@ def test_sm90_code_inspection_without_a_gpu():
     assert dec["loop_sass_per_weight"] < 8 and dec["loop_top_ops"].get("HMUL2", 0) > 0
     bwd = inspect(128, 64, 128, 8, 3, swap=1, kind="bwd")
     assert bwd["wgmma"] > 0
+    # the register-fragment decode kernel: 128-bit weight loads, 8 inline mma.sync per K step, no shared
+    # memory, under 4.5 instructions per weight for 8 activation rows
+    mmv = inspect(8, 64, 128, 4, 1, kind="mmv")
+    assert mmv["mma_sync"] == 8 and mmv["shared_bytes"] == 0 and mmv["wgmma"] == 0
+    assert mmv["global_loads"].get("ld.global.nc.v4.u32", 0) >= 6  # 2 weight rows + 4 activation words
+    assert mmv["loop_sass_per_weight"] < 4.5 and mmv["loop_top_ops"].get("HMMA", 0) == 8
 
 
 def test_tuned_table_falls_back_to_the_nearest_bucket(monkeypatch):
