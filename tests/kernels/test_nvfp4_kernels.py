@@ -197,3 +197,19 @@ def test_forced_config_replaces_the_tuned_one(monkeypatch):
     assert ops.config_for("fwd", 1, 3584, 3584, dev) == forced
     monkeypatch.setenv("QERL_KERNEL_CONFIG", json.dumps({"SPLIT": 2}))  # partial: merged
     assert ops.config_for("fwd", 1, 3584, 3584, dev)["SPLIT"] == 2
+
+
+def test_unrunnable_paths_step_down():
+    """MMV -> GEMV under the interpreter or with K % 32 != 0; GEMV -> a tensor-core tile with packed rows
+    that are not 4-byte aligned (a storage offset)."""
+    from qerl_kernels.ops import _runnable
+
+    x = torch.zeros(3, 64, dtype=torch.bfloat16)
+    p = torch.zeros(16, 32, dtype=torch.uint8)
+    mmv = dict(MMV=1, BM=8, BN=64, BK=128, SPLIT=3, num_warps=4, num_stages=2, XPRE=0)
+    assert _runnable("fwd", mmv, 3, 64, x, p, True)["GEMV"] == 1
+    assert _runnable("fwd", mmv, 3, 64, x, p, True)["SPLIT"] == 3
+    odd = torch.zeros(16 * 32 + 1, dtype=torch.uint8)[1:].view(16, 32)  # data_ptr % 4 == 1
+    tile = _runnable("fwd", mmv, 3, 64, x, odd, True)
+    assert "GEMV" not in tile and "MMV" not in tile and tile["BM"] == 16
+    assert _runnable("bwd", dict(BM=16, SPLIT=1), 3, 64, x, p, False) == dict(BM=16, SPLIT=1)
