@@ -155,7 +155,14 @@ def run(out_dir: Path, models=("7B", "14B", "32B"), ms=MS, tune: bool = False, p
     for m, p, (N, K) in tqdm(jobs, desc="bench", disable=not progress):
         rows += bench_shape(m, p, N, K, ms)
     csv_path, md_path = write_reports(rows, bw, device, out_dir)
-    return {"device": device, "copy_GBps": bw, "csv": str(csv_path), "md": str(md_path), "rows": len(rows)}
+    res = {"device": device, "copy_GBps": bw, "csv": str(csv_path), "md": str(md_path), "rows": len(rows)}
+    try:
+        from qerl.stages.bench_plot import plot
+
+        res["png"] = str(plot(csv_path))
+    except ImportError:  # a GPU box without matplotlib: regenerate later with --plot CSV
+        res["png"] = None
+    return res
 
 
 def summarize(rows: list[dict], copy_gbps: float) -> dict:
@@ -182,7 +189,14 @@ def main(argv=None) -> int:
     p.add_argument("--ms", nargs="*", type=int, default=list(MS), help="token counts M")
     p.add_argument("--tune", action="store_true", help="search tile configs first (writes kernels/tuned/<device>.json)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--plot", metavar="CSV", default=None,
+                   help="only draw the figure of an existing benchmark CSV (no GPU needed) and exit")
     a = p.parse_args(argv)
+    if a.plot:
+        from qerl.stages.bench_plot import plot
+
+        print(json.dumps({"png": str(plot(Path(a.plot)))}))
+        return 0
     res = run(Path(a.output), models=tuple(a.models), ms=tuple(a.ms), tune=a.tune, progress=not a.no_progress)
     print(json.dumps(res))
     return 0
