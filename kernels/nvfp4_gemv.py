@@ -1,4 +1,7 @@
-"""NVFP4 forward GEMV for decode sizes (M <= 16): CUDA-core FMAs, no tensor cores, no shared memory.
+"""NVFP4 forward GEMV for decode sizes (1, 2 or 4 activation rows per program): CUDA-core FMAs, no
+tensor cores, no shared memory. On the H200 the register-fragment MMA kernel (:mod:`.nvfp4_mmv`) beat it
+on every tuned shape; it stays as MMV's fallback (unaligned rows, K % 32 != 0) and, through its
+``FAST=False`` twin, as the path the CPU interpreter runs for MMV configs.
 
 ``y [M, N] = x [M, K] · Ŵᵀ (+ bias) (+ s · xa [M, R] · Bᵀ)`` with ``Ŵ = e2m1 · scale / gs`` read
 straight from the packed compressed-tensors layout (``packed uint8 [N, K/2]``, ``scale`` E4M3
@@ -8,8 +11,8 @@ Why a second kernel: at decode sizes the tensor-core tiles of :mod:`.nvfp4_matmu
 time moving the dequantized bf16 tile through shared memory into the MMA's fragment layout
 (ncu on an H200: L1/TEX 91% busy, DRAM 19%). Here every thread keeps the weights it loads: it reads
 whole 32-bit words (8 weights of one row), decodes them in registers and multiplies them with the
-matching activations on the FMA pipes; the reduction over K stays in registers ``acc [BM, BN, BK/8]``
-until one cross-thread sum at the end. Cost per weight: ~2.5 integer/bf16x2 instructions to decode,
+matching activations on the FMA pipes; the reduction over K stays in registers (one ``[BN, BK/8]``
+accumulator per activation row) until one cross-thread sum at the end. Cost per weight: ~2.5 integer/bf16x2 instructions to decode,
 one bf16->fp32 move, one FMA per activation row — which is why this path is for small M only.
 
 Decoding one word ``q`` (nibble j = weight k = 8w + j; Marlin's ``dequant.h`` trick): the nibbles at
