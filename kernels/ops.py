@@ -145,10 +145,11 @@ def _locks(device: torch.device) -> torch.Tensor:
 
 def _runnable(kind: str, cfg: dict, M: int, K: int, x2, packed, interpret: bool) -> dict:
     """The config itself when its path can run on these tensors, else the next path down: MMV needs
-    PTX (no interpreter), K % 32 == 0 and 16-byte aligned rows -> the CUDA-core GEMV (its interpreter
-    twin, same product); GEMV needs 4-byte aligned packed rows -> a tensor-core tile."""
+    PTX (no interpreter), bf16 activations (it feeds their raw bits to a bf16 MMA), K % 32 == 0 and
+    16-byte aligned rows -> the CUDA-core GEMV (its interpreter twin, same product; converts fp16);
+    GEMV needs 4-byte aligned packed rows -> a tensor-core tile."""
     if kind == "fwd" and cfg.get("MMV") and (interpret or K % 32 or packed.data_ptr() % 16 or x2.data_ptr() % 16
-                                             or x2.stride(0) % 8):
+                                             or x2.stride(0) % 8 or x2.dtype != torch.bfloat16):
         cfg = dict(GEMV=1, BM=1 if M == 1 else (2 if M == 2 else 4), BN=32, BK=64, SPLIT=cfg.get("SPLIT", 1),
                    num_warps=4, num_stages=1)
     if kind == "fwd" and cfg.get("GEMV") and (packed.data_ptr() % 4 or packed.stride(0) % 4):

@@ -111,6 +111,16 @@ def run(device: str, shapes, ms, tol: float, kinds=("fwd", "bwd")) -> list[dict]
                     be = _rel(dx, _ref_bwd(dy, packed, scale, gs, dyb, la, 0.5))
                     ok = ok and be < tol and bool(torch.isfinite(dx).all())
                 rows.append({"M": M, "N": N, "K": K, "lora_r": lora_r, "fwd_rel_err": fe, "bwd_rel_err": be, "ok": ok})
+            if M in (ms[0], ms[-1]):  # fp16 activations (the decode kernel must not read them as bf16)
+                x = torch.randn(M, K, generator=g).to(device, torch.float16)
+                dy = torch.randn(M, N, generator=g).to(device, torch.float16)
+                fe = be = 0.0
+                if "fwd" in kinds:
+                    fe = _rel(nvfp4_matmul(x, packed, scale, gs), _ref_fwd(x, packed, scale, gs, None, None, None, 0.0))
+                if "bwd" in kinds:
+                    be = _rel(nvfp4_matmul_t(dy, packed, scale, gs), _ref_bwd(dy, packed, scale, gs, None, None, 0.0))
+                rows.append({"M": M, "N": N, "K": K, "lora_r": 0, "dtype": "fp16", "fwd_rel_err": fe,
+                             "bwd_rel_err": be, "ok": fe < tol and be < tol})
     return rows
 
 

@@ -209,6 +209,8 @@ def test_unrunnable_paths_step_down():
     mmv = dict(MMV=1, BM=8, BN=64, BK=128, SPLIT=3, num_warps=4, num_stages=2, XPRE=0)
     assert _runnable("fwd", mmv, 3, 64, x, p, True)["GEMV"] == 1
     assert _runnable("fwd", mmv, 3, 64, x, p, True)["SPLIT"] == 3
+    assert _runnable("fwd", mmv, 3, 128, x.new_zeros(3, 128), p, False)["MMV"] == 1  # runnable as asked
+    assert _runnable("fwd", mmv, 3, 128, torch.zeros(3, 128, dtype=torch.float16), p, False)["GEMV"] == 1
     odd = torch.zeros(16 * 32 + 1, dtype=torch.uint8)[1:].view(16, 32)  # data_ptr % 4 == 1
     tile = _runnable("fwd", mmv, 3, 64, x, odd, True)
     assert "GEMV" not in tile and "MMV" not in tile and tile["BM"] == 16
