@@ -37,9 +37,6 @@ import triton.language as tl
 
 from qerl_kernels.nvfp4_gemv import _word_pairs
 
-KSTEP = 128  # k per warp step: 4 lanes x 4 words x 8 weights
-
-
 @triton.jit
 def _tid(like):
     return tl.inline_asm_elementwise("mov.u32 $0, %tid.x;", "=r,r", [like], dtype=tl.int32, is_pure=True, pack=1)
