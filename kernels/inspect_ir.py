@@ -8,7 +8,7 @@ the static number that decides whether dequantization can keep up with memory.
 --split 1 --swap 0] [--sass FILE]``
 Pointer and integer arguments are specialised as multiples of 16, as Triton's JIT does at run time
 when the actual values are. ``--kind mmv``: BM 8|16 (activation rows), warps = BN / 16, stages = register
-prefetch depth (1|2), ``QERL_INSPECT_PF=8`` adds the L2 prefetch.
+prefetch depth (1|2), ``QERL_INSPECT_XPRE=0`` loads activations at use.
 """
 import argparse
 import collections
@@ -41,7 +41,7 @@ def compile_sm90(kind="fwd", bm=16, bn=64, bk=256, warps=4, stages=4, split=1, s
         from qerl_kernels.nvfp4_mmv import _nvfp4_mmv_kernel
         fn, base = _nvfp4_mmv_kernel, FWD_SIG
         consts = {"HAS_BIAS": False, "R": 0, "USE_SPLIT": split > 1, "EVEN_K": True, "WARPS": warps,
-                  "NB": max(1, bm // 8), "ADJ": int(os.environ.get("QERL_INSPECT_ADJ", "0")), "PREFETCH": max(1, min(stages, 2)), "PF": int(os.environ.get("QERL_INSPECT_PF", "0")),
+                  "NB": max(1, bm // 8), "PREFETCH": max(1, min(stages, 2)),
                   "XPRE": int(os.environ.get("QERL_INSPECT_XPRE", "1"))}
     elif kind == "gemv":  # CUDA-core decode path (nvfp4_gemv)
         fn, base = _nvfp4_gemv_kernel, FWD_SIG

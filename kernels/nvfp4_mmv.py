@@ -17,8 +17,7 @@ yields bf16x2 pairs of nibbles ``(3-i, 7-i)``, and MMA ``(w, h)`` (word w, half 
 ``A = (P[g][w][2h], P[g+8][w][2h], P[g][w][2h+1], P[g+8][w][2h+1])`` — logical k ``2c, 2c+1`` are the
 physical nibbles ``(3-2h, 7-2h)`` of word ``4c+w``, logical ``2c+8, 2c+9`` the nibbles ``(2-2h, 6-2h)``.
 The thread's B fragment is built from activation row ``m = g`` at the same physical k with one
-``prmt`` per register. ``ADJ=1`` decodes pairs of *adjacent* nibbles instead (one ``prmt`` more per
-weight pair) so that the activation words feed the MMA unchanged. 8 MMAs per step and activation block;
+``prmt`` per register. 8 MMAs per step and activation block;
 the fp32 accumulator (4 registers per block) is the C fragment: ``c0, c1 = y[2c, 2c+1][row g]``,
 ``c2, c3 = y[2c, 2c+1][row g+8]`` (block b: rows + 8b).
 
@@ -61,14 +60,6 @@ def _ld128(addr, pred, STREAM: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_l2(addr):
-    """``prefetch.global.L2`` of the 128-byte line at ``addr``: brings weights PF steps ahead into L2
-    without holding registers (more bytes in flight than the register-limited occupancy allows)."""
-    return tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1];\n mov.u32 $0, 0;", "=r,l", [addr],
-                                     dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _prmt(a, b, sel: tl.constexpr):
     return tl.inline_asm_elementwise(f"prmt.b32 $0, $1, $2, {sel};", "=r,r,r", [a, b], dtype=tl.int32,
                                      is_pure=True, pack=1)
@@ -93,46 +84,17 @@ def _scale2(sb):
 
 
 @triton.jit
-def _word_pairs_adj(q, s2):
-    """int32 words (8 nibbles) -> 4 bf16x2 pairs of *adjacent* nibbles (0, 1), (2, 3), (4, 5), (6, 7),
-    i.e. byte j's (low, high) nibble = weights (2j, 2j+1), times the pair ``s2``: per byte one ``prmt``
-    puts the nibbles at bits 12..15 / 28..31, then the same masks as :func:`_word_pairs`. One more
-    instruction per pair than the Marlin order, but the activation B fragment is then a plain x word."""
-    return tl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .b32 q4, r, t;
-        shl.b32 q4, $4, 4;
-        prmt.b32 r, $4, q4, 0x0040; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $0, r, $5;
-        prmt.b32 r, $4, q4, 0x1151; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $1, r, $5;
-        prmt.b32 r, $4, q4, 0x2262; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $2, r, $5;
-        prmt.b32 r, $4, q4, 0x3373; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $3, r, $5;
-        }
-        """,
-        constraints="=r,=r,=r,=r,r,r", args=[q, s2], dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
-        is_pure=True, pack=1)
-
-
-@triton.jit
-def _step(acc, qa, qb, sa, sb, us, w: tl.constexpr, NB: tl.constexpr, ADJ: tl.constexpr):
+def _step(acc, qa, qb, sa, sb, us, w: tl.constexpr, NB: tl.constexpr):
     """The MMAs of word ``w`` of this thread (rows g / g+8: words qa / qb, scales sa / sb), for each of
     the NB blocks of 8 activation rows (activation words ``us[b]``, 16 per block)."""
-    if ADJ:
-        pa = _word_pairs_adj(qa, sa)
-        pb = _word_pairs_adj(qb, sb)
-    else:
-        pa = _word_pairs(qa, sa)
-        pb = _word_pairs(qb, sb)
+    pa = _word_pairs(qa, sa)
+    pb = _word_pairs(qb, sb)
     for h in tl.static_range(2):
         new = ()
         for b in tl.static_range(NB):
             u = us[b]
-            if ADJ:  # logical (2c, 2c+1) = physical 8w+4h+{0,1}, (2c+8, 2c+9) = 8w+4h+2+{0,1}
-                x0 = u[4 * w + 2 * h]
-                x1 = u[4 * w + 2 * h + 1]
-            else:
-                x0 = _prmt(u[4 * w + 1 - h], u[4 * w + 3 - h], 0x7632)  # (x[8w+3-2h], x[8w+7-2h])
-                x1 = _prmt(u[4 * w + 1 - h], u[4 * w + 3 - h], 0x5410)  # (x[8w+2-2h], x[8w+6-2h])
+            x0 = _prmt(u[4 * w + 1 - h], u[4 * w + 3 - h], 0x7632)  # (x[8w+3-2h], x[8w+7-2h])
+            x1 = _prmt(u[4 * w + 1 - h], u[4 * w + 3 - h], 0x5410)  # (x[8w+2-2h], x[8w+6-2h])
             c0, c1, c2, c3 = acc[b]
             new = new + (_mma(pa[2 * h], pb[2 * h], pa[2 * h + 1], pb[2 * h + 1], x0, x1, c0, c1, c2, c3),)
         acc = new
@@ -182,7 +144,7 @@ def _loads(wa, wb, xrs, sa_ptr, sb_ptr, t, c, K, EVEN_K: tl.constexpr, NB: tl.co
 
 
 @triton.jit
-def _compute(acc, ld, xrs, NB: tl.constexpr, XPRE: tl.constexpr, ADJ: tl.constexpr):
+def _compute(acc, ld, xrs, NB: tl.constexpr, XPRE: tl.constexpr):
     qa, qb, us, s = ld
     if not XPRE:  # us carries (t, kin)
         us = _all_x(xrs, us[0], us[1], NB)
@@ -190,10 +152,10 @@ def _compute(acc, ld, xrs, NB: tl.constexpr, XPRE: tl.constexpr, ADJ: tl.constex
     sa1 = _scale2(s[1])
     sb0 = _scale2(s[2])
     sb1 = _scale2(s[3])
-    acc = _step(acc, qa[0], qb[0], sa0, sb0, us, 0, NB, ADJ)
-    acc = _step(acc, qa[1], qb[1], sa0, sb0, us, 1, NB, ADJ)
-    acc = _step(acc, qa[2], qb[2], sa1, sb1, us, 2, NB, ADJ)
-    acc = _step(acc, qa[3], qb[3], sa1, sb1, us, 3, NB, ADJ)
+    acc = _step(acc, qa[0], qb[0], sa0, sb0, us, 0, NB)
+    acc = _step(acc, qa[1], qb[1], sa0, sb0, us, 1, NB)
+    acc = _step(acc, qa[2], qb[2], sa1, sb1, us, 2, NB)
+    acc = _step(acc, qa[3], qb[3], sa1, sb1, us, 3, NB)
     return acc
 
 
@@ -229,12 +191,11 @@ def _nvfp4_mmv_kernel(
     x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr,
     M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT,
     HAS_BIAS: tl.constexpr, R: tl.constexpr, USE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr, WARPS: tl.constexpr,
-    NB: tl.constexpr, PREFETCH: tl.constexpr, PF: tl.constexpr, XPRE: tl.constexpr, ADJ: tl.constexpr,
+    NB: tl.constexpr, PREFETCH: tl.constexpr, XPRE: tl.constexpr,
 ):
     # program (pid_n, pid_m, pid_s): weight rows pid_n*16*WARPS .. (16 per warp) x activation rows
     # pid_m*8*NB .. +8*NB (NB blocks of 8), K steps pid_s::SPLIT-th share; loads run PREFETCH (1 or 2)
-    # steps ahead into registers and, if PF > 0, an L2 prefetch runs PF steps ahead. ADJ picks the
-    # adjacent-nibble weight pairs (activation words feed the MMA directly) over Marlin's order + prmt.
+    # steps ahead into registers; XPRE=0 loads the activations at use instead (fewer registers).
     # Requires K % 32 == 0 and 16-byte aligned rows (checked by ops).
     T: tl.constexpr = 32 * WARPS
     pid_n = tl.program_id(0)
@@ -269,21 +230,15 @@ def _nvfp4_mmv_kernel(
         if PREFETCH == 2:
             nxt2 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, tl.minimum(t0 + 1, t1 - 1), c, K, EVEN_K, NB, XPRE)
             for t in range(t0, t1):
-                if PF > 0:
-                    _prefetch_l2(wa + tl.minimum(t + PF, k_steps - 1) * 64)
-                    _prefetch_l2(wb + tl.minimum(t + PF, k_steps - 1) * 64)
                 cur = nxt
                 nxt = nxt2
                 nxt2 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, tl.minimum(t + 2, t1 - 1), c, K, EVEN_K, NB, XPRE)
-                acc = _compute(acc, cur, xrs, NB, XPRE, ADJ)
+                acc = _compute(acc, cur, xrs, NB, XPRE)
         else:
             for t in range(t0, t1):
-                if PF > 0:
-                    _prefetch_l2(wa + tl.minimum(t + PF, k_steps - 1) * 64)
-                    _prefetch_l2(wb + tl.minimum(t + PF, k_steps - 1) * 64)
                 cur = nxt
                 nxt = _loads(wa, wb, xrs, sa_ptr, sb_ptr, tl.minimum(t + 1, t1 - 1), c, K, EVEN_K, NB, XPRE)
-                acc = _compute(acc, cur, xrs, NB, XPRE, ADJ)
+                acc = _compute(acc, cur, xrs, NB, XPRE)
     # C fragment of block b: (c0, c1) = y[m, m+1][na], (c2, c3) = y[m, m+1][nb] with m = pid_m*8*NB + 8b + 2c
     m0 = pid_m * (8 * NB) + 2 * c
     last = True

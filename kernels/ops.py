@@ -180,7 +180,7 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret)
     if mmv and (BM not in (8, 16, 32, 64) or BN not in (32, 64, 128, 256) or BK != 128):
         raise ValueError(f"MMV config needs BM 8|16|32|64, BN = 16 x warps, BK 128; got BM={BM} BN={BN} BK={BK}")
     gemv = kind == "fwd" and cfg.pop("GEMV", 0)
-    if mmv:  # tensor cores on register fragments (decode sizes; 8..64 activation rows per program)
+    if mmv:  # tensor cores on register fragments (decode sizes; 8 x NB activation rows per program)
         from qerl_kernels.nvfp4_mmv import _nvfp4_mmv_kernel
 
         bias, xa, lb = extra
@@ -191,7 +191,7 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret)
                                 M, N, K, x2.stride(0), out.stride(0), packed.stride(0), s8.stride(0),
                                 float(lora_scale), split, HAS_BIAS=bias is not None, R=r, USE_SPLIT=split > 1,
                                 EVEN_K=K % 128 == 0, WARPS=warps, NB=BM // 8, PREFETCH=cfg.get("num_stages", 1),
-                                PF=cfg.get("PF", 0), XPRE=cfg.get("XPRE", 1), ADJ=cfg.get("ADJ", 0),
+                                XPRE=cfg.get("XPRE", 1),
                                 num_warps=warps, num_stages=1)
     elif gemv:  # CUDA-core path for decode sizes (reads the packed rows as 32-bit words)
         bias, xa, lb = extra

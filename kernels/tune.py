@@ -61,19 +61,18 @@ def _decode_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
     (``MMV``: 16 weight rows per warp, 8 activation rows per program) and the CUDA-core ``GEMV``."""
     out = []
     if K % 32 == 0:
-        for bm in ((8,) if M <= 8 else (8, 16) if M <= 16 else (16, 32) if M <= 32 else (32, 64)):
+        for bm in ((8,) if M <= 8 else (8, 16)):
             for warps in (4, 8):
                 bn = 16 * warps
                 tiles_out = -(-M // bm) * -(-N // bn)
                 loop = -(-K // 128)
                 # small programs: several are resident per SM, so aim at 2..16 programs per SM
                 splits = sorted({max(1, min(loop // 2, (w * sms) // tiles_out)) for w in (2, 4, 8, 16)})
-                variants = ((1, 0, 1, 0), (2, 0, 1, 0), (1, 0, 0, 0), (2, 0, 0, 0), (1, 0, 0, 1), (2, 0, 0, 1)) \
-                    if bm <= 16 else ((1, 0, 0, 1), (2, 0, 0, 1), (1, 0, 0, 0))  # (prefetch, PF, XPRE, ADJ)
                 for split in splits:
-                    for pre, pf, xpre, adj in variants:
-                        out.append(dict(MMV=1, BM=bm, BN=bn, BK=128, SPLIT=split, num_warps=warps, num_stages=pre,
-                                        PF=pf, XPRE=xpre, ADJ=adj))
+                    for pre in (1, 2):  # register prefetch depth
+                        for xpre in (1, 0):  # activations prefetched / loaded at use
+                            out.append(dict(MMV=1, BM=bm, BN=bn, BK=128, SPLIT=split, num_warps=warps,
+                                            num_stages=pre, XPRE=xpre))
     if M <= 4:
         bm = 1 if M == 1 else (2 if M == 2 else 4)
         for bn, bk, st in ((64, 128, 1), (128, 256, 1), (64, 256, 3)):
@@ -84,7 +83,7 @@ def _decode_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
 
 
 def candidates(kind: str, M: int, N: int, K: int, sms: int) -> list[dict]:
-    out = _decode_paths(M, N, K, sms) if kind == "fwd" and M <= 64 else []
+    out = _decode_paths(M, N, K, sms) if kind == "fwd" and M <= 32 else []
     for bm, bn, bk, swap, w, st in _tiles(kind, M):
         base = dict(BM=bm, BN=bn, BK=bk, SWAP=swap, num_warps=w, num_stages=st)
         loop = -(-(K if kind == "fwd" else N) // (bk if kind == "fwd" else bn))

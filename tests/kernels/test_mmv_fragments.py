@@ -4,7 +4,6 @@ the word decode bit operations, the ``prmt`` activation pairs, the C-fragment ou
 replayed in NumPy, with ``mma.sync.m16n8k16`` emulated from the PTX ISA's fragment tables, and
 compared with the dequantize-then-matmul reference."""
 import numpy as np
-import pytest
 import torch
 
 from qerl.quant import nvfp4
@@ -30,21 +29,6 @@ def _word_pairs(q, s2):
         hi = _bf16_bits_to_f64(t >> 16) * _bf16_bits_to_f64(s2 >> 16)
         out.append(int(_f32_to_bf16_bits(lo)) | (int(_f32_to_bf16_bits(hi)) << 16))
         q = np.uint32((int(q) << 4) & 0xFFFFFFFF)
-    return out
-
-
-def _word_pairs_adj(q, s2):
-    """The kernel's PTX (`_word_pairs_adj`): per byte j, prmt(q, q << 4, sel_j) then the same masks:
-    the bf16x2 pair of nibbles (2j, 2j+1), times s2."""
-    out = []
-    q = int(q)
-    q4 = (q << 4) & 0xFFFFFFFF
-    for sel in (0x0040, 0x1151, 0x2262, 0x3373):
-        r = np.uint32(_prmt(q, q4, sel))
-        t = ((r >> np.uint32(6)) & np.uint32(0x01C001C0)) | (r & np.uint32(0x80008000))
-        lo = _bf16_bits_to_f64(t & 0xFFFF) * _bf16_bits_to_f64(s2 & 0xFFFF)
-        hi = _bf16_bits_to_f64(t >> 16) * _bf16_bits_to_f64(s2 >> 16)
-        out.append(int(_f32_to_bf16_bits(lo)) | (int(_f32_to_bf16_bits(hi)) << 16))
     return out
 
 
@@ -76,10 +60,9 @@ def _scale2(sbits):
     return b | (b << 16)
 
 
-def _mmv_emulated(x, packed, scale, gs, adj=False):
+def _mmv_emulated(x, packed, scale, gs):
     """One warp per 16 weight rows, one 8-row activation block (a program's NB blocks share the
-    decoded A fragments and repeat this per block), steps of 128 k: the kernel's loop. ``adj``: the
-    ADJ=1 pairing (adjacent nibbles, activation words used directly)."""
+    decoded A fragments and repeat this per block), steps of 128 k: the kernel's loop."""
     M, K = x.shape
     N = packed.shape[0]
     pk = packed.numpy().view(np.uint32)  # [N, K/8] words (little endian)
@@ -101,14 +84,10 @@ def _mmv_emulated(x, packed, scale, gs, adj=False):
                     sb = [_scale2(sc[nb, t * 8 + 2 * c + j]) for j in range(2)]
                     f = []
                     for w in range(4):
-                        dec = _word_pairs_adj if adj else _word_pairs
-                        pa, pb = dec(qa[w], sa[w // 2]), dec(qb[w], sb[w // 2])
+                        pa, pb = _word_pairs(qa[w], sa[w // 2]), _word_pairs(qb[w], sb[w // 2])
                         for h in range(2):
-                            if adj:
-                                b0, b1 = int(u[4 * w + 2 * h]), int(u[4 * w + 2 * h + 1])
-                            else:
-                                b0 = _prmt(u[4 * w + 1 - h], u[4 * w + 3 - h], 0x7632)
-                                b1 = _prmt(u[4 * w + 1 - h], u[4 * w + 3 - h], 0x5410)
+                            b0 = _prmt(u[4 * w + 1 - h], u[4 * w + 3 - h], 0x7632)
+                            b1 = _prmt(u[4 * w + 1 - h], u[4 * w + 3 - h], 0x5410)
                             f.append(((pa[2 * h], pb[2 * h], pa[2 * h + 1], pb[2 * h + 1]), (b0, b1)))
                     frags.append(f)
                 for j in range(8):  # the 8 MMAs of the step, in the kernel's order
@@ -121,14 +100,13 @@ def _mmv_emulated(x, packed, scale, gs, adj=False):
     return y
 
 
-@pytest.mark.parametrize("adj", [False, True])
-def test_register_fragment_dataflow_matches_reference(adj):
+def test_register_fragment_dataflow_matches_reference():
     g = torch.Generator().manual_seed(3)
     N, K, M = 20, 256, 5  # a partial 16-row block and a partial 8-row activation block
     packed, scale, gs = nvfp4.quantize(torch.randn(N, K, generator=g) * 0.05)
     x = torch.randn(M, K, generator=g).bfloat16()
     want = x.double() @ nvfp4.dequantize(packed, scale, gs, torch.float32).double().T
-    got = _mmv_emulated(x, packed, scale, gs, adj)
+    got = _mmv_emulated(x, packed, scale, gs)
     # exact e2m1·scale into the MMA, 1/gs applied once: equal up to float64 summation order
     err = np.abs(got - want.numpy()).max() / np.abs(want.numpy()).max()
     assert err < 1e-6, err

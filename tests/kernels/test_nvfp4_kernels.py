@@ -25,7 +25,7 @@ def test_selfcheck_under_interpreter():
 
 @pytest.mark.parametrize("cfg", [{"SPLIT": 3, "BK": 16, "BN": 16}, {"SPLIT": 2, "BK": 32, "BN": 16, "SWAP": 1},
                                  # the MMV decode config falls back to the CUDA-core GEMV (its interpreter twin)
-                                 {"MMV": 1, "BM": 16, "BN": 64, "BK": 128, "SPLIT": 2, "num_warps": 4, "PF": 8},
+                                 {"MMV": 1, "BM": 16, "BN": 64, "BK": 128, "SPLIT": 2, "num_warps": 4, "XPRE": 0},
                                  {"GEMV": 1, "BM": 4, "BN": 16, "BK": 32, "SPLIT": 2}])
 def test_split_swap_and_odd_shapes_under_interpreter(cfg):
     """Split reduction (tickets, last program reduces), swapped operands and masked K tails."""
