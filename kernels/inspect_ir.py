@@ -69,6 +69,17 @@ def sass_of(kernel) -> str:
         return subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
 
 
+def registers_of(kernel) -> int:
+    """Registers per thread of the compiled kernel (``cuobjdump --dump-resource-usage``)."""
+    cuobjdump = os.path.join(triton.__path__[0], "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        out = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True,
+                             check=True).stdout
+    return int(re.search(r"REG:(\d+)", out).group(1))
+
+
 def main_loop(sass: str) -> tuple[int, collections.Counter]:
     """Instructions of the largest loop (a backward branch) and their opcode counts."""
     ins, labels, pending = [], {}, []
@@ -106,6 +117,7 @@ def inspect(bm=16, bn=64, bk=256, warps=4, stages=4, split=1, swap=0, kind="fwd"
             "global_loads": dict(loads), "cp_async": ptx.count("cp.async"), "wgmma": ptx.count("wgmma.mma_async"),
             "mma_sync": ptx.count("mma.sync"), "ttgir_async_copies": ttgir.count("async_copy_global_to_local"),
             "ttgir_convert_layout": ttgir.count("convert_layout"), "shared_bytes": k.metadata.shared,
+            "registers": registers_of(k),
             "loop_sass_instructions": n, "loop_sass_per_weight": round(n * 32 * warps / (bn * bk), 3),
             "loop_top_ops": dict(ops.most_common(12))}
 

@@ -145,6 +145,7 @@ def test_sm90_code_inspection_without_a_gpu():
     assert mmv["mma_sync"] == 8 and mmv["shared_bytes"] == 0 and mmv["wgmma"] == 0
     assert mmv["global_loads"].get("ld.global.nc.v4.u32", 0) >= 6  # 2 weight rows + 4 activation words
     assert mmv["loop_sass_per_weight"] < 4.5 and mmv["loop_top_ops"].get("HMMA", 0) == 8
+    assert 0 < mmv["registers"] <= 64  # room for 32+ resident warps per SM
 
 
 def test_tuned_table_falls_back_to_the_nearest_bucket(monkeypatch):
