@@ -45,11 +45,19 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def heuristic(kind: str, M: int, N: int, K: int, sms: int) -> dict:
-    """Tile config when no tuned entry exists: BM/BN/BK, SPLIT (reduction split over programs so
-    that decode sizes fill the SMs), SWAP (weight tile as the MMA's A operand: needed for wgmma
-    tiles, BM > 32), warps, stages. ``kind`` is 'fwd' or 'bwd' (bwd tiles dX over (M, K) and
-    loops over N)."""
+DQ_ROWS = 64  # above this many rows the untuned choice is dequantize-windows + cuBLAS (``DQ``)
+DQ_CHUNK = 1 << 25  # weights per dequantized window (64 MiB of bf16 scratch)
+
+
+def heuristic(kind: str, M: int, N: int, K: int, sms: int, dq: bool = True) -> dict:
+    """Config when no tuned entry exists. Above ``DQ_ROWS`` rows: ``DQ`` (dequantize windows of at
+    most ``CHUNK`` weights, cuBLAS on each: :mod:`qerl_kernels.nvfp4_dequant`). Below: ``MMV`` decode
+    kernel for forward M <= 16, else a tensor-core tile — BM/BN/BK, SPLIT (reduction split over
+    programs so that decode sizes fill the SMs), SWAP (weight tile as the MMA's A operand: needed for
+    wgmma tiles, BM > 32), warps, stages. ``kind`` is 'fwd' or 'bwd' (bwd tiles dX over (M, K) and
+    loops over N). ``dq=False``: never ``DQ`` (the Triton-only choice)."""
+    if dq and M > DQ_ROWS:  # compute-bound: dequantize windows of W at ~copy bandwidth, multiply with cuBLAS
+        return dict(DQ=1, CHUNK=DQ_CHUNK)
     if kind == "fwd" and M <= 16 and K % 32 == 0:  # register-fragment tensor-core decode kernel
         cfg = dict(MMV=1, BM=8 if M <= 8 else 16, BN=64, BK=128, num_warps=4, num_stages=1)
         out_tiles, loop = -(-M // cfg["BM"]) * -(-N // 64), -(-K // 128)
@@ -92,7 +100,7 @@ def config_for(kind: str, M: int, N: int, K: int, device: torch.device) -> dict:
         cfg = dict(BM=16, BN=32, BK=32, num_warps=4, num_stages=1, SPLIT=1, SWAP=0)
         return {**cfg, **json.loads(os.environ.get("QERL_KERNEL_CONFIG", "{}"))}
     forced = json.loads(os.environ.get("QERL_KERNEL_CONFIG", "{}"))  # experiments / debugging / tuning
-    if "BM" in forced:  # a complete config replaces the tuned one (no stale MMV / GEMV keys from it)
+    if "BM" in forced or "DQ" in forced:  # a complete config replaces the tuned one (no stale MMV / GEMV keys)
         return forced
     hit = tuned_entry(torch.cuda.get_device_name(device), kind, M, N, K)
     cfg = dict(hit) if hit else heuristic(kind, M, N, K, _sm_count(device.index or 0))
@@ -165,6 +173,13 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret)
     M = x2.shape[0]
     N, K = packed.shape[0], packed.shape[1] * 2
     cfg = _runnable(kind, config_for(kind, M, N, K, x2.device), M, K, x2, packed, interpret)
+    if cfg.get("DQ"):  # dequantize windows of W + cuBLAS (large M)
+        from qerl_kernels.nvfp4_dequant import dq_backward, dq_forward
+
+        chunk, s8 = int(cfg.get("CHUNK", DQ_CHUNK)), scale.view(torch.uint8)
+        if kind == "fwd":
+            return dq_forward(x2, packed, s8, gs, *extra, lora_scale, chunk, interpret)
+        return dq_backward(x2, packed, s8, gs, *extra, lora_scale, chunk, interpret)
     split = cfg.pop("SPLIT")
     BM, BN, BK = cfg.pop("BM"), cfg.pop("BN"), cfg.pop("BK")
     out = torch.empty(M, n_out, device=x2.device, dtype=x2.dtype)

@@ -56,11 +56,40 @@ FORCED = {
             dict(MMV=1, BM=64, BN=64, BK=128, SPLIT=2, num_warps=4, num_stages=1, XPRE=0),
             dict(MMV=1, BM=32, BN=128, BK=128, SPLIT=1, num_warps=8, num_stages=2, XPRE=0),
             dict(GEMV=1, BM=4, BN=64, BK=128, SPLIT=2, num_warps=4, num_stages=1),
-            dict(GEMV=1, BM=1, BN=128, BK=256, SPLIT=1, num_warps=4, num_stages=3)],
+            dict(GEMV=1, BM=1, BN=128, BK=256, SPLIT=1, num_warps=4, num_stages=3),
+            dict(DQ=1, CHUNK=4096), dict(DQ=1, CHUNK=0)],
     "bwd": [dict(BM=16, BN=128, BK=64, SWAP=0, SPLIT=3, num_warps=4, num_stages=4),
             dict(BM=64, BN=64, BK=128, SWAP=1, SPLIT=1, num_warps=4, num_stages=4),
-            dict(BM=128, BN=64, BK=128, SWAP=1, SPLIT=2, num_warps=8, num_stages=3)],
+            dict(BM=128, BN=64, BK=128, SWAP=1, SPLIT=2, num_warps=8, num_stages=3),
+            dict(DQ=1, CHUNK=2048), dict(DQ=1, CHUNK=0)],
 }
+
+
+def run_dequant(device: str, shapes) -> list[dict]:
+    """The dequantization kernel against :func:`qerl.quant.nvfp4.dequantize`, bit for bit (bf16, fp16;
+    whole tensors and an interior row x column window). Under the interpreter bf16 goes through the
+    fp32 window (its casts truncate), so every dtype is exact there too."""
+    import os
+
+    from qerl.quant import nvfp4
+    from qerl_kernels.nvfp4_dequant import _dequant
+
+    interp = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    rows = []
+    g = torch.Generator().manual_seed(1)
+    for (N, K) in shapes:
+        packed, scale, gs = (t.to(device) for t in nvfp4.quantize(torch.randn(N, K, generator=g) * 0.02))
+        for dt in (torch.bfloat16, torch.float16):
+            ref = nvfp4.dequantize(packed, scale, gs, dt)
+            full = _dequant(torch.empty(N, K, device=device, dtype=dt), packed, scale.view(torch.uint8), gs, interp)
+            n0, n1, k0, k1 = N // 3, N - N // 4, 16 * (K // 48), K - 16 * (K // 64)
+            win = _dequant(torch.empty(n1 - n0, k1 - k0, device=device, dtype=dt), packed[n0:n1, k0 // 2:k1 // 2],
+                           scale.view(torch.uint8)[n0:n1, k0 // 16:k1 // 16], gs, interp)
+            ok = torch.equal(full.view(torch.int16), ref.view(torch.int16)) and \
+                torch.equal(win.view(torch.int16), ref[n0:n1, k0:k1].view(torch.int16))
+            rows.append({"check": "dequant_bitexact", "N": N, "K": K, "dtype": str(dt).split(".")[-1],
+                         "fwd_rel_err": _rel(full, ref), "bwd_rel_err": _rel(win, ref[n0:n1, k0:k1]), "ok": ok})
+    return rows
 
 
 def run_forced(device: str, shapes, ms, tol: float) -> list[dict]:
@@ -132,9 +161,9 @@ def main(argv=None) -> int:
         shapes = [(48, 80), (130, 272), (3584, 3584), (512, 18944)] if not a.quick else [(48, 80), (130, 272)]
         ms = [1, 2, 3, 8, 16, 17, 33, 64, 100, 256, 513, 2048]
         rows = run("cuda", shapes, ms, 5e-3) + run_forced("cuda", [(130, 272), (100, 352), (3584, 3584)], [1, 3, 17, 100],
-                                                       5e-3)
+                                                       5e-3) + run_dequant("cuda", shapes)
     else:
-        rows = run("cpu", [(48, 80), (40, 32)], [1, 5, 17], 1e-2)
+        rows = run("cpu", [(48, 80), (40, 32)], [1, 5, 17], 1e-2) + run_dequant("cpu", [(48, 80), (40, 32)])
     bad = [r for r in rows if not r["ok"]]
     if a.json:
         with open(a.json, "w") as f:

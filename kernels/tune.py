@@ -45,15 +45,17 @@ def _tiles(kind: str, M: int) -> list[tuple]:
                     ((64, 128, 4, 4), (128, 128, 4, 4), (128, 256, 4, 3), (256, 128, 8, 3))] + [(32, 64, 256, 0, 4, 4)]
         if M <= 512:
             return [(64, 128, 128, 1, 4, 4), (128, 128, 64, 1, 8, 4), (128, 128, 128, 1, 8, 3), (64, 256, 64, 1, 8, 4)]
-        return [(128, 128, 64, 1, 8, 4), (128, 128, 128, 1, 8, 3), (128, 256, 64, 1, 8, 3), (256, 128, 64, 1, 8, 3),
-                (128, 256, 128, 1, 8, 2), (64, 128, 128, 1, 4, 4)]
+        # the full v2 search (reports/kernels/NVIDIA_H200_tune_7B_32B.csv) always chose 256x128x64: it and
+        # one runner-up stay as the comparison for the dequantize + cuBLAS path
+        return [(256, 128, 64, 1, 8, 3), (128, 256, 64, 1, 8, 3)]
     if M <= 16:
         return [(16, bn, bk, 1, 4, st) for bn, bk, st in ((64, 128, 4), (128, 128, 4), (64, 64, 5), (128, 64, 4))] + \
                [(16, 128, 64, 0, 4, 4)]
     if M <= 64:
         return [(32, 128, 64, 0, 4, 4), (64, 64, 128, 1, 4, 4), (64, 128, 128, 1, 4, 3), (32, 64, 128, 1, 4, 4)]
-    return [(128, 64, 128, 1, 8, 3), (128, 64, 256, 1, 8, 3), (128, 128, 128, 1, 8, 3), (256, 64, 128, 1, 8, 3),
-            (64, 64, 256, 1, 4, 4), (128, 128, 64, 1, 8, 4)]
+    if M <= 512:
+        return [(128, 64, 128, 1, 8, 3), (128, 128, 128, 1, 8, 3), (64, 64, 256, 1, 4, 4)]
+    return [(256, 64, 128, 1, 8, 3), (128, 128, 128, 1, 8, 3)]  # v2 search winner + runner-up
 
 
 def _decode_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
@@ -82,7 +84,17 @@ def _decode_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
     return out
 
 
-def candidates(kind: str, M: int, N: int, K: int, sms: int) -> list[dict]:
+def _dq_paths(M: int) -> list[dict]:
+    """Dequantize windows of 8M / 32M / 128M weights (16-256 MiB of bf16 scratch), or all of W, + cuBLAS."""
+    return [dict(DQ=1, CHUNK=c) for c in (1 << 23, 1 << 25, 1 << 27, 0)] if M >= 64 else []
+
+
+def candidates(kind: str, M: int, N: int, K: int, sms: int, paths: str = "all", current: dict | None = None) -> list[dict]:
+    """Configs to time. ``paths='dq'``: only the dequantize + cuBLAS windows against ``current`` (the
+    config in use now: tuned entry or heuristic), for adding the DQ path to a table that was searched
+    before it existed."""
+    if paths == "dq":
+        return _dq_paths(M) + ([current] if current and current not in _dq_paths(M) else [])
     out = _decode_paths(M, N, K, sms) if kind == "fwd" and M <= 32 else []
     for bm, bn, bk, swap, w, st in _tiles(kind, M):
         base = dict(BM=bm, BN=bn, BK=bk, SWAP=swap, num_warps=w, num_stages=st)
@@ -90,6 +102,7 @@ def candidates(kind: str, M: int, N: int, K: int, sms: int) -> list[dict]:
         tiles_out = -(-M // bm) * -(-(N if kind == "fwd" else K) // (bn if kind == "fwd" else bk))
         for split in (_split_options(tiles_out, loop, sms) if M <= 512 else [1]):
             out.append({**base, "SPLIT": split})
+    out += _dq_paths(M)
     h = ops.heuristic(kind, M, N, K, sms)
     if h not in out:
         out.append(h)
@@ -103,7 +116,8 @@ def _reference(kind, x, p, s, g):
     return (x.float() @ w.T) if kind == "fwd" else (x.float() @ w)
 
 
-def tune_all(shapes, ms, progress: bool = True, csv_path: Path | None = None, kinds=("fwd", "bwd")) -> Path:
+def tune_all(shapes, ms, progress: bool = True, csv_path: Path | None = None, kinds=("fwd", "bwd"),
+             paths: str = "all") -> Path:
     from tqdm.auto import tqdm
 
     from qerl.quant import nvfp4
@@ -132,7 +146,12 @@ def tune_all(shapes, ms, progress: bool = True, csv_path: Path | None = None, ki
         t_cublas = _graph_time([lambda w=w: f_dense(w) for w in dense], reps=9)
         del dense
         best = None
-        for cfg in candidates(kind, M, N, K, sms):
+        current = None
+        if paths == "dq":  # the tuned Triton entry, else the Triton-only heuristic
+            current = ops.tuned_entry(device, kind, M, N, K)
+            if not current or current.get("DQ"):
+                current = ops.heuristic(kind, M, N, K, sms, dq=False)
+        for cfg in candidates(kind, M, N, K, sms, paths, current):
             os.environ["QERL_KERNEL_CONFIG"] = json.dumps(cfg)  # overrides every key of config_for's choice
             err, t = float("nan"), float("inf")
             try:
@@ -180,11 +199,13 @@ def main(argv=None) -> int:
     p.add_argument("--ms", nargs="*", type=int, default=[1, 16, 64, 2048])
     p.add_argument("--kinds", nargs="*", default=["fwd", "bwd"], choices=["fwd", "bwd"])
     p.add_argument("--csv", default=None, help="write every measurement here")
+    p.add_argument("--paths", default="all", choices=["all", "dq"],
+                   help="all: every candidate; dq: the dequantize + cuBLAS windows against the config in use now")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     shapes = [nk for m in a.models for name, nk in projections(m).items() if a.projs is None or name in a.projs]
     path = tune_all(shapes, a.ms, progress=not a.no_progress, csv_path=Path(a.csv) if a.csv else None,
-                    kinds=tuple(a.kinds))
+                    kinds=tuple(a.kinds), paths=a.paths)
     print(json.dumps({"tuned": str(path)}))
     return 0
 

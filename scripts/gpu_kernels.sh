@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: correctness of the NVFP4 kernels on the GPU, then tuning and/or the benchmark.
-# Usage (on the GPU machine, repo root): bash scripts/gpu_kernels.sh OUT_DIR [quick|full|tune7b|decode|newgpu|tune]
+# Usage (on the GPU machine, repo root): bash scripts/gpu_kernels.sh OUT_DIR [quick|full|tune7b|decode|newgpu|tune|dq]
 set -euo pipefail
 OUT=${1:?out dir}; MODE=${2:-quick}
 mkdir -p "$OUT" /tmp/qerl_pp
@@ -25,6 +25,11 @@ print(b.run(Path('$OUT'), models=('7B',), ms=(1, 16, 64, 2048), progress=False))
           timeout 150 python3 -m qerl_kernels.tune --models 7B 32B --ms 64 2048 --csv "$OUT/tune_tiles.csv" --no-progress || true
           cp kernels/tuned/*.json "$OUT/"
           timeout 60 python3 -m qerl.stages.bench_kernels --output "$OUT" --models 7B --ms 1 4 16 64 2048 --no-progress || true ;;
+  dq) # add the dequantize + cuBLAS path (DQ) to the table: DQ windows vs the tuned Triton config, M >= 64
+      timeout 330 python3 -m qerl_kernels.tune --paths dq --models 7B 14B 32B --ms 64 256 2048 8192 \
+        --csv "$OUT/tune_dq.csv" --no-progress || true
+      cp kernels/tuned/*.json "$OUT/"
+      timeout 120 python3 -m qerl.stages.bench_kernels --output "$OUT" --models 7B --ms 1 16 64 256 2048 8192 --no-progress || true ;;
   tune) python3 -m qerl_kernels.tune --models 7B 14B 32B --ms 1 16 64 2048 --csv "$OUT/tune_all.csv" --no-progress
         cp kernels/tuned/*.json "$OUT/" ;;
 esac

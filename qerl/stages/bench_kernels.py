@@ -52,6 +52,24 @@ def _graph_time(calls, reps: int = 15) -> float:
     return statistics.median(times)
 
 
+def _eager_time(calls, reps: int = 5) -> float:
+    """Median seconds per call of ``calls`` launched eagerly (for code a CUDA graph cannot capture,
+    e.g. the reference, whose global-scale check reads the value on the host)."""
+    for c in calls:
+        c()
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for c in calls:
+            c()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / 1e3 / len(calls))
+    return statistics.median(times)
+
+
 def copy_bandwidth() -> float:
     """Device-to-device copy GB/s (bytes read + written): the best of a 2 GiB ``copy_`` (memcpy)
     and an elementwise copy kernel (``torch.mul(a, 1, out=b)`` on bf16), so that targets stated
@@ -78,6 +96,7 @@ def _weights(N: int, K: int, copies: int):
 
 
 def bench_shape(model: str, proj: str, N: int, K: int, ms, lora_rank: int = 32) -> list[dict]:
+    from qerl.ops.linear import reference_backward_input, reference_forward
     from qerl_kernels.ops import nvfp4_matmul, nvfp4_matmul_t
 
     bf16_bytes = N * K * 2
@@ -94,6 +113,11 @@ def bench_shape(model: str, proj: str, N: int, K: int, ms, lora_rank: int = 32) 
             "fwd_cublas": _graph_time([lambda w=w: torch.nn.functional.linear(x, w) for w, *_ in ws]),
             "bwd": _graph_time([lambda p=p, s=s, g=g: nvfp4_matmul_t(dy, p, s, g) for _, p, s, g in ws]),
             "bwd_cublas": _graph_time([lambda w=w: dy @ w for w, *_ in ws]),
+            # the seam's pure-torch reference (dequantize, then cuBLAS): what runs without the kernels
+            "fwd_reference": _eager_time([lambda p=p, s=s, g=g: reference_forward(x, p, s, g, None)
+                                          for _, p, s, g in ws[:2]]),
+            "bwd_reference": _eager_time([lambda p=p, s=s, g=g: reference_backward_input(dy, p, s, g)
+                                          for _, p, s, g in ws[:2]]),
         }
         if M <= 64:
             t["fwd_lora"] = _graph_time([lambda p=p, s=s, g=g: nvfp4_matmul(x, p, s, g, None, x @ la.T, lb, 2.0)
@@ -105,6 +129,7 @@ def bench_shape(model: str, proj: str, N: int, K: int, ms, lora_rank: int = 32) 
             rows.append({
                 "model": model, "proj": proj, "N": N, "K": K, "M": M, "kind": kind, "us": sec * 1e6,
                 "cublas_us": t[f"{kind}_cublas"] * 1e6, "speedup": t[f"{kind}_cublas"] / sec,
+                "reference_us": t[f"{kind}_reference"] * 1e6, "vs_reference": t[f"{kind}_reference"] / sec,
                 "GBps": (q_bytes + io) / sec / 1e9, "cublas_GBps": (bf16_bytes + io) / t[f"{kind}_cublas"] / 1e9,
                 "TFLOPs": 2 * M * N * K / sec / 1e12,
                 "lora32_overhead": (t["fwd_lora"] / t["fwd"] - 1) if kind == "fwd" and "fwd_lora" in t else None,
@@ -112,6 +137,34 @@ def bench_shape(model: str, proj: str, N: int, K: int, ms, lora_rank: int = 32) 
     del ws
     torch.cuda.empty_cache()
     return rows
+
+
+def bench_dequant(model: str, proj: str, N: int, K: int) -> dict:
+    """The dequantization kernel alone (the ``DQ`` path's first half): µs and GB/s for the whole W
+    (0.5625 B read + 2 B written per weight) next to the reference's dequantization."""
+    from qerl.quant.nvfp4 import dequantize
+    from qerl_kernels.nvfp4_dequant import dequantize_into
+
+    ws = _weights(N, K, 2)
+    out = torch.empty(N, K, device="cuda", dtype=torch.bfloat16)
+    t = _graph_time([lambda p=p, s=s, g=g: dequantize_into(out, p, s.view(torch.uint8), g) for _, p, s, g in ws])
+    t_ref = _eager_time([lambda p=p, s=s, g=g: dequantize(p, s, g, torch.bfloat16) for _, p, s, g in ws])
+    nbytes = N * K * (0.5 + 1 / 16 + 2)
+    del ws, out
+    torch.cuda.empty_cache()
+    return {"model": model, "proj": proj, "N": N, "K": K, "us": t * 1e6, "GBps": nbytes / t / 1e9,
+            "reference_us": t_ref * 1e6, "vs_reference": t_ref / t}
+
+
+def _write_csv(rows: list[dict], device: str, path: Path) -> Path:
+    import csv
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["device", *rows[0].keys()])
+        w.writeheader()
+        w.writerows({"device": device, **r} for r in rows)
+    return path
 
 
 def write_reports(rows: list[dict], copy_gbps: float, device: str, out_dir: Path) -> tuple[Path, Path]:
@@ -128,12 +181,15 @@ def write_reports(rows: list[dict], copy_gbps: float, device: str, out_dir: Path
     lines = [f"# NVFP4 kernels vs cuBLAS bf16 — {device}", "",
              f"Device-to-device copy bandwidth: **{copy_gbps:.0f} GB/s**. Times: median of CUDA-graph replays "
              "over rotating weight copies. speed-up = cuBLAS time / ours.", "",
-             "| model | proj | N | K | M | kind | ours µs | cuBLAS µs | speed-up | GB/s | % copy BW | TFLOP/s | LoRA-32 overhead |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "reference = the seam's pure-torch path (dequantize, then cuBLAS), i.e. what runs without the kernels.", "",
+             "| model | proj | N | K | M | kind | ours µs | cuBLAS µs | speed-up | reference µs | vs reference | GB/s | "
+             "% copy BW | TFLOP/s | LoRA-32 overhead |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lo = "" if r["lora32_overhead"] is None else f"{100 * r['lora32_overhead']:.0f}%"
         lines.append(f"| {r['model']} | {r['proj']} | {r['N']} | {r['K']} | {r['M']} | {r['kind']} | {r['us']:.1f} | "
-                     f"{r['cublas_us']:.1f} | {r['speedup']:.2f}x | {r['GBps']:.0f} | {100 * r['GBps'] / copy_gbps:.0f}% | "
+                     f"{r['cublas_us']:.1f} | {r['speedup']:.2f}x | {r.get('reference_us', float('nan')):.1f} | "
+                     f"{r.get('vs_reference', float('nan')):.2f}x | {r['GBps']:.0f} | {100 * r['GBps'] / copy_gbps:.0f}% | "
                      f"{r['TFLOPs']:.1f} | {lo} |")
     md_path.write_text("\n".join(lines) + "\n")
     return csv_path, md_path
@@ -152,10 +208,15 @@ def run(out_dir: Path, models=("7B", "14B", "32B"), ms=MS, tune: bool = False, p
     bw = copy_bandwidth()
     rows = []
     jobs = [(m, p, nk) for m in models for p, nk in projections(m).items()]
+    dq = []
     for m, p, (N, K) in tqdm(jobs, desc="bench", disable=not progress):
         rows += bench_shape(m, p, N, K, ms)
+        dq.append({**bench_dequant(m, p, N, K), "pct_copy_bw": None})
+        dq[-1]["pct_copy_bw"] = 100 * dq[-1]["GBps"] / bw
     csv_path, md_path = write_reports(rows, bw, device, out_dir)
-    res = {"device": device, "copy_GBps": bw, "csv": str(csv_path), "md": str(md_path), "rows": len(rows)}
+    dq_path = _write_csv(dq, device, out_dir / f"{device.replace(' ', '_')}_dequant.csv")
+    res = {"device": device, "copy_GBps": bw, "csv": str(csv_path), "md": str(md_path), "rows": len(rows),
+           "dequant_csv": str(dq_path), "dequant_min_pct_copy_bw": min(r["pct_copy_bw"] for r in dq)}
     try:
         from qerl.stages.bench_plot import plot
 

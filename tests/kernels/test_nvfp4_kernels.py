@@ -26,7 +26,9 @@ def test_selfcheck_under_interpreter():
 @pytest.mark.parametrize("cfg", [{"SPLIT": 3, "BK": 16, "BN": 16}, {"SPLIT": 2, "BK": 32, "BN": 16, "SWAP": 1},
                                  # the MMV decode config falls back to the CUDA-core GEMV (its interpreter twin)
                                  {"MMV": 1, "BM": 16, "BN": 64, "BK": 128, "SPLIT": 2, "num_warps": 4, "XPRE": 0},
-                                 {"GEMV": 1, "BM": 4, "BN": 16, "BK": 32, "SPLIT": 2}])
+                                 {"GEMV": 1, "BM": 4, "BN": 16, "BK": 32, "SPLIT": 2},
+                                 # dequantize windows (16 rows / 16 columns each here) + matmul
+                                 {"DQ": 1, "CHUNK": 256}])
 def test_split_swap_and_odd_shapes_under_interpreter(cfg):
     """Split reduction (tickets, last program reduces), swapped operands and masked K tails."""
     code = f"""
@@ -79,6 +81,7 @@ def test_input_validation():
 
 
 def test_heuristic_configs_fill_the_gpu():
+    from qerl_kernels import ops
     from qerl_kernels.ops import heuristic, m_bucket
 
     assert [m_bucket(m) for m in (1, 3, 16, 17, 9000)] == [1, 4, 16, 32, 8192]
@@ -88,7 +91,9 @@ def test_heuristic_configs_fill_the_gpu():
     assert "MMV" not in heuristic("fwd", 16, 3584, 3600, 132)  # K % 32 != 0: tensor-core tiles
     cfg = heuristic("bwd", 1, 3584, 3584, 132)
     assert cfg["BM"] == 16 and cfg["SPLIT"] > 1
-    assert heuristic("fwd", 4096, 3584, 3584, 132)["SPLIT"] == 1
+    assert heuristic("fwd", 64, 3584, 3584, 132)["BM"] == 64  # tile up to DQ_ROWS
+    assert heuristic("fwd", 4096, 3584, 3584, 132) == {"DQ": 1, "CHUNK": ops.DQ_CHUNK}  # above: dequantize + cuBLAS
+    assert heuristic("bwd", 65, 3584, 3584, 132)["DQ"] == 1
 
 
 def test_seam_opt_in(monkeypatch):
@@ -173,7 +178,8 @@ def test_committed_tables_use_compilable_tiles():
     assert {p.stem for p in paths} >= {"NVIDIA_H200", "NVIDIA_H100_80GB_HBM3"}
     for path in paths:
         table = json.loads(path.read_text())
-        tiles = [c for c in table.values() if not c.get("MMV") and not c.get("GEMV")]
+        tiles = [c for c in table.values() if not c.get("MMV") and not c.get("GEMV") and not c.get("DQ")]
+        assert all(set(c) == {"DQ", "CHUNK"} and c["CHUNK"] >= 0 for c in table.values() if c.get("DQ")), path
         mmv = [c for c in table.values() if c.get("MMV")]
         assert tiles and all(c["SWAP"] or c["BM"] <= 32 for c in tiles), path
         assert all({"BM", "BN", "BK", "SPLIT", "SWAP", "num_warps", "num_stages"} <= set(c) for c in tiles), path
@@ -216,3 +222,38 @@ def test_unrunnable_paths_step_down():
     tile = _runnable("fwd", mmv, 3, 64, x, odd, True)
     assert "GEMV" not in tile and "MMV" not in tile and tile["BM"] == 16
     assert _runnable("bwd", dict(BM=16, SPLIT=1), 3, 64, x, p, False) == dict(BM=16, SPLIT=1)
+
+
+def test_dequant_kernel_windows_under_interpreter():
+    """The DQ path's dequantization: bit-exact with qerl.quant.nvfp4.dequantize (fp32 out; fp16 too,
+    whose cast the interpreter rounds correctly), written into a strided window of a larger buffer
+    without touching its neighbours; a column window of the packed/scale tensors; clear shape errors."""
+    code = """
+import json, torch
+from qerl.quant import nvfp4
+from qerl_kernels.nvfp4_dequant import dequantize_into
+g = torch.Generator().manual_seed(3)
+p, s, gs = nvfp4.quantize(torch.randn(37, 96, generator=g) * 0.1)
+s8 = s.view(torch.uint8)
+res = {}
+for dt in (torch.float32, torch.float16):
+    ref = nvfp4.dequantize(p, s, gs, dt)
+    buf = torch.full((40, 130), 7.0, dtype=dt)
+    dequantize_into(buf[2:39, 5:101], p, s8, gs, interpret=True)
+    inside = torch.equal(buf[2:39, 5:101], ref)
+    buf[2:39, 5:101] = 7.0
+    res[str(dt)] = [inside, bool((buf == 7.0).all())]
+win = dequantize_into(torch.empty(37, 48), p[:, 16:40], s8[:, 2:5], gs, interpret=True)
+res["col_window"] = torch.equal(win, nvfp4.dequantize(p, s, gs, torch.float32)[:, 32:80])
+try:
+    dequantize_into(torch.empty(37, 48), p, s8, gs, interpret=True)
+except ValueError as e:
+    res["error"] = str(e)
+print(json.dumps(res))
+"""
+    out = _interp(code)
+    assert out.returncode == 0, out.stdout + out.stderr
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["torch.float32"] == [True, True] and res["torch.float16"] == [True, True]
+    assert res["col_window"] is True
+    assert "out (37, 48), packed (37, 48)" in res["error"]

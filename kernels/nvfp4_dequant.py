@@ -1,0 +1,153 @@
+"""NVFP4 -> bf16/fp16 dequantization in one pass (Triton), and the large-M path built on it.
+
+``dequantize_into(out, packed, scale, gs)``: ``out [R, C] = e2m1 · fl32(scale / gs)`` rounded to
+``out.dtype`` — the same fp32 operations, in the same order, as the readable reference
+:func:`qerl.quant.nvfp4.dequantize` (paper Eq. 1, ``Ŵ = FP4 · S_FP8 · S_FP32`` with ``S_FP32 = 1/gs``),
+so the two agree **bit for bit**. ``packed [R, C/2]`` uint8 and ``scale [R, C/16]`` (its uint8 bits)
+may be row or column windows (views) of a checkpoint tensor; ``out`` may be a strided view
+(unit stride along C).
+
+Why it exists: on Hopper (no FP4 tensor cores) a large-M matmul is compute-bound, and the fastest way
+to run it from 4-bit weights is to let cuBLAS's wgmma pipelines do the multiply on a bf16 copy of a
+*window* of W, made by this kernel at ~copy bandwidth (0.5625 B read + 2 B written per weight; vLLM
+routes AWQ to dequantize + matmul the same way above 256 tokens). :func:`dq_forward` /
+:func:`dq_backward` do that window by window, so the scratch stays below a fixed budget
+(``chunk`` rows of W for the forward, ``chunk`` columns for the backward) and no bf16 copy of the
+whole W is ever held: forward windows are output columns of ``y``, backward windows are output
+columns of ``dX``, so every output element is one cuBLAS dot product (no partial sums to round).
+
+Per weight: the nibble's E2M1 bits dropped into an fp32's (magnitude -> bits 22..24, sign -> 31) read
+as ``e2m1 · 2^-126`` (code 1 = 0.5 lands on a subnormal, code 8 gives -0.0 like the reference table);
+one exact multiply by 2^126, one by ``fl32(scale / gs)``, one rounding cast.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from qerl_kernels.nvfp4_matmul import _e4m3_to_f32
+
+
+@triton.jit
+def _e2m1_lo_hi(p):
+    """Packed bytes (int32, 0..255) -> fp32 of the low and the high nibble, exactly, by bit placement:
+    the nibble's 3 magnitude bits go to fp32 bits 22..24 and its sign to bit 31, which reads as
+    ``e2m1 · 2^-126`` (the 0.5 code a subnormal, kept: no flush-to-zero), times 2^126 (exact)."""
+    lo = (((p << 22) & 0x01C00000) | ((p << 28) & -0x80000000)).to(tl.float32, bitcast=True)
+    hi = (((p << 18) & 0x01C00000) | ((p << 24) & -0x80000000)).to(tl.float32, bitcast=True)
+    return lo * 8.507059173023462e37, hi * 8.507059173023462e37
+
+
+@triton.jit
+def _nvfp4_dequant_kernel(
+    wp_ptr, ws_ptr, gs_ptr, out_ptr, R, C2, stride_wr, stride_sr, stride_or,
+    BR: tl.constexpr, BG: tl.constexpr, EXACT_DIV: tl.constexpr,
+):
+    """One program: ``BR`` rows x ``BG`` scale groups (16 weights = 8 packed bytes each).
+
+    ``wp_ptr`` uint8 ``[R, C2]`` (C2 = C/2 packed bytes per row, row stride ``stride_wr``),
+    ``ws_ptr`` uint8 E4M3 bits ``[R, C2/8]``, ``gs_ptr`` fp32 ``[1]``, ``out_ptr`` ``[R, 2*C2]``
+    (row stride ``stride_or``) in the output dtype. ``EXACT_DIV``: IEEE ``scale / gs`` (libdevice
+    ``div_rn``; Triton's ``/`` is the approximate ``div.full.f32`` on NVIDIA) — off only under the
+    interpreter, whose ``/`` is numpy's IEEE division already."""
+    pid_r = tl.program_id(0)
+    pid_g = tl.program_id(1)
+    rows = pid_r * BR + tl.arange(0, BR)
+    groups = pid_g * BG + tl.arange(0, BG)
+    byte = tl.arange(0, 8)
+    rmask = rows < R
+    gmask = groups < C2 // 8
+    cols = groups[:, None] * 8 + byte[None, :]  # [BG, 8] packed byte columns
+    m3 = rmask[:, None, None] & gmask[None, :, None]
+    p = tl.load(wp_ptr + rows[:, None, None].to(tl.int64) * stride_wr + cols[None, :, :], mask=m3, other=0)
+    s = tl.load(ws_ptr + rows[:, None].to(tl.int64) * stride_sr + groups[None, :],
+                mask=rmask[:, None] & gmask[None, :], other=0)
+    gs = tl.load(gs_ptr)
+    sf = _e4m3_to_f32(s.to(tl.int32))
+    if EXACT_DIV:
+        eff = tl.math.div_rn(sf, gs + tl.zeros_like(sf))
+    else:
+        eff = sf / gs
+    p = p.to(tl.int32)
+    lo, hi = _e2m1_lo_hi(p)  # weights k = 16g + 2b and 16g + 2b + 1
+    lo = lo * eff[:, :, None]
+    hi = hi * eff[:, :, None]
+    w = tl.reshape(tl.join(lo, hi), [BR, BG * 16]).to(out_ptr.dtype.element_ty)
+    ocols = pid_g * (BG * 16) + tl.arange(0, BG * 16)
+    omask = rmask[:, None] & (ocols[None, :] < C2 * 2)
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_or + ocols[None, :], w, mask=omask)
+
+
+def dequantize_into(out, packed, scale8, gs, interpret: bool = False, BR: int = 32, BG: int = 16):
+    """Launch :func:`_nvfp4_dequant_kernel`: ``out [R, C]`` <- ``packed [R, C/2]``, ``scale8 [R, C/16]``
+    (uint8 view of the E4M3 scales), ``gs`` fp32 ``[1]``. ``C % 16 == 0``; unit stride along C."""
+    R, C = out.shape
+    if packed.shape != (R, C // 2) or scale8.shape != (R, C // 16) or C % 16:
+        raise ValueError(f"dequantize_into: out {tuple(out.shape)}, packed {tuple(packed.shape)}, "
+                         f"scale {tuple(scale8.shape)} do not describe one [R, C] window with C % 16 == 0")
+    if min(out.stride(1), packed.stride(1), scale8.stride(1)) != 1:
+        raise ValueError("dequantize_into: every tensor needs unit stride along C")
+    if R == 0 or C == 0:
+        return out
+    grid = (triton.cdiv(R, BR), triton.cdiv(C // 16, BG))
+    _nvfp4_dequant_kernel[grid](packed, scale8, gs, out, R, C // 2, packed.stride(0), scale8.stride(0),
+                                out.stride(0), BR=BR, BG=BG, EXACT_DIV=not interpret, num_warps=4)
+    return out
+
+
+def _dequant(out, packed, scale8, gs, interpret: bool):
+    """:func:`dequantize_into`; under the interpreter, whose fp32 -> bf16 cast truncates (platform.md),
+    through an fp32 window and torch's round-to-nearest cast, so the CPU path stays bit-exact too."""
+    if interpret and out.dtype.itemsize == 2:
+        import torch
+
+        return out.copy_(dequantize_into(torch.empty(out.shape, dtype=torch.float32), packed, scale8, gs, True))
+    return dequantize_into(out, packed, scale8, gs, interpret)
+
+
+def _window(total: int, chunk: int, align: int) -> int:
+    """Window width: ``chunk`` rounded down to ``align`` (at least ``align``), never above ``total``."""
+    return min(total, max(align, chunk // align * align)) if chunk > 0 else total
+
+
+def dq_forward(x2, packed, scale8, gs, bias, xa, lora_b, lora_scale, chunk: int, interpret: bool = False):
+    """``y [M, N] = x2 · Ŵᵀ (+ bias) (+ s · xa · lora_bᵀ)`` by dequantizing windows of whole rows of W
+    (at most ``chunk`` weights each, at least 16 rows) into one scratch buffer and running cuBLAS on each
+    (``torch.mm`` / ``torch.addmm`` into the matching column window of ``y``). ``chunk <= 0``: all of W."""
+    import torch
+
+    M, K = x2.shape
+    N = packed.shape[0]
+    out = torch.empty(M, N, device=x2.device, dtype=x2.dtype)
+    rows = _window(N, chunk // max(K, 1), 16)
+    scratch = torch.empty(rows, K, device=x2.device, dtype=x2.dtype)
+    for n0 in range(0, N, rows):
+        n1 = min(N, n0 + rows)
+        w = _dequant(scratch[: n1 - n0], packed[n0:n1], scale8[n0:n1], gs, interpret)
+        if bias is not None:
+            torch.addmm(bias[n0:n1], x2, w.t(), out=out[:, n0:n1])
+        else:
+            torch.mm(x2, w.t(), out=out[:, n0:n1])
+    if xa is not None:
+        out.addmm_(xa, lora_b.t(), alpha=lora_scale)
+    return out
+
+
+def dq_backward(d2, packed, scale8, gs, dyb, lora_a, lora_scale, chunk: int, interpret: bool = False):
+    """``dX [M, K] = d2 · Ŵ (+ s · dyb · lora_a)`` by dequantizing windows of whole columns of W
+    (``Ŵ[:, k0:k1]``: column windows of the packed and scale tensors; at most ``chunk`` weights, at least
+    16 columns) and writing ``dX[:, k0:k1]`` with cuBLAS. ``chunk <= 0``: all of W."""
+    import torch
+
+    M = d2.shape[0]
+    N, K = packed.shape[0], packed.shape[1] * 2
+    out = torch.empty(M, K, device=d2.device, dtype=d2.dtype)
+    cols = _window(K, chunk // max(N, 1), 16)
+    scratch = torch.empty(N, cols, device=d2.device, dtype=d2.dtype)
+    for k0 in range(0, K, cols):
+        k1 = min(K, k0 + cols)
+        w = _dequant(scratch[:, : k1 - k0], packed[:, k0 // 2:k1 // 2], scale8[:, k0 // 16:k1 // 16], gs, interpret)
+        torch.mm(d2, w, out=out[:, k0:k1])
+    if dyb is not None:
+        out.addmm_(dyb, lora_a, alpha=lora_scale)
+    return out
