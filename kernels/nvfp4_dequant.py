@@ -9,12 +9,12 @@ may be row or column windows (views) of a checkpoint tensor; ``out`` may be a st
 
 Why it exists: on Hopper (no FP4 tensor cores) a large-M matmul is compute-bound, and the fastest way
 to run it from 4-bit weights is to let cuBLAS's wgmma pipelines do the multiply on a bf16 copy of a
-*window* of W, made by this kernel at ~copy bandwidth (0.5625 B read + 2 B written per weight; vLLM
-routes AWQ to dequantize + matmul the same way above 256 tokens). :func:`dq_forward` /
-:func:`dq_backward` do that window by window, so the scratch stays below a fixed budget
-(``chunk`` rows of W for the forward, ``chunk`` columns for the backward) and no bf16 copy of the
-whole W is ever held: forward windows are output columns of ``y``, backward windows are output
-columns of ``dX``, so every output element is one cuBLAS dot product (no partial sums to round).
+*window* of W, made by this kernel near copy bandwidth (0.5625 B read + 2 B written per weight;
+vLLM routes AWQ to dequantize + matmul the same way above 256 tokens). :func:`dq_forward` /
+:func:`dq_backward` go window by window with one scratch buffer of at most :data:`MAX_WINDOW`
+weights (256 MiB), so no bf16 copy of a W larger than that is ever held. Forward windows are whole
+rows of W (output columns of ``y``), backward windows whole columns (output columns of ``dX``): every
+output element is one cuBLAS dot product, no partial sums to round.
 
 Per weight: the nibble's E2M1 bits dropped into an fp32's (magnitude -> bits 22..24, sign -> 31) read
 as ``e2m1 · 2^-126`` (code 1 = 0.5 lands on a subnormal, code 8 gives -0.0 like the reference table);
@@ -105,21 +105,30 @@ def _dequant(out, packed, scale8, gs, interpret: bool):
     return dequantize_into(out, packed, scale8, gs, interpret)
 
 
+MAX_WINDOW = 1 << 27  # weights per dequantized window at most (256 MiB of bf16 scratch), whatever W's size
+
+
 def _window(total: int, chunk: int, align: int) -> int:
     """Window width: ``chunk`` rounded down to ``align`` (at least ``align``), never above ``total``."""
-    return min(total, max(align, chunk // align * align)) if chunk > 0 else total
+    return min(total, max(align, chunk // align * align))
+
+
+def _weights(chunk: int) -> int:
+    """Weights per window: ``chunk``, capped at :data:`MAX_WINDOW`; ``chunk <= 0`` means the cap."""
+    return min(chunk, MAX_WINDOW) if chunk > 0 else MAX_WINDOW
 
 
 def dq_forward(x2, packed, scale8, gs, bias, xa, lora_b, lora_scale, chunk: int, interpret: bool = False):
     """``y [M, N] = x2 · Ŵᵀ (+ bias) (+ s · xa · lora_bᵀ)`` by dequantizing windows of whole rows of W
     (at most ``chunk`` weights each, at least 16 rows) into one scratch buffer and running cuBLAS on each
-    (``torch.mm`` / ``torch.addmm`` into the matching column window of ``y``). ``chunk <= 0``: all of W."""
+    (``torch.mm`` / ``torch.addmm`` into the matching column window of ``y``). ``chunk <= 0`` or above
+    :data:`MAX_WINDOW`: windows of ``MAX_WINDOW`` weights."""
     import torch
 
     M, K = x2.shape
     N = packed.shape[0]
     out = torch.empty(M, N, device=x2.device, dtype=x2.dtype)
-    rows = _window(N, chunk // max(K, 1), 16)
+    rows = _window(N, _weights(chunk) // max(K, 1), 16)
     scratch = torch.empty(rows, K, device=x2.device, dtype=x2.dtype)
     for n0 in range(0, N, rows):
         n1 = min(N, n0 + rows)
@@ -136,13 +145,13 @@ def dq_forward(x2, packed, scale8, gs, bias, xa, lora_b, lora_scale, chunk: int,
 def dq_backward(d2, packed, scale8, gs, dyb, lora_a, lora_scale, chunk: int, interpret: bool = False):
     """``dX [M, K] = d2 · Ŵ (+ s · dyb · lora_a)`` by dequantizing windows of whole columns of W
     (``Ŵ[:, k0:k1]``: column windows of the packed and scale tensors; at most ``chunk`` weights, at least
-    16 columns) and writing ``dX[:, k0:k1]`` with cuBLAS. ``chunk <= 0``: all of W."""
+    16 columns) and writing ``dX[:, k0:k1]`` with cuBLAS. ``chunk``: as in :func:`dq_forward`."""
     import torch
 
     M = d2.shape[0]
     N, K = packed.shape[0], packed.shape[1] * 2
     out = torch.empty(M, K, device=d2.device, dtype=d2.dtype)
-    cols = _window(K, chunk // max(N, 1), 16)
+    cols = _window(K, _weights(chunk) // max(N, 1), 16)
     scratch = torch.empty(N, cols, device=d2.device, dtype=d2.dtype)
     for k0 in range(0, K, cols):
         k1 = min(K, k0 + cols)

@@ -303,24 +303,14 @@ def supports(x: torch.Tensor, packed: torch.Tensor) -> bool:
     return (x.is_cuda or _interpreting()) and x.dtype in (torch.bfloat16, torch.float16)
 
 
-DECODE_ROWS = 8  # forward token rows up to which the kernels beat dequantize + cuBLAS (H200: 0.97–2.13x, one shape < 1)
-
-
-def supports_decode(x: torch.Tensor, packed: torch.Tensor) -> bool:
-    """``supports`` and at most ``DECODE_ROWS`` token rows (the ``QERL_KERNELS=auto`` gate)."""
-    return supports(x, packed) and x.numel() // max(1, x.shape[-1]) <= DECODE_ROWS
-
-
-def register(decode_only: bool = False) -> None:
-    """Plug the kernels into :mod:`qerl.ops.linear` (idempotent). ``decode_only``: forward calls with
-    at most ``DECODE_ROWS`` rows only, their backward on the reference (``QERL_KERNELS=auto``)."""
+def register() -> None:
+    """Plug the kernels into :mod:`qerl.ops.linear` (idempotent): forward and backward of every call
+    that :func:`supports`; each call's path (MMV / GEMV / tile / DQ) comes from :func:`config_for`."""
     from qerl.ops import linear
 
-    name = "triton-nvfp4-decode" if decode_only else "triton-nvfp4"
-    if any(b.name == name for b in linear._BACKENDS):
+    if any(b.name == "triton-nvfp4" for b in linear._BACKENDS):
         return
     linear.register_backend(linear.Backend(
-        name, supports_decode if decode_only else supports,
-        lambda x, p, s, g, b: nvfp4_matmul(x, p, s, g, b),
-        linear.reference_backward_input if decode_only else (lambda dy, p, s, g: nvfp4_matmul_t(dy, p, s, g)),
+        "triton-nvfp4", supports, lambda x, p, s, g, b: nvfp4_matmul(x, p, s, g, b),
+        lambda dy, p, s, g: nvfp4_matmul_t(dy, p, s, g),
     ))

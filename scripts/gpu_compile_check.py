@@ -1,6 +1,7 @@
 """GPU check of the integration around the kernels: the ``qerl.ops.linear`` seam under the default
-``QERL_KERNELS=auto`` (decode rows on the kernels, the rest on the reference; forward and backward),
-``torch.compile(fullgraph=True)`` over the custom ops, and CUDA-graph capture. Writes JSON to argv[1].
+``QERL_KERNELS=auto`` (every call on the kernels: decode, tensor-core tiles and the dequantize + cuBLAS
+path; forward and backward), ``torch.compile(fullgraph=True)`` over the custom ops, and CUDA-graph capture
+(a decode call and a DQ call). Writes JSON to argv[1].
 """
 import json
 import os
@@ -23,7 +24,7 @@ def main(out: str) -> int:
     N, K = 4608, 3584
     p, s, g = nvfp4.quantize(torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02)
     bias = torch.randn(N, device="cuda", dtype=torch.bfloat16) * 0.1
-    for M in (1, 8, 9, 64):
+    for M in (1, 8, 64, 2048):
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         os.environ.pop("QERL_KERNELS", None)
         linear._BACKENDS.clear()
@@ -37,17 +38,18 @@ def main(out: str) -> int:
         res[f"seam_auto_M{M}"] = {"backend": backend.name if backend else "reference", "fwd_rel": rel(y, yr),
                                   "bwd_rel": rel(gx, gr)}
     f = torch.compile(lambda x: ops.nvfp4_matmul(x, p, s, g, bias) * 2.0, fullgraph=True)
-    for M in (1, 4, 16, 256):
+    for M in (1, 4, 16, 256, 4096):
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         res[f"compile_M{M}"] = rel(f(x), 2.0 * linear.reference_forward(x, p, s, g, bias))
-    x = torch.randn(2, K, device="cuda", dtype=torch.bfloat16)
-    graph = torch.cuda.CUDAGraph()
-    ops.nvfp4_matmul(x, p, s, g)  # compile outside the capture
-    with torch.cuda.graph(graph):
-        yg = ops.nvfp4_matmul(x, p, s, g)
-    x.copy_(torch.randn_like(x))
-    graph.replay()
-    res["cuda_graph_replay_rel"] = rel(yg, linear.reference_forward(x, p, s, g, None))
+    for M in (2, 2048):
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        graph = torch.cuda.CUDAGraph()
+        ops.nvfp4_matmul(x, p, s, g)  # compile outside the capture
+        with torch.cuda.graph(graph):
+            yg = ops.nvfp4_matmul(x, p, s, g)
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        res[f"cuda_graph_replay_M{M}_rel"] = rel(yg, linear.reference_forward(x, p, s, g, None))
     res["tickets_zero"] = int(ops._locks(x.device).abs().sum()) == 0
     ok = all(v < 5e-3 for k, v in res.items() if k.startswith(("compile", "cuda_graph"))) and res["tickets_zero"] and all(
         v["fwd_rel"] < 5e-3 and v["bwd_rel"] < 5e-3 for k, v in res.items() if k.startswith("seam"))
