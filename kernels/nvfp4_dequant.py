@@ -22,8 +22,6 @@ one exact multiply by 2^126, one by ``fl32(scale / gs)``, one rounding cast.
 """
 from __future__ import annotations
 
-import functools
-
 import triton
 import triton.language as tl
 
@@ -120,96 +118,45 @@ def _weights(chunk: int) -> int:
     return min(chunk, MAX_WINDOW) if chunk > 0 else MAX_WINDOW
 
 
-@functools.lru_cache(maxsize=None)
-def _side_stream(device_index: int):
-    import torch
-
-    return torch.cuda.Stream(device=device_index)
-
-
-def _over_windows(windows, make, use, scratch, pipe: bool) -> None:
-    """``use(win, make(win, buf))`` for each window. ``pipe`` (CUDA, two scratch buffers): window i+1 is
-    dequantized on a side stream while cuBLAS multiplies window i on the current stream (the copy-bound
-    and the compute-bound half overlap); events order each buffer's reuse, and the current stream
-    waits for every side-stream step, so the caller's stream order (and CUDA-graph capture) holds."""
-    if not pipe or len(windows) < 2:
-        for win in windows:
-            use(win, make(win, scratch[0]))
-        return
-    import torch
-
-    main = torch.cuda.current_stream()
-    side = _side_stream(scratch[0].device.index)
-    side.wait_stream(main)
-    free = [None, None]
-    for i, win in enumerate(windows):
-        with torch.cuda.stream(side):
-            if free[i % 2] is not None:
-                side.wait_event(free[i % 2])
-            buf = make(win, scratch[i % 2])
-            ready = torch.cuda.Event()
-            ready.record(side)
-        main.wait_event(ready)
-        use(win, buf)
-        free[i % 2] = torch.cuda.Event()
-        free[i % 2].record(main)
-
-
-def dq_forward(x2, packed, scale8, gs, bias, xa, lora_b, lora_scale, chunk: int, interpret: bool = False,
-               pipe: bool = False):
+def dq_forward(x2, packed, scale8, gs, bias, xa, lora_b, lora_scale, chunk: int, interpret: bool = False):
     """``y [M, N] = x2 · Ŵᵀ (+ bias) (+ s · xa · lora_bᵀ)`` by dequantizing windows of whole rows of W
-    (at most ``chunk`` weights each, at least 16 rows) into a scratch buffer and running cuBLAS on each
+    (at most ``chunk`` weights each, at least 16 rows) into one scratch buffer and running cuBLAS on each
     (``torch.mm`` / ``torch.addmm`` into the matching column window of ``y``). ``chunk <= 0`` or above
-    :data:`MAX_WINDOW`: windows of ``MAX_WINDOW`` weights. ``pipe``: two buffers, dequantization
-    overlapped with the multiplies (:func:`_over_windows`)."""
+    :data:`MAX_WINDOW`: windows of ``MAX_WINDOW`` weights."""
     import torch
 
     M, K = x2.shape
     N = packed.shape[0]
     out = torch.empty(M, N, device=x2.device, dtype=x2.dtype)
     rows = _window(N, _weights(chunk) // max(K, 1), 16)
-    pipe = pipe and not interpret and rows < N
-    scratch = [torch.empty(rows, K, device=x2.device, dtype=x2.dtype) for _ in range(2 if pipe else 1)]
-
-    def make(n0, buf):
+    scratch = torch.empty(rows, K, device=x2.device, dtype=x2.dtype)
+    for n0 in range(0, N, rows):
         n1 = min(N, n0 + rows)
-        return _dequant(buf[: n1 - n0], packed[n0:n1], scale8[n0:n1], gs, interpret)
-
-    def use(n0, w):
-        n1 = n0 + w.shape[0]
+        w = _dequant(scratch[: n1 - n0], packed[n0:n1], scale8[n0:n1], gs, interpret)
         if bias is not None:
             torch.addmm(bias[n0:n1], x2, w.t(), out=out[:, n0:n1])
         else:
             torch.mm(x2, w.t(), out=out[:, n0:n1])
-
-    _over_windows(range(0, N, rows), make, use, scratch, pipe)
     if xa is not None:
         out.addmm_(xa, lora_b.t(), alpha=lora_scale)
     return out
 
 
-def dq_backward(d2, packed, scale8, gs, dyb, lora_a, lora_scale, chunk: int, interpret: bool = False,
-                pipe: bool = False):
+def dq_backward(d2, packed, scale8, gs, dyb, lora_a, lora_scale, chunk: int, interpret: bool = False):
     """``dX [M, K] = d2 · Ŵ (+ s · dyb · lora_a)`` by dequantizing windows of whole columns of W
     (``Ŵ[:, k0:k1]``: column windows of the packed and scale tensors; at most ``chunk`` weights, at least
-    16 columns) and writing ``dX[:, k0:k1]`` with cuBLAS. ``chunk``, ``pipe``: as in :func:`dq_forward`."""
+    16 columns) and writing ``dX[:, k0:k1]`` with cuBLAS. ``chunk``: as in :func:`dq_forward`."""
     import torch
 
     M = d2.shape[0]
     N, K = packed.shape[0], packed.shape[1] * 2
     out = torch.empty(M, K, device=d2.device, dtype=d2.dtype)
     cols = _window(K, _weights(chunk) // max(N, 1), 16)
-    pipe = pipe and not interpret and cols < K
-    scratch = [torch.empty(N, cols, device=d2.device, dtype=d2.dtype) for _ in range(2 if pipe else 1)]
-
-    def make(k0, buf):
+    scratch = torch.empty(N, cols, device=d2.device, dtype=d2.dtype)
+    for k0 in range(0, K, cols):
         k1 = min(K, k0 + cols)
-        return _dequant(buf[:, : k1 - k0], packed[:, k0 // 2:k1 // 2], scale8[:, k0 // 16:k1 // 16], gs, interpret)
-
-    def use(k0, w):
-        torch.mm(d2, w, out=out[:, k0:k0 + w.shape[1]])
-
-    _over_windows(range(0, K, cols), make, use, scratch, pipe)
+        w = _dequant(scratch[:, : k1 - k0], packed[:, k0 // 2:k1 // 2], scale8[:, k0 // 16:k1 // 16], gs, interpret)
+        torch.mm(d2, w, out=out[:, k0:k1])
     if dyb is not None:
         out.addmm_(dyb, lora_a, alpha=lora_scale)
     return out

@@ -176,10 +176,10 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret)
     if cfg.get("DQ"):  # dequantize windows of W + cuBLAS (large M)
         from qerl_kernels.nvfp4_dequant import dq_backward, dq_forward
 
-        chunk, pipe, s8 = int(cfg.get("CHUNK", DQ_CHUNK)), bool(cfg.get("PIPE", 0)), scale.view(torch.uint8)
+        chunk, s8 = int(cfg.get("CHUNK", DQ_CHUNK)), scale.view(torch.uint8)
         if kind == "fwd":
-            return dq_forward(x2, packed, s8, gs, *extra, lora_scale, chunk, interpret, pipe)
-        return dq_backward(x2, packed, s8, gs, *extra, lora_scale, chunk, interpret, pipe)
+            return dq_forward(x2, packed, s8, gs, *extra, lora_scale, chunk, interpret)
+        return dq_backward(x2, packed, s8, gs, *extra, lora_scale, chunk, interpret)
     split = cfg.pop("SPLIT")
     BM, BN, BK = cfg.pop("BM"), cfg.pop("BN"), cfg.pop("BK")
     out = torch.empty(M, n_out, device=x2.device, dtype=x2.dtype)

@@ -57,11 +57,11 @@ FORCED = {
             dict(MMV=1, BM=32, BN=128, BK=128, SPLIT=1, num_warps=8, num_stages=2, XPRE=0),
             dict(GEMV=1, BM=4, BN=64, BK=128, SPLIT=2, num_warps=4, num_stages=1),
             dict(GEMV=1, BM=1, BN=128, BK=256, SPLIT=1, num_warps=4, num_stages=3),
-            dict(DQ=1, CHUNK=4096), dict(DQ=1, CHUNK=0), dict(DQ=1, CHUNK=4096, PIPE=1)],
+            dict(DQ=1, CHUNK=4096), dict(DQ=1, CHUNK=0)],
     "bwd": [dict(BM=16, BN=128, BK=64, SWAP=0, SPLIT=3, num_warps=4, num_stages=4),
             dict(BM=64, BN=64, BK=128, SWAP=1, SPLIT=1, num_warps=4, num_stages=4),
             dict(BM=128, BN=64, BK=128, SWAP=1, SPLIT=2, num_warps=8, num_stages=3),
-            dict(DQ=1, CHUNK=2048), dict(DQ=1, CHUNK=0), dict(DQ=1, CHUNK=2048, PIPE=1)],
+            dict(DQ=1, CHUNK=2048), dict(DQ=1, CHUNK=0)],
 }
 
 

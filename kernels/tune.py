@@ -85,9 +85,8 @@ def _decode_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
 
 
 def _dq_paths(M: int) -> list[dict]:
-    """Dequantize windows of 8M / 32M / 64M / 128M weights (16-256 MiB of bf16 scratch) + cuBLAS, one
-    buffer after the other or two with the dequantization overlapped (``PIPE``)."""
-    return [dict(DQ=1, CHUNK=c, PIPE=p) for p in (0, 1) for c in (1 << 23, 1 << 25, 1 << 26, 1 << 27)] if M >= 64 else []
+    """Dequantize windows of 8M / 32M / 64M / 128M weights (16-256 MiB of bf16 scratch) + cuBLAS."""
+    return [dict(DQ=1, CHUNK=c) for c in (1 << 23, 1 << 25, 1 << 26, 1 << 27)] if M >= 64 else []
 
 
 def candidates(kind: str, M: int, N: int, K: int, sms: int, paths: str = "all", current: dict | None = None) -> list[dict]:

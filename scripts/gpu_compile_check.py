@@ -41,9 +41,7 @@ def main(out: str) -> int:
     for M in (1, 4, 16, 256, 4096):
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         res[f"compile_M{M}"] = rel(f(x), 2.0 * linear.reference_forward(x, p, s, g, bias))
-    for M, forced in ((2, None), (2048, None), (2048, {"DQ": 1, "CHUNK": 1 << 22, "PIPE": 1})):
-        if forced:  # the overlapped DQ windows (a side stream) inside a capture
-            os.environ["QERL_KERNEL_CONFIG"] = json.dumps(forced)
+    for M in (2, 2048):
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         graph = torch.cuda.CUDAGraph()
         ops.nvfp4_matmul(x, p, s, g)  # compile outside the capture
@@ -51,8 +49,7 @@ def main(out: str) -> int:
             yg = ops.nvfp4_matmul(x, p, s, g)
         x.copy_(torch.randn_like(x))
         graph.replay()
-        res[f"cuda_graph_replay_M{M}{'_pipe' if forced else ''}_rel"] = rel(yg, linear.reference_forward(x, p, s, g, None))
-        os.environ.pop("QERL_KERNEL_CONFIG", None)
+        res[f"cuda_graph_replay_M{M}_rel"] = rel(yg, linear.reference_forward(x, p, s, g, None))
     res["tickets_zero"] = int(ops._locks(x.device).abs().sum()) == 0
     ok = all(v < 5e-3 for k, v in res.items() if k.startswith(("compile", "cuda_graph"))) and res["tickets_zero"] and all(
         v["fwd_rel"] < 5e-3 and v["bwd_rel"] < 5e-3 for k, v in res.items() if k.startswith("seam"))
