@@ -109,8 +109,12 @@ MAX_WINDOW = 1 << 27  # weights per dequantized window at most (256 MiB of bf16 
 
 
 def _window(total: int, chunk: int, align: int) -> int:
-    """Window width: ``chunk`` rounded down to ``align`` (at least ``align``), never above ``total``."""
-    return min(total, max(align, chunk // align * align))
+    """Width of equal windows over ``total`` (multiples of ``align``, the last one shorter) for at most
+    ``chunk`` per window: as few windows as the cap allows, balanced (an unbalanced split left a
+    48-column window next to a 3536-column one for 7B gate/up, and cuBLAS runs thin windows badly)."""
+    cap = max(align, chunk // align * align)
+    n = -(-total // cap)
+    return min(total, -(-(-(-total // n)) // align) * align)
 
 
 def _weights(chunk: int) -> int:

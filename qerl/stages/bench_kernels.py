@@ -3,7 +3,7 @@
 For each model (7B/14B/32B) and projection (fused q/k/v, o, fused gate/up, down) and each M, the
 forward ``x·Ŵᵀ`` and backward ``dY·Ŵ`` are timed (median of CUDA-graph replays over rotating weight
 copies, so the 50-60 MB L2 cache does not flatter small matrices) next to ``F.linear`` / ``matmul``
-on the bf16 weight, in the same run. Reported: median µs, achieved GB/s (packed weights + scales +
+on the bf16 weight, in the same run, the replays of the two interleaved. Reported: median µs, achieved GB/s (packed weights + scales +
 activations + outputs), TFLOP/s, speed-up over cuBLAS, LoRA-32 overhead at decode sizes, and the
 card's device-to-device copy bandwidth. ``--tune`` also searches tile configs per (kind, M bucket,
 N, K) and writes ``kernels/tuned/<device>.json`` (the committed tuned defaults).
@@ -50,6 +50,35 @@ def _graph_time(calls, reps: int = 15) -> float:
         torch.cuda.synchronize()
         times.append(a.elapsed_time(b) / 1e3 / len(calls))
     return statistics.median(times)
+
+
+def _graph_times(named: dict, reps: int = 15) -> dict:
+    """Median seconds per call for each entry of ``named`` (name -> list of closures), each captured in
+    its own CUDA graph and replayed *interleaved* (A, B, C, A, B, C, ...), so that clock and power
+    drift during a run affect the kernels and cuBLAS alike and their ratio is a same-moment ratio."""
+    s = torch.cuda.Stream()
+    graphs = {}
+    for name, calls in named.items():
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for c in calls:  # warm up / compile outside the capture
+                c()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for c in calls:
+                c()
+        graphs[name] = (g, len(calls))
+    times = {name: [] for name in named}
+    for _ in range(reps):
+        for name, (g, n) in graphs.items():
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            g.replay()
+            b.record()
+            torch.cuda.synchronize()
+            times[name].append(a.elapsed_time(b) / 1e3 / n)
+    return {name: statistics.median(v) for name, v in times.items()}
 
 
 def _eager_time(calls, reps: int = 5) -> float:
@@ -108,20 +137,23 @@ def bench_shape(model: str, proj: str, N: int, K: int, ms, lora_rank: int = 32) 
     for M in ms:
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+        named = {
+            "fwd": [lambda p=p, s=s, g=g: nvfp4_matmul(x, p, s, g) for _, p, s, g in ws],
+            "fwd_cublas": [lambda w=w: torch.nn.functional.linear(x, w) for w, *_ in ws],
+            "bwd": [lambda p=p, s=s, g=g: nvfp4_matmul_t(dy, p, s, g) for _, p, s, g in ws],
+            "bwd_cublas": [lambda w=w: dy @ w for w, *_ in ws],
+        }
+        if M <= 64:
+            named["fwd_lora"] = [lambda p=p, s=s, g=g: nvfp4_matmul(x, p, s, g, None, x @ la.T, lb, 2.0)
+                                 for _, p, s, g in ws]
         t = {
-            "fwd": _graph_time([lambda p=p, s=s, g=g: nvfp4_matmul(x, p, s, g) for _, p, s, g in ws]),
-            "fwd_cublas": _graph_time([lambda w=w: torch.nn.functional.linear(x, w) for w, *_ in ws]),
-            "bwd": _graph_time([lambda p=p, s=s, g=g: nvfp4_matmul_t(dy, p, s, g) for _, p, s, g in ws]),
-            "bwd_cublas": _graph_time([lambda w=w: dy @ w for w, *_ in ws]),
+            **_graph_times(named),
             # the seam's pure-torch reference (dequantize, then cuBLAS): what runs without the kernels
             "fwd_reference": _eager_time([lambda p=p, s=s, g=g: reference_forward(x, p, s, g, None)
                                           for _, p, s, g in ws[:2]]),
             "bwd_reference": _eager_time([lambda p=p, s=s, g=g: reference_backward_input(dy, p, s, g)
                                           for _, p, s, g in ws[:2]]),
         }
-        if M <= 64:
-            t["fwd_lora"] = _graph_time([lambda p=p, s=s, g=g: nvfp4_matmul(x, p, s, g, None, x @ la.T, lb, 2.0)
-                                         for _, p, s, g in ws])
         q_bytes = N * K // 2 + N * K // 16
         for kind in ("fwd", "bwd"):
             io = M * K * 2 + M * N * 2
