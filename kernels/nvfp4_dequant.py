@@ -78,7 +78,7 @@ def _nvfp4_dequant_kernel(
     tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_or + ocols[None, :], w, mask=omask)
 
 
-def dequantize_into(out, packed, scale8, gs, interpret: bool = False, BR: int = 32, BG: int = 16):
+def dequantize_into(out, packed, scale8, gs, interpret: bool = False, BR: int = 32, BG: int = 16, num_warps: int = 4):
     """Launch :func:`_nvfp4_dequant_kernel`: ``out [R, C]`` <- ``packed [R, C/2]``, ``scale8 [R, C/16]``
     (uint8 view of the E4M3 scales), ``gs`` fp32 ``[1]``. ``C % 16 == 0``; unit stride along C."""
     R, C = out.shape
@@ -91,7 +91,7 @@ def dequantize_into(out, packed, scale8, gs, interpret: bool = False, BR: int = 
         return out
     grid = (triton.cdiv(R, BR), triton.cdiv(C // 16, BG))
     _nvfp4_dequant_kernel[grid](packed, scale8, gs, out, R, C // 2, packed.stride(0), scale8.stride(0),
-                                out.stride(0), BR=BR, BG=BG, EXACT_DIV=not interpret, num_warps=4)
+                                out.stride(0), BR=BR, BG=BG, EXACT_DIV=not interpret, num_warps=num_warps)
     return out
 
 
