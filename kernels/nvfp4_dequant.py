@@ -78,7 +78,7 @@ def _nvfp4_dequant_kernel(
     tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_or + ocols[None, :], w, mask=omask)
 
 
-def dequantize_into(out, packed, scale8, gs, interpret: bool = False, BR: int = 32, BG: int = 16, num_warps: int = 4):
+def dequantize_into(out, packed, scale8, gs, interpret: bool = False, BR: int = 8, BG: int = 64, num_warps: int = 4):
     """Launch :func:`_nvfp4_dequant_kernel`: ``out [R, C]`` <- ``packed [R, C/2]``, ``scale8 [R, C/16]``
     (uint8 view of the E4M3 scales), ``gs`` fp32 ``[1]``. ``C % 16 == 0``; unit stride along C."""
     R, C = out.shape
