@@ -26,7 +26,7 @@ print(b.run(Path('$OUT'), models=('7B',), ms=(1, 16, 64, 2048), progress=False))
           cp kernels/tuned/*.json "$OUT/"
           timeout 60 python3 -m qerl.stages.bench_kernels --output "$OUT" --models 7B --ms 1 4 16 64 2048 --no-progress || true ;;
   dq) # add the dequantize + cuBLAS path (DQ) to the table: DQ windows vs the tuned Triton config, M >= 64
-      timeout 330 python3 -m qerl_kernels.tune --paths dq --models 7B 14B 32B --ms 64 256 2048 8192 \
+      timeout 330 python3 -m qerl_kernels.tune --paths dq --models 7B 14B 32B --ms 128 256 512 2048 8192 \
         --csv "$OUT/tune_dq.csv" --no-progress || true
       cp kernels/tuned/*.json "$OUT/"
       timeout 120 python3 -m qerl.stages.bench_kernels --output "$OUT" --models 7B --ms 1 16 64 256 2048 8192 --no-progress || true ;;
