@@ -31,25 +31,7 @@ def projections(model: str) -> dict[str, tuple[int, int]]:
 
 def _graph_time(calls, reps: int = 15) -> float:
     """Median seconds per call of ``calls`` (a list of closures) captured in one CUDA graph."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for c in calls:  # warm up / compile outside the capture
-            c()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for c in calls:
-            c()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / 1e3 / len(calls))
-    return statistics.median(times)
+    return _graph_times({"t": calls}, reps)["t"]
 
 
 def _graph_times(named: dict, reps: int = 15) -> dict:
@@ -171,7 +153,7 @@ def bench_shape(model: str, proj: str, N: int, K: int, ms, lora_rank: int = 32) 
     return rows
 
 
-def bench_dequant(model: str, proj: str, N: int, K: int) -> dict:
+def bench_dequant(model: str, proj: str, N: int, K: int, copy_gbps: float) -> dict:
     """The dequantization kernel alone (the ``DQ`` path's first half): µs and GB/s for the whole W
     (0.5625 B read + 2 B written per weight) next to the reference's dequantization."""
     from qerl.quant.nvfp4 import dequantize
@@ -185,7 +167,7 @@ def bench_dequant(model: str, proj: str, N: int, K: int) -> dict:
     del ws, out
     torch.cuda.empty_cache()
     return {"model": model, "proj": proj, "N": N, "K": K, "us": t * 1e6, "GBps": nbytes / t / 1e9,
-            "reference_us": t_ref * 1e6, "vs_reference": t_ref / t}
+            "pct_copy_bw": 100 * nbytes / t / 1e9 / copy_gbps, "reference_us": t_ref * 1e6, "vs_reference": t_ref / t}
 
 
 def _write_csv(rows: list[dict], device: str, path: Path) -> Path:
@@ -243,8 +225,7 @@ def run(out_dir: Path, models=("7B", "14B", "32B"), ms=MS, tune: bool = False, p
     dq = []
     for m, p, (N, K) in tqdm(jobs, desc="bench", disable=not progress):
         rows += bench_shape(m, p, N, K, ms)
-        dq.append({**bench_dequant(m, p, N, K), "pct_copy_bw": None})
-        dq[-1]["pct_copy_bw"] = 100 * dq[-1]["GBps"] / bw
+        dq.append(bench_dequant(m, p, N, K, bw))
     csv_path, md_path = write_reports(rows, bw, device, out_dir)
     dq_path = _write_csv(dq, device, out_dir / f"{device.replace(' ', '_')}_dequant.csv")
     res = {"device": device, "copy_GBps": bw, "csv": str(csv_path), "md": str(md_path), "rows": len(rows),
