@@ -8,7 +8,9 @@ the static number that decides whether dequantization can keep up with memory.
 --split 1 --swap 0] [--sass FILE]``
 Pointer and integer arguments are specialised as multiples of 16, as Triton's JIT does at run time
 when the actual values are. ``--kind mmv``: BM 8|16 (activation rows), warps = BN / 16, stages = register
-prefetch depth (1|2), ``QERL_INSPECT_XPRE=0`` loads activations at use.
+prefetch depth (1|2), ``QERL_INSPECT_XPRE=0`` loads activations at use, ``QERL_INSPECT_L2=256`` /
+``QERL_INSPECT_PFD=4``: L2 prefetch size hint / prefetch distance of the weight loads, ``QERL_INSPECT_XP=16``:
+the fused LoRA-32 launch (16 producer programs).
 """
 import argparse
 import collections
@@ -39,10 +41,19 @@ def compile_sm90(kind="fwd", bm=16, bn=64, bk=256, warps=4, stages=4, split=1, s
     consts = {"R": 0, "USE_SPLIT": split > 1, "EVEN_K": True, "BM": bm, "BN": bn, "BK": bk, "FAST": True, "DOT_FP32": False}
     if kind == "mmv":  # register-fragment tensor-core decode path (nvfp4_mmv)
         from qerl_kernels.nvfp4_mmv import _nvfp4_mmv_kernel
-        fn, base = _nvfp4_mmv_kernel, FWD_SIG
+        fn = _nvfp4_mmv_kernel
+        base = {}
+        for k, v in FWD_SIG.items():  # + the fused LoRA's lora_a, partials and flags after lock_ptr
+            base[k] = v
+            if k == "lock_ptr":
+                base.update(la_ptr="*bf16", xap_ptr="*fp32", xlock_ptr="*i32")
         consts = {"HAS_BIAS": False, "R": 0, "USE_SPLIT": split > 1, "EVEN_K": True, "WARPS": warps,
                   "NB": max(1, bm // 8), "PREFETCH": max(1, min(stages, 2)),
-                  "XPRE": int(os.environ.get("QERL_INSPECT_XPRE", "1"))}
+                  "XPRE": int(os.environ.get("QERL_INSPECT_XPRE", "1")),
+                  "L2": int(os.environ.get("QERL_INSPECT_L2", "0")), "PFD": int(os.environ.get("QERL_INSPECT_PFD", "0")),
+                  "XP": int(os.environ.get("QERL_INSPECT_XP", "0"))}
+        if consts["XP"]:
+            consts["R"] = 32
     elif kind == "gemv":  # CUDA-core decode path (nvfp4_gemv)
         fn, base = _nvfp4_gemv_kernel, FWD_SIG
         consts.update(HAS_BIAS=False)
@@ -112,8 +123,10 @@ def inspect(bm=16, bn=64, bk=256, warps=4, stages=4, split=1, swap=0, kind="fwd"
         with open(sass_file, "w") as f:
             f.write(sass)
     n, ops = main_loop(sass)
+    if kind == "mmv":  # one loop iteration = PREFETCH + 1 unrolled steps of 128 k
+        bk = 128 * (max(1, min(stages, 2)) + 1)
     loads = collections.Counter(re.sub(r"\.L1::\w+|\.L2::\w+", "", m) for m in re.findall(r"ld\.global[\w.:]*", ptx))
-    return {"kind": kind, "config": dict(BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages, SPLIT=split, SWAP=swap),
+    return {"kind": kind, "k_per_loop": bk, "config": dict(BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages, SPLIT=split, SWAP=swap),
             "global_loads": dict(loads), "cp_async": ptx.count("cp.async"), "wgmma": ptx.count("wgmma.mma_async"),
             "mma_sync": ptx.count("mma.sync"), "ttgir_async_copies": ttgir.count("async_copy_global_to_local"),
             "ttgir_convert_layout": ttgir.count("convert_layout"), "shared_bytes": k.metadata.shared,

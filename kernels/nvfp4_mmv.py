@@ -42,10 +42,16 @@ def _tid(like):
 
 
 @triton.jit
-def _ld128(addr, pred, STREAM: tl.constexpr):
-    """4 x b32 at ``addr`` (int64, 16-byte aligned) when ``pred != 0``, else zeros. ``STREAM``: read
-    once (weights: no L1 allocation); else L1-cached (activations: every warp of the SM reads them)."""
-    hint: tl.constexpr = ".L1::no_allocate" if STREAM else ""
+def _ld128(addr, pred, STREAM: tl.constexpr, L2: tl.constexpr = 0):
+    """4 x b32 at ``addr`` (int64, 16-byte aligned) when ``pred != 0`` (a constexpr: always), else zeros.
+    ``STREAM``: read once (weights: no L1 allocation); else L1-cached (activations: every warp of the
+    SM reads them). ``L2`` 128 | 256: the load asks L2 to fetch that many bytes around ``addr`` (the
+    row's next steps: DRAM reads in flight without registers to hold them)."""
+    hint: tl.constexpr = (".L1::no_allocate" if STREAM else "") + (f".L2::{L2}B" if L2 else "")
+    if isinstance(pred, tl.constexpr):  # always loads (no predicate, no zeroing moves)
+        return tl.inline_asm_elementwise(
+            asm="ld.global.nc" + hint + ".v4.u32 {$0, $1, $2, $3}, [$4];", constraints="=r,=r,=r,=r,l",
+            args=[addr], dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=False, pack=1)
     return tl.inline_asm_elementwise(
         asm="""
         {
@@ -56,7 +62,15 @@ def _ld128(addr, pred, STREAM: tl.constexpr):
         }
         """,
         constraints="=r,=r,=r,=r,l,r", args=[addr, pred], dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
-        is_pure=True, pack=1)
+        is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_l2(addr):
+    """``prefetch.global.L2`` of the line holding ``addr`` (int64; a valid address): no register waits
+    for it. Returns a dummy 0 (the asm has side effects, so it stays)."""
+    return tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.b32 $0, 0;", "=r,l", [addr], dtype=tl.int32,
+                                     is_pure=False, pack=1)
 
 
 @triton.jit
@@ -120,26 +134,31 @@ def _all_x(xrs, t, kin, NB: tl.constexpr):
 
 
 @triton.jit
-def _loads(wa, wb, xrs, sa_ptr, sb_ptr, t, c, K, EVEN_K: tl.constexpr, NB: tl.constexpr, XPRE: tl.constexpr):
+def _loads(wa, wb, xrs, sa_ptr, sb_ptr, t, t1, c, K, EVEN_K: tl.constexpr, NB: tl.constexpr, XPRE: tl.constexpr,
+           L2: tl.constexpr, PFD: tl.constexpr):
     """Everything step t needs: 4 packed words of rows na / nb, 16 activation words (32 bf16) of each
     activation row block, the 2 block scales of each row. Rows beyond N / M read a valid row (their
-    results are never stored); only a K tail is predicated to zero."""
-    if EVEN_K:
-        kin = 1
+    results are never stored). Steps at or past ``t1`` (the unrolled loop's overrun) load zero scales,
+    so their MMAs add exactly 0 (e2m1 · 0; activations are finite); a K tail loads zeros everywhere."""
+    ok = t < t1
+    if EVEN_K:  # overrun steps re-read the last step (in bounds) and are zeroed by their zero scales
+        t = tl.minimum(t, t1 - 1)
+        kin = tl.constexpr(1)
     else:
-        kin = (t * 128 + c * 32 < K).to(tl.int32)
-    qa = _ld128(wa + t * 64, kin, True)
-    qb = _ld128(wb + t * 64, kin, True)
+        ok = ok & (t * 128 + c * 32 < K)
+        kin = ok.to(tl.int32)
+    if PFD > 0:  # this row's step t + PFD into L2 (clamped to the row; 4 lanes share the line)
+        tp = tl.minimum(t + PFD, (K - 1) // 128)
+        _prefetch_l2(wa + tp * 64)
+        _prefetch_l2(wb + tp * 64)
+    qa = _ld128(wa + t * 64, kin, True, L2)
+    qb = _ld128(wb + t * 64, kin, True, L2)
     if XPRE:  # activations prefetched with the weights (16 more live registers per block of 8 rows)
         us = _all_x(xrs, t, kin, NB)
     else:  # loaded (from L1) by _compute when needed: fewer registers, more resident warps
         us = (t, kin)
-    if EVEN_K:
-        s = (tl.load(sa_ptr + t * 8), tl.load(sa_ptr + t * 8 + 1), tl.load(sb_ptr + t * 8), tl.load(sb_ptr + t * 8 + 1))
-    else:
-        sm = t * 128 + c * 32 < K
-        s = (tl.load(sa_ptr + t * 8, mask=sm, other=0), tl.load(sa_ptr + t * 8 + 1, mask=sm, other=0),
-             tl.load(sb_ptr + t * 8, mask=sm, other=0), tl.load(sb_ptr + t * 8 + 1, mask=sm, other=0))
+    s = (tl.load(sa_ptr + t * 8, mask=ok, other=0), tl.load(sa_ptr + t * 8 + 1, mask=ok, other=0),
+         tl.load(sb_ptr + t * 8, mask=ok, other=0), tl.load(sb_ptr + t * 8 + 1, mask=ok, other=0))
     return qa, qb, us, s
 
 
@@ -160,17 +179,37 @@ def _compute(acc, ld, xrs, NB: tl.constexpr, XPRE: tl.constexpr):
 
 
 @triton.jit
-def _out(c, m, n, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale,
-         HAS_BIAS: tl.constexpr, R: tl.constexpr):
+def _out(c, lo, m, n, M, N, inv, bias_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS: tl.constexpr, R: tl.constexpr):
     y = c * inv
-    ok = (m < M) & (n < N)
     if HAS_BIAS:
         y += tl.load(bias_ptr + n, mask=n < N, other=0.0).to(tl.float32)
-    if R > 0:  # unrolled: the 2R loads are independent and issue together
-        for r in tl.static_range(R):
-            y += lora_scale * (tl.load(xa_ptr + m * R + r, mask=ok, other=0.0).to(tl.float32)
-                               * tl.load(lb_ptr + n * R + r, mask=ok, other=0.0).to(tl.float32))
-    tl.store(out_ptr + m * stride_om + n, y.to(out_ptr.dtype.element_ty), mask=ok)
+    if R > 0:
+        y += lora_scale * lo
+    tl.store(out_ptr + m * stride_om + n, y.to(out_ptr.dtype.element_ty), mask=(m < M) & (n < N))
+
+
+@triton.jit
+def _lora(xa_ptr, lb_ptr, la, lb_, g, c, pid_m, M, R: tl.constexpr, NB: tl.constexpr, like):
+    """LoRA up-projection ``xa · Bᵀ`` on the tensor cores, as C fragments laid out like the main
+    accumulator (rows na = la, nb = lb_ of ``lora_b [N, R]`` as the MMA's A, ``xa [M, R]`` rows as its
+    B; the rank R, a multiple of 16, is the reduction): R / 16 MMAs per activation block, every
+    fragment register one 32-bit load of two adjacent bf16 (no permutation: k = r in order)."""
+    ai = lb_ptr.to(tl.pointer_type(tl.int32))
+    xi = xa_ptr.to(tl.pointer_type(tl.int32))
+    ra = ai + la * (R // 2) + c
+    rb = ai + lb_ * (R // 2) + c
+    z = tl.zeros(like.shape, tl.float32)
+    out = ()
+    for b in tl.static_range(NB):
+        xr = xi + tl.minimum(pid_m * (8 * NB) + 8 * b + g, M - 1) * (R // 2) + c
+        c0, c1, c2, c3 = z, z, z, z
+        for j in tl.static_range(R // 16):
+            c0, c1, c2, c3 = _mma(tl.load(ra + 8 * j), tl.load(rb + 8 * j), tl.load(ra + 8 * j + 4),
+                                  tl.load(rb + 8 * j + 4), tl.load(xr + 8 * j, cache_modifier=".cg"),
+                                  tl.load(xr + 8 * j + 4, cache_modifier=".cg"),
+                                  c0, c1, c2, c3)
+        out = out + ((c0, c1, c2, c3),)
+    return out
 
 
 @triton.jit
@@ -186,19 +225,97 @@ def _reduced(part_ptr, m, n, M, N, SPLIT):
     return y
 
 
+@triton.jit
+def _xa_producer(p, x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP: tl.constexpr, R: tl.constexpr):
+    """Program ``p`` < XP of a fused-LoRA launch: ``xa [16, R] = x [M <= 16, K] · lora_aᵀ`` (rows >= M are
+    0) over the K chunks p, p + XP, ... (``tl.dot``, fp32); partials go to ``xap [XP, 16, R]``, the last
+    producer to finish (ticket ``xlock[0]``) sums them in order, stores ``xa`` in bf16 (as the unfused
+    path's ``x @ lora_a.T`` would) and raises the ready flag ``xlock[1]`` (release)."""
+    KB: tl.constexpr = 64
+    rows = tl.arange(0, 16)
+    rr = tl.arange(0, R)
+    kk = tl.arange(0, KB)
+    acc = tl.zeros((16, R), tl.float32)
+    for k0 in range(p * KB, K, XP * KB):
+        offs = k0 + kk
+        km = offs < K
+        xb = tl.load(x_ptr + rows[:, None] * stride_xm + offs[None, :], mask=(rows < M)[:, None] & km[None, :],
+                     other=0.0)
+        ab = tl.load(la_ptr + rr[:, None] * K + offs[None, :], mask=km[None, :], other=0.0)
+        acc += tl.dot(xb, tl.trans(ab))
+    tile = rows[:, None] * R + rr[None, :]
+    tl.store(xap_ptr + p * 16 * R + tile, acc)
+    tl.debug_barrier()  # every thread's partial is written before the (releasing) ticket
+    ticket = tl.atomic_add(xlock_ptr, 1, sem="acq_rel", scope="gpu")
+    if ticket == XP - 1:
+        tot = tl.zeros((16, R), tl.float32)
+        for q in range(XP):
+            tot += tl.load(xap_ptr + q * 16 * R + tile, cache_modifier=".cg")
+        tl.store(xa_ptr + tile, tot.to(xa_ptr.dtype.element_ty))
+        tl.debug_barrier()
+        tl.atomic_xchg(xlock_ptr, 0)
+        tl.atomic_xchg(xlock_ptr + 1, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _await_xa(xlock_ptr):
+    """Spin until the producers' ready flag is up (acquire). Only programs that have finished their
+    main loop wait, and producers are the launch's lowest program ids (dispatched first)."""
+    ready = tl.atomic_add(xlock_ptr + 1, 0, sem="acquire", scope="gpu")
+    while ready == 0:
+        ready = tl.atomic_add(xlock_ptr + 1, 0, sem="acquire", scope="gpu")
+
+
+@triton.jit
+def _release_xa(xlock_ptr, n_cons):
+    """Count this consumer out; the last one resets the flag and the counter for the next launch."""
+    tl.debug_barrier()  # this program's outputs (which used xa) are stored
+    done = tl.atomic_add(xlock_ptr + 2, 1, sem="acq_rel", scope="gpu")
+    if done == n_cons - 1:
+        tl.atomic_xchg(xlock_ptr + 2, 0)
+        tl.atomic_xchg(xlock_ptr + 1, 0, sem="release", scope="gpu")
+
+
 @triton.jit(do_not_specialize=["M", "SPLIT"])
 def _nvfp4_mmv_kernel(
-    x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr,
+    x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr, la_ptr, xap_ptr, xlock_ptr,
     M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT,
     HAS_BIAS: tl.constexpr, R: tl.constexpr, USE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr, WARPS: tl.constexpr,
-    NB: tl.constexpr, PREFETCH: tl.constexpr, XPRE: tl.constexpr,
+    NB: tl.constexpr, PREFETCH: tl.constexpr, XPRE: tl.constexpr, L2: tl.constexpr = 0, PFD: tl.constexpr = 0,
+    XP: tl.constexpr = 0,
+):
+    # XP > 0 (fused LoRA down-projection): programs (0..XP-1, 0, 0) compute xa = x · lora_aᵀ into xa_ptr
+    # (see _xa_producer) and the others are the tiles below, shifted by XP, which wait for xa before
+    # their epilogue
+    pid = tl.program_id(0)
+    if XP > 0:
+        if pid < XP:
+            if (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
+                _xa_producer(pid, x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R)
+        else:
+            _mmv_tile(pid - XP, x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr,
+                      xlock_ptr, M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT, HAS_BIAS, R,
+                      USE_SPLIT, EVEN_K, WARPS, NB, PREFETCH, XPRE, L2, PFD, XP)
+    else:
+        _mmv_tile(pid, x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr,
+                  xlock_ptr, M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT, HAS_BIAS, R,
+                  USE_SPLIT, EVEN_K, WARPS, NB, PREFETCH, XPRE, L2, PFD, XP)
+
+
+@triton.jit
+def _mmv_tile(
+    pid_n, x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr, xlock_ptr,
+    M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT,
+    HAS_BIAS: tl.constexpr, R: tl.constexpr, USE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr, WARPS: tl.constexpr,
+    NB: tl.constexpr, PREFETCH: tl.constexpr, XPRE: tl.constexpr, L2: tl.constexpr, PFD: tl.constexpr,
+    XP: tl.constexpr,
 ):
     # program (pid_n, pid_m, pid_s): weight rows pid_n*16*WARPS .. (16 per warp) x activation rows
     # pid_m*8*NB .. +8*NB (NB blocks of 8), K steps pid_s::SPLIT-th share; loads run PREFETCH (1 or 2)
-    # steps ahead into registers; XPRE=0 loads the activations at use instead (fewer registers).
+    # steps ahead into registers; XPRE=0 loads the activations at use instead (fewer registers); L2 (128 |
+    # 256) asks L2 for that many bytes per weight load; PFD > 0 prefetches each row's step t + PFD into L2.
     # Requires K % 32 == 0 and 16-byte aligned rows (checked by ops).
     T: tl.constexpr = 32 * WARPS
-    pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_s = tl.program_id(2)
     tid = _tid(tl.arange(0, T))
@@ -222,23 +339,30 @@ def _nvfp4_mmv_kernel(
     for b in tl.static_range(NB):
         acc = acc + ((z, z, z, z),)
     k_steps = tl.cdiv(K, 128)
-    per_split = tl.cdiv(k_steps, SPLIT)
+    # the loop is unrolled PREFETCH + 1 times over as many register buffers (no buffer rotation: a
+    # rotating prefetch cost up to 81 register moves per step); splits are whole unrolled iterations,
+    # and the last iteration's overrun loads zeros
+    U: tl.constexpr = PREFETCH + 1
+    per_split = tl.cdiv(tl.cdiv(k_steps, SPLIT), U) * U
     t0 = pid_s * per_split
     t1 = tl.minimum(k_steps, t0 + per_split)
     if t0 < t1:
-        nxt = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t0, c, K, EVEN_K, NB, XPRE)
+        p0 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t0, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
         if PREFETCH == 2:
-            nxt2 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, tl.minimum(t0 + 1, t1 - 1), c, K, EVEN_K, NB, XPRE)
-            for t in range(t0, t1):
-                cur = nxt
-                nxt = nxt2
-                nxt2 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, tl.minimum(t + 2, t1 - 1), c, K, EVEN_K, NB, XPRE)
-                acc = _compute(acc, cur, xrs, NB, XPRE)
+            p1 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t0 + 1, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
+            for t in range(t0, t1, 3):
+                p2 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t + 2, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
+                acc = _compute(acc, p0, xrs, NB, XPRE)
+                p0 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t + 3, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
+                acc = _compute(acc, p1, xrs, NB, XPRE)
+                p1 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t + 4, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
+                acc = _compute(acc, p2, xrs, NB, XPRE)
         else:
-            for t in range(t0, t1):
-                cur = nxt
-                nxt = _loads(wa, wb, xrs, sa_ptr, sb_ptr, tl.minimum(t + 1, t1 - 1), c, K, EVEN_K, NB, XPRE)
-                acc = _compute(acc, cur, xrs, NB, XPRE)
+            for t in range(t0, t1, 2):
+                p1 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t + 1, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
+                acc = _compute(acc, p0, xrs, NB, XPRE)
+                p0 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t + 2, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
+                acc = _compute(acc, p1, xrs, NB, XPRE)
     # C fragment of block b: (c0, c1) = y[m, m+1][na], (c2, c3) = y[m, m+1][nb] with m = pid_m*8*NB + 8b + 2c
     m0 = pid_m * (8 * NB) + 2 * c
     last = True
@@ -251,7 +375,7 @@ def _nvfp4_mmv_kernel(
             _partial(base, c2, m0 + 8 * b, nb, M, N)
             _partial(base, c3, m0 + 8 * b + 1, nb, M, N)
         tl.debug_barrier()  # every thread's partial is written before the (releasing) ticket
-        tile = pid_m * tl.num_programs(0) + pid_n
+        tile = pid_m * tl.num_programs(0) + pid_n  # < num_programs(0) * num_programs(1) (ops checks the slots)
         ticket = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
         last = ticket == SPLIT - 1
         if last:
@@ -265,10 +389,20 @@ def _nvfp4_mmv_kernel(
             tl.atomic_xchg(lock_ptr + tile, 0)
     if last:
         inv = 128.0 / tl.load(gs_ptr)  # undo the 2^-7 of the decoded weights, apply 1/gs
+        if R > 0:
+            if XP > 0:
+                _await_xa(xlock_ptr)
+            lo = _lora(xa_ptr, lb_ptr, la, lb_, g, c, pid_m, M, R, NB, z)
         for b in tl.static_range(NB):
             c0, c1, c2, c3 = acc[b]
+            if R > 0:
+                l0, l1, l2, l3 = lo[b]
+            else:
+                l0, l1, l2, l3 = z, z, z, z
             m = m0 + 8 * b
-            _out(c0, m, na, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
-            _out(c1, m + 1, na, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
-            _out(c2, m, nb, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
-            _out(c3, m + 1, nb, M, N, inv, bias_ptr, xa_ptr, lb_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
+            _out(c0, l0, m, na, M, N, inv, bias_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
+            _out(c1, l1, m + 1, na, M, N, inv, bias_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
+            _out(c2, l2, m, nb, M, N, inv, bias_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
+            _out(c3, l3, m + 1, nb, M, N, inv, bias_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
+        if XP > 0:
+            _release_xa(xlock_ptr, (tl.num_programs(0) - XP) * tl.num_programs(1))

@@ -1,8 +1,10 @@
 """Public entry points of the NVFP4 kernels: validation, tile configs, torch custom ops, and the
 backend registration that plugs them into :mod:`qerl.ops.linear` (the seam every model uses).
 
-``nvfp4_matmul(x, packed, scale, gs, bias=None, xa=None, lora_b=None, lora_scale=1.0)``
-    ``x [..., K]`` bf16/fp16 -> ``[..., N]`` (``x · Ŵᵀ + bias + lora_scale · xa · lora_bᵀ``).
+``nvfp4_matmul(x, packed, scale, gs, bias=None, xa=None, lora_b=None, lora_scale=1.0, lora_a=None)``
+    ``x [..., K]`` bf16/fp16 -> ``[..., N]`` (``x · Ŵᵀ + bias + lora_scale · xa · lora_bᵀ``); with
+    ``lora_a [R, K]`` instead of ``xa``, ``xa = x · lora_aᵀ`` (bf16) is computed too — inside the same
+    launch on the decode path (M <= 16), else by one matmul first.
 ``nvfp4_matmul_t(dy, packed, scale, gs, dyb=None, lora_a=None, lora_scale=1.0)``
     ``dy [..., N]`` -> ``dX [..., K] = dy · Ŵ + lora_scale · dyb · lora_a``.
 
@@ -132,10 +134,10 @@ def _check(x, packed, scale, gs, k_dim: int, name: str) -> tuple[int, int]:
 
 
 def _pad_rank(a: torch.Tensor, dim: int) -> torch.Tensor:
-    """tl.dot needs R >= 16: zero-pad the rank dimension (exact)."""
+    """tl.dot needs R >= 16: zero-pad the rank dimension (exact); the result is contiguous and 16-byte aligned."""
     r = a.shape[dim]
-    if r >= 16 and r & (r - 1) == 0:
-        return a.contiguous()
+    if r >= 16 and r & (r - 1) == 0:  # (16-byte aligned: the decode kernel reads bf16 pairs as 32-bit words)
+        return a.contiguous() if a.is_contiguous() and a.data_ptr() % 16 == 0 else a.clone(memory_format=torch.contiguous_format)
     target = max(16, 1 << (r - 1).bit_length())
     pad = [0, 0] * (a.ndim - 1 - dim) + [0, target - r]
     return torch.nn.functional.pad(a, pad).contiguous()
@@ -165,7 +167,13 @@ def _runnable(kind: str, cfg: dict, M: int, K: int, x2, packed, interpret: bool)
     return dict(cfg)
 
 
-def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret):
+XA_PRODUCERS = 16  # programs computing x · lora_aᵀ in a fused decode launch (K chunks of 64 each)
+
+
+def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret, lora_a=None):
+    """One call of the path ``config_for`` picks. ``lora_a`` (forward; ``extra`` = (bias, None, lora_b)):
+    the decode kernel computes ``xa = x · lora_aᵀ`` inside the same launch; every other path gets
+    ``xa`` from one ``x @ lora_a.T`` first."""
     from qerl_kernels.nvfp4_gemv import _nvfp4_gemv_kernel
     from qerl_kernels.nvfp4_matmul import _nvfp4_bwd_kernel, _nvfp4_fwd_kernel
     import triton
@@ -173,6 +181,8 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret)
     M = x2.shape[0]
     N, K = packed.shape[0], packed.shape[1] * 2
     cfg = _runnable(kind, config_for(kind, M, N, K, x2.device), M, K, x2, packed, interpret)
+    if lora_a is not None and not (kind == "fwd" and cfg.get("MMV") and M <= 16):
+        extra, lora_a = (extra[0], x2 @ lora_a.T, extra[2]), None
     if cfg.get("DQ"):  # dequantize windows of W + cuBLAS (large M)
         from qerl_kernels.nvfp4_dequant import dq_backward, dq_forward
 
@@ -183,8 +193,9 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret)
     split = cfg.pop("SPLIT")
     BM, BN, BK = cfg.pop("BM"), cfg.pop("BN"), cfg.pop("BK")
     out = torch.empty(M, n_out, device=x2.device, dtype=x2.dtype)
-    tiles = triton.cdiv(M, BM) * (triton.cdiv(N, BN) if kind == "fwd" else triton.cdiv(K, BK))
-    if split > 1 and tiles > _LOCK_SLOTS:
+    xp = XA_PRODUCERS if lora_a is not None else 0
+    tiles = triton.cdiv(M, BM) * (triton.cdiv(N, BN) + xp if kind == "fwd" else triton.cdiv(K, BK))
+    if split > 1 and tiles > _LOCK_SLOTS - 4:  # the last 4 slots: the fused LoRA's ticket, flag, counter
         split = 1
     part = torch.empty(split * M * n_out if split > 1 else 1, device=x2.device, dtype=torch.float32)
     locks = _locks(x2.device)
@@ -200,13 +211,17 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret)
 
         bias, xa, lb = extra
         warps = BN // 16  # 16 weight rows per warp, BM = 8 x NB activation rows, BK = 128
-        grid = (triton.cdiv(N, BN), triton.cdiv(M, BM), split)
+        grid = (triton.cdiv(N, BN) + xp, triton.cdiv(M, BM), split)
+        xap = dummy
+        if xp:  # xa [16, R] written by the launch's producer programs, their fp32 partials in xap
+            xa = torch.empty(16, r, device=x2.device, dtype=x2.dtype)
+            xap = torch.empty(xp * 16 * r, device=x2.device, dtype=torch.float32)
         _nvfp4_mmv_kernel[grid](x2, packed, s8, gs, out, bias if bias is not None else dummy,
                                 xa if xa is not None else dummy, lb if lb is not None else dummy, part, locks,
-                                M, N, K, x2.stride(0), out.stride(0), packed.stride(0), s8.stride(0),
+                                lora_a if xp else dummy, xap, locks[_LOCK_SLOTS - 4:], M, N, K, x2.stride(0), out.stride(0), packed.stride(0), s8.stride(0),
                                 float(lora_scale), split, HAS_BIAS=bias is not None, R=r, USE_SPLIT=split > 1,
                                 EVEN_K=K % 128 == 0, WARPS=warps, NB=BM // 8, PREFETCH=cfg.get("num_stages", 1),
-                                XPRE=cfg.get("XPRE", 1),
+                                XPRE=cfg.get("XPRE", 1), L2=cfg.get("L2", 0), PFD=cfg.get("PFD", 0), XP=xp,
                                 num_warps=warps, num_stages=1)
     elif gemv:  # CUDA-core path for decode sizes (reads the packed rows as 32-bit words)
         bias, xa, lb = extra
@@ -243,19 +258,22 @@ def _interpreting() -> bool:
 @torch.library.custom_op("qerl::nvfp4_matmul", mutates_args=())
 def _matmul_op(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, gs: torch.Tensor,
                bias: torch.Tensor | None, xa: torch.Tensor | None, lora_b: torch.Tensor | None,
-               lora_scale: float) -> torch.Tensor:
+               lora_scale: float, lora_a: torch.Tensor | None = None) -> torch.Tensor:
     x2 = x.reshape(-1, x.shape[-1])
     r = 0
     if xa is not None:
         xa, lora_b = _pad_rank(xa.reshape(-1, xa.shape[-1]).to(x.dtype), 1), _pad_rank(lora_b.to(x.dtype), 1)
         r = xa.shape[1]
+    if lora_a is not None:  # xa = x · lora_aᵀ computed here (fused into the decode kernel's launch)
+        lora_a, lora_b = _pad_rank(lora_a.to(x.dtype), 0), _pad_rank(lora_b.to(x.dtype), 1)
+        r = lora_a.shape[0]
     out = _launch("fwd", x2.contiguous(), packed, scale, gs, packed.shape[0], (bias, xa, lora_b), lora_scale, r,
-                  _interpreting())
+                  _interpreting(), lora_a)
     return out.reshape(*x.shape[:-1], packed.shape[0])
 
 
 @_matmul_op.register_fake
-def _(x, packed, scale, gs, bias, xa, lora_b, lora_scale):
+def _(x, packed, scale, gs, bias, xa, lora_b, lora_scale, lora_a=None):
     return x.new_empty(*x.shape[:-1], packed.shape[0])
 
 
@@ -277,17 +295,25 @@ def _(dy, packed, scale, gs, dyb, lora_a, lora_scale):
     return dy.new_empty(*dy.shape[:-1], packed.shape[1] * 2)
 
 
-def nvfp4_matmul(x, packed, scale, gs, bias=None, xa=None, lora_b=None, lora_scale: float = 1.0):
+def nvfp4_matmul(x, packed, scale, gs, bias=None, xa=None, lora_b=None, lora_scale: float = 1.0, lora_a=None):
     """Validated forward (see module docstring)."""
     _check(x, packed, scale, gs, 0, "nvfp4_matmul")
-    if (xa is None) != (lora_b is None):
-        raise KernelInputError("nvfp4_matmul: xa and lora_b go together")
-    if xa is not None and (lora_b.shape[0] != packed.shape[0] or lora_b.shape[1] != xa.shape[-1]):
+    if xa is not None and lora_a is not None:
+        raise KernelInputError("nvfp4_matmul: give xa (= x · lora_aᵀ) or lora_a, not both")
+    if ((xa is None) and (lora_a is None)) != (lora_b is None):
+        raise KernelInputError("nvfp4_matmul: lora_b goes with xa or lora_a")
+    if lora_a is not None:
+        k = packed.shape[1] * 2
+        if lora_a.ndim != 2 or lora_a.shape[1] != k or lora_a.device != x.device or not lora_a.is_floating_point():
+            raise KernelInputError(f"nvfp4_matmul: lora_a must be a float [R, K={k}] tensor on {x.device}, got "
+                                   f"{lora_a.dtype} {tuple(lora_a.shape)} on {lora_a.device}")
+    r = xa.shape[-1] if xa is not None else (lora_a.shape[0] if lora_a is not None else None)
+    if lora_b is not None and (lora_b.ndim != 2 or lora_b.shape[0] != packed.shape[0] or lora_b.shape[1] != r):
         raise KernelInputError(f"nvfp4_matmul: lora_b {tuple(lora_b.shape)} does not match N={packed.shape[0]}, "
-                               f"R={xa.shape[-1]}")
+                               f"R={r}")
     if bias is not None and bias.shape != (packed.shape[0],):
         raise KernelInputError(f"nvfp4_matmul: bias shape {tuple(bias.shape)}, expected ({packed.shape[0]},)")
-    return _matmul_op(x, packed, scale, gs, bias, xa, lora_b, float(lora_scale))
+    return _matmul_op(x, packed, scale, gs, bias, xa, lora_b, float(lora_scale), lora_a)
 
 
 def nvfp4_matmul_t(dy, packed, scale, gs, dyb=None, lora_a=None, lora_scale: float = 1.0):

@@ -119,7 +119,7 @@ def run(device: str, shapes, ms, tol: float, kinds=("fwd", "bwd")) -> list[dict]
         packed, scale, gs = (t.to(device) for t in nvfp4.quantize(w))
         bias = (torch.randn(N, generator=g) * 0.1).to(device, torch.bfloat16)
         for M in ms:
-            for lora_r in (0, 8):
+            for lora_r in ((0, 8, 32) if M <= 16 else (0, 8)):  # 32: two k16 MMAs in the decode epilogue
                 x = torch.randn(M, K, generator=g).to(device, torch.bfloat16)
                 dy = torch.randn(M, N, generator=g).to(device, torch.bfloat16)
                 xa = lb = dyb = la = None
@@ -134,6 +134,10 @@ def run(device: str, shapes, ms, tol: float, kinds=("fwd", "bwd")) -> list[dict]
                     y = nvfp4_matmul(x, packed, scale, gs, bias, xa, lb, 0.5)
                     fe = _rel(y, _ref_fwd(x, packed, scale, gs, bias, xa, lb, 0.5))
                     ok = ok and fe < tol and bool(torch.isfinite(y).all())
+                    if lora_r:  # x · lora_aᵀ computed by the op (fused into the decode launch at M <= 16)
+                        y = nvfp4_matmul(x, packed, scale, gs, bias, None, lb, 0.5, lora_a=la)
+                        fe = max(fe, _rel(y, _ref_fwd(x, packed, scale, gs, bias, x @ la.T, lb, 0.5)))
+                        ok = ok and fe < tol and bool(torch.isfinite(y).all())
                 if "bwd" in kinds:
                     dx = nvfp4_matmul_t(dy, packed, scale, gs, dyb, la, 0.5)
                     be = _rel(dx, _ref_bwd(dy, packed, scale, gs, dyb, la, 0.5))

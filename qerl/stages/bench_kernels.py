@@ -126,7 +126,8 @@ def bench_shape(model: str, proj: str, N: int, K: int, ms, lora_rank: int = 32) 
             "bwd_cublas": [lambda w=w: dy @ w for w, *_ in ws],
         }
         if M <= 64:
-            named["fwd_lora"] = [lambda p=p, s=s, g=g: nvfp4_matmul(x, p, s, g, None, x @ la.T, lb, 2.0)
+            # the whole LoRA (x·Aᵀ included): fused into the decode launch at M <= 16
+            named["fwd_lora"] = [lambda p=p, s=s, g=g: nvfp4_matmul(x, p, s, g, None, None, lb, 2.0, lora_a=la)
                                  for _, p, s, g in ws]
         t = {
             **_graph_times(named),
