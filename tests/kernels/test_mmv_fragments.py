@@ -111,3 +111,41 @@ def test_register_fragment_dataflow_matches_reference():
     err = np.abs(got - want.numpy()).max() / np.abs(want.numpy()).max()
     assert err < 1e-6, err
     assert np.abs(got).max() > 0
+
+
+def _lora_emulated(xa, lb):
+    """The kernel's ``_lora``: ``lora_b`` rows as the MMA's A (rows g, g+8 of each 16-row warp block;
+    32-bit words 8j + c and 8j + c + 4 of the row), ``xa`` rows as its B (activation row g: words
+    8j + c, 8j + c + 4), R / 16 MMAs into a zero C; output mapped like the main accumulator."""
+    M, R = xa.shape
+    N = lb.shape[0]
+    lw = lb.contiguous().view(torch.int16).numpy().view(np.uint32)  # [N, R/2] bf16 pairs
+    xw = xa.contiguous().view(torch.int16).numpy().view(np.uint32)  # [M, R/2]
+    y = np.zeros((M, N))
+    for n0 in range(0, N, 16):
+        for mb in range(0, M, 8):
+            acc = [[0.0] * 4 for _ in range(32)]
+            for j in range(R // 16):
+                fa, fb = [], []
+                for lane in range(32):
+                    g, c = lane // 4, lane % 4
+                    ra, rb, mx = min(n0 + g, N - 1), min(n0 + g + 8, N - 1), min(mb + g, M - 1)
+                    fa.append((lw[ra, 8 * j + c], lw[rb, 8 * j + c], lw[ra, 8 * j + c + 4], lw[rb, 8 * j + c + 4]))
+                    fb.append((xw[mx, 8 * j + c], xw[mx, 8 * j + c + 4]))
+                acc = _mma(fa, fb, acc)
+            for lane in range(32):
+                g, c = lane // 4, lane % 4
+                for i, (m, n) in enumerate(((2 * c, g), (2 * c + 1, g), (2 * c, g + 8), (2 * c + 1, g + 8))):
+                    if mb + m < M and n0 + n < N:
+                        y[mb + m, n0 + n] = acc[lane][i]
+    return y
+
+
+def test_lora_epilogue_fragments_match_xa_times_lora_b():
+    g = torch.Generator().manual_seed(4)
+    M, N, R = 11, 37, 32  # partial row blocks on both sides, two k16 MMAs over the rank
+    xa = torch.randn(M, R, generator=g).bfloat16()
+    lb = torch.randn(N, R, generator=g).bfloat16()
+    want = xa.double() @ lb.double().T
+    got = _lora_emulated(xa, lb)
+    assert np.abs(got - want.numpy()).max() / np.abs(want.numpy()).max() < 1e-6

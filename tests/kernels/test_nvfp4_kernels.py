@@ -74,8 +74,15 @@ def test_input_validation():
         nvfp4_matmul(x, p.t().contiguous().t(), s, gs)
     with pytest.raises(KernelInputError, match="float32"):
         nvfp4_matmul(x, p, s, gs.double())
-    with pytest.raises(KernelInputError, match="go together"):
+    with pytest.raises(KernelInputError, match="lora_b goes with xa or lora_a"):
         nvfp4_matmul(x, p, s, gs, xa=torch.randn(4, 8).bfloat16())
+    la, lb = torch.randn(8, 64).bfloat16(), torch.randn(32, 8).bfloat16()
+    with pytest.raises(KernelInputError, match="not both"):
+        nvfp4_matmul(x, p, s, gs, xa=torch.randn(4, 8).bfloat16(), lora_b=lb, lora_a=la)
+    with pytest.raises(KernelInputError, match=r"lora_a must be a float \[R, K=64\]"):
+        nvfp4_matmul(x, p, s, gs, lora_b=lb, lora_a=la[:, :32])
+    with pytest.raises(KernelInputError, match="does not match N=32, R=8"):
+        nvfp4_matmul(x, p, s, gs, lora_b=lb[:, :4], lora_a=la)
     with pytest.raises(KernelInputError, match="expected 32"):
         nvfp4_matmul_t(torch.randn(4, 64).bfloat16(), p, s, gs)
 
@@ -257,3 +264,25 @@ print(json.dumps(res))
     assert res["torch.float32"] == [True, True] and res["torch.float16"] == [True, True]
     assert res["col_window"] is True
     assert "out (37, 48), packed (37, 48)" in res["error"]
+
+
+def test_lora_a_computes_xa_like_the_explicit_path():
+    """``lora_a`` (x · lora_aᵀ inside the op; fused into the decode launch on a GPU) gives the same
+    output as passing ``xa = x @ lora_a.T`` (under the interpreter both run the same kernels)."""
+    r = _interp("""
+import torch
+from qerl.quant import nvfp4
+from qerl_kernels.ops import nvfp4_matmul
+g = torch.Generator().manual_seed(5)
+N, K = 40, 96
+p, s, gs = nvfp4.quantize(torch.randn(N, K, generator=g) * 0.05)
+for M, R in ((1, 8), (5, 32)):  # rank padded to 16 / a full two-MMA rank
+    x = torch.randn(M, K, generator=g).bfloat16()
+    la = (torch.randn(R, K, generator=g) * 0.1).bfloat16()
+    lb = (torch.randn(N, R, generator=g) * 0.1).bfloat16()
+    fused = nvfp4_matmul(x, p, s, gs, None, None, lb, 0.5, lora_a=la)
+    assert torch.equal(fused, nvfp4_matmul(x, p, s, gs, None, x @ la.T, lb, 0.5))
+    assert not torch.equal(fused, nvfp4_matmul(x, p, s, gs))
+print("OK")
+""")
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-2000:]
