@@ -9,8 +9,8 @@ the static number that decides whether dequantization can keep up with memory.
 Pointer and integer arguments are specialised as multiples of 16, as Triton's JIT does at run time
 when the actual values are. ``--kind mmv``: BM 8|16 (activation rows), warps = BN / 16, stages = register
 prefetch depth (1|2), ``QERL_INSPECT_XPRE=0`` loads activations at use, ``QERL_INSPECT_L2=256`` /
-``QERL_INSPECT_PFD=4``: L2 prefetch size hint / prefetch distance of the weight loads, ``QERL_INSPECT_XP=16``:
-the fused LoRA-32 launch (16 producer programs).
+``QERL_INSPECT_PFD=4``: L2 prefetch size hint / prefetch distance of the weight loads, ``QERL_INSPECT_FUSED=1``:
+the fused LoRA-32 launch.
 """
 import argparse
 import collections
@@ -51,8 +51,8 @@ def compile_sm90(kind="fwd", bm=16, bn=64, bk=256, warps=4, stages=4, split=1, s
                   "NB": max(1, bm // 8), "PREFETCH": max(1, min(stages, 2)),
                   "XPRE": int(os.environ.get("QERL_INSPECT_XPRE", "1")),
                   "L2": int(os.environ.get("QERL_INSPECT_L2", "0")), "PFD": int(os.environ.get("QERL_INSPECT_PFD", "0")),
-                  "XP": int(os.environ.get("QERL_INSPECT_XP", "0"))}
-        if consts["XP"]:
+                  "FUSED": os.environ.get("QERL_INSPECT_FUSED", "0") == "1"}
+        if consts["FUSED"]:
             consts["R"] = 32
     elif kind == "gemv":  # CUDA-core decode path (nvfp4_gemv)
         fn, base = _nvfp4_gemv_kernel, FWD_SIG
@@ -65,6 +65,8 @@ def compile_sm90(kind="fwd", bm=16, bn=64, bk=256, warps=4, stages=4, split=1, s
         fn, base = _nvfp4_bwd_kernel, BWD_SIG
         consts.update(SWAP=bool(swap))
     sig = {**base, **{k: "constexpr" for k in consts}}
+    if kind == "mmv":
+        sig["XP"] = "i32"  # the fused LoRA's producer count (runtime, after the constexprs)
     names = list(sig)
     div16 = [k for k in base if k.endswith("_ptr") or (base[k] == "i32" and k not in ("M", "SPLIT"))]
     attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in div16}

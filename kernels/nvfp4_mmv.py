@@ -226,31 +226,32 @@ def _reduced(part_ptr, m, n, M, N, SPLIT):
 
 
 @triton.jit
-def _xa_producer(p, x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP: tl.constexpr, R: tl.constexpr):
-    """Program ``p`` < XP of a fused-LoRA launch: ``xa [16, R] = x [M <= 16, K] · lora_aᵀ`` (rows >= M are
-    0) over the K chunks p, p + XP, ... (``tl.dot``, fp32); partials go to ``xap [XP, 16, R]``, the last
-    producer to finish (ticket ``xlock[0]``) sums them in order, stores ``xa`` in bf16 (as the unfused
-    path's ``x @ lora_a.T`` would) and raises the ready flag ``xlock[1]`` (release)."""
-    KB: tl.constexpr = 64
+def _xa_producer(p, x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R: tl.constexpr):
+    """Program ``p`` < XP = ceil(K / 256) of a fused-LoRA launch: the partial ``x [M <= 16, Kp] ·
+    lora_a[:, Kp]ᵀ`` of its 256-wide K chunk Kp (one load of each operand, one ``tl.dot``, fp32; rows
+    >= M are 0) goes to ``xap [XP, 16, R]``; the last producer to finish (ticket ``xlock[0]``) sums the
+    XP partials in order (4 per load), stores ``xa [16, R]`` in bf16 (as the unfused path's
+    ``x @ lora_a.T`` would) and raises the ready flag ``xlock[1]`` (release)."""
+    KP: tl.constexpr = 256
+    QB: tl.constexpr = 4
     rows = tl.arange(0, 16)
     rr = tl.arange(0, R)
-    kk = tl.arange(0, KB)
-    acc = tl.zeros((16, R), tl.float32)
-    for k0 in range(p * KB, K, XP * KB):
-        offs = k0 + kk
-        km = offs < K
-        xb = tl.load(x_ptr + rows[:, None] * stride_xm + offs[None, :], mask=(rows < M)[:, None] & km[None, :],
-                     other=0.0)
-        ab = tl.load(la_ptr + rr[:, None] * K + offs[None, :], mask=km[None, :], other=0.0)
-        acc += tl.dot(xb, tl.trans(ab))
+    offs = p * KP + tl.arange(0, KP)
+    km = offs < K
+    xb = tl.load(x_ptr + rows[:, None] * stride_xm + offs[None, :], mask=(rows < M)[:, None] & km[None, :], other=0.0)
+    ab = tl.load(la_ptr + rr[:, None] * K + offs[None, :], mask=km[None, :], other=0.0)
     tile = rows[:, None] * R + rr[None, :]
-    tl.store(xap_ptr + p * 16 * R + tile, acc)
+    tl.store(xap_ptr + p * 16 * R + tile, tl.dot(xb, tl.trans(ab)))
     tl.debug_barrier()  # every thread's partial is written before the (releasing) ticket
     ticket = tl.atomic_add(xlock_ptr, 1, sem="acq_rel", scope="gpu")
     if ticket == XP - 1:
+        qq = tl.arange(0, QB)
         tot = tl.zeros((16, R), tl.float32)
-        for q in range(XP):
-            tot += tl.load(xap_ptr + q * 16 * R + tile, cache_modifier=".cg")
+        for q0 in range(0, XP, QB):
+            q = q0 + qq
+            part = tl.load(xap_ptr + q[:, None, None] * (16 * R) + tile[None, :, :], mask=(q < XP)[:, None, None],
+                           other=0.0, cache_modifier=".cg")
+            tot += tl.sum(part, axis=0)
         tl.store(xa_ptr + tile, tot.to(xa_ptr.dtype.element_ty))
         tl.debug_barrier()
         tl.atomic_xchg(xlock_ptr, 0)
@@ -276,30 +277,30 @@ def _release_xa(xlock_ptr, n_cons):
         tl.atomic_xchg(xlock_ptr + 1, 0, sem="release", scope="gpu")
 
 
-@triton.jit(do_not_specialize=["M", "SPLIT"])
+@triton.jit(do_not_specialize=["M", "SPLIT", "XP"])
 def _nvfp4_mmv_kernel(
     x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr, la_ptr, xap_ptr, xlock_ptr,
     M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT,
     HAS_BIAS: tl.constexpr, R: tl.constexpr, USE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr, WARPS: tl.constexpr,
     NB: tl.constexpr, PREFETCH: tl.constexpr, XPRE: tl.constexpr, L2: tl.constexpr = 0, PFD: tl.constexpr = 0,
-    XP: tl.constexpr = 0,
+    FUSED: tl.constexpr = False, XP=0,
 ):
-    # XP > 0 (fused LoRA down-projection): programs (0..XP-1, 0, 0) compute xa = x · lora_aᵀ into xa_ptr
+    # FUSED (LoRA down-projection in this launch): programs (0..XP-1, 0, 0) compute xa = x · lora_aᵀ into xa_ptr
     # (see _xa_producer) and the others are the tiles below, shifted by XP, which wait for xa before
     # their epilogue
     pid = tl.program_id(0)
-    if XP > 0:
+    if FUSED:
         if pid < XP:
             if (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
                 _xa_producer(pid, x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R)
         else:
             _mmv_tile(pid - XP, x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr,
                       xlock_ptr, M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT, HAS_BIAS, R,
-                      USE_SPLIT, EVEN_K, WARPS, NB, PREFETCH, XPRE, L2, PFD, XP)
+                      USE_SPLIT, EVEN_K, WARPS, NB, PREFETCH, XPRE, L2, PFD, FUSED, XP)
     else:
         _mmv_tile(pid, x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr,
                   xlock_ptr, M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT, HAS_BIAS, R,
-                  USE_SPLIT, EVEN_K, WARPS, NB, PREFETCH, XPRE, L2, PFD, XP)
+                  USE_SPLIT, EVEN_K, WARPS, NB, PREFETCH, XPRE, L2, PFD, FUSED, XP)
 
 
 @triton.jit
@@ -308,7 +309,7 @@ def _mmv_tile(
     M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT,
     HAS_BIAS: tl.constexpr, R: tl.constexpr, USE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr, WARPS: tl.constexpr,
     NB: tl.constexpr, PREFETCH: tl.constexpr, XPRE: tl.constexpr, L2: tl.constexpr, PFD: tl.constexpr,
-    XP: tl.constexpr,
+    FUSED: tl.constexpr, XP,
 ):
     # program (pid_n, pid_m, pid_s): weight rows pid_n*16*WARPS .. (16 per warp) x activation rows
     # pid_m*8*NB .. +8*NB (NB blocks of 8), K steps pid_s::SPLIT-th share; loads run PREFETCH (1 or 2)
@@ -390,7 +391,7 @@ def _mmv_tile(
     if last:
         inv = 128.0 / tl.load(gs_ptr)  # undo the 2^-7 of the decoded weights, apply 1/gs
         if R > 0:
-            if XP > 0:
+            if FUSED:
                 _await_xa(xlock_ptr)
             lo = _lora(xa_ptr, lb_ptr, la, lb_, g, c, pid_m, M, R, NB, z)
         for b in tl.static_range(NB):
@@ -404,5 +405,5 @@ def _mmv_tile(
             _out(c1, l1, m + 1, na, M, N, inv, bias_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
             _out(c2, l2, m, nb, M, N, inv, bias_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
             _out(c3, l3, m + 1, nb, M, N, inv, bias_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
-        if XP > 0:
+        if FUSED:
             _release_xa(xlock_ptr, (tl.num_programs(0) - XP) * tl.num_programs(1))

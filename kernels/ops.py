@@ -167,7 +167,7 @@ def _runnable(kind: str, cfg: dict, M: int, K: int, x2, packed, interpret: bool)
     return dict(cfg)
 
 
-XA_PRODUCERS = 16  # programs computing x · lora_aᵀ in a fused decode launch (K chunks of 64 each)
+XA_CHUNK = 256  # K per producer program of x · lora_aᵀ in a fused decode launch
 
 
 def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret, lora_a=None):
@@ -193,7 +193,7 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
     split = cfg.pop("SPLIT")
     BM, BN, BK = cfg.pop("BM"), cfg.pop("BN"), cfg.pop("BK")
     out = torch.empty(M, n_out, device=x2.device, dtype=x2.dtype)
-    xp = XA_PRODUCERS if lora_a is not None else 0
+    xp = -(-K // XA_CHUNK) if lora_a is not None else 0
     tiles = triton.cdiv(M, BM) * (triton.cdiv(N, BN) + xp if kind == "fwd" else triton.cdiv(K, BK))
     if split > 1 and tiles > _LOCK_SLOTS - 4:  # the last 4 slots: the fused LoRA's ticket, flag, counter
         split = 1
@@ -221,7 +221,8 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
                                 lora_a if xp else dummy, xap, locks[_LOCK_SLOTS - 4:], M, N, K, x2.stride(0), out.stride(0), packed.stride(0), s8.stride(0),
                                 float(lora_scale), split, HAS_BIAS=bias is not None, R=r, USE_SPLIT=split > 1,
                                 EVEN_K=K % 128 == 0, WARPS=warps, NB=BM // 8, PREFETCH=cfg.get("num_stages", 1),
-                                XPRE=cfg.get("XPRE", 1), L2=cfg.get("L2", 0), PFD=cfg.get("PFD", 0), XP=xp,
+                                XPRE=cfg.get("XPRE", 1), L2=cfg.get("L2", 0), PFD=cfg.get("PFD", 0), FUSED=xp > 0,
+                                XP=xp,
                                 num_warps=warps, num_stages=1)
     elif gemv:  # CUDA-core path for decode sizes (reads the packed rows as 32-bit words)
         bias, xa, lb = extra
