@@ -227,21 +227,28 @@ def _reduced(part_ptr, m, n, M, N, SPLIT):
 
 @triton.jit
 def _xa_producer(p, x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R: tl.constexpr):
-    """Program ``p`` < XP = ceil(K / 256) of a fused-LoRA launch: the partial ``x [M <= 16, Kp] ·
-    lora_a[:, Kp]ᵀ`` of its 256-wide K chunk Kp (one load of each operand, one ``tl.dot``, fp32; rows
-    >= M are 0) goes to ``xap [XP, 16, R]``; the last producer to finish (ticket ``xlock[0]``) sums the
-    XP partials in order (4 per load), stores ``xa [16, R]`` in bf16 (as the unfused path's
-    ``x @ lora_a.T`` would) and raises the ready flag ``xlock[1]`` (release)."""
-    KP: tl.constexpr = 256
+    """Program ``p`` < XP of a fused-LoRA launch: the partial ``x [M <= 16, Kp] · lora_a[:, Kp]ᵀ`` over
+    its 64-wide K chunks p, p + XP, ... (``tl.dot``, fp32; rows >= M are 0) goes to ``xap [XP, 16, R]``;
+    the last producer to finish (ticket ``xlock[0]``) sums the XP partials in order (4 per load), stores
+    ``xa [16, R]`` in bf16 (as the unfused path's ``x @ lora_a.T`` would) and raises the ready flag
+    ``xlock[1]`` (release). Small operand tiles on purpose: shared memory taken here is L1 taken from
+    the tiles, which read the activations through L1 (a 256-wide single-shot version, 24 KB of
+    shared memory, made the launch up to 70% slower)."""
+    KB: tl.constexpr = 64
     QB: tl.constexpr = 4
     rows = tl.arange(0, 16)
     rr = tl.arange(0, R)
-    offs = p * KP + tl.arange(0, KP)
-    km = offs < K
-    xb = tl.load(x_ptr + rows[:, None] * stride_xm + offs[None, :], mask=(rows < M)[:, None] & km[None, :], other=0.0)
-    ab = tl.load(la_ptr + rr[:, None] * K + offs[None, :], mask=km[None, :], other=0.0)
+    kk = tl.arange(0, KB)
+    acc = tl.zeros((16, R), tl.float32)
+    for k0 in range(p * KB, K, XP * KB):
+        offs = k0 + kk
+        km = offs < K
+        xb = tl.load(x_ptr + rows[:, None] * stride_xm + offs[None, :], mask=(rows < M)[:, None] & km[None, :],
+                     other=0.0)
+        ab = tl.load(la_ptr + rr[:, None] * K + offs[None, :], mask=km[None, :], other=0.0)
+        acc += tl.dot(xb, tl.trans(ab))
     tile = rows[:, None] * R + rr[None, :]
-    tl.store(xap_ptr + p * 16 * R + tile, tl.dot(xb, tl.trans(ab)))
+    tl.store(xap_ptr + p * 16 * R + tile, acc)
     tl.debug_barrier()  # every thread's partial is written before the (releasing) ticket
     ticket = tl.atomic_add(xlock_ptr, 1, sem="acq_rel", scope="gpu")
     if ticket == XP - 1:

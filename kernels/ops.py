@@ -167,7 +167,7 @@ def _runnable(kind: str, cfg: dict, M: int, K: int, x2, packed, interpret: bool)
     return dict(cfg)
 
 
-XA_CHUNK = 256  # K per producer program of x · lora_aᵀ in a fused decode launch
+XA_PRODUCERS = (16, 64)  # programs computing x · lora_aᵀ in a fused decode launch: ~256 K each, within these
 
 
 def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret, lora_a=None):
@@ -193,7 +193,7 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
     split = cfg.pop("SPLIT")
     BM, BN, BK = cfg.pop("BM"), cfg.pop("BN"), cfg.pop("BK")
     out = torch.empty(M, n_out, device=x2.device, dtype=x2.dtype)
-    xp = -(-K // XA_CHUNK) if lora_a is not None else 0
+    xp = min(XA_PRODUCERS[1], max(XA_PRODUCERS[0], -(-K // 256))) if lora_a is not None else 0
     tiles = triton.cdiv(M, BM) * (triton.cdiv(N, BN) + xp if kind == "fwd" else triton.cdiv(K, BK))
     if split > 1 and tiles > _LOCK_SLOTS - 4:  # the last 4 slots: the fused LoRA's ticket, flag, counter
         split = 1
