@@ -181,7 +181,11 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
     M = x2.shape[0]
     N, K = packed.shape[0], packed.shape[1] * 2
     cfg = _runnable(kind, config_for(kind, M, N, K, x2.device), M, K, x2, packed, interpret)
-    if lora_a is not None and not (kind == "fwd" and cfg.get("MMV") and M <= 16):
+    # fused where measured faster than x @ lora_a.T + the kernel (H200, mmv_lora_NVIDIA_H200.json): every
+    # M <= 8 shape (+5..33% vs +11..66%); at M = 16 only for K <= 8192 (for K 13824-27648 the fused launch
+    # was +57..73%, the separate matmul +12..20%)
+    fuse = kind == "fwd" and cfg.get("MMV") and (M <= 8 or (M <= 16 and K <= 8192))
+    if lora_a is not None and not fuse:
         extra, lora_a = (extra[0], x2 @ lora_a.T, extra[2]), None
     if cfg.get("DQ"):  # dequantize windows of W + cuBLAS (large M)
         from qerl_kernels.nvfp4_dequant import dq_backward, dq_forward
