@@ -10,7 +10,7 @@ Pointer and integer arguments are specialised as multiples of 16, as Triton's JI
 when the actual values are. ``--kind mmv``: BM 8|16 (activation rows), warps = BN / 16, stages = register
 prefetch depth (1|2), ``QERL_INSPECT_XPRE=0`` loads activations at use, ``QERL_INSPECT_L2=256`` /
 ``QERL_INSPECT_PFD=4``: L2 prefetch size hint / prefetch distance of the weight loads, ``QERL_INSPECT_FUSED=1``:
-the fused LoRA-32 launch.
+the fused LoRA-32 launch, ``QERL_INSPECT_UNROLL=1``: the unrolled (no-rotation) loop.
 """
 import argparse
 import collections
@@ -51,7 +51,8 @@ def compile_sm90(kind="fwd", bm=16, bn=64, bk=256, warps=4, stages=4, split=1, s
                   "NB": max(1, bm // 8), "PREFETCH": max(1, min(stages, 2)),
                   "XPRE": int(os.environ.get("QERL_INSPECT_XPRE", "1")),
                   "L2": int(os.environ.get("QERL_INSPECT_L2", "0")), "PFD": int(os.environ.get("QERL_INSPECT_PFD", "0")),
-                  "FUSED": os.environ.get("QERL_INSPECT_FUSED", "0") == "1"}
+                  "FUSED": os.environ.get("QERL_INSPECT_FUSED", "0") == "1",
+                  "UNROLL": os.environ.get("QERL_INSPECT_UNROLL", "0") == "1"}
         if consts["FUSED"]:
             consts["R"] = 32
     elif kind == "gemv":  # CUDA-core decode path (nvfp4_gemv)
@@ -125,8 +126,8 @@ def inspect(bm=16, bn=64, bk=256, warps=4, stages=4, split=1, swap=0, kind="fwd"
         with open(sass_file, "w") as f:
             f.write(sass)
     n, ops = main_loop(sass)
-    if kind == "mmv":  # one loop iteration = PREFETCH + 1 unrolled steps of 128 k
-        bk = 128 * (max(1, min(stages, 2)) + 1)
+    if kind == "mmv":  # one loop iteration: one step of 128 k, or PREFETCH + 1 of them (QERL_INSPECT_UNROLL=1)
+        bk = 128 * ((max(1, min(stages, 2)) + 1) if os.environ.get("QERL_INSPECT_UNROLL", "0") == "1" else 1)
     loads = collections.Counter(re.sub(r"\.L1::\w+|\.L2::\w+", "", m) for m in re.findall(r"ld\.global[\w.:]*", ptx))
     return {"kind": kind, "k_per_loop": bk, "config": dict(BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages, SPLIT=split, SWAP=swap),
             "global_loads": dict(loads), "cp_async": ptx.count("cp.async"), "wgmma": ptx.count("wgmma.mma_async"),

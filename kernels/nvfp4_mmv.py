@@ -290,7 +290,7 @@ def _nvfp4_mmv_kernel(
     M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT,
     HAS_BIAS: tl.constexpr, R: tl.constexpr, USE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr, WARPS: tl.constexpr,
     NB: tl.constexpr, PREFETCH: tl.constexpr, XPRE: tl.constexpr, L2: tl.constexpr = 0, PFD: tl.constexpr = 0,
-    FUSED: tl.constexpr = False, XP=0,
+    FUSED: tl.constexpr = False, UNROLL: tl.constexpr = False, XP=0,
 ):
     # FUSED (LoRA down-projection in this launch): programs (0..XP-1, 0, 0) compute xa = x · lora_aᵀ into xa_ptr
     # (see _xa_producer) and the others are the tiles below, shifted by XP, which wait for xa before
@@ -303,11 +303,11 @@ def _nvfp4_mmv_kernel(
         else:
             _mmv_tile(pid - XP, x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr,
                       xlock_ptr, M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT, HAS_BIAS, R,
-                      USE_SPLIT, EVEN_K, WARPS, NB, PREFETCH, XPRE, L2, PFD, FUSED, XP)
+                      USE_SPLIT, EVEN_K, WARPS, NB, PREFETCH, XPRE, L2, PFD, FUSED, UNROLL, XP)
     else:
         _mmv_tile(pid, x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr,
                   xlock_ptr, M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT, HAS_BIAS, R,
-                  USE_SPLIT, EVEN_K, WARPS, NB, PREFETCH, XPRE, L2, PFD, FUSED, XP)
+                  USE_SPLIT, EVEN_K, WARPS, NB, PREFETCH, XPRE, L2, PFD, FUSED, UNROLL, XP)
 
 
 @triton.jit
@@ -316,7 +316,7 @@ def _mmv_tile(
     M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT,
     HAS_BIAS: tl.constexpr, R: tl.constexpr, USE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr, WARPS: tl.constexpr,
     NB: tl.constexpr, PREFETCH: tl.constexpr, XPRE: tl.constexpr, L2: tl.constexpr, PFD: tl.constexpr,
-    FUSED: tl.constexpr, XP,
+    FUSED: tl.constexpr, UNROLL: tl.constexpr, XP,
 ):
     # program (pid_n, pid_m, pid_s): weight rows pid_n*16*WARPS .. (16 per warp) x activation rows
     # pid_m*8*NB .. +8*NB (NB blocks of 8), K steps pid_s::SPLIT-th share; loads run PREFETCH (1 or 2)
@@ -347,30 +347,53 @@ def _mmv_tile(
     for b in tl.static_range(NB):
         acc = acc + ((z, z, z, z),)
     k_steps = tl.cdiv(K, 128)
-    # the loop is unrolled PREFETCH + 1 times over as many register buffers (no buffer rotation: a
-    # rotating prefetch cost up to 81 register moves per step); splits are whole unrolled iterations,
-    # and the last iteration's overrun loads zeros
-    U: tl.constexpr = PREFETCH + 1
-    per_split = tl.cdiv(tl.cdiv(k_steps, SPLIT), U) * U
-    t0 = pid_s * per_split
-    t1 = tl.minimum(k_steps, t0 + per_split)
-    if t0 < t1:
-        p0 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t0, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
-        if PREFETCH == 2:
-            p1 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t0 + 1, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
-            for t in range(t0, t1, 3):
-                p2 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t + 2, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
-                acc = _compute(acc, p0, xrs, NB, XPRE)
-                p0 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t + 3, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
-                acc = _compute(acc, p1, xrs, NB, XPRE)
-                p1 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t + 4, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
-                acc = _compute(acc, p2, xrs, NB, XPRE)
-        else:
-            for t in range(t0, t1, 2):
-                p1 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t + 1, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
-                acc = _compute(acc, p0, xrs, NB, XPRE)
-                p0 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t + 2, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
-                acc = _compute(acc, p1, xrs, NB, XPRE)
+    if UNROLL:
+        # unrolled PREFETCH + 1 times over as many register buffers (no rotation moves: 243 instead of
+        # 277 SASS instructions per step) — but ptxas then sinks the next buffer's loads towards their
+        # use, and the H200 benchmark measured it ~3% slower (median, decode shapes) than the rotation;
+        # splits are whole unrolled iterations, and the last iteration's overrun loads zero scales
+        U: tl.constexpr = PREFETCH + 1
+        per_split = tl.cdiv(tl.cdiv(k_steps, SPLIT), U) * U
+        t0 = pid_s * per_split
+        t1 = tl.minimum(k_steps, t0 + per_split)
+        if t0 < t1:
+            p0 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t0, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
+            if PREFETCH == 2:
+                p1 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t0 + 1, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
+                for t in range(t0, t1, 3):
+                    p2 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t + 2, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
+                    acc = _compute(acc, p0, xrs, NB, XPRE)
+                    p0 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t + 3, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
+                    acc = _compute(acc, p1, xrs, NB, XPRE)
+                    p1 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t + 4, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
+                    acc = _compute(acc, p2, xrs, NB, XPRE)
+            else:
+                for t in range(t0, t1, 2):
+                    p1 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t + 1, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
+                    acc = _compute(acc, p0, xrs, NB, XPRE)
+                    p0 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t + 2, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
+                    acc = _compute(acc, p1, xrs, NB, XPRE)
+    else:  # rotating prefetch (the tuned default): loads run PREFETCH steps ahead, clamped to the range
+        per_split = tl.cdiv(k_steps, SPLIT)
+        t0 = pid_s * per_split
+        t1 = tl.minimum(k_steps, t0 + per_split)
+        if t0 < t1:
+            nxt = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t0, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
+            if PREFETCH == 2:
+                nxt2 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, tl.minimum(t0 + 1, t1 - 1), t1, c, K, EVEN_K, NB, XPRE,
+                              L2, PFD)
+                for t in range(t0, t1):
+                    cur = nxt
+                    nxt = nxt2
+                    nxt2 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, tl.minimum(t + 2, t1 - 1), t1, c, K, EVEN_K, NB,
+                                  XPRE, L2, PFD)
+                    acc = _compute(acc, cur, xrs, NB, XPRE)
+            else:
+                for t in range(t0, t1):
+                    cur = nxt
+                    nxt = _loads(wa, wb, xrs, sa_ptr, sb_ptr, tl.minimum(t + 1, t1 - 1), t1, c, K, EVEN_K, NB,
+                                 XPRE, L2, PFD)
+                    acc = _compute(acc, cur, xrs, NB, XPRE)
     # C fragment of block b: (c0, c1) = y[m, m+1][na], (c2, c3) = y[m, m+1][nb] with m = pid_m*8*NB + 8b + 2c
     m0 = pid_m * (8 * NB) + 2 * c
     last = True

@@ -226,7 +226,7 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
                                 float(lora_scale), split, HAS_BIAS=bias is not None, R=r, USE_SPLIT=split > 1,
                                 EVEN_K=K % 128 == 0, WARPS=warps, NB=BM // 8, PREFETCH=cfg.get("num_stages", 1),
                                 XPRE=cfg.get("XPRE", 1), L2=cfg.get("L2", 0), PFD=cfg.get("PFD", 0), FUSED=xp > 0,
-                                XP=xp,
+                                UNROLL=bool(cfg.get("UNROLL", 0)), XP=xp,
                                 num_warps=warps, num_stages=1)
     elif gemv:  # CUDA-core path for decode sizes (reads the packed rows as 32-bit words)
         bias, xa, lb = extra
