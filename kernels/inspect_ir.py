@@ -10,7 +10,8 @@ Pointer and integer arguments are specialised as multiples of 16, as Triton's JI
 when the actual values are. ``--kind mmv``: BM 8|16 (activation rows), warps = BN / 16, stages = register
 prefetch depth (1|2), ``QERL_INSPECT_XPRE=0`` loads activations at use, ``QERL_INSPECT_L2=256`` /
 ``QERL_INSPECT_PFD=4``: L2 prefetch size hint / prefetch distance of the weight loads, ``QERL_INSPECT_FUSED=1``:
-the fused LoRA-32 launch, ``QERL_INSPECT_UNROLL=1``: the unrolled (no-rotation) loop.
+the fused LoRA-32 launch, ``QERL_INSPECT_UNROLL=1``: the unrolled (no-rotation) loop, ``QERL_INSPECT_RB=2``: two
+blocks of 16 weight rows per warp (bn = 32 x warps). ``--kind mmva``: the cp.async pipeline (``nvfp4_mmv_async``).
 """
 import argparse
 import collections
@@ -39,7 +40,19 @@ BWD_SIG = {"dy_ptr": "*bf16", "wp_ptr": "*u8", "ws_ptr": "*u8", "gs_ptr": "*fp32
 
 def compile_sm90(kind="fwd", bm=16, bn=64, bk=256, warps=4, stages=4, split=1, swap=0):
     consts = {"R": 0, "USE_SPLIT": split > 1, "EVEN_K": True, "BM": bm, "BN": bn, "BK": bk, "FAST": True, "DOT_FP32": False}
-    if kind == "mmv":  # register-fragment tensor-core decode path (nvfp4_mmv)
+    if kind == "mmva":  # the same tile with a cp.async shared-memory pipeline (nvfp4_mmv_async)
+        from qerl_kernels.nvfp4_mmv_async import _nvfp4_mmv_async_kernel
+        fn = _nvfp4_mmv_async_kernel
+        base = {}
+        for k, v in FWD_SIG.items():
+            base[{"stride_wn": "stride_ww", "stride_sn": "stride_sw"}.get(k, k)] = v
+            if k == "lock_ptr":
+                base.update(la_ptr="*bf16", xap_ptr="*fp32", xlock_ptr="*i32")
+        consts = {"HAS_BIAS": False, "R": 0, "USE_SPLIT": split > 1, "WARPS": warps, "NB": max(1, bm // 8),
+                  "STAGES": stages, "FUSED": os.environ.get("QERL_INSPECT_FUSED", "0") == "1"}
+        if consts["FUSED"]:
+            consts["R"] = 32
+    elif kind == "mmv":  # register-fragment tensor-core decode path (nvfp4_mmv)
         from qerl_kernels.nvfp4_mmv import _nvfp4_mmv_kernel
         fn = _nvfp4_mmv_kernel
         base = {}
@@ -52,7 +65,8 @@ def compile_sm90(kind="fwd", bm=16, bn=64, bk=256, warps=4, stages=4, split=1, s
                   "XPRE": int(os.environ.get("QERL_INSPECT_XPRE", "1")),
                   "L2": int(os.environ.get("QERL_INSPECT_L2", "0")), "PFD": int(os.environ.get("QERL_INSPECT_PFD", "0")),
                   "FUSED": os.environ.get("QERL_INSPECT_FUSED", "0") == "1",
-                  "UNROLL": os.environ.get("QERL_INSPECT_UNROLL", "0") == "1"}
+                  "UNROLL": os.environ.get("QERL_INSPECT_UNROLL", "0") == "1",
+                  "RB": int(os.environ.get("QERL_INSPECT_RB", "1"))}
         if consts["FUSED"]:
             consts["R"] = 32
     elif kind == "gemv":  # CUDA-core decode path (nvfp4_gemv)
@@ -66,13 +80,16 @@ def compile_sm90(kind="fwd", bm=16, bn=64, bk=256, warps=4, stages=4, split=1, s
         fn, base = _nvfp4_bwd_kernel, BWD_SIG
         consts.update(SWAP=bool(swap))
     sig = {**base, **{k: "constexpr" for k in consts}}
-    if kind == "mmv":
-        sig["XP"] = "i32"  # the fused LoRA's producer count (runtime, after the constexprs)
+    if kind in ("mmv", "mmva"):
+        sig["XP"] = "i32"
+    if kind == "mmv":  # RB (constexpr) comes after XP in the kernel's signature
+        sig["RB"] = sig.pop("RB")  # the fused LoRA's producer count (runtime, after the constexprs)
     names = list(sig)
     div16 = [k for k in base if k.endswith("_ptr") or (base[k] == "i32" and k not in ("M", "SPLIT"))]
     attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in div16}
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    opts = {"num_warps": warps, "num_stages": 1 if kind == "mmva" else stages}
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
 
 
 def sass_of(kernel) -> str:
@@ -126,7 +143,9 @@ def inspect(bm=16, bn=64, bk=256, warps=4, stages=4, split=1, swap=0, kind="fwd"
         with open(sass_file, "w") as f:
             f.write(sass)
     n, ops = main_loop(sass)
-    if kind == "mmv":  # one loop iteration: one step of 128 k, or PREFETCH + 1 of them (QERL_INSPECT_UNROLL=1)
+    if kind == "mmva":  # one loop iteration: one step of 256 k
+        bk = 256
+    elif kind == "mmv":  # one loop iteration: one step of 128 k, or PREFETCH + 1 of them (QERL_INSPECT_UNROLL=1)
         bk = 128 * ((max(1, min(stages, 2)) + 1) if os.environ.get("QERL_INSPECT_UNROLL", "0") == "1" else 1)
     loads = collections.Counter(re.sub(r"\.L1::\w+|\.L2::\w+", "", m) for m in re.findall(r"ld\.global[\w.:]*", ptx))
     return {"kind": kind, "k_per_loop": bk, "config": dict(BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages, SPLIT=split, SWAP=swap),
@@ -140,7 +159,7 @@ def inspect(bm=16, bn=64, bk=256, warps=4, stages=4, split=1, swap=0, kind="fwd"
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--kind", choices=("fwd", "bwd", "gemv", "mmv"), default="fwd")
+    p.add_argument("--kind", choices=("fwd", "bwd", "gemv", "mmv", "mmva"), default="fwd")
     for name, default in (("bm", 16), ("bn", 64), ("bk", 256), ("warps", 4), ("stages", 4), ("split", 1), ("swap", 0)):
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--sass", default=None, help="also write the SASS listing here")

@@ -98,19 +98,26 @@ def _scale2(sb):
 
 
 @triton.jit
-def _step(acc, qa, qb, sa, sb, us, w: tl.constexpr, NB: tl.constexpr):
-    """The MMAs of word ``w`` of this thread (rows g / g+8: words qa / qb, scales sa / sb), for each of
-    the NB blocks of 8 activation rows (activation words ``us[b]``, 16 per block)."""
-    pa = _word_pairs(qa, sa)
-    pb = _word_pairs(qb, sb)
+def _step(acc, qs, s2, us, w: tl.constexpr, NB: tl.constexpr, RB: tl.constexpr):
+    """The MMAs of word ``w`` of this thread for each of its RB row blocks (rows a / b of block r:
+    words ``qs[2r][w]`` / ``qs[2r+1][w]``, bf16x2 scales ``s2[2i + w // 2]`` of row i) and each of the
+    NB blocks of 8 activation rows (activation words ``us[b]``, 16 per block; their B fragments are
+    built once and shared by the row blocks). Accumulator of (activation block b, row block r):
+    ``acc[b * RB + r]``."""
+    pp = ()
+    for i in tl.static_range(2 * RB):
+        pp = pp + (_word_pairs(qs[i][w], s2[2 * i + w // 2]),)
     for h in tl.static_range(2):
         new = ()
         for b in tl.static_range(NB):
             u = us[b]
             x0 = _prmt(u[4 * w + 1 - h], u[4 * w + 3 - h], 0x7632)  # (x[8w+3-2h], x[8w+7-2h])
             x1 = _prmt(u[4 * w + 1 - h], u[4 * w + 3 - h], 0x5410)  # (x[8w+2-2h], x[8w+6-2h])
-            c0, c1, c2, c3 = acc[b]
-            new = new + (_mma(pa[2 * h], pb[2 * h], pa[2 * h + 1], pb[2 * h + 1], x0, x1, c0, c1, c2, c3),)
+            for r in tl.static_range(RB):
+                pa = pp[2 * r]
+                pb = pp[2 * r + 1]
+                c0, c1, c2, c3 = acc[b * RB + r]
+                new = new + (_mma(pa[2 * h], pb[2 * h], pa[2 * h + 1], pb[2 * h + 1], x0, x1, c0, c1, c2, c3),)
         acc = new
     return acc
 
@@ -134,12 +141,13 @@ def _all_x(xrs, t, kin, NB: tl.constexpr):
 
 
 @triton.jit
-def _loads(wa, wb, xrs, sa_ptr, sb_ptr, t, t1, c, K, EVEN_K: tl.constexpr, NB: tl.constexpr, XPRE: tl.constexpr,
-           L2: tl.constexpr, PFD: tl.constexpr):
-    """Everything step t needs: 4 packed words of rows na / nb, 16 activation words (32 bf16) of each
-    activation row block, the 2 block scales of each row. Rows beyond N / M read a valid row (their
-    results are never stored). Steps at or past ``t1`` (the unrolled loop's overrun) load zero scales,
-    so their MMAs add exactly 0 (e2m1 · 0; activations are finite); a K tail loads zeros everywhere."""
+def _loads(ws, xrs, ss, t, t1, c, K, EVEN_K: tl.constexpr, NB: tl.constexpr, XPRE: tl.constexpr,
+           L2: tl.constexpr, PFD: tl.constexpr, RB: tl.constexpr):
+    """Everything step t needs: 4 packed words of each of the thread's 2 x RB weight rows (byte
+    addresses ``ws``), 16 activation words (32 bf16) of each activation row block, the 2 block scales of
+    each row (``ss``). Rows beyond N / M read a valid row (their results are never stored). Steps at or
+    past ``t1`` (the unrolled loop's overrun) load zero scales, so their MMAs add exactly 0 (e2m1 · 0;
+    activations are finite); a K tail loads zeros everywhere."""
     ok = t < t1
     if EVEN_K:  # overrun steps re-read the last step (in bounds) and are zeroed by their zero scales
         t = tl.minimum(t, t1 - 1)
@@ -147,34 +155,30 @@ def _loads(wa, wb, xrs, sa_ptr, sb_ptr, t, t1, c, K, EVEN_K: tl.constexpr, NB: t
     else:
         ok = ok & (t * 128 + c * 32 < K)
         kin = ok.to(tl.int32)
-    if PFD > 0:  # this row's step t + PFD into L2 (clamped to the row; 4 lanes share the line)
-        tp = tl.minimum(t + PFD, (K - 1) // 128)
-        _prefetch_l2(wa + tp * 64)
-        _prefetch_l2(wb + tp * 64)
-    qa = _ld128(wa + t * 64, kin, True, L2)
-    qb = _ld128(wb + t * 64, kin, True, L2)
+    qs = ()
+    sc = ()
+    for i in tl.static_range(2 * RB):
+        if PFD > 0:  # this row's step t + PFD into L2 (clamped to the row; 4 lanes share the line)
+            _prefetch_l2(ws[i] + tl.minimum(t + PFD, (K - 1) // 128) * 64)
+        qs = qs + (_ld128(ws[i] + t * 64, kin, True, L2),)
+        sc = sc + (tl.load(ss[i] + t * 8, mask=ok, other=0), tl.load(ss[i] + t * 8 + 1, mask=ok, other=0))
     if XPRE:  # activations prefetched with the weights (16 more live registers per block of 8 rows)
         us = _all_x(xrs, t, kin, NB)
     else:  # loaded (from L1) by _compute when needed: fewer registers, more resident warps
         us = (t, kin)
-    s = (tl.load(sa_ptr + t * 8, mask=ok, other=0), tl.load(sa_ptr + t * 8 + 1, mask=ok, other=0),
-         tl.load(sb_ptr + t * 8, mask=ok, other=0), tl.load(sb_ptr + t * 8 + 1, mask=ok, other=0))
-    return qa, qb, us, s
+    return qs, us, sc
 
 
 @triton.jit
-def _compute(acc, ld, xrs, NB: tl.constexpr, XPRE: tl.constexpr):
-    qa, qb, us, s = ld
+def _compute(acc, ld, xrs, NB: tl.constexpr, XPRE: tl.constexpr, RB: tl.constexpr):
+    qs, us, sc = ld
     if not XPRE:  # us carries (t, kin)
         us = _all_x(xrs, us[0], us[1], NB)
-    sa0 = _scale2(s[0])
-    sa1 = _scale2(s[1])
-    sb0 = _scale2(s[2])
-    sb1 = _scale2(s[3])
-    acc = _step(acc, qa[0], qb[0], sa0, sb0, us, 0, NB)
-    acc = _step(acc, qa[1], qb[1], sa0, sb0, us, 1, NB)
-    acc = _step(acc, qa[2], qb[2], sa1, sb1, us, 2, NB)
-    acc = _step(acc, qa[3], qb[3], sa1, sb1, us, 3, NB)
+    s2 = ()
+    for i in tl.static_range(4 * RB):
+        s2 = s2 + (_scale2(sc[i]),)
+    for w in tl.static_range(4):
+        acc = _step(acc, qs, s2, us, w, NB, RB)
     return acc
 
 
@@ -290,7 +294,7 @@ def _nvfp4_mmv_kernel(
     M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT,
     HAS_BIAS: tl.constexpr, R: tl.constexpr, USE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr, WARPS: tl.constexpr,
     NB: tl.constexpr, PREFETCH: tl.constexpr, XPRE: tl.constexpr, L2: tl.constexpr = 0, PFD: tl.constexpr = 0,
-    FUSED: tl.constexpr = False, UNROLL: tl.constexpr = False, XP=0,
+    FUSED: tl.constexpr = False, UNROLL: tl.constexpr = False, XP=0, RB: tl.constexpr = 1,
 ):
     # FUSED (LoRA down-projection in this launch): programs (0..XP-1, 0, 0) compute xa = x · lora_aᵀ into xa_ptr
     # (see _xa_producer) and the others are the tiles below, shifted by XP, which wait for xa before
@@ -303,11 +307,11 @@ def _nvfp4_mmv_kernel(
         else:
             _mmv_tile(pid - XP, x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr,
                       xlock_ptr, M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT, HAS_BIAS, R,
-                      USE_SPLIT, EVEN_K, WARPS, NB, PREFETCH, XPRE, L2, PFD, FUSED, UNROLL, XP)
+                      USE_SPLIT, EVEN_K, WARPS, NB, PREFETCH, XPRE, L2, PFD, FUSED, UNROLL, XP, RB)
     else:
         _mmv_tile(pid, x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr,
                   xlock_ptr, M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT, HAS_BIAS, R,
-                  USE_SPLIT, EVEN_K, WARPS, NB, PREFETCH, XPRE, L2, PFD, FUSED, UNROLL, XP)
+                  USE_SPLIT, EVEN_K, WARPS, NB, PREFETCH, XPRE, L2, PFD, FUSED, UNROLL, XP, RB)
 
 
 @triton.jit
@@ -316,9 +320,10 @@ def _mmv_tile(
     M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT,
     HAS_BIAS: tl.constexpr, R: tl.constexpr, USE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr, WARPS: tl.constexpr,
     NB: tl.constexpr, PREFETCH: tl.constexpr, XPRE: tl.constexpr, L2: tl.constexpr, PFD: tl.constexpr,
-    FUSED: tl.constexpr, UNROLL: tl.constexpr, XP,
+    FUSED: tl.constexpr, UNROLL: tl.constexpr, XP, RB: tl.constexpr,
 ):
-    # program (pid_n, pid_m, pid_s): weight rows pid_n*16*WARPS .. (16 per warp) x activation rows
+    # program (pid_n, pid_m, pid_s): weight rows pid_n*16*RB*WARPS .. (RB blocks of 16 per warp: the
+    # activation B fragments, loaded and permuted once, feed RB MMAs) x activation rows
     # pid_m*8*NB .. +8*NB (NB blocks of 8), K steps pid_s::SPLIT-th share; loads run PREFETCH (1 or 2)
     # steps ahead into registers; XPRE=0 loads the activations at use instead (fewer registers); L2 (128 |
     # 256) asks L2 for that many bytes per weight load; PFD > 0 prefetches each row's step t + PFD into L2.
@@ -330,21 +335,24 @@ def _mmv_tile(
     lane = tid & 31
     g = lane >> 2
     c = lane & 3
-    na = pid_n * (16 * WARPS) + (tid >> 5) * 16 + g  # weight rows of this thread's A fragment
-    nb = na + 8
-    la = tl.minimum(na, N - 1)  # rows beyond the matrix load a valid row; their outputs are not stored
-    lb_ = tl.minimum(nb, N - 1)
-    wa = wp_ptr.to(tl.int64) + la.to(tl.int64) * stride_wn + c * 16  # byte addresses (+ 64 per step)
-    wb = wp_ptr.to(tl.int64) + lb_.to(tl.int64) * stride_wn + c * 16
+    # weight rows of this thread's A fragments: rows a, b = g, g + 8 of each of the warp's RB blocks of 16
+    n0 = pid_n * (16 * RB * WARPS) + (tid >> 5) * (16 * RB) + g
+    rows = ()
+    lrows = ()  # rows beyond the matrix load a valid row; their outputs are not stored
+    ws = ()  # byte addresses of the thread's 16 bytes of each row in step 0 (+ 64 per step)
+    ss = ()  # its 2 scale bytes of each row in step 0 (+ 8 per step)
+    for i in tl.static_range(2 * RB):
+        rows = rows + (n0 + 8 * i,)
+        lrows = lrows + (tl.minimum(n0 + 8 * i, N - 1),)
+        ws = ws + (wp_ptr.to(tl.int64) + lrows[i].to(tl.int64) * stride_wn + c * 16,)
+        ss = ss + (ws_ptr + lrows[i] * stride_sn + 2 * c,)
     xrs = ()  # per activation block b: this thread's B-fragment row pid_m*8*NB + 8b + g
     for b in tl.static_range(NB):
         mx = pid_m * (8 * NB) + 8 * b + g
         xrs = xrs + (x_ptr.to(tl.int64) + tl.minimum(mx, M - 1).to(tl.int64) * (stride_xm * 2) + c * 64,)
-    sa_ptr = ws_ptr + la * stride_sn + 2 * c
-    sb_ptr = ws_ptr + lb_ * stride_sn + 2 * c
     z = tl.zeros((T,), tl.float32)
     acc = ()
-    for b in tl.static_range(NB):
+    for i in tl.static_range(NB * RB):
         acc = acc + ((z, z, z, z),)
     k_steps = tl.cdiv(K, 128)
     if UNROLL:
@@ -357,65 +365,78 @@ def _mmv_tile(
         t0 = pid_s * per_split
         t1 = tl.minimum(k_steps, t0 + per_split)
         if t0 < t1:
-            p0 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t0, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
+            p0 = _loads(ws, xrs, ss, t0, t1, c, K, EVEN_K, NB, XPRE, L2, PFD, RB)
             if PREFETCH == 2:
-                p1 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t0 + 1, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
+                p1 = _loads(ws, xrs, ss, t0 + 1, t1, c, K, EVEN_K, NB, XPRE, L2, PFD, RB)
                 for t in range(t0, t1, 3):
-                    p2 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t + 2, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
-                    acc = _compute(acc, p0, xrs, NB, XPRE)
-                    p0 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t + 3, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
-                    acc = _compute(acc, p1, xrs, NB, XPRE)
-                    p1 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t + 4, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
-                    acc = _compute(acc, p2, xrs, NB, XPRE)
+                    p2 = _loads(ws, xrs, ss, t + 2, t1, c, K, EVEN_K, NB, XPRE, L2, PFD, RB)
+                    acc = _compute(acc, p0, xrs, NB, XPRE, RB)
+                    p0 = _loads(ws, xrs, ss, t + 3, t1, c, K, EVEN_K, NB, XPRE, L2, PFD, RB)
+                    acc = _compute(acc, p1, xrs, NB, XPRE, RB)
+                    p1 = _loads(ws, xrs, ss, t + 4, t1, c, K, EVEN_K, NB, XPRE, L2, PFD, RB)
+                    acc = _compute(acc, p2, xrs, NB, XPRE, RB)
             else:
                 for t in range(t0, t1, 2):
-                    p1 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t + 1, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
-                    acc = _compute(acc, p0, xrs, NB, XPRE)
-                    p0 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t + 2, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
-                    acc = _compute(acc, p1, xrs, NB, XPRE)
+                    p1 = _loads(ws, xrs, ss, t + 1, t1, c, K, EVEN_K, NB, XPRE, L2, PFD, RB)
+                    acc = _compute(acc, p0, xrs, NB, XPRE, RB)
+                    p0 = _loads(ws, xrs, ss, t + 2, t1, c, K, EVEN_K, NB, XPRE, L2, PFD, RB)
+                    acc = _compute(acc, p1, xrs, NB, XPRE, RB)
     else:  # rotating prefetch (the tuned default): loads run PREFETCH steps ahead, clamped to the range
         per_split = tl.cdiv(k_steps, SPLIT)
         t0 = pid_s * per_split
         t1 = tl.minimum(k_steps, t0 + per_split)
         if t0 < t1:
-            nxt = _loads(wa, wb, xrs, sa_ptr, sb_ptr, t0, t1, c, K, EVEN_K, NB, XPRE, L2, PFD)
+            nxt = _loads(ws, xrs, ss, t0, t1, c, K, EVEN_K, NB, XPRE, L2, PFD, RB)
             if PREFETCH == 2:
-                nxt2 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, tl.minimum(t0 + 1, t1 - 1), t1, c, K, EVEN_K, NB, XPRE,
-                              L2, PFD)
+                nxt2 = _loads(ws, xrs, ss, tl.minimum(t0 + 1, t1 - 1), t1, c, K, EVEN_K, NB, XPRE, L2, PFD, RB)
                 for t in range(t0, t1):
                     cur = nxt
                     nxt = nxt2
-                    nxt2 = _loads(wa, wb, xrs, sa_ptr, sb_ptr, tl.minimum(t + 2, t1 - 1), t1, c, K, EVEN_K, NB,
-                                  XPRE, L2, PFD)
-                    acc = _compute(acc, cur, xrs, NB, XPRE)
+                    nxt2 = _loads(ws, xrs, ss, tl.minimum(t + 2, t1 - 1), t1, c, K, EVEN_K, NB, XPRE, L2, PFD, RB)
+                    acc = _compute(acc, cur, xrs, NB, XPRE, RB)
             else:
                 for t in range(t0, t1):
                     cur = nxt
-                    nxt = _loads(wa, wb, xrs, sa_ptr, sb_ptr, tl.minimum(t + 1, t1 - 1), t1, c, K, EVEN_K, NB,
-                                 XPRE, L2, PFD)
-                    acc = _compute(acc, cur, xrs, NB, XPRE)
-    # C fragment of block b: (c0, c1) = y[m, m+1][na], (c2, c3) = y[m, m+1][nb] with m = pid_m*8*NB + 8b + 2c
+                    nxt = _loads(ws, xrs, ss, tl.minimum(t + 1, t1 - 1), t1, c, K, EVEN_K, NB, XPRE, L2, PFD, RB)
+                    acc = _compute(acc, cur, xrs, NB, XPRE, RB)
+    _epilogue(acc, pid_n, pid_m, pid_s, g, c, rows, lrows, z, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr,
+              lock_ptr, xlock_ptr, M, N, stride_om, lora_scale, SPLIT, HAS_BIAS, R, USE_SPLIT, NB, FUSED, XP, RB)
+
+
+@triton.jit
+def _epilogue(acc, pid_n, pid_m, pid_s, g, c, rows, lrows, z, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr,
+              lock_ptr, xlock_ptr, M, N, stride_om, lora_scale, SPLIT, HAS_BIAS: tl.constexpr, R: tl.constexpr,
+              USE_SPLIT: tl.constexpr, NB: tl.constexpr, FUSED: tl.constexpr, XP, RB: tl.constexpr):
+    """Everything after the main loop of a tile (shared with :mod:`.nvfp4_mmv_async`): the split-K
+    partials and their reduction by the last program of the tile, 1/gs, bias, the LoRA up-projection
+    (after the fused producers' ready flag) and the bf16 stores."""
+    # C fragment of (activation block b, row block r) = acc[b * RB + r]: (c0, c1) = y[m, m+1][rows[2r]],
+    # (c2, c3) = y[m, m+1][rows[2r + 1]] with m = pid_m*8*NB + 8b + 2c
     m0 = pid_m * (8 * NB) + 2 * c
     last = True
     if USE_SPLIT:
         base = part_ptr + pid_s * M * N
-        for b in tl.static_range(NB):
-            c0, c1, c2, c3 = acc[b]
-            _partial(base, c0, m0 + 8 * b, na, M, N)
-            _partial(base, c1, m0 + 8 * b + 1, na, M, N)
-            _partial(base, c2, m0 + 8 * b, nb, M, N)
-            _partial(base, c3, m0 + 8 * b + 1, nb, M, N)
+        for i in tl.static_range(NB * RB):
+            c0, c1, c2, c3 = acc[i]
+            m = m0 + 8 * (i // RB)
+            na = rows[2 * (i % RB)]
+            nb = rows[2 * (i % RB) + 1]
+            _partial(base, c0, m, na, M, N)
+            _partial(base, c1, m + 1, na, M, N)
+            _partial(base, c2, m, nb, M, N)
+            _partial(base, c3, m + 1, nb, M, N)
         tl.debug_barrier()  # every thread's partial is written before the (releasing) ticket
         tile = pid_m * tl.num_programs(0) + pid_n  # < num_programs(0) * num_programs(1) (ops checks the slots)
         ticket = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
         last = ticket == SPLIT - 1
         if last:
             red = ()
-            for b in tl.static_range(NB):
-                red = red + ((_reduced(part_ptr, m0 + 8 * b, na, M, N, SPLIT),
-                              _reduced(part_ptr, m0 + 8 * b + 1, na, M, N, SPLIT),
-                              _reduced(part_ptr, m0 + 8 * b, nb, M, N, SPLIT),
-                              _reduced(part_ptr, m0 + 8 * b + 1, nb, M, N, SPLIT)),)
+            for i in tl.static_range(NB * RB):
+                m = m0 + 8 * (i // RB)
+                na = rows[2 * (i % RB)]
+                nb = rows[2 * (i % RB) + 1]
+                red = red + ((_reduced(part_ptr, m, na, M, N, SPLIT), _reduced(part_ptr, m + 1, na, M, N, SPLIT),
+                              _reduced(part_ptr, m, nb, M, N, SPLIT), _reduced(part_ptr, m + 1, nb, M, N, SPLIT)),)
             acc = red
             tl.atomic_xchg(lock_ptr + tile, 0)
     if last:
@@ -423,14 +444,18 @@ def _mmv_tile(
         if R > 0:
             if FUSED:
                 _await_xa(xlock_ptr)
-            lo = _lora(xa_ptr, lb_ptr, la, lb_, g, c, pid_m, M, R, NB, z)
-        for b in tl.static_range(NB):
-            c0, c1, c2, c3 = acc[b]
+            lo = ()  # per row block r: NB C fragments of xa · Bᵀ
+            for r in tl.static_range(RB):
+                lo = lo + (_lora(xa_ptr, lb_ptr, lrows[2 * r], lrows[2 * r + 1], g, c, pid_m, M, R, NB, z),)
+        for i in tl.static_range(NB * RB):
+            c0, c1, c2, c3 = acc[i]
             if R > 0:
-                l0, l1, l2, l3 = lo[b]
+                l0, l1, l2, l3 = lo[i % RB][i // RB]
             else:
                 l0, l1, l2, l3 = z, z, z, z
-            m = m0 + 8 * b
+            m = m0 + 8 * (i // RB)
+            na = rows[2 * (i % RB)]
+            nb = rows[2 * (i % RB) + 1]
             _out(c0, l0, m, na, M, N, inv, bias_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
             _out(c1, l1, m + 1, na, M, N, inv, bias_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
             _out(c2, l2, m, nb, M, N, inv, bias_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)

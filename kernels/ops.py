@@ -153,11 +153,16 @@ def _locks(device: torch.device) -> torch.Tensor:
     return torch.zeros(_LOCK_SLOTS, dtype=torch.int32, device=device)
 
 
-def _runnable(kind: str, cfg: dict, M: int, K: int, x2, packed, interpret: bool) -> dict:
-    """The config itself when its path can run on these tensors, else the next path down: MMV needs
+def _runnable(kind: str, cfg: dict, M: int, K: int, x2, packed, scale, interpret: bool) -> dict:
+    """The config itself when its path can run on these tensors, else the next path down: MMV 2 (the
+    cp.async pipeline) needs K % 256 == 0, 16-byte weight row strides and 4-byte aligned scale rows ->
+    MMV 1 (register prefetch); MMV needs
     PTX (no interpreter), bf16 activations (it feeds their raw bits to a bf16 MMA), K % 32 == 0 and
     16-byte aligned rows -> the CUDA-core GEMV (its interpreter twin, same product; converts fp16);
     GEMV needs 4-byte aligned packed rows -> a tensor-core tile."""
+    if kind == "fwd" and cfg.get("MMV") == 2 and (K % 256 or packed.stride(0) % 16 or scale.data_ptr() % 4
+                                                  or scale.stride(0) % 4):
+        cfg = {**cfg, "MMV": 1, "num_stages": min(2, cfg.get("num_stages", 1))}  # the register-prefetch loop
     if kind == "fwd" and cfg.get("MMV") and (interpret or K % 32 or packed.data_ptr() % 16 or x2.data_ptr() % 16
                                              or x2.stride(0) % 8 or x2.dtype != torch.bfloat16):
         cfg = dict(GEMV=1, BM=1 if M == 1 else (2 if M == 2 else 4), BN=32, BK=64, SPLIT=cfg.get("SPLIT", 1),
@@ -180,7 +185,7 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
 
     M = x2.shape[0]
     N, K = packed.shape[0], packed.shape[1] * 2
-    cfg = _runnable(kind, config_for(kind, M, N, K, x2.device), M, K, x2, packed, interpret)
+    cfg = _runnable(kind, config_for(kind, M, N, K, x2.device), M, K, x2, packed, scale, interpret)
     # fused where measured faster than x @ lora_a.T + the kernel (H200, mmv_lora_NVIDIA_H200.json): every
     # M <= 8 shape (+5..33% vs +11..66%); at M = 16 only for K <= 8192 (for K 13824-27648 the fused launch
     # was +57..73%, the separate matmul +12..20%)
@@ -207,26 +212,39 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
     dummy = x2
     common = dict(USE_SPLIT=split > 1, EVEN_K=K % BK == 0, BM=BM, BN=BN, BK=BK, FAST=not interpret, DOT_FP32=interpret)
     mmv = kind == "fwd" and cfg.pop("MMV", 0)
-    if mmv and (BM not in (8, 16, 32, 64) or BN not in (32, 64, 128, 256) or BK != 128):
-        raise ValueError(f"MMV config needs BM 8|16|32|64, BN = 16 x warps, BK 128; got BM={BM} BN={BN} BK={BK}")
+    rb = int(cfg.pop("RB", 1)) if mmv else 1  # blocks of 16 weight rows per warp (MMV 1)
+    if mmv and (BM not in (8, 16, 32, 64) or BN not in (32, 64, 128, 256) or BK != 128 or rb not in (1, 2)
+                or (mmv == 2 and rb != 1)):
+        raise ValueError(f"MMV config needs BM 8|16|32|64, BN = 16 x RB x warps, BK 128, RB 1|2 (MMV 2: RB 1); "
+                         f"got BM={BM} BN={BN} BK={BK} RB={rb}")
     gemv = kind == "fwd" and cfg.pop("GEMV", 0)
     if mmv:  # tensor cores on register fragments (decode sizes; 8 x NB activation rows per program)
         from qerl_kernels.nvfp4_mmv import _nvfp4_mmv_kernel
 
         bias, xa, lb = extra
-        warps = BN // 16  # 16 weight rows per warp, BM = 8 x NB activation rows, BK = 128
+        warps = BN // (16 * rb)  # 16 x RB weight rows per warp, BM = 8 x NB activation rows, BK = 128
         grid = (triton.cdiv(N, BN) + xp, triton.cdiv(M, BM), split)
         xap = dummy
         if xp:  # xa [16, R] written by the launch's producer programs, their fp32 partials in xap
             xa = torch.empty(16, r, device=x2.device, dtype=x2.dtype)
             xap = torch.empty(xp * 16 * r, device=x2.device, dtype=torch.float32)
+        if mmv == 2:  # the same tile, weights and scales through a cp.async shared-memory pipeline
+            from qerl_kernels.nvfp4_mmv_async import _nvfp4_mmv_async_kernel
+
+            _nvfp4_mmv_async_kernel[grid](
+                x2, packed, s8, gs, out, bias if bias is not None else dummy, xa if xa is not None else dummy,
+                lb if lb is not None else dummy, part, locks, lora_a if xp else dummy, xap, locks[_LOCK_SLOTS - 4:],
+                M, N, K, x2.stride(0), out.stride(0), packed.stride(0) // 4, s8.stride(0) // 4, float(lora_scale),
+                split, HAS_BIAS=bias is not None, R=r, USE_SPLIT=split > 1, WARPS=warps, NB=BM // 8,
+                STAGES=cfg.get("num_stages", 3), FUSED=xp > 0, XP=xp, num_warps=warps, num_stages=1)
+            return out
         _nvfp4_mmv_kernel[grid](x2, packed, s8, gs, out, bias if bias is not None else dummy,
                                 xa if xa is not None else dummy, lb if lb is not None else dummy, part, locks,
                                 lora_a if xp else dummy, xap, locks[_LOCK_SLOTS - 4:], M, N, K, x2.stride(0), out.stride(0), packed.stride(0), s8.stride(0),
                                 float(lora_scale), split, HAS_BIAS=bias is not None, R=r, USE_SPLIT=split > 1,
                                 EVEN_K=K % 128 == 0, WARPS=warps, NB=BM // 8, PREFETCH=cfg.get("num_stages", 1),
                                 XPRE=cfg.get("XPRE", 1), L2=cfg.get("L2", 0), PFD=cfg.get("PFD", 0), FUSED=xp > 0,
-                                UNROLL=bool(cfg.get("UNROLL", 0)), XP=xp,
+                                UNROLL=bool(cfg.get("UNROLL", 0)), XP=xp, RB=rb,
                                 num_warps=warps, num_stages=1)
     elif gemv:  # CUDA-core path for decode sizes (reads the packed rows as 32-bit words)
         bias, xa, lb = extra

@@ -44,7 +44,9 @@ def _rel(a, b):
 
 # Forced tile configs (QERL_KERNEL_CONFIG) so that every code path is checked, not only the ones the
 # heuristic or tuned table pick: split reduction, swapped operands (wgmma), masked K tails, the
-# register-fragment decode kernel (MMV; K % 128 != 0 tail on (100, 352)) and the CUDA-core GEMV.
+# register-fragment decode kernel (MMV; K % 128 != 0 tail on (100, 352); RB 2: two blocks of 16 weight
+# rows per warp sharing the activation fragments, a partial second block on N = 130 / 100; MMV 2, its cp.async pipeline,
+# needs K % 256 == 0: (130, 512) and (3584, 3584), elsewhere it steps down to MMV 1) and the CUDA-core GEMV.
 FORCED = {
     "fwd": [dict(BM=16, BN=64, BK=256, SWAP=0, SPLIT=3, num_warps=4, num_stages=4),
             dict(BM=16, BN=64, BK=128, SWAP=1, SPLIT=2, num_warps=4, num_stages=4),
@@ -55,6 +57,13 @@ FORCED = {
             dict(MMV=1, BM=16, BN=128, BK=128, SPLIT=2, num_warps=8, num_stages=2),
             dict(MMV=1, BM=64, BN=64, BK=128, SPLIT=2, num_warps=4, num_stages=1, XPRE=0),
             dict(MMV=1, BM=32, BN=128, BK=128, SPLIT=1, num_warps=8, num_stages=2, XPRE=0),
+            dict(MMV=1, BM=8, BN=128, BK=128, SPLIT=1, num_warps=4, num_stages=2, RB=2),
+            dict(MMV=1, BM=16, BN=64, BK=128, SPLIT=3, num_warps=2, num_stages=1, XPRE=0, RB=2),
+            dict(MMV=1, BM=32, BN=256, BK=128, SPLIT=2, num_warps=8, num_stages=1, XPRE=0, RB=2),
+            dict(MMV=2, BM=8, BN=64, BK=128, SPLIT=1, num_warps=4, num_stages=3),
+            dict(MMV=2, BM=8, BN=32, BK=128, SPLIT=3, num_warps=2, num_stages=2),
+            dict(MMV=2, BM=16, BN=128, BK=128, SPLIT=2, num_warps=8, num_stages=4),
+            dict(MMV=2, BM=32, BN=64, BK=128, SPLIT=4, num_warps=4, num_stages=6),
             dict(GEMV=1, BM=4, BN=64, BK=128, SPLIT=2, num_warps=4, num_stages=1),
             dict(GEMV=1, BM=1, BN=128, BK=256, SPLIT=1, num_warps=4, num_stages=3),
             dict(DQ=1, CHUNK=4096), dict(DQ=1, CHUNK=0)],
@@ -164,7 +173,7 @@ def main(argv=None) -> int:
     if torch.cuda.is_available():
         shapes = [(48, 80), (130, 272), (3584, 3584), (512, 18944)] if not a.quick else [(48, 80), (130, 272)]
         ms = [1, 2, 3, 8, 16, 17, 33, 64, 100, 256, 513, 2048]
-        rows = run("cuda", shapes, ms, 5e-3) + run_forced("cuda", [(130, 272), (100, 352), (3584, 3584)], [1, 3, 17, 100],
+        rows = run("cuda", shapes, ms, 5e-3) + run_forced("cuda", [(130, 272), (100, 352), (130, 512), (3584, 3584)], [1, 3, 17, 100],
                                                        5e-3) + run_dequant("cuda", shapes)
     else:
         rows = run("cpu", [(48, 80), (40, 32)], [1, 5, 17], 1e-2) + run_dequant("cpu", [(48, 80), (40, 32)])

@@ -6,7 +6,10 @@ L2 prefetch distance (PFD steps), at the tuned SPLIT and one other — is checke
 dequantized reference and timed in one interleaved CUDA-graph replay with cuBLAS bf16. Then the LoRA
 rank-32 cost is split into its parts: the kernel with a given ``xa`` vs without, and ``x · Aᵀ``.
 
-``python scripts/mmv_sweep.py OUT.json [seconds]`` (``MMV_SWEEP_GRID=0``: tuned config only): rows are written after every shape (a cut-off run
+``python scripts/mmv_sweep.py OUT.json [seconds]`` (``MMV_SWEEP_GRID=0``: tuned config only; ``=async``: the
+cp.async pipeline (MMV 2) grid of stages, warps and splits; ``=wide``: the register-fragment kernel with
+32 | 64 activation rows per program against the tuned tile / DQ config (for M = 32, 64); ``=rb``: two blocks
+of 16 weight rows per warp (RB 2) against RB 1 and the tuned config; ``MMV_SWEEP_MS=1,8,16``; ``MMV_SWEEP_LORA=0``): rows are written after every shape (a cut-off run
 keeps its work); stops starting new shapes after ``seconds`` (default 400).
 """
 import itertools
@@ -37,7 +40,53 @@ def _variants(base: dict, M: int, N: int, K: int, sms: int) -> dict:
     return out
 
 
-GRID = os.environ.get("MMV_SWEEP_GRID", "1") == "1"  # 0: only the tuned config (and the LoRA split)
+def _async_variants(base: dict, M: int, N: int, K: int, sms: int) -> dict:
+    """The tuned config and the cp.async pipeline (MMV 2): stages x warps x splits around the tuned one."""
+    out = {"tuned": dict(base)}
+    steps = K // 256
+    bm = 8 if M <= 8 else 16
+    for warps, stages in itertools.product((4, 8), (2, 3, 4, 6)):
+        bn = 16 * warps
+        tiles = -(-M // bm) * -(-N // bn)
+        s0 = max(1, min(steps, round((4 * sms) / tiles)))  # ~4 programs per SM
+        for split in sorted({s0, max(1, s0 // 2), min(steps, 2 * s0)}):
+            out[f"a_w{warps}_s{stages}_k{split}"] = dict(MMV=2, BM=bm, BN=bn, BK=128, SPLIT=split, num_warps=warps,
+                                                         num_stages=stages)
+    return out
+
+
+def _wide_variants(base: dict, M: int, N: int, K: int, sms: int) -> dict:
+    """The tuned config (a tensor-core tile or DQ at M >= 32) against the register-fragment kernel with
+    4 or 8 blocks of 8 activation rows per program (BM 32 | 64), prefetch depth 1 | 2, warps 4 | 8."""
+    out = {"tuned": dict(base)}
+    for bm, warps, pre in itertools.product((32, 64), (4, 8), (1, 2)):
+        bn = 16 * warps
+        tiles = -(-M // bm) * -(-N // bn)
+        s0 = max(1, min(K // 128, round((4 * sms) / tiles)))
+        for split in sorted({1, s0}):
+            out[f"m_b{bm}_w{warps}_p{pre}_k{split}"] = dict(MMV=1, BM=bm, BN=bn, BK=128, SPLIT=split, num_warps=warps,
+                                                            num_stages=pre, XPRE=0)
+    return out
+
+
+def _rb_variants(base: dict, M: int, N: int, K: int, sms: int) -> dict:
+    """The tuned config against two blocks of 16 weight rows per warp (RB 2: the activation fragments
+    loaded and permuted once for both), warps 2 | 4, prefetch 1 | 2, splits around ~4 programs per SM;
+    and RB 1 at the same splits."""
+    out = {"tuned": dict(base)}
+    bm = 8 if M <= 8 else (16 if M <= 16 else 32)
+    for rb, warps, pre in itertools.product((1, 2), (2, 4), (1, 2)):
+        bn = 16 * rb * warps
+        tiles = -(-M // bm) * -(-N // bn)
+        s0 = max(1, min(K // 128, round((4 * sms * 4 / warps) / tiles)))
+        for split in sorted({s0, min(K // 128, 2 * s0)}):
+            out[f"r{rb}_w{warps}_p{pre}_k{split}"] = dict(MMV=1, BM=bm, BN=bn, BK=128, SPLIT=split, num_warps=warps,
+                                                         num_stages=pre, XPRE=0, RB=rb)
+    return out
+
+
+MODE = os.environ.get("MMV_SWEEP_GRID", "1")  # 0: only the tuned config (and the LoRA split); async: MMV 2 grid
+GRID = MODE != "0"
 
 
 def _time(named):
@@ -57,15 +106,15 @@ def main(out: str, budget: float = 400.0) -> int:
         ws = [nvfp4.quantize(torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02) for _ in range(copies)]
         dense = [nvfp4.dequantize(*w, torch.bfloat16) for w in ws[:max(2, min(4, 2 ** 28 // (N * K * 2) + 1))]]
         nbytes = N * K // 2 + N * K // 16
-        for M in (1, 16):
+        for M in tuple(int(m) for m in os.environ.get("MMV_SWEEP_MS", "1,16").split(",")):
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             ref = x.float() @ nvfp4.dequantize(*ws[0], torch.float32).T
             base = ops.config_for("fwd", M, N, K, x.device)
-            if not base.get("MMV"):
+            if not base.get("MMV") and MODE not in ("wide", "rb"):
                 continue
             named = {"cublas": [lambda w=w: torch.nn.functional.linear(x, w) for w in dense]}
             errs = {}
-            for name, cfg in (_variants(base, M, N, K, sms) if GRID else {"tuned": dict(base)}).items():
+            for name, cfg in ({"1": _variants, "async": _async_variants, "wide": _wide_variants, "rb": _rb_variants}[MODE](base, M, N, K, sms) if GRID else {"tuned": dict(base)}).items():
                 os.environ["QERL_KERNEL_CONFIG"] = json.dumps(cfg)
                 try:
                     y = ops.nvfp4_matmul(x, *ws[0])
@@ -90,6 +139,10 @@ def main(out: str, budget: float = 400.0) -> int:
             print(f"{N}x{K} M={M}: cuBLAS {t['cublas'] * 1e6:.1f} us, tuned {tuned['us']:.1f} us "
                   f"({tuned['pct_copy_bw']:.0f}% BW), best {best['variant']} {best['us']:.1f} us "
                   f"({best['pct_copy_bw']:.0f}% BW, {best['speedup']:.2f}x); bad {bad}", flush=True)
+            if os.environ.get("MMV_SWEEP_LORA", "1") == "0":
+                with open(out, "w") as f:
+                    json.dump(res, f, indent=1)
+                continue
             # LoRA rank 32: kernel with xa given, x·Aᵀ alone, both (the benchmark's fwd_lora)
             la = torch.randn(32, K, device="cuda", dtype=torch.bfloat16) * 0.01
             lb = torch.randn(N, 32, device="cuda", dtype=torch.bfloat16) * 0.01

@@ -213,21 +213,31 @@ def test_forced_config_replaces_the_tuned_one(monkeypatch):
 
 
 def test_unrunnable_paths_step_down():
-    """MMV -> GEMV under the interpreter or with K % 32 != 0; GEMV -> a tensor-core tile with packed rows
-    that are not 4-byte aligned (a storage offset)."""
+    """MMV 2 -> MMV 1 when K % 256 != 0 or the scale rows are not 4-byte aligned; MMV -> GEMV under the
+    interpreter or with K % 32 != 0; GEMV -> a tensor-core tile with packed rows that are not 4-byte
+    aligned (a storage offset)."""
     from qerl_kernels.ops import _runnable
 
     x = torch.zeros(3, 64, dtype=torch.bfloat16)
     p = torch.zeros(16, 32, dtype=torch.uint8)
+    s = torch.zeros(16, 4, dtype=torch.uint8)
     mmv = dict(MMV=1, BM=8, BN=64, BK=128, SPLIT=3, num_warps=4, num_stages=2, XPRE=0)
-    assert _runnable("fwd", mmv, 3, 64, x, p, True)["GEMV"] == 1
-    assert _runnable("fwd", mmv, 3, 64, x, p, True)["SPLIT"] == 3
-    assert _runnable("fwd", mmv, 3, 128, x.new_zeros(3, 128), p, False)["MMV"] == 1  # runnable as asked
-    assert _runnable("fwd", mmv, 3, 128, torch.zeros(3, 128, dtype=torch.float16), p, False)["GEMV"] == 1
+    assert _runnable("fwd", mmv, 3, 64, x, p, s, True)["GEMV"] == 1
+    assert _runnable("fwd", mmv, 3, 64, x, p, s, True)["SPLIT"] == 3
+    assert _runnable("fwd", mmv, 3, 128, x.new_zeros(3, 128), p, s, False)["MMV"] == 1  # runnable as asked
+    assert _runnable("fwd", mmv, 3, 128, torch.zeros(3, 128, dtype=torch.float16), p, s, False)["GEMV"] == 1
     odd = torch.zeros(16 * 32 + 1, dtype=torch.uint8)[1:].view(16, 32)  # data_ptr % 4 == 1
-    tile = _runnable("fwd", mmv, 3, 64, x, odd, True)
+    tile = _runnable("fwd", mmv, 3, 64, x, odd, s, True)
     assert "GEMV" not in tile and "MMV" not in tile and tile["BM"] == 16
-    assert _runnable("bwd", dict(BM=16, SPLIT=1), 3, 64, x, p, False) == dict(BM=16, SPLIT=1)
+    assert _runnable("bwd", dict(BM=16, SPLIT=1), 3, 64, x, p, s, False) == dict(BM=16, SPLIT=1)
+    # the cp.async pipeline: K % 256 and aligned scale rows, else the register-prefetch loop (depth <= 2)
+    pipe = dict(mmv, MMV=2, num_stages=4)
+    x256, p256, s256 = x.new_zeros(3, 256), torch.zeros(16, 128, dtype=torch.uint8), torch.zeros(16, 16, dtype=torch.uint8)
+    assert _runnable("fwd", pipe, 3, 256, x256, p256, s256, False) == pipe
+    assert _runnable("fwd", pipe, 3, 128, x.new_zeros(3, 128), p, s, False) == dict(pipe, MMV=1, num_stages=2)
+    s_odd = torch.zeros(16 * 16 + 2, dtype=torch.uint8)[2:].view(16, 16)  # data_ptr % 4 == 2
+    assert _runnable("fwd", pipe, 3, 256, x256, p256, s_odd, False)["MMV"] == 1
+    assert _runnable("fwd", pipe, 3, 256, x256, p256, s256, True)["GEMV"] == 1  # interpreter: no PTX
 
 
 def test_dequant_kernel_windows_under_interpreter():
