@@ -97,6 +97,11 @@ def tuned_entry(device_name: str, kind: str, M: int, N: int, K: int) -> dict | N
     return dict(hit) if hit else None
 
 
+@functools.lru_cache(maxsize=None)
+def _device_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
 def config_for(kind: str, M: int, N: int, K: int, device: torch.device) -> dict:
     if device.type != "cuda":  # interpreter: small tiles
         cfg = dict(BM=16, BN=32, BK=32, num_warps=4, num_stages=1, SPLIT=1, SWAP=0)
@@ -104,7 +109,7 @@ def config_for(kind: str, M: int, N: int, K: int, device: torch.device) -> dict:
     forced = json.loads(os.environ.get("QERL_KERNEL_CONFIG", "{}"))  # experiments / debugging / tuning
     if "BM" in forced or "DQ" in forced:  # a complete config replaces the tuned one (no stale MMV / GEMV keys)
         return forced
-    hit = tuned_entry(torch.cuda.get_device_name(device), kind, M, N, K)
+    hit = tuned_entry(_device_name(device.index or 0), kind, M, N, K)
     cfg = dict(hit) if hit else heuristic(kind, M, N, K, _sm_count(device.index or 0))
     return {**cfg, **forced}
 
@@ -278,10 +283,10 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-@torch.library.custom_op("qerl::nvfp4_matmul", mutates_args=())
-def _matmul_op(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, gs: torch.Tensor,
-               bias: torch.Tensor | None, xa: torch.Tensor | None, lora_b: torch.Tensor | None,
-               lora_scale: float, lora_a: torch.Tensor | None = None) -> torch.Tensor:
+def _matmul_impl(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, gs: torch.Tensor,
+                 bias: torch.Tensor | None, xa: torch.Tensor | None, lora_b: torch.Tensor | None,
+                 lora_scale: float, lora_a: torch.Tensor | None = None) -> torch.Tensor:
+    """The forward behind the custom op ``qerl::nvfp4_matmul`` (eager calls come here directly)."""
     x2 = x.reshape(-1, x.shape[-1])
     r = 0
     if xa is not None:
@@ -295,14 +300,21 @@ def _matmul_op(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, gs: t
     return out.reshape(*x.shape[:-1], packed.shape[0])
 
 
+@torch.library.custom_op("qerl::nvfp4_matmul", mutates_args=())
+def _matmul_op(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, gs: torch.Tensor,
+               bias: torch.Tensor | None, xa: torch.Tensor | None, lora_b: torch.Tensor | None,
+               lora_scale: float, lora_a: torch.Tensor | None = None) -> torch.Tensor:
+    return _matmul_impl(x, packed, scale, gs, bias, xa, lora_b, lora_scale, lora_a)
+
+
 @_matmul_op.register_fake
 def _(x, packed, scale, gs, bias, xa, lora_b, lora_scale, lora_a=None):
     return x.new_empty(*x.shape[:-1], packed.shape[0])
 
 
-@torch.library.custom_op("qerl::nvfp4_matmul_t", mutates_args=())
-def _matmul_t_op(dy: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, gs: torch.Tensor,
-                 dyb: torch.Tensor | None, lora_a: torch.Tensor | None, lora_scale: float) -> torch.Tensor:
+def _matmul_t_impl(dy: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, gs: torch.Tensor,
+                   dyb: torch.Tensor | None, lora_a: torch.Tensor | None, lora_scale: float) -> torch.Tensor:
+    """The backward-input behind the custom op ``qerl::nvfp4_matmul_t``."""
     d2 = dy.reshape(-1, dy.shape[-1])
     r = 0
     if dyb is not None:
@@ -311,6 +323,12 @@ def _matmul_t_op(dy: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, gs
     out = _launch("bwd", d2.contiguous(), packed, scale, gs, packed.shape[1] * 2, (dyb, lora_a), lora_scale, r,
                   _interpreting())
     return out.reshape(*dy.shape[:-1], packed.shape[1] * 2)
+
+
+@torch.library.custom_op("qerl::nvfp4_matmul_t", mutates_args=())
+def _matmul_t_op(dy: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, gs: torch.Tensor,
+                 dyb: torch.Tensor | None, lora_a: torch.Tensor | None, lora_scale: float) -> torch.Tensor:
+    return _matmul_t_impl(dy, packed, scale, gs, dyb, lora_a, lora_scale)
 
 
 @_matmul_t_op.register_fake
@@ -336,7 +354,11 @@ def nvfp4_matmul(x, packed, scale, gs, bias=None, xa=None, lora_b=None, lora_sca
                                f"R={r}")
     if bias is not None and bias.shape != (packed.shape[0],):
         raise KernelInputError(f"nvfp4_matmul: bias shape {tuple(bias.shape)}, expected ({packed.shape[0]},)")
-    return _matmul_op(x, packed, scale, gs, bias, xa, lora_b, float(lora_scale), lora_a)
+    # the custom op where a graph is being traced (torch.compile / export); eager calls skip its dispatch,
+    # ~35 of the ~80 us of host time per call on the H200 box (scripts/launch_overhead.py): the rollout
+    # engine runs eagerly, ~200 of these per decoded token of a 7B model. CUDA-graph capture works either way.
+    op = _matmul_op if torch.compiler.is_compiling() else _matmul_impl
+    return op(x, packed, scale, gs, bias, xa, lora_b, float(lora_scale), lora_a)
 
 
 def nvfp4_matmul_t(dy, packed, scale, gs, dyb=None, lora_a=None, lora_scale: float = 1.0):
@@ -344,7 +366,8 @@ def nvfp4_matmul_t(dy, packed, scale, gs, dyb=None, lora_a=None, lora_scale: flo
     _check(dy, packed, scale, gs, 1, "nvfp4_matmul_t")
     if (dyb is None) != (lora_a is None):
         raise KernelInputError("nvfp4_matmul_t: dyb and lora_a go together")
-    return _matmul_t_op(dy, packed, scale, gs, dyb, lora_a, float(lora_scale))
+    op = _matmul_t_op if torch.compiler.is_compiling() else _matmul_t_impl
+    return op(dy, packed, scale, gs, dyb, lora_a, float(lora_scale))
 
 
 def supports(x: torch.Tensor, packed: torch.Tensor) -> bool:
@@ -362,4 +385,5 @@ def register() -> None:
     linear.register_backend(linear.Backend(
         "triton-nvfp4", supports, lambda x, p, s, g, b: nvfp4_matmul(x, p, s, g, b),
         lambda dy, p, s, g: nvfp4_matmul_t(dy, p, s, g),
+        lambda x, p, s, g, b, la, lb, sc: nvfp4_matmul(x, p, s, g, b, None, lb, sc, lora_a=la),
     ))

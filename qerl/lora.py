@@ -52,7 +52,44 @@ def _lora_linear_cls():
     from peft.tuners.lora.layer import Linear as PeftLoraLinear
 
     class LoraNVFP4Linear(PeftLoraLinear):
-        """PEFT LoRA layer over an :class:`NVFP4Linear` base (which is never merged into)."""
+        """PEFT LoRA layer over an :class:`NVFP4Linear` base (which is never merged into).
+
+        Without autograd (rollouts, evaluation) and with one plain LoRA adapter active (no DoRA, no
+        LoRA bias, no dropout in effect, no per-row ``adapter_names``), ``forward`` is one call of
+        :func:`qerl.ops.nvfp4_lora_linear`: on the GPU one kernel launch for base + LoRA instead of
+        PEFT's four (base, A, B, add), with bf16 copies of the fp32 adapters cached until the optimizer
+        changes them. Everything else is PEFT's own ``forward``."""
+
+        def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+            fused = None if args or kwargs.get("adapter_names") is not None else self._fused_adapter(x)
+            if fused is None:
+                return super().forward(x, *args, **kwargs)
+            from qerl.ops import nvfp4_lora_linear
+
+            base = self.get_base_layer()
+            a, b, s = fused
+            bias = None if base.bias is None else base.bias.to(x.dtype)
+            return nvfp4_lora_linear(x, base.weight_packed, base.weight_scale, base.weight_global_scale, bias,
+                                     a, b, s)
+
+        def _fused_adapter(self, x: torch.Tensor):
+            """``(A, B, scaling)`` of the one active adapter when the fused call computes exactly what
+            PEFT would, else None. On CUDA A and B are bf16/fp16 copies (the kernels' operand dtype),
+            refreshed whenever a parameter's version counter moves (an optimizer step)."""
+            if torch.is_grad_enabled() or self.disable_adapters or self.merged or len(self.active_adapters) != 1:
+                return None
+            name = self.active_adapters[0]
+            if (name not in self.lora_A or self.use_dora.get(name, False) or self.lora_bias.get(name, False)
+                    or (self.training and not isinstance(self.lora_dropout[name], torch.nn.Identity))):
+                return None
+            a, b = self.lora_A[name].weight, self.lora_B[name].weight
+            if not x.is_cuda or a.dtype == x.dtype:
+                return a, b, self.scaling[name]
+            key = (a._version, b._version, a.data_ptr(), b.data_ptr(), x.dtype)
+            cache = self.__dict__.setdefault("_qerl_lora_cast", {})
+            if name not in cache or cache[name][0] != key:
+                cache[name] = (key, a.detach().to(x.dtype), b.detach().to(x.dtype))
+            return cache[name][1], cache[name][2], self.scaling[name]
 
         def _get_in_out_features(self, module):
             return module.in_features, module.out_features

@@ -124,3 +124,86 @@ def test_train_norms_option(quantized_dirs):
 def test_settings_validation(kwargs, match):
     with pytest.raises(ValueError, match=match):
         LoraSettings(**kwargs)
+
+
+def _lora_model_with_nonzero_b(quantized_dirs, **settings):
+    torch.manual_seed(0)
+    pm = apply_lora(load_policy(quantized_dirs["qwen2"]), LoraSettings(r=8, alpha=16, **settings))
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    return pm
+
+
+def _spy_seam(monkeypatch):
+    import qerl.ops
+
+    calls, real = [], qerl.ops.nvfp4_lora_linear
+
+    def spy(*a, **k):
+        calls.append(a[5].shape)
+        return real(*a, **k)
+
+    monkeypatch.setattr(qerl.ops, "nvfp4_lora_linear", spy)
+    return calls
+
+
+def test_no_grad_lora_forward_is_one_seam_call_and_equals_peft(quantized_dirs, monkeypatch):
+    """Rollouts / evaluation: each NVFP4 LoRA layer is one call of the fused seam (one kernel launch on
+    the GPU); on the CPU reference it computes PEFT's own forward op for op, so the logits are equal."""
+    pm = _lora_model_with_nonzero_b(quantized_dirs).eval()
+    calls = _spy_seam(monkeypatch)
+    with torch.no_grad():
+        fused = pm(input_ids=X).logits
+    assert len(calls) == 7 * pm.config.num_hidden_layers and all(s[0] == 8 for s in calls)
+    layer_cls = type(next(m for m in pm.modules() if type(m).__name__ == "LoraNVFP4Linear"))
+    monkeypatch.setattr(layer_cls, "_fused_adapter", lambda self, x: None)  # PEFT's forward everywhere
+    with torch.no_grad():
+        peft = pm(input_ids=X).logits
+    assert len(calls) == 7 * pm.config.num_hidden_layers  # no further seam calls
+    assert torch.equal(fused, peft)
+    with torch.no_grad():
+        assert not torch.equal(peft, load_policy(quantized_dirs["qwen2"])(X).logits)  # the adapter acts
+
+
+def test_fused_lora_falls_back_to_peft_when_it_would_differ(quantized_dirs, monkeypatch):
+    """Training (autograd), dropout in effect, adapters disabled: PEFT's forward, never the fused call."""
+    calls = _spy_seam(monkeypatch)
+    pm = _lora_model_with_nonzero_b(quantized_dirs)
+    pm(input_ids=X, labels=X).loss.backward()  # autograd recording
+    with pm.disable_adapter(), torch.no_grad():
+        pm(input_ids=X)
+    drop = _lora_model_with_nonzero_b(quantized_dirs, dropout=0.1).train()
+    with torch.no_grad():
+        drop(input_ids=X)
+    assert calls == []
+    drop.eval()  # dropout off in eval mode: fused again
+    with torch.no_grad():
+        drop(input_ids=X)
+    assert len(calls) == 7 * drop.config.num_hidden_layers
+
+
+def test_lora_seam_autograd_and_bad_shapes():
+    from qerl.ops import nvfp4_lora_linear
+    from qerl.ops.linear import reference_lora_forward
+    from qerl.quant import nvfp4
+
+    g = torch.Generator().manual_seed(0)
+    p, s, gs = nvfp4.quantize(torch.randn(24, 32, generator=g))
+    x = torch.randn(3, 32, generator=g, dtype=torch.float32).bfloat16().requires_grad_(True)
+    a = torch.randn(4, 32, generator=g).requires_grad_(True)
+    b = torch.randn(24, 4, generator=g).requires_grad_(True)
+    y = nvfp4_lora_linear(x, p, s, gs, None, a, b, 0.5)
+    with torch.no_grad():
+        assert torch.equal(y, reference_lora_forward(x, p, s, gs, None, a, b, 0.5))
+    y.float().square().sum().backward()
+    w = nvfp4.dequantize(p, s, gs, torch.float32)
+    dy = 2 * y.detach().float()
+    xa = x.detach().float() @ a.detach().T
+    assert torch.allclose(b.grad, 0.5 * dy.T @ xa, rtol=1e-4, atol=1e-4)
+    assert torch.allclose(a.grad, 0.5 * (dy @ b.detach()).T @ x.detach().float(), rtol=1e-4, atol=1e-4)
+    want_dx = dy @ w + 0.5 * (dy @ b.detach()) @ a.detach()
+    assert torch.allclose(x.grad.float(), want_dx, rtol=2e-2, atol=2e-2 * want_dx.abs().max().item())
+    with pytest.raises(ValueError, match=r"lora_b \(24, 5\)"):
+        nvfp4_lora_linear(x, p, s, gs, None, a, torch.zeros(24, 5), 1.0)

@@ -7,6 +7,10 @@
 Autograd: gradients flow to ``x`` only (the base is frozen): ``dX = dY · dequant(W)``. The backward
 recomputes the dequantized weight instead of saving it, so no bf16 copy of W outlives a call.
 
+``nvfp4_lora_linear(x, packed, scale, global_scale, bias, lora_a, lora_b, lora_scale)`` adds a LoRA
+branch ``s · (x · Aᵀ) · Bᵀ`` (``lora_a [R, K]``, ``lora_b [N, R]``) the way PEFT computes it; without
+autograd (rollouts, evaluation) a backend may run it in the same launch as the base product.
+
 Backends: the pure-torch reference below (dequantize, then ``F.linear``) is the readable
 definition and the CPU path. GPU kernels register themselves with :func:`register_backend`
 (``qerl_kernels`` does so on import when CUDA and Triton are available); setting the environment
@@ -26,13 +30,15 @@ from qerl.quant.nvfp4 import dequantize
 
 @dataclass(frozen=True)
 class Backend:
-    """A fast implementation: ``supports(x, packed)`` gates it; ``forward``/``backward_input``
-    have the signatures of :func:`reference_forward` / :func:`reference_backward_input`."""
+    """A fast implementation: ``supports(x, packed)`` gates it; ``forward``/``backward_input``/
+    ``forward_lora`` have the signatures of :func:`reference_forward` / :func:`reference_backward_input`
+    / :func:`reference_lora_forward` (``forward_lora`` optional: base + LoRA in one call, no autograd)."""
 
     name: str
     supports: Callable[[torch.Tensor, torch.Tensor], bool]
     forward: Callable[..., torch.Tensor]
     backward_input: Callable[..., torch.Tensor]
+    forward_lora: Callable[..., torch.Tensor] | None = None
 
 
 _BACKENDS: list[Backend] = []
@@ -58,6 +64,15 @@ def reference_backward_input(grad_out, packed, scale, global_scale):
     """``dX [..., K] = dY [..., N] · dequant(W) [N, K]`` in ``grad_out.dtype``."""
     w = dequantize(packed, scale, global_scale, dtype=grad_out.dtype)
     return grad_out @ w
+
+
+def reference_lora_forward(x, packed, scale, global_scale, bias, lora_a, lora_b, lora_scale):
+    """PEFT's LoRA forward over the reference base, op for op: ``base = x · dequant(W)ᵀ + bias`` in
+    ``x.dtype``, the branch ``(x · Aᵀ) · Bᵀ · s`` in the adapters' dtype (fp32 for PEFT's upcast
+    adapters), their sum rounded once to ``x.dtype``."""
+    base = reference_forward(x, packed, scale, global_scale, bias)
+    xl = x.to(lora_a.dtype)
+    return (base + F.linear(F.linear(xl, lora_a), lora_b) * lora_scale).to(x.dtype)
 
 
 def _maybe_register_kernels() -> None:
@@ -126,3 +141,34 @@ def nvfp4_linear(
             f"{tuple(packed.shape)} holds K = {packed.shape[1] * 2}"
         )
     return _NVFP4LinearFn.apply(x, packed, scale, global_scale, bias)
+
+
+def nvfp4_lora_linear(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scale: torch.Tensor,
+    global_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    lora_scale: float,
+) -> torch.Tensor:
+    """``y = x · dequant(W)ᵀ + bias + s · (x · Aᵀ) · Bᵀ`` (``lora_a [R, K]``, ``lora_b [N, R]``).
+
+    With autograd recording (training) it is the composition PEFT runs — the base through
+    :func:`nvfp4_linear`, the LoRA branch as two ``F.linear`` — so every gradient is the usual one.
+    Without (``torch.no_grad`` / inference mode: rollouts, evaluation) a backend's ``forward_lora``
+    computes it in one launch (on the H200 decode kernels ``x · Aᵀ`` runs inside the same launch,
+    reports/kernels/README.md), else :func:`reference_lora_forward`."""
+    if x.shape[-1] != packed.shape[1] * 2 or lora_a.shape[-1] != x.shape[-1] or lora_b.shape != (
+            packed.shape[0], lora_a.shape[0]):
+        raise ValueError(
+            f"nvfp4_lora_linear: input K = {x.shape[-1]}, packed weight {tuple(packed.shape)}, lora_a "
+            f"{tuple(lora_a.shape)}, lora_b {tuple(lora_b.shape)}: expected lora_a [R, K] and lora_b [N, R]")
+    if torch.is_grad_enabled() and (x.requires_grad or lora_a.requires_grad or lora_b.requires_grad):
+        base = nvfp4_linear(x, packed, scale, global_scale, bias)
+        return (base + F.linear(F.linear(x.to(lora_a.dtype), lora_a), lora_b) * lora_scale).to(x.dtype)
+    backend = select_backend(x, packed)
+    if backend is None or backend.forward_lora is None:
+        return reference_lora_forward(x, packed, scale, global_scale, bias, lora_a, lora_b, lora_scale)
+    return backend.forward_lora(x, packed, scale, global_scale, bias, lora_a, lora_b, lora_scale)

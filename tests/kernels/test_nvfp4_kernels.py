@@ -173,8 +173,8 @@ def test_tuned_table_falls_back_to_the_nearest_bucket(monkeypatch):
 
 def test_committed_tables_use_compilable_tiles():
     """Every committed tuned table (H200, H100): non-swapped tiles with BM > 32 do not compile (wgmma B
-    operand), none may be committed; the register-fragment decode kernel (MMV) has 16 weight rows per
-    warp, 8..64 activation rows and 128-wide K steps; both GPUs' tables exist."""
+    operand), none may be committed; the register-fragment decode kernel (MMV) has 16 x RB (1 | 2) weight
+    rows per warp, 8..64 activation rows and 128-wide K steps; both GPUs' tables exist."""
     import json
     from pathlib import Path
 
@@ -189,8 +189,8 @@ def test_committed_tables_use_compilable_tiles():
         mmv = [c for c in table.values() if c.get("MMV")]
         assert tiles and all(c["SWAP"] or c["BM"] <= 32 for c in tiles), path
         assert all({"BM", "BN", "BK", "SPLIT", "SWAP", "num_warps", "num_stages"} <= set(c) for c in tiles), path
-        assert mmv and all(c["BM"] in (8, 16, 32, 64) and c["BN"] == 16 * c["num_warps"] and c["BK"] == 128
-                           for c in mmv), path
+        assert mmv and all(c["BM"] in (8, 16, 32, 64) and c["BN"] == 16 * c.get("RB", 1) * c["num_warps"]
+                           and c["BK"] == 128 and c.get("RB", 1) in (1, 2) for c in mmv), path
         assert all(k.split(":")[0] in ("fwd", "bwd") and int(k.split(":")[1]) in ops.M_BUCKETS for k in table), path
 
 
@@ -201,7 +201,7 @@ def test_forced_config_replaces_the_tuned_one(monkeypatch):
 
     import qerl_kernels.ops as ops
 
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    monkeypatch.setattr(ops, "_device_name", lambda i: "NVIDIA H200")
     monkeypatch.setattr(ops, "_sm_count", lambda i: 132)
     dev = torch.device("cuda", 0)
     assert ops.config_for("fwd", 1, 3584, 3584, dev).get("MMV") == 1  # the committed table
@@ -295,3 +295,34 @@ for M, R in ((1, 8), (5, 32)):  # rank padded to 16 / a full two-MMA rank
 print("OK")
 """)
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-2000:]
+
+
+def test_fused_lora_seam_backend_under_interpreter():
+    """``qerl.ops.nvfp4_lora_linear`` without autograd goes to the kernels' ``forward_lora`` (base +
+    LoRA in one op: the decode configs step down to the GEMV twin here, which takes ``x · Aᵀ`` from one
+    matmul) and agrees with PEFT's reference computation (fp32 adapters) within bf16 rounding."""
+    out = _interp("""
+import json, torch
+from qerl.quant import nvfp4
+from qerl.ops import linear
+from qerl.ops.linear import nvfp4_lora_linear, reference_lora_forward, select_backend
+g = torch.Generator().manual_seed(5)
+p, s, gs = nvfp4.quantize(torch.randn(40, 64, generator=g) * 0.1)
+x = torch.randn(3, 64, generator=g).bfloat16()
+a, b = torch.randn(32, 64, generator=g) * 0.1, torch.randn(40, 32, generator=g) * 0.1
+be = select_backend(x, p)
+calls = []
+real = be.forward_lora
+be_spy = linear.Backend(be.name, be.supports, be.forward, be.backward_input,
+                        lambda *t: calls.append(1) or real(*t))
+linear._BACKENDS.insert(0, be_spy)
+with torch.no_grad():
+    y = nvfp4_lora_linear(x, p, s, gs, None, a.bfloat16(), b.bfloat16(), 2.0)
+ref = reference_lora_forward(x, p, s, gs, None, a, b, 2.0)
+print(json.dumps({"backend": be.name, "calls": len(calls),
+                  "rel": float((y.float() - ref.float()).norm() / ref.float().norm())}))
+""")
+    assert out.returncode == 0, out.stdout + out.stderr
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["backend"] == "triton-nvfp4" and res["calls"] == 1
+    assert res["rel"] < 1e-2, res
