@@ -58,6 +58,7 @@ FORCED = {
             dict(MMV=1, BM=64, BN=64, BK=128, SPLIT=2, num_warps=4, num_stages=1, XPRE=0),
             dict(MMV=1, BM=32, BN=128, BK=128, SPLIT=1, num_warps=8, num_stages=2, XPRE=0),
             dict(MMV=1, BM=8, BN=128, BK=128, SPLIT=1, num_warps=4, num_stages=2, RB=2),
+            dict(MMV=1, BM=16, BN=32, BK=128, SPLIT=2, num_warps=2, num_stages=2, XPRE=0, XPAD=1),
             dict(MMV=1, BM=16, BN=64, BK=128, SPLIT=3, num_warps=2, num_stages=1, XPRE=0, RB=2),
             dict(MMV=1, BM=32, BN=256, BK=128, SPLIT=2, num_warps=8, num_stages=1, XPRE=0, RB=2),
             dict(MMV=2, BM=8, BN=64, BK=128, SPLIT=1, num_warps=4, num_stages=3),

@@ -9,6 +9,7 @@ reference (relative error) before its time counts, and every measurement can be 
 ``python -m qerl_kernels.tune --models 7B --ms 1 16 64 2048 [--csv all.csv]`` (needs a CUDA GPU).
 """
 import argparse
+import itertools
 import json
 import os
 from pathlib import Path
@@ -60,21 +61,21 @@ def _tiles(kind: str, M: int) -> list[tuple]:
 
 def _decode_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
     """Forward decode candidates off the tensor-core tiles: the register-fragment MMA kernel
-    (``MMV``: 16 weight rows per warp, 8 activation rows per program) and the CUDA-core ``GEMV``."""
+    (``MMV``: 16 x RB weight rows per warp, 8-32 activation rows per program) and the CUDA-core ``GEMV``."""
     out = []
     if K % 32 == 0:
-        for bm in ((8,) if M <= 8 else (8, 16)):
-            for warps in (4, 8):
-                bn = 16 * warps
-                tiles_out = -(-M // bm) * -(-N // bn)
-                loop = -(-K // 128)
-                # small programs: several are resident per SM, so aim at 2..16 programs per SM
-                splits = sorted({max(1, min(loop // 2, (w * sms) // tiles_out)) for w in (2, 4, 8, 16)})
-                for split in splits:
-                    for pre in (1, 2):  # register prefetch depth
-                        for xpre in (1, 0):  # activations prefetched / loaded at use
-                            out.append(dict(MMV=1, BM=bm, BN=bn, BK=128, SPLIT=split, num_warps=warps,
-                                            num_stages=pre, XPRE=xpre))
+        bms = (8,) if M <= 8 else ((8, 16) if M <= 16 else (16, 32))
+        for bm, (rb, warps) in itertools.product(bms, ((1, 2), (1, 4), (1, 8), (2, 2), (2, 4))):
+            bn = 16 * rb * warps  # RB 2: two blocks of 16 weight rows per warp (v6 sweep: 2-warp programs won)
+            tiles_out = -(-M // bm) * -(-N // bn)
+            loop = -(-K // 128)
+            # small programs: several are resident per SM, so aim at 2..16 programs per SM
+            splits = sorted({max(1, min(loop // 2, (w * sms) // tiles_out)) for w in (2, 4, 8, 16)})
+            for split in splits:
+                for pre in (1, 2):  # register prefetch depth
+                    for xpre in ((1, 0) if rb == 1 else (0,)):  # activations prefetched / loaded at use
+                        out.append(dict(MMV=1, BM=bm, BN=bn, BK=128, SPLIT=split, num_warps=warps,
+                                        num_stages=pre, XPRE=xpre, RB=rb))
     if M <= 4:
         bm = 1 if M == 1 else (2 if M == 2 else 4)
         for bn, bk, st in ((64, 128, 1), (128, 256, 1), (64, 256, 3)):

@@ -9,7 +9,8 @@ rank-32 cost is split into its parts: the kernel with a given ``xa`` vs without,
 ``python scripts/mmv_sweep.py OUT.json [seconds]`` (``MMV_SWEEP_GRID=0``: tuned config only; ``=async``: the
 cp.async pipeline (MMV 2) grid of stages, warps and splits; ``=wide``: the register-fragment kernel with
 32 | 64 activation rows per program against the tuned tile / DQ config (for M = 32, 64); ``=rb``: two blocks
-of 16 weight rows per warp (RB 2) against RB 1 and the tuned config; ``MMV_SWEEP_MS=1,8,16``; ``MMV_SWEEP_LORA=0``): rows are written after every shape (a cut-off run
+of 16 weight rows per warp (RB 2) against RB 1 and the tuned config; ``=xpad``: the tuned config with the
+activations copied to a padded row stride (``XPAD``); ``MMV_SWEEP_MS=1,8,16``; ``MMV_SWEEP_LORA=0``): rows are written after every shape (a cut-off run
 keeps its work); stops starting new shapes after ``seconds`` (default 400).
 """
 import itertools
@@ -110,11 +111,12 @@ def main(out: str, budget: float = 400.0) -> int:
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             ref = x.float() @ nvfp4.dequantize(*ws[0], torch.float32).T
             base = ops.config_for("fwd", M, N, K, x.device)
-            if not base.get("MMV") and MODE not in ("wide", "rb"):
+            if not base.get("MMV") and MODE not in ("wide", "rb", "xpad"):
                 continue
             named = {"cublas": [lambda w=w: torch.nn.functional.linear(x, w) for w in dense]}
             errs = {}
-            for name, cfg in ({"1": _variants, "async": _async_variants, "wide": _wide_variants, "rb": _rb_variants}[MODE](base, M, N, K, sms) if GRID else {"tuned": dict(base)}).items():
+            for name, cfg in ({"1": _variants, "async": _async_variants, "wide": _wide_variants, "rb": _rb_variants,
+               "xpad": lambda base, *a: {"tuned": dict(base), "xpad": {**base, "XPAD": 1}}}[MODE](base, M, N, K, sms) if GRID else {"tuned": dict(base)}).items():
                 os.environ["QERL_KERNEL_CONFIG"] = json.dumps(cfg)
                 try:
                     y = ops.nvfp4_matmul(x, *ws[0])

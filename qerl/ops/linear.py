@@ -140,6 +140,9 @@ def nvfp4_linear(
             f"nvfp4_linear: input has K = {x.shape[-1]} features but the packed weight "
             f"{tuple(packed.shape)} holds K = {packed.shape[1] * 2}"
         )
+    if not torch.is_grad_enabled() or not (x.requires_grad or (bias is not None and bias.requires_grad)):
+        backend = select_backend(x, packed)  # nothing to differentiate: skip the autograd node (host time)
+        return (backend.forward if backend else reference_forward)(x, packed, scale, global_scale, bias)
     return _NVFP4LinearFn.apply(x, packed, scale, global_scale, bias)
 
 
