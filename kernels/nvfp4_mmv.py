@@ -21,6 +21,10 @@ The thread's B fragment is built from activation row ``m = g`` at the same physi
 the fp32 accumulator (4 registers per block) is the C fragment: ``c0, c1 = y[2c, 2c+1][row g]``,
 ``c2, c3 = y[2c, 2c+1][row g+8]`` (block b: rows + 8b).
 
+``RB = 2`` gives each warp two such blocks of 16 weight rows (g, g+8, g+16, g+24): the activation B
+fragments are loaded and permuted once and feed both blocks' MMAs, halving the L1 traffic and ``prmt``
+work per weight (the activation loads, not DRAM, limit this kernel from M = 16 up).
+
 Every value here is one per thread (tensors of shape ``[32 · num_warps]`` whose element is identified
 by the holding thread's ``%tid.x``, so the code does not depend on how Triton lays the tensor out).
 Cost per weight: 3.6 SASS instructions in the main loop for 8 activation rows (decode 2.4), 4.2 for 16,

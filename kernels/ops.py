@@ -181,9 +181,12 @@ _RESOLVED: dict = {}
 
 
 def _resolved_config(kind: str, M: int, N: int, K: int, x2, packed, scale, interpret: bool) -> dict:
-    """``_runnable(config_for(...))``, memoised on everything either reads (shape, dtype, device, the
-    alignments ``_runnable`` checks, ``QERL_KERNEL_CONFIG``): the host-side cost of a decode call is
-    what a token costs in an eager rollout. Returns a fresh copy (callers pop keys)."""
+    """``_runnable(config_for(...))``, memoised for decode-sized M (<= 256: a bounded set of keys; prefill and
+    training Ms vary per batch) on everything either reads (shape, dtype, device, the alignments
+    ``_runnable`` checks, ``QERL_KERNEL_CONFIG``): the host-side cost of a decode call is what a token
+    costs in an eager rollout. Returns a fresh copy (callers pop keys)."""
+    if M > 256:
+        return _runnable(kind, config_for(kind, M, N, K, x2.device), M, K, x2, packed, scale, interpret)
     key = (kind, M, N, K, x2.dtype, x2.device, interpret, packed.data_ptr() % 16, packed.stride(0) % 16,
            x2.data_ptr() % 16, x2.stride(0) % 8, scale.data_ptr() % 4, scale.stride(0) % 4,
            os.environ.get("QERL_KERNEL_CONFIG"))
@@ -223,7 +226,7 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
         return dq_backward(x2, packed, s8, gs, *extra, lora_scale, chunk, interpret)
     split = cfg.pop("SPLIT")
     BM, BN, BK = cfg.pop("BM"), cfg.pop("BN"), cfg.pop("BK")
-    xpad = cfg.pop("XPAD", 0)  # decode experiment (MMV): activations copied to a padded row stride
+    xpad = cfg.pop("XPAD", 0)  # MMV: activations copied to a padded row stride first
     out = torch.empty(M, n_out, device=x2.device, dtype=x2.dtype)
     xp = min(XA_PRODUCERS[1], max(XA_PRODUCERS[0], -(-K // 256))) if lora_a is not None else 0
     tiles = triton.cdiv(M, BM) * (triton.cdiv(N, BN) + xp if kind == "fwd" else triton.cdiv(K, BK))
@@ -248,8 +251,9 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
         warps = BN // (16 * rb)  # 16 x RB weight rows per warp, BM = 8 x NB activation rows, BK = 128
         grid = (triton.cdiv(N, BN) + xp, triton.cdiv(M, BM), split)
         if xpad and M > 1 and x2.stride(0) * x2.element_size() % 128 == 0:
-            # experiment: rows at a 128-byte multiple stride put every activation row's fragment loads on
-            # the same L1 banks; a copy with 16 more bytes per row spreads them
+            # rows at a 128-byte multiple stride put every activation row's fragment loads on the same L1
+            # banks; a copy with 16 more bytes per row spreads them (4-19% on large projections, H200:
+            # reports/kernels/mmv_xpad_sweep_NVIDIA_H200.json; tuned keys carry XPAD where it won)
             padded = torch.empty(M, K + 8, device=x2.device, dtype=x2.dtype)
             padded[:, :K].copy_(x2)
             x2 = padded[:, :K]
@@ -379,7 +383,7 @@ def nvfp4_matmul(x, packed, scale, gs, bias=None, xa=None, lora_b=None, lora_sca
     if bias is not None and bias.shape != (packed.shape[0],):
         raise KernelInputError(f"nvfp4_matmul: bias shape {tuple(bias.shape)}, expected ({packed.shape[0]},)")
     # the custom op where a graph is being traced (torch.compile / export); eager calls skip its dispatch,
-    # ~35 of the ~80 us of host time per call on the H200 box (scripts/launch_overhead.py): the rollout
+    # ~22 of the ~78 us of host time per call on the H200 box (scripts/launch_overhead.py): the rollout
     # engine runs eagerly, ~200 of these per decoded token of a 7B model. CUDA-graph capture works either way.
     op = _matmul_op if torch.compiler.is_compiling() else _matmul_impl
     return op(x, packed, scale, gs, bias, xa, lora_b, float(lora_scale), lora_a)
