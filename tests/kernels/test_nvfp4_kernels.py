@@ -159,6 +159,22 @@ def test_sm90_code_inspection_without_a_gpu():
     assert 0 < mmv["registers"] <= 64  # room for 32+ resident warps per SM
 
 
+def test_sm90_two_row_blocks_and_cp_async_twin_without_a_gpu(monkeypatch):
+    """RB = 2 shares the activation fragments between two blocks of 16 weight rows: twice the MMAs per
+    step, fewer instructions per weight than RB = 1 at 16 activation rows. The cp.async twin (MMV 2)
+    really stages its weights through shared memory (async copies, a multi-buffer), with no wgmma."""
+    from qerl_kernels.inspect_ir import inspect
+
+    monkeypatch.setenv("QERL_INSPECT_XPRE", "0")
+    one = inspect(16, 64, 128, 4, 1, kind="mmv")
+    monkeypatch.setenv("QERL_INSPECT_RB", "2")
+    two = inspect(16, 128, 128, 4, 1, kind="mmv")
+    assert two["mma_sync"] == 2 * one["mma_sync"] and two["shared_bytes"] == 0
+    assert two["loop_sass_per_weight"] < one["loop_sass_per_weight"]
+    asy = inspect(8, 64, 256, 4, 3, kind="mmva")
+    assert asy["ttgir_async_copies"] > 0 and asy["cp_async"] > 0 and asy["shared_bytes"] > 0 and asy["wgmma"] == 0
+
+
 def test_tuned_table_falls_back_to_the_nearest_bucket(monkeypatch):
     from qerl_kernels import ops
 
