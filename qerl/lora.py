@@ -48,8 +48,32 @@ class LoraSettings:
             raise ValueError("lora.targets must name at least one projection")
 
 
+# Optimizer steps taken in this process (every torch.optim.Optimizer subclass, bitsandbytes' 8-bit AdamW
+# included, runs the global step hooks): part of the key of the fused layers' bf16 adapter copies, since
+# an optimizer may write parameters without moving their version counters (bitsandbytes writes raw memory).
+_OPTIMIZER_STEPS = [0]
+_STEP_HOOK = []
+
+
+def _count_optimizer_step(optimizer, args, kwargs) -> None:
+    _OPTIMIZER_STEPS[0] += 1
+
+
+def _watch_optimizer_steps() -> None:
+    if not _STEP_HOOK:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        _STEP_HOOK.append(register_optimizer_step_post_hook(_count_optimizer_step))
+
+
+# devices whose kernels want bf16/fp16 adapters (fp32 adapters are cast once per optimizer step there)
+_CAST_DEVICES = {"cuda"}
+
+
 def _lora_linear_cls():
     from peft.tuners.lora.layer import Linear as PeftLoraLinear
+
+    _watch_optimizer_steps()
 
     class LoraNVFP4Linear(PeftLoraLinear):
         """PEFT LoRA layer over an :class:`NVFP4Linear` base (which is never merged into).
@@ -75,7 +99,7 @@ def _lora_linear_cls():
         def _fused_adapter(self, x: torch.Tensor):
             """``(A, B, scaling)`` of the one active adapter when the fused call computes exactly what
             PEFT would, else None. On CUDA A and B are bf16/fp16 copies (the kernels' operand dtype),
-            refreshed whenever a parameter's version counter moves (an optimizer step)."""
+            made again after any optimizer step or in-place change of the parameters (version counter)."""
             if torch.is_grad_enabled() or self.disable_adapters or self.merged or len(self.active_adapters) != 1:
                 return None
             name = self.active_adapters[0]
@@ -83,9 +107,9 @@ def _lora_linear_cls():
                     or (self.training and not isinstance(self.lora_dropout[name], torch.nn.Identity))):
                 return None
             a, b = self.lora_A[name].weight, self.lora_B[name].weight
-            if not x.is_cuda or a.dtype == x.dtype:
+            if x.device.type not in _CAST_DEVICES or a.dtype == x.dtype:
                 return a, b, self.scaling[name]
-            key = (a._version, b._version, a.data_ptr(), b.data_ptr(), x.dtype)
+            key = (_OPTIMIZER_STEPS[0], a._version, b._version, a.data_ptr(), b.data_ptr(), x.dtype)
             cache = self.__dict__.setdefault("_qerl_lora_cast", {})
             if name not in cache or cache[name][0] != key:
                 cache[name] = (key, a.detach().to(x.dtype), b.detach().to(x.dtype))

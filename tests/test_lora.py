@@ -207,3 +207,41 @@ def test_lora_seam_autograd_and_bad_shapes():
     assert torch.allclose(x.grad.float(), want_dx, rtol=2e-2, atol=2e-2 * want_dx.abs().max().item())
     with pytest.raises(ValueError, match=r"lora_b \(24, 5\)"):
         nvfp4_lora_linear(x, p, s, gs, None, a, torch.zeros(24, 5), 1.0)
+
+
+def test_fused_layers_bf16_adapter_copies_follow_every_update(quantized_dirs, monkeypatch):
+    """The bf16 copies of the fp32 adapters (what the GPU kernels read) are reused between calls and made
+    again after an optimizer step — also one that writes raw memory without moving the parameters'
+    version counters, as bitsandbytes' 8-bit AdamW does — and after an in-place change."""
+    import qerl.lora as qlora
+
+    monkeypatch.setattr(qlora, "_CAST_DEVICES", {"cuda", "cpu"})  # exercise the cast cache on the CPU
+    pm = _lora_model_with_nonzero_b(quantized_dirs).eval()
+    layer = next(m for m in pm.modules() if type(m).__name__ == "LoraNVFP4Linear")
+    x = torch.randn(2, layer.in_features, dtype=torch.bfloat16)
+    with torch.no_grad():
+        a1, b1, _ = layer._fused_adapter(x)
+        a2, b2, _ = layer._fused_adapter(x)
+    assert a1.dtype == torch.bfloat16 and a1 is a2 and b1 is b2  # cached
+    assert torch.equal(a1, layer.lora_A["default"].weight.bfloat16())
+
+    class RawWrites(torch.optim.Optimizer):  # updates through .data: no version bump
+        def __init__(self, params):
+            super().__init__(params, {})
+
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    p.data.add_(1.0)
+
+    lora_a = layer.lora_A["default"].weight
+    version = lora_a._version
+    RawWrites([lora_a]).step()
+    assert lora_a._version == version
+    with torch.no_grad():
+        a3, _, _ = layer._fused_adapter(x)
+    assert a3 is not a1 and torch.equal(a3, lora_a.bfloat16())
+    with torch.no_grad():
+        layer.lora_B["default"].weight.mul_(2)  # in place, no optimizer
+        _, b4, _ = layer._fused_adapter(x)
+    assert torch.equal(b4, layer.lora_B["default"].weight.bfloat16())
