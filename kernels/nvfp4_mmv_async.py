@@ -72,7 +72,7 @@ def _byte(s, j: tl.constexpr):
 
 @triton.jit
 def _half(acc, qa, qb, sa, sb, xrs, h: tl.constexpr, NB: tl.constexpr):
-    """Words 4h .. 4h+3 of rows a / b (qa, qb: 4-tuples), their scales bytes 2h, 2h+1 (sa, sb: int32
+    """Words 4h .. 4h+3 of rows a / b (qa, qb: 4-tuples), their scale bytes 2h, 2h+1 (sa, sb: int32
     of 4 bytes), activation words at ``xrs[b] + 64 h``: one 128-k step of :func:`.nvfp4_mmv._compute`."""
     us = ()
     for b in tl.static_range(NB):

@@ -34,3 +34,21 @@ def test_plot_rejects_other_csv(tmp_path):
     _csv(path, [{"a": 1, "b": 2}])
     with pytest.raises(ValueError, match="not a `qerl bench kernels` CSV"):
         plot(path)
+
+
+def test_decode_limits_figure_from_the_committed_measurements(tmp_path):
+    """scripts/plot_decode_limits.py redraws the v6 evidence figure from the committed H200 files."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    src = root / "reports" / "kernels"
+    for name in ("access_pattern_NVIDIA_H200.json", "NVIDIA_H200.csv", "ncu_decode_stalls_NVIDIA_H200.txt"):
+        shutil.copy(src / name, tmp_path / name)
+    out = subprocess.run([sys.executable, str(root / "scripts" / "plot_decode_limits.py"), str(tmp_path), "NVIDIA_H200"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    png = tmp_path / "decode_limits_NVIDIA_H200.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
