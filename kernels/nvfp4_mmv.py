@@ -300,22 +300,26 @@ def _nvfp4_mmv_kernel(
     NB: tl.constexpr, PREFETCH: tl.constexpr, XPRE: tl.constexpr, L2: tl.constexpr = 0, PFD: tl.constexpr = 0,
     FUSED: tl.constexpr = False, UNROLL: tl.constexpr = False, XP=0, RB: tl.constexpr = 1,
 ):
-    # FUSED (LoRA down-projection in this launch): programs (0..XP-1, 0, 0) compute xa = x · lora_aᵀ into xa_ptr
-    # (see _xa_producer) and the others are the tiles below, shifted by XP, which wait for xa before
-    # their epilogue
+    pid_n = _tile_pid(x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R, FUSED)
+    if pid_n >= 0:
+        _mmv_tile(pid_n, x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr,
+                  xlock_ptr, M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT, HAS_BIAS, R,
+                  USE_SPLIT, EVEN_K, WARPS, NB, PREFETCH, XPRE, L2, PFD, FUSED, UNROLL, XP, RB)
+
+
+@triton.jit
+def _tile_pid(x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R: tl.constexpr, FUSED: tl.constexpr):
+    """The output tile (axis-0 index) this program computes; negative for a producer. FUSED (LoRA
+    down-projection in this launch, shared by :mod:`.nvfp4_mmv_async`): programs (0..XP-1, 0, 0) compute
+    xa = x · lora_aᵀ into xa_ptr (see _xa_producer) and the others are the tiles, shifted by XP, which
+    wait for xa before their epilogue."""
     pid = tl.program_id(0)
     if FUSED:
         if pid < XP:
             if (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
                 _xa_producer(pid, x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R)
-        else:
-            _mmv_tile(pid - XP, x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr,
-                      xlock_ptr, M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT, HAS_BIAS, R,
-                      USE_SPLIT, EVEN_K, WARPS, NB, PREFETCH, XPRE, L2, PFD, FUSED, UNROLL, XP, RB)
-    else:
-        _mmv_tile(pid, x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr,
-                  xlock_ptr, M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT, HAS_BIAS, R,
-                  USE_SPLIT, EVEN_K, WARPS, NB, PREFETCH, XPRE, L2, PFD, FUSED, UNROLL, XP, RB)
+        pid = pid - XP
+    return pid
 
 
 @triton.jit

@@ -19,7 +19,7 @@ reduction order is free), so the numerics equal the register-prefetch kernel's u
 The epilogue (split-K reduction, bias, LoRA, fused ``x·Aᵀ``) is :func:`.nvfp4_mmv._epilogue`'s.
 
 Measured (H200, ``reports/kernels/mmv_async_sweep_NVIDIA_H200.json``): slower than the register-prefetch
-kernel at every decode shape (2–16% at M = 1, ~1.7x at M = 16) and no faster with 6 stages than with
+kernel at every decode shape (its best variant 3–14% at M = 1, 1.44–1.89x at M = 16) and no faster with 6 stages than with
 2 — the decode kernel is issue- and L1-bound, not waiting on DRAM. Selected only by ``MMV=2`` configs
 (none is tuned), kept for experiments on other GPUs.
 """
@@ -28,7 +28,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from qerl_kernels.nvfp4_mmv import _epilogue, _scale2, _step, _xa_producer
+from qerl_kernels.nvfp4_mmv import _epilogue, _scale2, _step, _tile_pid
 
 
 @triton.jit
@@ -91,18 +91,9 @@ def _nvfp4_mmv_async_kernel(
     HAS_BIAS: tl.constexpr, R: tl.constexpr, USE_SPLIT: tl.constexpr, WARPS: tl.constexpr, NB: tl.constexpr,
     STAGES: tl.constexpr, FUSED: tl.constexpr = False, XP=0,
 ):
-    # FUSED: programs (0..XP-1, 0, 0) compute xa = x · lora_aᵀ (nvfp4_mmv._xa_producer), the tiles are shifted by XP
-    pid = tl.program_id(0)
-    if FUSED:
-        if pid < XP:
-            if (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
-                _xa_producer(pid, x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R)
-        else:
-            _async_tile(pid - XP, x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr,
-                        xlock_ptr, M, N, K, stride_xm, stride_om, stride_ww, stride_sw, lora_scale, SPLIT, HAS_BIAS, R,
-                        USE_SPLIT, WARPS, NB, STAGES, FUSED, XP)
-    else:
-        _async_tile(pid, x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr,
+    pid_n = _tile_pid(x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R, FUSED)  # FUSED: see there
+    if pid_n >= 0:
+        _async_tile(pid_n, x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr,
                     xlock_ptr, M, N, K, stride_xm, stride_om, stride_ww, stride_sw, lora_scale, SPLIT, HAS_BIAS, R,
                     USE_SPLIT, WARPS, NB, STAGES, FUSED, XP)
 

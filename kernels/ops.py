@@ -252,8 +252,9 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
         grid = (triton.cdiv(N, BN) + xp, triton.cdiv(M, BM), split)
         if xpad and M > 1 and x2.stride(0) * x2.element_size() % 128 == 0:
             # rows at a 128-byte multiple stride put every activation row's fragment loads on the same L1
-            # banks; a copy with 16 more bytes per row spreads them (4-19% on large projections, H200:
-            # reports/kernels/mmv_xpad_sweep_NVIDIA_H200.json; tuned keys carry XPAD where it won)
+            # banks; a copy with 16 more bytes per row spreads them (up to 19% on gate/up projections, a
+            # loss on small ones, H200: reports/kernels/mmv_xpad_sweep_NVIDIA_H200.json; tuned keys carry
+            # XPAD where it won)
             padded = torch.empty(M, K + 8, device=x2.device, dtype=x2.dtype)
             padded[:, :K].copy_(x2)
             x2 = padded[:, :K]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+import qerl.ops
 from qerl.models.arch import PROJECTIONS
 from qerl.models.nvfp4_linear import NVFP4Linear
 
@@ -88,12 +89,10 @@ def _lora_linear_cls():
             fused = None if args or kwargs.get("adapter_names") is not None else self._fused_adapter(x)
             if fused is None:
                 return super().forward(x, *args, **kwargs)
-            from qerl.ops import nvfp4_lora_linear
-
             base = self.get_base_layer()
             a, b, s = fused
             bias = None if base.bias is None else base.bias.to(x.dtype)
-            return nvfp4_lora_linear(x, base.weight_packed, base.weight_scale, base.weight_global_scale, bias,
+            return qerl.ops.nvfp4_lora_linear(x, base.weight_packed, base.weight_scale, base.weight_global_scale, bias,
                                      a, b, s)
 
         def _fused_adapter(self, x: torch.Tensor):
