@@ -197,25 +197,34 @@ def _out(c, lo, m, n, M, N, inv, bias_ptr, out_ptr, stride_om, lora_scale, HAS_B
 
 
 @triton.jit
-def _lora(xa_ptr, lb_ptr, la, lb_, g, c, pid_m, M, R: tl.constexpr, NB: tl.constexpr, like):
-    """LoRA up-projection ``xa · Bᵀ`` on the tensor cores, as C fragments laid out like the main
-    accumulator (rows na = la, nb = lb_ of ``lora_b [N, R]`` as the MMA's A, ``xa [M, R]`` rows as its
-    B; the rank R, a multiple of 16, is the reduction): R / 16 MMAs per activation block, every
-    fragment register one 32-bit load of two adjacent bf16 (no permutation: k = r in order)."""
+def _lora_b(lb_ptr, la, lb_, c, R: tl.constexpr):
+    """The A fragments of the LoRA up-projection: rows na = la, nb = lb_ of ``lora_b [N, R]`` (bf16
+    pairs, one 32-bit load each; k = r in order), R / 16 MMAs' worth. Independent of ``xa``, so the
+    epilogue issues these loads before it waits for the fused producers."""
     ai = lb_ptr.to(tl.pointer_type(tl.int32))
-    xi = xa_ptr.to(tl.pointer_type(tl.int32))
     ra = ai + la * (R // 2) + c
     rb = ai + lb_ * (R // 2) + c
+    out = ()
+    for j in tl.static_range(R // 16):
+        out = out + ((tl.load(ra + 8 * j), tl.load(rb + 8 * j), tl.load(ra + 8 * j + 4), tl.load(rb + 8 * j + 4)),)
+    return out
+
+
+@triton.jit
+def _lora(xa_ptr, bf, g, c, pid_m, M, R: tl.constexpr, NB: tl.constexpr, like):
+    """LoRA up-projection ``xa · Bᵀ`` on the tensor cores, as C fragments laid out like the main
+    accumulator (``bf``: the rows of ``lora_b`` as the MMA's A, from :func:`_lora_b`; ``xa [M, R]``
+    rows as its B; the rank R, a multiple of 16, is the reduction): R / 16 MMAs per activation block."""
+    xi = xa_ptr.to(tl.pointer_type(tl.int32))
     z = tl.zeros(like.shape, tl.float32)
     out = ()
     for b in tl.static_range(NB):
         xr = xi + tl.minimum(pid_m * (8 * NB) + 8 * b + g, M - 1) * (R // 2) + c
         c0, c1, c2, c3 = z, z, z, z
         for j in tl.static_range(R // 16):
-            c0, c1, c2, c3 = _mma(tl.load(ra + 8 * j), tl.load(rb + 8 * j), tl.load(ra + 8 * j + 4),
-                                  tl.load(rb + 8 * j + 4), tl.load(xr + 8 * j, cache_modifier=".cg"),
-                                  tl.load(xr + 8 * j + 4, cache_modifier=".cg"),
-                                  c0, c1, c2, c3)
+            a0, a1, a2, a3 = bf[j]
+            c0, c1, c2, c3 = _mma(a0, a1, a2, a3, tl.load(xr + 8 * j, cache_modifier=".cg"),
+                                  tl.load(xr + 8 * j + 4, cache_modifier=".cg"), c0, c1, c2, c3)
         out = out + ((c0, c1, c2, c3),)
     return out
 
@@ -275,19 +284,21 @@ def _xa_producer(p, x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, 
 
 @triton.jit
 def _await_xa(xlock_ptr):
-    """Spin until the producers' ready flag is up (acquire). Only programs that have finished their
-    main loop wait, and producers are the launch's lowest program ids (dispatched first)."""
+    """Spin until the producers' ready flag is up (acquire), then count this consumer in: returns its
+    arrival index. Only programs that have finished their main loop wait, and producers are the
+    launch's lowest program ids (dispatched first). Counting right after the wait (not after the
+    stores) keeps that atomic's round trip off the tail of the launch: the flag may be reset as soon
+    as every consumer is past its wait (``xa`` itself stays until the next launch, stream-ordered)."""
     ready = tl.atomic_add(xlock_ptr + 1, 0, sem="acquire", scope="gpu")
     while ready == 0:
         ready = tl.atomic_add(xlock_ptr + 1, 0, sem="acquire", scope="gpu")
+    return tl.atomic_add(xlock_ptr + 2, 1, sem="relaxed", scope="gpu")
 
 
 @triton.jit
-def _release_xa(xlock_ptr, n_cons):
-    """Count this consumer out; the last one resets the flag and the counter for the next launch."""
-    tl.debug_barrier()  # this program's outputs (which used xa) are stored
-    done = tl.atomic_add(xlock_ptr + 2, 1, sem="acq_rel", scope="gpu")
-    if done == n_cons - 1:
+def _release_xa(xlock_ptr, arrival, n_cons):
+    """The last consumer to arrive resets the counter and the flag for the next launch."""
+    if arrival == n_cons - 1:
         tl.atomic_xchg(xlock_ptr + 2, 0)
         tl.atomic_xchg(xlock_ptr + 1, 0, sem="release", scope="gpu")
 
@@ -449,12 +460,16 @@ def _epilogue(acc, pid_n, pid_m, pid_s, g, c, rows, lrows, z, gs_ptr, out_ptr, b
             tl.atomic_xchg(lock_ptr + tile, 0)
     if last:
         inv = 128.0 / tl.load(gs_ptr)  # undo the 2^-7 of the decoded weights, apply 1/gs
+        arrival = 0
         if R > 0:
+            bf = ()  # lora_b fragments of each row block: loaded before the wait (they do not need xa)
+            for r in tl.static_range(RB):
+                bf = bf + (_lora_b(lb_ptr, lrows[2 * r], lrows[2 * r + 1], c, R),)
             if FUSED:
-                _await_xa(xlock_ptr)
+                arrival = _await_xa(xlock_ptr)
             lo = ()  # per row block r: NB C fragments of xa · Bᵀ
             for r in tl.static_range(RB):
-                lo = lo + (_lora(xa_ptr, lb_ptr, lrows[2 * r], lrows[2 * r + 1], g, c, pid_m, M, R, NB, z),)
+                lo = lo + (_lora(xa_ptr, bf[r], g, c, pid_m, M, R, NB, z),)
         for i in tl.static_range(NB * RB):
             c0, c1, c2, c3 = acc[i]
             if R > 0:
@@ -469,4 +484,4 @@ def _epilogue(acc, pid_n, pid_m, pid_s, g, c, rows, lrows, z, gs_ptr, out_ptr, b
             _out(c2, l2, m, nb, M, N, inv, bias_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
             _out(c3, l3, m + 1, nb, M, N, inv, bias_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
         if FUSED:
-            _release_xa(xlock_ptr, (tl.num_programs(0) - XP) * tl.num_programs(1))
+            _release_xa(xlock_ptr, arrival, (tl.num_programs(0) - XP) * tl.num_programs(1))
