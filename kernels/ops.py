@@ -86,11 +86,17 @@ def heuristic(kind: str, M: int, N: int, K: int, sms: int, dq: bool = True) -> d
 
 
 def tuned_entry(device_name: str, kind: str, M: int, N: int, K: int) -> dict | None:
-    """The tuned config of this (kind, N, K) at M's bucket, else at the nearest tuned bucket."""
+    """The tuned config of this (kind, N, K) at M's bucket, else at the nearest tuned bucket whose path
+    suits M: a decode-kernel entry (MMV / GEMV) only up to M = 32, a dequantize + cuBLAS entry (DQ)
+    only from M = 64 (a table tuned at decode sizes only once sent M = 2048 to the decode kernel: 0.15x
+    cuBLAS on an H100); else None (the heuristic)."""
     table = _tuned(device_name)
     hit = table.get(f"{kind}:{m_bucket(M)}:{N}:{K}")
     if hit is None:
-        have = [b for b in M_BUCKETS if f"{kind}:{b}:{N}:{K}" in table]
+        def suits(cfg: dict) -> bool:
+            return not ((cfg.get("MMV") or cfg.get("GEMV")) and M > 32) and not (cfg.get("DQ") and M < 64)
+
+        have = [b for b in M_BUCKETS if suits(table.get(f"{kind}:{b}:{N}:{K}", {"MMV": 1, "DQ": 1}))]
         if have:
             b = min(have, key=lambda b: abs(math.log2(b) - math.log2(max(M, 1))))
             hit = table[f"{kind}:{b}:{N}:{K}"]

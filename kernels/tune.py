@@ -125,26 +125,38 @@ def _reference(kind, x, p, s, g):
     return (x.float() @ w.T) if kind == "fwd" else (x.float() @ w)
 
 
-def _compile_key(kind: str, M: int, cfg: dict) -> tuple:
+def _compile_key(kind: str, M: int, cfg: dict, lora: int = 0, K: int = 0) -> tuple:
     """What decides the compiled kernel of a candidate (its constexprs and the specialisation of its
-    arguments), as (kind, M to compile with, config): N and K are divisible by 16 in every tuned shape,
-    so a small stand-in shape compiles the same binary; XPAD changes the activations' row stride."""
+    arguments), as (kind, M to compile with, config, LoRA, stand-in K): N and K are divisible by 16 in
+    every tuned shape, so a small stand-in shape compiles the same binary; XPAD changes the
+    activations' row stride. ``lora``: also the rank-32 LoRA launch (fused into the decode kernel or
+    not, which depends on M and on K > 8192: the real M and a K on the same side are kept)."""
     m = 1 if M == 1 else min(M, int(cfg.get("BM", 16)))
+    if lora:
+        m = M
     cfg = {**cfg, "SPLIT": min(2, int(cfg.get("SPLIT", 1)))}  # the binary only knows split or not
-    return kind, max(m, 2) if cfg.get("XPAD") else m, json.dumps(cfg, sort_keys=True)
+    return kind, max(m, 2) if cfg.get("XPAD") else m, json.dumps(cfg, sort_keys=True), int(lora), \
+        8448 if lora and K > 8192 else 1024
 
 
 def _compile(job: tuple) -> str | None:
-    """Worker: run one candidate once on a stand-in problem (N 256, K 1024), filling Triton's on-disk
-    cache; the error text if it does not compile."""
-    kind, M, cfg_json = job
+    """Worker: run one candidate once on a stand-in problem (N 256), filling Triton's on-disk cache;
+    the error text if it does not compile."""
+    kind, M, cfg_json, lora, K = job
     from qerl.quant import nvfp4
 
     os.environ["QERL_KERNEL_CONFIG"] = cfg_json
     try:
-        w = nvfp4.quantize(torch.randn(256, 1024, device="cuda", dtype=torch.bfloat16))
-        x = torch.randn(M, 1024 if kind == "fwd" else 256, device="cuda", dtype=torch.bfloat16)
-        (ops.nvfp4_matmul if kind == "fwd" else ops.nvfp4_matmul_t)(x, *w)
+        w = nvfp4.quantize(torch.randn(256, K, device="cuda", dtype=torch.bfloat16))
+        x = torch.randn(M, K if kind == "fwd" else 256, device="cuda", dtype=torch.bfloat16)
+        if kind == "fwd":
+            ops.nvfp4_matmul(x, *w)
+            if lora:
+                la = torch.randn(32, K, device="cuda", dtype=torch.bfloat16)
+                ops.nvfp4_matmul(x, *w, None, None, torch.randn(256, 32, device="cuda", dtype=torch.bfloat16),
+                                 2.0, lora_a=la)
+        else:
+            ops.nvfp4_matmul_t(x, *w)
         torch.cuda.synchronize()
         return None
     except Exception as e:  # noqa: BLE001 - reported; the timing loop skips it again
@@ -152,7 +164,7 @@ def _compile(job: tuple) -> str | None:
 
 
 def precompile(jobs: list[tuple], workers: int, progress: bool = True) -> int:
-    """Compile every distinct candidate of ``jobs`` ((kind, M, config) triples) in ``workers``
+    """Compile every distinct candidate of ``jobs`` ((kind, M, config[, lora, K]) tuples) in ``workers``
     processes before the (serial) timing loop: Triton compiles one kernel per process at a time, and
     the decode search has ~100 distinct kernels (minutes of one CPU core each batch). Returns how many
     failed to compile."""
@@ -160,7 +172,7 @@ def precompile(jobs: list[tuple], workers: int, progress: bool = True) -> int:
 
     from tqdm.auto import tqdm
 
-    todo = sorted({_compile_key(kind, M, cfg) for kind, M, cfg in jobs if not cfg.get("DQ")})
+    todo = sorted({_compile_key(*job) for job in jobs if not job[2].get("DQ")})
     if workers <= 1 or len(todo) < 2:
         return 0
     with mp.get_context("spawn").Pool(min(workers, len(todo))) as pool:

@@ -210,7 +210,21 @@ def write_reports(rows: list[dict], copy_gbps: float, device: str, out_dir: Path
     return csv_path, md_path
 
 
-def run(out_dir: Path, models=("7B", "14B", "32B"), ms=MS, tune: bool = False, progress: bool = True) -> dict:
+def precompile_jobs(models, ms, device) -> list[tuple]:
+    """(kind, M, config, lora, K) of every launch the benchmark makes, for
+    :func:`qerl_kernels.tune.precompile`."""
+    from qerl_kernels import ops
+
+    out = []
+    for N, K in dict.fromkeys(nk for m in models for nk in projections(m).values()):
+        for M in ms:
+            for kind in ("fwd", "bwd"):
+                out.append((kind, M, ops.config_for(kind, M, N, K, device), int(kind == "fwd" and M <= 64), K))
+    return out
+
+
+def run(out_dir: Path, models=("7B", "14B", "32B"), ms=MS, tune: bool = False, progress: bool = True,
+        workers: int = 0) -> dict:
     from tqdm.auto import tqdm
 
     if not torch.cuda.is_available():
@@ -219,7 +233,11 @@ def run(out_dir: Path, models=("7B", "14B", "32B"), ms=MS, tune: bool = False, p
     if tune:
         from qerl_kernels.tune import tune_all
 
-        tune_all([s for m in models for s in projections(m).values()], ms, progress=progress)
+        tune_all([s for m in models for s in projections(m).values()], ms, progress=progress, workers=workers)
+    if workers > 1:  # compile every kernel the benchmark launches in parallel first (minutes -> seconds)
+        from qerl_kernels.tune import precompile
+
+        precompile(precompile_jobs(models, ms, torch.device("cuda")), workers, progress)
     bw = copy_bandwidth()
     rows = []
     jobs = [(m, p, nk) for m in models for p, nk in projections(m).items()]
@@ -263,6 +281,8 @@ def main(argv=None) -> int:
     p.add_argument("--models", nargs="*", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--ms", nargs="*", type=int, default=list(MS), help="token counts M")
     p.add_argument("--tune", action="store_true", help="search tile configs first (writes kernels/tuned/<device>.json)")
+    p.add_argument("--workers", type=int, default=0,
+                   help="compile the kernels in this many processes first (0/1: compile while measuring)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--plot", metavar="CSV", default=None,
                    help="only draw the figure of an existing benchmark CSV (no GPU needed) and exit")
@@ -272,7 +292,8 @@ def main(argv=None) -> int:
 
         print(json.dumps({"png": str(plot(Path(a.plot)))}))
         return 0
-    res = run(Path(a.output), models=tuple(a.models), ms=tuple(a.ms), tune=a.tune, progress=not a.no_progress)
+    res = run(Path(a.output), models=tuple(a.models), ms=tuple(a.ms), tune=a.tune, progress=not a.no_progress,
+              workers=a.workers)
     print(json.dumps(res))
     return 0
 

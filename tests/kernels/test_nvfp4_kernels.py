@@ -185,6 +185,15 @@ def test_tuned_table_falls_back_to_the_nearest_bucket(monkeypatch):
     assert ops.tuned_entry("X", "fwd", 4000, 64, 128)["BM"] == 128
     assert ops.tuned_entry("X", "bwd", 4, 64, 128) is None  # other kind: heuristic
     assert ops.tuned_entry("X", "fwd", 4, 64, 256) is None  # other shape
+    # a decode-kernel entry is not borrowed above M = 32 (a table tuned only at decode sizes), nor a
+    # dequantize + cuBLAS entry below M = 64
+    table.update({"fwd:32:64:256": {"MMV": 1, "BM": 32}, "fwd:2048:64:256": {"DQ": 1},
+                  "fwd:16:32:32": {"GEMV": 1}, "fwd:128:32:32": {"DQ": 1}})
+    assert ops.tuned_entry("X", "fwd", 20, 64, 256)["MMV"] == 1
+    assert ops.tuned_entry("X", "fwd", 64, 64, 256)["DQ"] == 1  # nearest that suits: 2048, not 32
+    assert ops.tuned_entry("X", "fwd", 8192, 64, 256)["DQ"] == 1
+    assert ops.tuned_entry("X", "fwd", 4, 32, 32)["GEMV"] == 1
+    assert ops.tuned_entry("X", "fwd", 48, 32, 32) is None  # GEMV too small an M, DQ too large one: heuristic
 
 
 def test_committed_tables_use_compilable_tiles():

@@ -1,4 +1,6 @@
 """The tile-config search's candidate lists (``qerl_kernels.tune``): pure logic, no GPU."""
+import json
+
 import pytest
 
 pytest.importorskip("triton")
@@ -37,7 +39,11 @@ def test_compile_keys_merge_candidates_that_share_a_binary():
     assert len(keys) == 1  # SPLIT > 1 values share the USE_SPLIT binary
     assert tune._compile_key("fwd", 16, {**base, "SPLIT": 1}) not in keys
     # XPAD compiles with a padded activation stride (another specialisation), so with M >= 2 rows
-    kind, m, _ = tune._compile_key("fwd", 16, {**base, "SPLIT": 1, "XPAD": 1})
-    assert (kind, m) == ("fwd", 16)
+    kind, m, _, lora, k = tune._compile_key("fwd", 16, {**base, "SPLIT": 1, "XPAD": 1})
+    assert (kind, m, lora, k) == ("fwd", 16, 0, 1024)
+    # the LoRA launch keeps the real M and the side of K = 8192 (they decide fused or not)
+    assert tune._compile_key("fwd", 12, {**base, "SPLIT": 1}, 1, 13824)[1:] == (12, json.dumps(
+        {**base, "SPLIT": 1}, sort_keys=True), 1, 8448)
+    assert tune._compile_key("fwd", 12, {**base, "SPLIT": 1}, 1, 5120)[-1] == 1024
     plan = [("fwd", 16, {**base, "SPLIT": s}) for s in (2, 5)] + [("fwd", 128, {"DQ": 1, "CHUNK": 1 << 25})]
     assert tune.precompile(plan, workers=1) == 0  # one process: nothing to do ahead of the timing loop
