@@ -47,7 +47,7 @@ def compile_sm90(kind="fwd", bm=16, bn=64, bk=256, warps=4, stages=4, split=1, s
         for k, v in FWD_SIG.items():
             base[{"stride_wn": "stride_ww", "stride_sn": "stride_sw"}.get(k, k)] = v
             if k == "lock_ptr":
-                base.update(la_ptr="*bf16", xacc_ptr="*fp32", xlock_ptr="*i32")
+                base.update(la_ptr="*bf16", xap_ptr="*fp32", xlock_ptr="*i32")
         consts = {"HAS_BIAS": False, "R": 0, "USE_SPLIT": split > 1, "WARPS": warps, "NB": max(1, bm // 8),
                   "STAGES": stages, "FUSED": os.environ.get("QERL_INSPECT_FUSED", "0") == "1"}
         if consts["FUSED"]:
@@ -59,7 +59,7 @@ def compile_sm90(kind="fwd", bm=16, bn=64, bk=256, warps=4, stages=4, split=1, s
         for k, v in FWD_SIG.items():  # + the fused LoRA's lora_a, partials and flags after lock_ptr
             base[k] = v
             if k == "lock_ptr":
-                base.update(la_ptr="*bf16", xacc_ptr="*fp32", xlock_ptr="*i32")
+                base.update(la_ptr="*bf16", xap_ptr="*fp32", xlock_ptr="*i32")
         consts = {"HAS_BIAS": False, "R": 0, "USE_SPLIT": split > 1, "EVEN_K": True, "WARPS": warps,
                   "NB": max(1, bm // 8), "PREFETCH": max(1, min(stages, 2)),
                   "XPRE": int(os.environ.get("QERL_INSPECT_XPRE", "1")),

@@ -243,23 +243,16 @@ def _reduced(part_ptr, m, n, M, N, SPLIT):
 
 
 @triton.jit
-def _xa_producer(p, x_ptr, la_ptr, xa_ptr, xacc_ptr, xlock_ptr, M, K, stride_xm, XP, R: tl.constexpr):
+def _xa_producer(p, x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R: tl.constexpr):
     """Program ``p`` < XP of a fused-LoRA launch: the partial ``x [M <= 16, Kp] · lora_a[:, Kp]ᵀ`` over
-    its 64-wide K chunks p, p + XP, ... (``tl.dot``, fp32) is added into the zeroed fp32 accumulator
-    ``xacc [16, R]`` with fire-and-forget atomics (rows < M only); the last producer to finish (ticket
-    ``xlock[0]``, acquire) reads the sum once, stores ``xa [16, R]`` in bf16 (as the unfused path's
-    ``x @ lora_a.T`` would), zeroes ``xacc`` for the next launch and raises the ready flag ``xlock[1]``
-    (release).
-
-    Why atomics: the tiles stream the weights at full bandwidth meanwhile, so every dependent global
-    round trip of the producers costs microseconds, and the launch waits for the slowest producer chain.
-    The earlier version (partials stored, then summed 4 at a time by the last producer: XP / 4 + 3
-    dependent round trips) put +2.5…+8 µs on an 8…70 µs decode launch; this one has three (chunk loads,
-    ticket, sum). The price: fp32 addition order is not fixed, so ``xa`` can differ by one bf16 ulp
-    between runs (``ops`` does not fuse under ``torch.use_deterministic_algorithms``). Small operand
-    tiles on purpose: shared memory taken here is L1 taken from the tiles, which read the activations
-    through L1 (a 256-wide single-shot version, 24 KB of shared memory, made the launch up to 70% slower)."""
+    its 64-wide K chunks p, p + XP, ... (``tl.dot``, fp32; rows >= M are 0) goes to ``xap [XP, 16, R]``;
+    the last producer to finish (ticket ``xlock[0]``) sums the XP partials in order (4 per load), stores
+    ``xa [16, R]`` in bf16 (as the unfused path's ``x @ lora_a.T`` would) and raises the ready flag
+    ``xlock[1]`` (release). Small operand tiles on purpose: shared memory taken here is L1 taken from
+    the tiles, which read the activations through L1 (a 256-wide single-shot version, 24 KB of
+    shared memory, made the launch up to 70% slower)."""
     KB: tl.constexpr = 64
+    QB: tl.constexpr = 4
     rows = tl.arange(0, 16)
     rr = tl.arange(0, R)
     kk = tl.arange(0, KB)
@@ -272,14 +265,18 @@ def _xa_producer(p, x_ptr, la_ptr, xa_ptr, xacc_ptr, xlock_ptr, M, K, stride_xm,
         ab = tl.load(la_ptr + rr[:, None] * K + offs[None, :], mask=km[None, :], other=0.0)
         acc += tl.dot(xb, tl.trans(ab))
     tile = rows[:, None] * R + rr[None, :]
-    live = (rows < M)[:, None] & (rr < R)[None, :]
-    tl.atomic_add(xacc_ptr + tile, acc, mask=live, sem="relaxed", scope="gpu")
-    tl.debug_barrier()  # every thread's additions are issued before the (releasing) ticket
+    tl.store(xap_ptr + p * 16 * R + tile, acc)
+    tl.debug_barrier()  # every thread's partial is written before the (releasing) ticket
     ticket = tl.atomic_add(xlock_ptr, 1, sem="acq_rel", scope="gpu")
     if ticket == XP - 1:
-        tot = tl.load(xacc_ptr + tile, mask=live, other=0.0, cache_modifier=".cg")
+        qq = tl.arange(0, QB)
+        tot = tl.zeros((16, R), tl.float32)
+        for q0 in range(0, XP, QB):
+            q = q0 + qq
+            part = tl.load(xap_ptr + q[:, None, None] * (16 * R) + tile[None, :, :], mask=(q < XP)[:, None, None],
+                           other=0.0, cache_modifier=".cg")
+            tot += tl.sum(part, axis=0)
         tl.store(xa_ptr + tile, tot.to(xa_ptr.dtype.element_ty))
-        tl.store(xacc_ptr + tile, tl.zeros_like(tot), mask=live)
         tl.debug_barrier()
         tl.atomic_xchg(xlock_ptr, 0)
         tl.atomic_xchg(xlock_ptr + 1, 1, sem="release", scope="gpu")
@@ -308,13 +305,13 @@ def _release_xa(xlock_ptr, arrival, n_cons):
 
 @triton.jit(do_not_specialize=["M", "SPLIT", "XP"])
 def _nvfp4_mmv_kernel(
-    x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr, la_ptr, xacc_ptr, xlock_ptr,
+    x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr, la_ptr, xap_ptr, xlock_ptr,
     M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT,
     HAS_BIAS: tl.constexpr, R: tl.constexpr, USE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr, WARPS: tl.constexpr,
     NB: tl.constexpr, PREFETCH: tl.constexpr, XPRE: tl.constexpr, L2: tl.constexpr = 0, PFD: tl.constexpr = 0,
     FUSED: tl.constexpr = False, UNROLL: tl.constexpr = False, XP=0, RB: tl.constexpr = 1,
 ):
-    pid_n = _tile_pid(x_ptr, la_ptr, xa_ptr, xacc_ptr, xlock_ptr, M, K, stride_xm, XP, R, FUSED)
+    pid_n = _tile_pid(x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R, FUSED)
     if pid_n >= 0:
         _mmv_tile(pid_n, x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr,
                   xlock_ptr, M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT, HAS_BIAS, R,
@@ -322,7 +319,7 @@ def _nvfp4_mmv_kernel(
 
 
 @triton.jit
-def _tile_pid(x_ptr, la_ptr, xa_ptr, xacc_ptr, xlock_ptr, M, K, stride_xm, XP, R: tl.constexpr, FUSED: tl.constexpr):
+def _tile_pid(x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R: tl.constexpr, FUSED: tl.constexpr):
     """The output tile (axis-0 index) this program computes; negative for a producer. FUSED (LoRA
     down-projection in this launch, shared by :mod:`.nvfp4_mmv_async`): programs (0..XP-1, 0, 0) compute
     xa = x · lora_aᵀ into xa_ptr (see _xa_producer) and the others are the tiles, shifted by XP, which
@@ -331,7 +328,7 @@ def _tile_pid(x_ptr, la_ptr, xa_ptr, xacc_ptr, xlock_ptr, M, K, stride_xm, XP, R
     if FUSED:
         if pid < XP:
             if (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
-                _xa_producer(pid, x_ptr, la_ptr, xa_ptr, xacc_ptr, xlock_ptr, M, K, stride_xm, XP, R)
+                _xa_producer(pid, x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R)
         pid = pid - XP
     return pid
 

@@ -158,13 +158,6 @@ _LOCK_SLOTS = 1 << 16
 
 
 @functools.lru_cache(maxsize=None)
-def _xa_acc(device: torch.device, r: int) -> torch.Tensor:
-    """Per-device (and rank) fp32 accumulator ``[16, r]`` of the fused LoRA's producers (zero; every
-    fused launch leaves it at zero). Same concurrency rule as :func:`_locks`."""
-    return torch.zeros(16 * r, dtype=torch.float32, device=device)
-
-
-@functools.lru_cache(maxsize=None)
 def _locks(device: torch.device) -> torch.Tensor:
     """Per-device split-reduction tickets (int32, zero; every kernel leaves them at zero). Like
     Marlin's workspace: kernels using them must not run concurrently on two streams."""
@@ -210,7 +203,7 @@ def _resolved_config(kind: str, M: int, N: int, K: int, x2, packed, scale, inter
     return dict(cfg)
 
 
-XA_PRODUCERS = (16, 128)  # programs computing x · lora_aᵀ in a fused decode launch: ~128 K each, within these
+XA_PRODUCERS = (16, 64)  # programs computing x · lora_aᵀ in a fused decode launch: ~256 K each, within these
 
 
 def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret, lora_a=None):
@@ -227,9 +220,7 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
     # fused where measured faster than x @ lora_a.T + the kernel (H200, mmv_lora_NVIDIA_H200.json): every
     # M <= 8 shape (+5..33% vs +11..66%); at M = 16 only for K <= 8192 (for K 13824-27648 the fused launch
     # was +57..73%, the separate matmul +12..20%)
-    # (and not under torch.use_deterministic_algorithms: the fused producers sum with fp32 atomics)
-    fuse = kind == "fwd" and cfg.get("MMV") and (M <= 8 or (M <= 16 and K <= 8192)) \
-        and not torch.are_deterministic_algorithms_enabled()
+    fuse = kind == "fwd" and cfg.get("MMV") and (M <= 8 or (M <= 16 and K <= 8192))
     if lora_a is not None and not fuse:
         extra, lora_a = (extra[0], x2 @ lora_a.T, extra[2]), None
     if cfg.get("DQ"):  # dequantize windows of W + cuBLAS (large M)
@@ -243,7 +234,7 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
     BM, BN, BK = cfg.pop("BM"), cfg.pop("BN"), cfg.pop("BK")
     xpad = cfg.pop("XPAD", 0)  # MMV: activations copied to a padded row stride first
     out = torch.empty(M, n_out, device=x2.device, dtype=x2.dtype)
-    xp = min(XA_PRODUCERS[1], max(XA_PRODUCERS[0], -(-K // 128))) if lora_a is not None else 0
+    xp = min(XA_PRODUCERS[1], max(XA_PRODUCERS[0], -(-K // 256))) if lora_a is not None else 0
     tiles = triton.cdiv(M, BM) * (triton.cdiv(N, BN) + xp if kind == "fwd" else triton.cdiv(K, BK))
     if split > 1 and tiles > _LOCK_SLOTS - 4:  # the last 4 slots: the fused LoRA's ticket, flag, counter
         split = 1
@@ -274,9 +265,9 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
             padded[:, :K].copy_(x2)
             x2 = padded[:, :K]
         xap = dummy
-        if xp:  # xa [16, R] written by the launch's producer programs, summed in fp32 in xap (zero, persistent)
+        if xp:  # xa [16, R] written by the launch's producer programs, their fp32 partials in xap
             xa = torch.empty(16, r, device=x2.device, dtype=x2.dtype)
-            xap = _xa_acc(x2.device, r)
+            xap = torch.empty(xp * 16 * r, device=x2.device, dtype=torch.float32)
         if mmv == 2:  # the same tile, weights and scales through a cp.async shared-memory pipeline
             from qerl_kernels.nvfp4_mmv_async import _nvfp4_mmv_async_kernel
 
