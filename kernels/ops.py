@@ -96,10 +96,9 @@ def tuned_entry(device_name: str, kind: str, M: int, N: int, K: int) -> dict | N
         def suits(cfg: dict) -> bool:
             return not ((cfg.get("MMV") or cfg.get("GEMV")) and M > 32) and not (cfg.get("DQ") and M < 64)
 
-        have = [b for b in M_BUCKETS if suits(table.get(f"{kind}:{b}:{N}:{K}", {"MMV": 1, "DQ": 1}))]
+        have = {b: c for b in M_BUCKETS if (c := table.get(f"{kind}:{b}:{N}:{K}")) is not None and suits(c)}
         if have:
-            b = min(have, key=lambda b: abs(math.log2(b) - math.log2(max(M, 1))))
-            hit = table[f"{kind}:{b}:{N}:{K}"]
+            hit = have[min(have, key=lambda b: abs(math.log2(b) - math.log2(max(M, 1))))]
     return dict(hit) if hit else None
 
 

@@ -166,8 +166,8 @@ def _compile(job: tuple) -> str | None:
 def precompile(jobs: list[tuple], workers: int, progress: bool = True) -> int:
     """Compile every distinct candidate of ``jobs`` ((kind, M, config[, lora, K]) tuples) in ``workers``
     processes before the (serial) timing loop: Triton compiles one kernel per process at a time, and
-    the decode search has ~100 distinct kernels (minutes of one CPU core each batch). Returns how many
-    failed to compile."""
+    the decode search over the Qwen2.5 shapes has ~170 distinct kernels (minutes of one CPU core).
+    Returns how many failed to compile."""
     import multiprocessing as mp
 
     from tqdm.auto import tqdm
@@ -178,6 +178,17 @@ def precompile(jobs: list[tuple], workers: int, progress: bool = True) -> int:
     with mp.get_context("spawn").Pool(min(workers, len(todo))) as pool:
         errs = list(tqdm(pool.imap_unordered(_compile, todo), total=len(todo), desc="compile", disable=not progress))
     return sum(e is not None for e in errs)
+
+
+def _current(paths: str, device: str, kind: str, M: int, N: int, K: int, sms: int) -> dict | None:
+    """The config in use now, which the restricted searches time against: ``decode`` — the tuned entry,
+    else the heuristic; ``dq`` — the tuned Triton entry, else the Triton-only heuristic."""
+    if paths == "decode":
+        return ops.tuned_entry(device, kind, M, N, K) or ops.heuristic(kind, M, N, K, sms)
+    if paths == "dq":
+        current = ops.tuned_entry(device, kind, M, N, K)
+        return current if current and not current.get("DQ") else ops.heuristic(kind, M, N, K, sms, dq=False)
+    return None
 
 
 def tune_all(shapes, ms, progress: bool = True, csv_path: Path | None = None, kinds=("fwd", "bwd"),
@@ -195,12 +206,8 @@ def tune_all(shapes, ms, progress: bool = True, csv_path: Path | None = None, ki
     log = []
     weights: dict = {}
     if workers > 1:
-        planned = []
-        for kind, M, N, K in jobs:
-            current = None
-            if paths == "decode":
-                current = ops.tuned_entry(device, kind, M, N, K) or ops.heuristic(kind, M, N, K, sms)
-            planned += [(kind, M, c) for c in candidates(kind, M, N, K, sms, paths, current)]
+        planned = [(kind, M, c) for kind, M, N, K in jobs
+                   for c in candidates(kind, M, N, K, sms, paths, _current(paths, device, kind, M, N, K, sms))]
         bad = precompile(planned, workers, progress)
         print(json.dumps({"precompiled": len({_compile_key(*j) for j in planned}), "failed": bad}), flush=True)
     for kind, M, N, K in tqdm(jobs, desc="tune", disable=not progress):
@@ -219,14 +226,7 @@ def tune_all(shapes, ms, progress: bool = True, csv_path: Path | None = None, ki
         t_cublas = _graph_time([lambda w=w: f_dense(w) for w in dense], reps=9)
         del dense
         best = None
-        current = None
-        if paths == "decode":
-            current = ops.tuned_entry(device, kind, M, N, K) or ops.heuristic(kind, M, N, K, sms)
-        if paths == "dq":  # the tuned Triton entry, else the Triton-only heuristic
-            current = ops.tuned_entry(device, kind, M, N, K)
-            if not current or current.get("DQ"):
-                current = ops.heuristic(kind, M, N, K, sms, dq=False)
-        for cfg in candidates(kind, M, N, K, sms, paths, current):
+        for cfg in candidates(kind, M, N, K, sms, paths, _current(paths, device, kind, M, N, K, sms)):
             os.environ["QERL_KERNEL_CONFIG"] = json.dumps(cfg)  # overrides every key of config_for's choice
             err, t = float("nan"), float("inf")
             try:

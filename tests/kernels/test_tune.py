@@ -47,3 +47,15 @@ def test_compile_keys_merge_candidates_that_share_a_binary():
     assert tune._compile_key("fwd", 12, {**base, "SPLIT": 1}, 1, 5120)[-1] == 1024
     plan = [("fwd", 16, {**base, "SPLIT": s}) for s in (2, 5)] + [("fwd", 128, {"DQ": 1, "CHUNK": 1 << 25})]
     assert tune.precompile(plan, workers=1) == 0  # one process: nothing to do ahead of the timing loop
+
+
+def test_restricted_searches_time_against_the_config_in_use(monkeypatch):
+    from qerl_kernels import ops
+
+    table = {"fwd:16:64:256": {"MMV": 1, "BM": 16, "SPLIT": 3}, "fwd:2048:64:256": {"DQ": 1, "CHUNK": 1 << 25}}
+    monkeypatch.setattr(ops, "_tuned", lambda name: table)
+    assert tune._current("decode", "X", "fwd", 16, 64, 256, 132) == table["fwd:16:64:256"]
+    assert tune._current("decode", "X", "fwd", 1, 64, 512, 132) == ops.heuristic("fwd", 1, 64, 512, 132)
+    # dq: a tuned DQ entry is what is searched, so the comparison is the Triton-only heuristic
+    assert tune._current("dq", "X", "fwd", 2048, 64, 256, 132) == ops.heuristic("fwd", 2048, 64, 256, 132, dq=False)
+    assert tune._current("all", "X", "fwd", 16, 64, 256, 132) is None
