@@ -10,7 +10,8 @@ Pointer and integer arguments are specialised as multiples of 16, as Triton's JI
 when the actual values are. ``--kind mmv``: BM 8|16 (activation rows), warps = BN / 16, stages = register
 prefetch depth (1|2), ``QERL_INSPECT_XPRE=0`` loads activations at use, ``QERL_INSPECT_L2=256`` /
 ``QERL_INSPECT_PFD=4``: L2 prefetch size hint / prefetch distance of the weight loads, ``QERL_INSPECT_FUSED=1``:
-the fused LoRA-32 launch, ``QERL_INSPECT_UNROLL=1``: the unrolled (no-rotation) loop, ``QERL_INSPECT_RB=2``: two
+the fused LoRA-32 launch, ``QERL_INSPECT_UNROLL=1``: the unrolled (no-rotation) loop, ``QERL_INSPECT_TRACE=1``: with the timeline stamps, ``QERL_INSPECT_PDL=1|2``: LoRA-32 with ``xa`` (bf16 | the fp32 accumulator) from a
+preceding PDL launch (``--kind loraxa``: that launch's kernel, ``--bk`` its K chunk), ``QERL_INSPECT_RB=2``: two
 blocks of 16 weight rows per warp (bn = 32 x warps). ``--kind mmva``: the cp.async pipeline (``nvfp4_mmv_async``).
 """
 import argparse
@@ -66,9 +67,18 @@ def compile_sm90(kind="fwd", bm=16, bn=64, bk=256, warps=4, stages=4, split=1, s
                   "L2": int(os.environ.get("QERL_INSPECT_L2", "0")), "PFD": int(os.environ.get("QERL_INSPECT_PFD", "0")),
                   "FUSED": os.environ.get("QERL_INSPECT_FUSED", "0") == "1",
                   "UNROLL": os.environ.get("QERL_INSPECT_UNROLL", "0") == "1",
+                  "TRACE": os.environ.get("QERL_INSPECT_TRACE", "0") == "1",
+                  "PDL": int(os.environ.get("QERL_INSPECT_PDL", "0")),
                   "RB": int(os.environ.get("QERL_INSPECT_RB", "1"))}
-        if consts["FUSED"]:
+        if consts["FUSED"] or consts["PDL"]:
             consts["R"] = 32
+    elif kind == "loraxa":  # the LoRA down-projection launched before a PDL decode launch (lora_xa)
+        from qerl_kernels.lora_xa import _lora_xa_kernel
+        fn = _lora_xa_kernel
+        base = {"x_ptr": "*bf16", "la_ptr": "*bf16", "xa_ptr": "*bf16", "xap_ptr": "*fp32", "lock_ptr": "*i32",
+                "tr_ptr": "*i64", "M": "i32", "K": "i32", "stride_xm": "i32", "XP": "i32"}
+        consts = {"R": 32, "KB": bk, "QB": 16, "PDL": int(os.environ.get("QERL_INSPECT_PDL", "1")),
+                  "TRACE": os.environ.get("QERL_INSPECT_TRACE", "0") == "1"}
     elif kind == "gemv":  # CUDA-core decode path (nvfp4_gemv)
         fn, base = _nvfp4_gemv_kernel, FWD_SIG
         consts.update(HAS_BIAS=False)
@@ -159,7 +169,7 @@ def inspect(bm=16, bn=64, bk=256, warps=4, stages=4, split=1, swap=0, kind="fwd"
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--kind", choices=("fwd", "bwd", "gemv", "mmv", "mmva"), default="fwd")
+    p.add_argument("--kind", choices=("fwd", "bwd", "gemv", "mmv", "mmva", "loraxa"), default="fwd")
     for name, default in (("bm", 16), ("bn", 64), ("bk", 256), ("warps", 4), ("stages", 4), ("split", 1), ("swap", 0)):
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--sass", default=None, help="also write the SASS listing here")

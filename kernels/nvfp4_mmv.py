@@ -37,12 +37,36 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from qerl_kernels.nvfp4_gemv import _word_pairs
 
 @triton.jit
 def _tid(like):
     return tl.inline_asm_elementwise("mov.u32 $0, %tid.x;", "=r,r", [like], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _stamp(tr, slot: tl.constexpr, TRACE: tl.constexpr):
+    """TRACE (diagnostics, ``scripts/lora_trace.py``): thread 0 writes ``%globaltimer`` (ns) — or, for
+    slot 1, ``%smid`` — into ``tr[slot]`` (int64 pointer: this program's 8 slots)."""
+    if TRACE:
+        like = tl.arange(0, 32)
+        if slot == 1:
+            v = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [like], dtype=tl.int32, is_pure=False,
+                                          pack=1).to(tl.int64)
+        else:
+            v = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [like], dtype=tl.int64,
+                                          is_pure=False, pack=1)
+        tl.store(tr + slot + like * 0, v, mask=_tid(like) == 0)
+
+
+@triton.jit
+def _trace_ptr(xap_ptr, XP, R: tl.constexpr):
+    """This program's 8 int64 trace slots, after the producers' partials in ``xap``."""
+    pid = tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
+    base = (xap_ptr + XP * 16 * R).to(tl.pointer_type(tl.int64))
+    return base + pid.to(tl.int64) * 8
 
 
 @triton.jit
@@ -243,7 +267,8 @@ def _reduced(part_ptr, m, n, M, N, SPLIT):
 
 
 @triton.jit
-def _xa_producer(p, x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R: tl.constexpr):
+def _xa_producer(p, x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R: tl.constexpr,
+                 WARPS: tl.constexpr, TRACE: tl.constexpr = False):
     """Program ``p`` < XP of a fused-LoRA launch: the partial ``x [M <= 16, Kp] · lora_a[:, Kp]ᵀ`` over
     its 64-wide K chunks p, p + XP, ... (``tl.dot``, fp32; rows >= M are 0) goes to ``xap [XP, 16, R]``;
     the last producer to finish (ticket ``xlock[0]``) sums the XP partials in order (4 per load), stores
@@ -264,10 +289,13 @@ def _xa_producer(p, x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, 
                      other=0.0)
         ab = tl.load(la_ptr + rr[:, None] * K + offs[None, :], mask=km[None, :], other=0.0)
         acc += tl.dot(xb, tl.trans(ab))
+    tr = _trace_ptr(xap_ptr, XP, R)
+    _stamp(tr, 2, TRACE)  # producer: partial computed
     tile = rows[:, None] * R + rr[None, :]
     tl.store(xap_ptr + p * 16 * R + tile, acc)
     tl.debug_barrier()  # every thread's partial is written before the (releasing) ticket
     ticket = tl.atomic_add(xlock_ptr, 1, sem="acq_rel", scope="gpu")
+    _stamp(tr, 3, TRACE)  # producer: ticket back
     if ticket == XP - 1:
         qq = tl.arange(0, QB)
         tot = tl.zeros((16, R), tl.float32)
@@ -280,6 +308,7 @@ def _xa_producer(p, x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, 
         tl.debug_barrier()
         tl.atomic_xchg(xlock_ptr, 0)
         tl.atomic_xchg(xlock_ptr + 1, 1, sem="release", scope="gpu")
+        _stamp(tr, 4, TRACE)  # the last producer: flag raised
 
 
 @triton.jit
@@ -310,16 +339,22 @@ def _nvfp4_mmv_kernel(
     HAS_BIAS: tl.constexpr, R: tl.constexpr, USE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr, WARPS: tl.constexpr,
     NB: tl.constexpr, PREFETCH: tl.constexpr, XPRE: tl.constexpr, L2: tl.constexpr = 0, PFD: tl.constexpr = 0,
     FUSED: tl.constexpr = False, UNROLL: tl.constexpr = False, XP=0, RB: tl.constexpr = 1,
+    TRACE: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
-    pid_n = _tile_pid(x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R, FUSED)
+    if TRACE:  # diagnostics (scripts/lora_trace.py): per-program timestamps after the producers' partials
+        tr = _trace_ptr(xap_ptr, XP, R)
+        _stamp(tr, 0, TRACE)
+        _stamp(tr, 1, TRACE)
+    pid_n = _tile_pid(x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R, FUSED, WARPS, TRACE)
     if pid_n >= 0:
         _mmv_tile(pid_n, x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr,
                   xlock_ptr, M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT, HAS_BIAS, R,
-                  USE_SPLIT, EVEN_K, WARPS, NB, PREFETCH, XPRE, L2, PFD, FUSED, UNROLL, XP, RB)
+                  USE_SPLIT, EVEN_K, WARPS, NB, PREFETCH, XPRE, L2, PFD, FUSED, UNROLL, XP, RB, xap_ptr, TRACE, PDL)
 
 
 @triton.jit
-def _tile_pid(x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R: tl.constexpr, FUSED: tl.constexpr):
+def _tile_pid(x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R: tl.constexpr, FUSED: tl.constexpr,
+              WARPS: tl.constexpr, TRACE: tl.constexpr = False):
     """The output tile (axis-0 index) this program computes; negative for a producer. FUSED (LoRA
     down-projection in this launch, shared by :mod:`.nvfp4_mmv_async`): programs (0..XP-1, 0, 0) compute
     xa = x · lora_aᵀ into xa_ptr (see _xa_producer) and the others are the tiles, shifted by XP, which
@@ -328,7 +363,7 @@ def _tile_pid(x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R:
     if FUSED:
         if pid < XP:
             if (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
-                _xa_producer(pid, x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R)
+                _xa_producer(pid, x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R, WARPS, TRACE)
         pid = pid - XP
     return pid
 
@@ -339,7 +374,8 @@ def _mmv_tile(
     M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT,
     HAS_BIAS: tl.constexpr, R: tl.constexpr, USE_SPLIT: tl.constexpr, EVEN_K: tl.constexpr, WARPS: tl.constexpr,
     NB: tl.constexpr, PREFETCH: tl.constexpr, XPRE: tl.constexpr, L2: tl.constexpr, PFD: tl.constexpr,
-    FUSED: tl.constexpr, UNROLL: tl.constexpr, XP, RB: tl.constexpr,
+    FUSED: tl.constexpr, UNROLL: tl.constexpr, XP, RB: tl.constexpr, xap_ptr=None, TRACE: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     # program (pid_n, pid_m, pid_s): weight rows pid_n*16*RB*WARPS .. (RB blocks of 16 per warp: the
     # activation B fragments, loaded and permuted once, feed RB MMAs) x activation rows
@@ -418,14 +454,19 @@ def _mmv_tile(
                     cur = nxt
                     nxt = _loads(ws, xrs, ss, tl.minimum(t + 1, t1 - 1), t1, c, K, EVEN_K, NB, XPRE, L2, PFD, RB)
                     acc = _compute(acc, cur, xrs, NB, XPRE, RB)
+    if TRACE:
+        _stamp(_trace_ptr(xap_ptr, XP, R), 2, TRACE)  # tile: main loop done
     _epilogue(acc, pid_n, pid_m, pid_s, g, c, rows, lrows, z, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr,
-              lock_ptr, xlock_ptr, M, N, stride_om, lora_scale, SPLIT, HAS_BIAS, R, USE_SPLIT, NB, FUSED, XP, RB)
+              lock_ptr, xlock_ptr, M, N, stride_om, lora_scale, SPLIT, HAS_BIAS, R, USE_SPLIT, NB, FUSED, XP, RB, PDL)
+    if TRACE:
+        _stamp(_trace_ptr(xap_ptr, XP, R), 4, TRACE)  # tile: stored
 
 
 @triton.jit
 def _epilogue(acc, pid_n, pid_m, pid_s, g, c, rows, lrows, z, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr,
               lock_ptr, xlock_ptr, M, N, stride_om, lora_scale, SPLIT, HAS_BIAS: tl.constexpr, R: tl.constexpr,
-              USE_SPLIT: tl.constexpr, NB: tl.constexpr, FUSED: tl.constexpr, XP, RB: tl.constexpr):
+              USE_SPLIT: tl.constexpr, NB: tl.constexpr, FUSED: tl.constexpr, XP, RB: tl.constexpr,
+              PDL: tl.constexpr = False):
     """Everything after the main loop of a tile (shared with :mod:`.nvfp4_mmv_async`): the split-K
     partials and their reduction by the last program of the tile, 1/gs, bias, the LoRA up-projection
     (after the fused producers' ready flag) and the bf16 stores."""
@@ -467,6 +508,8 @@ def _epilogue(acc, pid_n, pid_m, pid_s, g, c, rows, lrows, z, gs_ptr, out_ptr, b
                 bf = bf + (_lora_b(lb_ptr, lrows[2 * r], lrows[2 * r + 1], c, R),)
             if FUSED:
                 arrival = _await_xa(xlock_ptr)
+            if PDL:  # xa comes from the preceding launch (qerl_kernels.lora_xa): wait for that grid
+                gdc_wait()
             lo = ()  # per row block r: NB C fragments of xa · Bᵀ
             for r in tl.static_range(RB):
                 lo = lo + (_lora(xa_ptr, bf[r], g, c, pid_m, M, R, NB, z),)
@@ -485,3 +528,4 @@ def _epilogue(acc, pid_n, pid_m, pid_s, g, c, rows, lrows, z, gs_ptr, out_ptr, b
             _out(c3, l3, m + 1, nb, M, N, inv, bias_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
         if FUSED:
             _release_xa(xlock_ptr, arrival, (tl.num_programs(0) - XP) * tl.num_programs(1))
+

@@ -203,12 +203,33 @@ def _resolved_config(kind: str, M: int, N: int, K: int, x2, packed, scale, inter
 
 
 XA_PRODUCERS = (16, 64)  # programs computing x · lora_aᵀ in a fused decode launch: ~256 K each, within these
+LORA_LAUNCH = os.environ.get("QERL_LORA_LAUNCH", "auto")  # see lora_route; "fused" | "pdl" force one (experiments)
+XA_PDL_AT = int(os.environ.get("QERL_XA_PDL_AT", "2"))  # lora_xa releases the decode launch at its start (1) / after its loads (2)
+
+
+def lora_route(kind: str, cfg: dict, M: int, K: int, mode: str = "auto") -> str:
+    """How a call with ``lora_a`` gets ``xa = x · lora_aᵀ``: ``"fused"`` (producer programs inside the
+    decode kernel's launch), ``"pdl"`` (a preceding :mod:`qerl_kernels.lora_xa` launch that the decode
+    kernel overlaps through programmatic dependent launch and waits for in its epilogue) or
+    ``"matmul"`` (``x @ lora_a.T`` first). Measured on the H200 (reports/kernels/README.md, LoRA section):
+    fused at M <= 8 and at M <= 16 with K <= 8192 (one launch: also the cheapest host path for eager
+    rollouts); PDL at M = 9..16 with K > 8192, where it added 11-15% against 15-21% for ``x @ lora_a.T``
+    + the kernel; tiles (M > 16) and the backward use the matmul. PDL needs the register-prefetch decode
+    kernel (MMV 1); the cp.async twin (MMV 2) only fuses."""
+    if kind != "fwd" or not cfg.get("MMV") or M > 16:
+        return "matmul"
+    fits = M <= 8 or K <= 8192
+    if mode == "fused" or cfg.get("MMV") != 1:
+        return "fused" if fits else "matmul"
+    if mode == "pdl":
+        return "pdl"
+    return "fused" if fits else "pdl"
 
 
 def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret, lora_a=None):
     """One call of the path ``config_for`` picks. ``lora_a`` (forward; ``extra`` = (bias, None, lora_b)):
-    the decode kernel computes ``xa = x · lora_aᵀ`` inside the same launch; every other path gets
-    ``xa`` from one ``x @ lora_a.T`` first."""
+    ``xa = x · lora_aᵀ`` as :func:`lora_route` says (inside the decode kernel's launch, from a PDL launch
+    before it, or from one ``x @ lora_a.T`` first)."""
     from qerl_kernels.nvfp4_gemv import _nvfp4_gemv_kernel
     from qerl_kernels.nvfp4_matmul import _nvfp4_bwd_kernel, _nvfp4_fwd_kernel
     import triton
@@ -216,11 +237,9 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
     M = x2.shape[0]
     N, K = packed.shape[0], packed.shape[1] * 2
     cfg = _resolved_config(kind, M, N, K, x2, packed, scale, interpret)
-    # fused where measured faster than x @ lora_a.T + the kernel (H200, mmv_lora_NVIDIA_H200.json): every
-    # M <= 8 shape (+5..33% vs +11..66%); at M = 16 only for K <= 8192 (for K 13824-27648 the fused launch
-    # was +57..73%, the separate matmul +12..20%)
-    fuse = kind == "fwd" and cfg.get("MMV") and (M <= 8 or (M <= 16 and K <= 8192))
-    if lora_a is not None and not fuse:
+    route = lora_route(kind, cfg, M, K, LORA_LAUNCH) if lora_a is not None else "matmul"
+    pdl = route == "pdl"
+    if lora_a is not None and route == "matmul":
         extra, lora_a = (extra[0], x2 @ lora_a.T, extra[2]), None
     if cfg.get("DQ"):  # dequantize windows of W + cuBLAS (large M)
         from qerl_kernels.nvfp4_dequant import dq_backward, dq_forward
@@ -233,7 +252,7 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
     BM, BN, BK = cfg.pop("BM"), cfg.pop("BN"), cfg.pop("BK")
     xpad = cfg.pop("XPAD", 0)  # MMV: activations copied to a padded row stride first
     out = torch.empty(M, n_out, device=x2.device, dtype=x2.dtype)
-    xp = min(XA_PRODUCERS[1], max(XA_PRODUCERS[0], -(-K // 256))) if lora_a is not None else 0
+    xp = min(XA_PRODUCERS[1], max(XA_PRODUCERS[0], -(-K // 256))) if lora_a is not None and not pdl else 0
     tiles = triton.cdiv(M, BM) * (triton.cdiv(N, BN) + xp if kind == "fwd" else triton.cdiv(K, BK))
     if split > 1 and tiles > _LOCK_SLOTS - 4:  # the last 4 slots: the fused LoRA's ticket, flag, counter
         split = 1
@@ -264,6 +283,16 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
             padded[:, :K].copy_(x2)
             x2 = padded[:, :K]
         xap = dummy
+        pdl_mode = 0
+        if lora_a is not None and pdl:  # xa [16, R] by the preceding launch, overlapped with this one
+            from qerl_kernels.lora_xa import _lora_xa_kernel
+
+            pdl_mode = 1
+            xa = torch.empty(16, r, device=x2.device, dtype=x2.dtype)
+            nxp = min(64, -(-K // 128))
+            xap = torch.empty(nxp * 16 * r, device=x2.device, dtype=torch.float32)
+            _lora_xa_kernel[(nxp,)](x2, lora_a, xa, xap, locks[_LOCK_SLOTS - 4:], locks, M, K, x2.stride(0), nxp, R=r, KB=128,
+                                   QB=16, PDL=XA_PDL_AT, num_warps=4, num_stages=1)
         if xp:  # xa [16, R] written by the launch's producer programs, their fp32 partials in xap
             xa = torch.empty(16, r, device=x2.device, dtype=x2.dtype)
             xap = torch.empty(xp * 16 * r, device=x2.device, dtype=torch.float32)
@@ -283,8 +312,8 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
                                 float(lora_scale), split, HAS_BIAS=bias is not None, R=r, USE_SPLIT=split > 1,
                                 EVEN_K=K % 128 == 0, WARPS=warps, NB=BM // 8, PREFETCH=cfg.get("num_stages", 1),
                                 XPRE=cfg.get("XPRE", 1), L2=cfg.get("L2", 0), PFD=cfg.get("PFD", 0), FUSED=xp > 0,
-                                UNROLL=bool(cfg.get("UNROLL", 0)), XP=xp, RB=rb,
-                                num_warps=warps, num_stages=1)
+                                UNROLL=bool(cfg.get("UNROLL", 0)), XP=xp, RB=rb, PDL=pdl_mode > 0,
+                                num_warps=warps, num_stages=1, launch_pdl=pdl_mode > 0)
     elif gemv:  # CUDA-core path for decode sizes (reads the packed rows as 32-bit words)
         bias, xa, lb = extra
         common.pop("DOT_FP32"), cfg.pop("SWAP", None)

@@ -120,6 +120,7 @@ def run_forced(device: str, shapes, ms, tol: float) -> list[dict]:
 
 def run(device: str, shapes, ms, tol: float, kinds=("fwd", "bwd")) -> list[dict]:
     from qerl.quant import nvfp4
+    from qerl_kernels import ops
     from qerl_kernels.ops import nvfp4_matmul, nvfp4_matmul_t
 
     rows = []
@@ -144,8 +145,13 @@ def run(device: str, shapes, ms, tol: float, kinds=("fwd", "bwd")) -> list[dict]
                     y = nvfp4_matmul(x, packed, scale, gs, bias, xa, lb, 0.5)
                     fe = _rel(y, _ref_fwd(x, packed, scale, gs, bias, xa, lb, 0.5))
                     ok = ok and fe < tol and bool(torch.isfinite(y).all())
-                    if lora_r:  # x · lora_aᵀ computed by the op (fused into the decode launch at M <= 16)
-                        y = nvfp4_matmul(x, packed, scale, gs, bias, None, lb, 0.5, lora_a=la)
+                    for route in (("auto", "pdl") if lora_r else ()):  # x · lora_aᵀ computed by the op: as
+                        # ops.lora_route picks, then the PDL launch pair forced wherever it can run
+                        ops.LORA_LAUNCH = route
+                        try:
+                            y = nvfp4_matmul(x, packed, scale, gs, bias, None, lb, 0.5, lora_a=la)
+                        finally:
+                            ops.LORA_LAUNCH = "auto"
                         fe = max(fe, _rel(y, _ref_fwd(x, packed, scale, gs, bias, x @ la.T, lb, 0.5)))
                         ok = ok and fe < tol and bool(torch.isfinite(y).all())
                 if "bwd" in kinds:

@@ -160,3 +160,4 @@ def test_lora_epilogue_fragments_match_xa_times_lora_b():
     want = xa.double() @ lb.double().T
     got = _lora_emulated(xa, lb)
     assert np.abs(got - want.numpy()).max() / np.abs(want.numpy()).max() < 1e-6
+

@@ -175,6 +175,24 @@ def test_sm90_two_row_blocks_and_cp_async_twin_without_a_gpu(monkeypatch):
     assert asy["ttgir_async_copies"] > 0 and asy["cp_async"] > 0 and asy["shared_bytes"] > 0 and asy["wgmma"] == 0
 
 
+def test_sm90_pdl_lora_pair_without_a_gpu(monkeypatch):
+    """The PDL LoRA pair compiles for sm_90: the decode kernel waiting for xa (griddepcontrol.wait in its
+    epilogue) keeps no shared memory and the base kernel's registers (its occupancy); the primary
+    (qerl_kernels.lora_xa) has its own; the trace stamps compile in."""
+    from qerl_kernels.inspect_ir import compile_sm90, inspect
+
+    monkeypatch.setenv("QERL_INSPECT_XPRE", "0")
+    base = inspect(8, 32, 128, 2, 1, kind="mmv")
+    monkeypatch.setenv("QERL_INSPECT_PDL", "1")
+    pdl = compile_sm90("mmv", 8, 32, 128, 2, 1)
+    assert pdl.metadata.shared == 0 and "griddepcontrol.wait" in pdl.asm["ptx"]
+    assert inspect(8, 32, 128, 2, 1, kind="mmv")["registers"] <= base["registers"]
+    xa = compile_sm90("loraxa", 8, 32, 128, 4, 1)
+    assert "griddepcontrol.launch_dependents" in xa.asm["ptx"] and xa.metadata.shared > 0
+    monkeypatch.setenv("QERL_INSPECT_TRACE", "1")
+    assert "%globaltimer" in compile_sm90("loraxa", 8, 32, 128, 4, 1).asm["ptx"]
+
+
 def test_tuned_table_falls_back_to_the_nearest_bucket(monkeypatch):
     from qerl_kernels import ops
 
@@ -194,6 +212,25 @@ def test_tuned_table_falls_back_to_the_nearest_bucket(monkeypatch):
     assert ops.tuned_entry("X", "fwd", 8192, 64, 256)["DQ"] == 1
     assert ops.tuned_entry("X", "fwd", 4, 32, 32)["GEMV"] == 1
     assert ops.tuned_entry("X", "fwd", 48, 32, 32) is None  # GEMV too small an M, DQ too large one: heuristic
+
+
+def test_lora_route_picks_the_measured_launch():
+    """Where x · lora_aᵀ comes from (reports/kernels/README.md, LoRA): fused producers at M <= 8 and at
+    M <= 16 with K <= 8192, the PDL launch pair at M = 9..16 with larger K (register-prefetch decode kernel
+    only), x @ lora_a.T for tiles, DQ and the backward; forcing modes for experiments."""
+    from qerl_kernels.ops import lora_route
+
+    mmv, mmva, tile = {"MMV": 1}, {"MMV": 2}, {"BM": 64}
+    assert lora_route("fwd", mmv, 1, 27648) == "fused"
+    assert lora_route("fwd", mmv, 16, 8192) == "fused"
+    assert lora_route("fwd", mmv, 16, 13824) == "pdl"
+    assert lora_route("fwd", mmva, 16, 13824) == "matmul"  # the cp.async twin has no PDL wait
+    assert lora_route("fwd", mmva, 4, 13824) == "fused"
+    assert lora_route("fwd", mmv, 32, 5120) == "matmul"
+    assert lora_route("fwd", tile, 4, 5120) == "matmul"
+    assert lora_route("bwd", mmv, 1, 5120) == "matmul"
+    assert lora_route("fwd", mmv, 4, 5120, "pdl") == "pdl"
+    assert lora_route("fwd", mmv, 16, 13824, "fused") == "matmul"
 
 
 def test_committed_tables_use_compilable_tiles():
