@@ -52,3 +52,34 @@ def test_decode_limits_figure_from_the_committed_measurements(tmp_path):
     assert out.returncode == 0, out.stderr
     png = tmp_path / "decode_limits_NVIDIA_H200.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+
+
+def test_lora_trace_summary_reads_the_stamps():
+    """scripts/lora_trace.py's summary of the %globaltimer stamps (GPU-only script; its arithmetic here):
+    producer / tile split by program id, times relative to the first start, tiles that finished their
+    main loop before the ready flag; the PDL primary's stamps on the same clock."""
+    import importlib.util
+    from pathlib import Path
+
+    import torch
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "lora_trace.py"
+    spec = importlib.util.spec_from_file_location("lora_trace", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    # grid (3, 2, 1), XP = 1: program 0 produces, program 3 (pid 0 of row 1) idles, 1, 2, 4, 5 are tiles
+    st = torch.zeros(6, 8, dtype=torch.int64)
+    st[0, :5] = torch.tensor([1000, 5, 2000, 3000, 4000])
+    st[3, :2] = torch.tensor([1200, 9])
+    for i, (t_start, loop, done) in zip((1, 2, 4, 5), ((1000, 3500, 5000), (1100, 4500, 6000),
+                                                        (1050, 3900, 4200), (1300, 5500, 5600))):
+        st[i, 0], st[i, 1], st[i, 2], st[i, 4] = t_start, 6, loop, done
+    s = mod._summary(st, None, 1, (3, 2, 1))
+    assert s["programs"] == 6 and s["sms"] == 3 and s["span_us"] == 5.0
+    assert s["flag_us"] == 3.0 and s["producer_mma_last_us"] == 1.0 and s["tiles_done_before_flag"] == 2
+    assert s["tile_start_last_us"] == 0.3 and s["tile_loop_end_median_us"] == 3.2
+    pdl = torch.zeros(2, 8, dtype=torch.int64)
+    pdl[0, :4] = torch.tensor([500, 1, 1500, 2500])
+    pdl[1, :5] = torch.tensor([600, 2, 1600, 2700, 3600])
+    s = mod._summary(st, pdl, 1, (3, 2, 1))
+    assert s["span_us"] == 5.5 and s["xa_done_us"] == 3.1 and s["tiles_done_before_xa"] == 1
