@@ -121,6 +121,17 @@ def registers_of(kernel) -> int:
     return int(re.search(r"REG:(\d+)", out).group(1))
 
 
+def resident_programs(registers: int, shared: int, warps: int) -> int:
+    """Programs of this kernel resident per SM on Hopper (sm_90): the least of 32 blocks, 2048 threads,
+    the 64K-register file (registers allocated per warp in units of 256) and 228 KB of shared memory (1 KB
+    reserved per block). A kernel's registers and shared memory are those of its largest code path, so a
+    rarely taken path (the fused LoRA producers) sets the residency of every program of the launch."""
+    per_warp = -(-registers * 32 // 256) * 256
+    by_regs = 65536 // (per_warp * warps)
+    by_smem = (228 * 1024) // (shared + 1024) if shared else 32
+    return min(32, 2048 // (32 * warps), by_regs, by_smem)
+
+
 def main_loop(sass: str) -> tuple[int, collections.Counter]:
     """Instructions of the largest loop (a backward branch) and their opcode counts."""
     ins, labels, pending = [], {}, []
@@ -162,7 +173,7 @@ def inspect(bm=16, bn=64, bk=256, warps=4, stages=4, split=1, swap=0, kind="fwd"
             "global_loads": dict(loads), "cp_async": ptx.count("cp.async"), "wgmma": ptx.count("wgmma.mma_async"),
             "mma_sync": ptx.count("mma.sync"), "ttgir_async_copies": ttgir.count("async_copy_global_to_local"),
             "ttgir_convert_layout": ttgir.count("convert_layout"), "shared_bytes": k.metadata.shared,
-            "registers": registers_of(k),
+            "registers": registers_of(k), "resident_programs_per_sm": resident_programs(registers_of(k), k.metadata.shared, warps),
             "loop_sass_instructions": n, "loop_sass_per_weight": round(n * 32 * warps / (bn * bk), 3),
             "loop_top_ops": dict(ops.most_common(12))}
 

@@ -175,6 +175,33 @@ def test_sm90_two_row_blocks_and_cp_async_twin_without_a_gpu(monkeypatch):
     assert asy["ttgir_async_copies"] > 0 and asy["cp_async"] > 0 and asy["shared_bytes"] > 0 and asy["wgmma"] == 0
 
 
+def test_resident_programs_per_sm():
+    """Hopper residency from registers / shared memory / warps (the numbers the v8 timeline measured: 56
+    registers, 2 warps -> 18 programs per SM; 102 -> 9)."""
+    from qerl_kernels.inspect_ir import resident_programs
+
+    assert resident_programs(56, 0, 2) == 18 and resident_programs(64, 4096, 2) == 16
+    assert resident_programs(102, 4, 2) == 9 and resident_programs(32, 0, 1) == 32
+    assert resident_programs(128, 0, 4) == 4 and resident_programs(40, 100_000, 4) == 2
+
+
+def test_fused_lora_keeps_the_decode_kernels_residency(monkeypatch):
+    """The fused LoRA producers live in the decode kernel, so their registers and shared memory apply to
+    every tile of the launch: on the tuned M = 1 config of the large projections (BM 8, BN 32, 2 warps,
+    activations loaded at use) the fused kernel must keep >= 16 of the base kernel's 18 programs per SM (a
+    register-fragment producer with 102 registers halved it and cost +32..54%), the PDL variant all 18."""
+    from qerl_kernels.inspect_ir import inspect
+
+    monkeypatch.setenv("QERL_INSPECT_XPRE", "0")
+    base = inspect(8, 32, 128, 2, 1, kind="mmv")["resident_programs_per_sm"]
+    monkeypatch.setenv("QERL_INSPECT_FUSED", "1")
+    fused = inspect(8, 32, 128, 2, 1, kind="mmv")["resident_programs_per_sm"]
+    monkeypatch.setenv("QERL_INSPECT_FUSED", "0")
+    monkeypatch.setenv("QERL_INSPECT_PDL", "1")
+    pdl = inspect(8, 32, 128, 2, 1, kind="mmv")["resident_programs_per_sm"]
+    assert base == 18 and fused >= 16 and pdl == base
+
+
 def test_sm90_pdl_lora_pair_without_a_gpu(monkeypatch):
     """The PDL LoRA pair compiles for sm_90: the decode kernel waiting for xa (griddepcontrol.wait in its
     epilogue) keeps no shared memory and the base kernel's registers (its occupancy); the primary
