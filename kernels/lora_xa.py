@@ -11,7 +11,8 @@ register-fragment producer inside the launch took the 32B gate/up M = 1 kernel f
 programs per SM and added 32%, ``scripts/lora_trace.py``), and its loads are issued before the weight
 stream saturates the memory system.
 
-Program ``p`` of XP reduces the 64-wide K chunks p, p + XP, … with ``tl.dot`` into an fp32 partial
+Program ``p`` of XP reduces the KB-wide K chunks p, p + XP, … (ops: KB = 128, XP = min(64, K / 128))
+with ``tl.dot`` into an fp32 partial
 ``xap [XP, 16, R]``; the last program to finish (a ticket in ``lock``, reset by it) sums the partials
 in a fixed order (deterministic) and stores ``xa``. The readable reference is ``x @ lora_a.T``.
 """

@@ -268,7 +268,7 @@ def _reduced(part_ptr, m, n, M, N, SPLIT):
 
 @triton.jit
 def _xa_producer(p, x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R: tl.constexpr,
-                 WARPS: tl.constexpr, TRACE: tl.constexpr = False):
+                 TRACE: tl.constexpr = False):
     """Program ``p`` < XP of a fused-LoRA launch: the partial ``x [M <= 16, Kp] · lora_a[:, Kp]ᵀ`` over
     its 64-wide K chunks p, p + XP, ... (``tl.dot``, fp32; rows >= M are 0) goes to ``xap [XP, 16, R]``;
     the last producer to finish (ticket ``xlock[0]``) sums the XP partials in order (4 per load), stores
@@ -345,7 +345,7 @@ def _nvfp4_mmv_kernel(
         tr = _trace_ptr(xap_ptr, XP, R)
         _stamp(tr, 0, TRACE)
         _stamp(tr, 1, TRACE)
-    pid_n = _tile_pid(x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R, FUSED, WARPS, TRACE)
+    pid_n = _tile_pid(x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R, FUSED, TRACE)
     if pid_n >= 0:
         _mmv_tile(pid_n, x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr,
                   xlock_ptr, M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT, HAS_BIAS, R,
@@ -354,7 +354,7 @@ def _nvfp4_mmv_kernel(
 
 @triton.jit
 def _tile_pid(x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R: tl.constexpr, FUSED: tl.constexpr,
-              WARPS: tl.constexpr, TRACE: tl.constexpr = False):
+              TRACE: tl.constexpr = False):
     """The output tile (axis-0 index) this program computes; negative for a producer. FUSED (LoRA
     down-projection in this launch, shared by :mod:`.nvfp4_mmv_async`): programs (0..XP-1, 0, 0) compute
     xa = x · lora_aᵀ into xa_ptr (see _xa_producer) and the others are the tiles, shifted by XP, which
@@ -363,7 +363,7 @@ def _tile_pid(x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R:
     if FUSED:
         if pid < XP:
             if (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
-                _xa_producer(pid, x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R, WARPS, TRACE)
+                _xa_producer(pid, x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R, TRACE)
         pid = pid - XP
     return pid
 
@@ -469,7 +469,8 @@ def _epilogue(acc, pid_n, pid_m, pid_s, g, c, rows, lrows, z, gs_ptr, out_ptr, b
               PDL: tl.constexpr = False):
     """Everything after the main loop of a tile (shared with :mod:`.nvfp4_mmv_async`): the split-K
     partials and their reduction by the last program of the tile, 1/gs, bias, the LoRA up-projection
-    (after the fused producers' ready flag) and the bf16 stores."""
+    (after the fused producers' ready flag, or — PDL — after the preceding ``lora_xa`` grid) and the bf16
+    stores."""
     # C fragment of (activation block b, row block r) = acc[b * RB + r]: (c0, c1) = y[m, m+1][rows[2r]],
     # (c2, c3) = y[m, m+1][rows[2r + 1]] with m = pid_m*8*NB + 8b + 2c
     m0 = pid_m * (8 * NB) + 2 * c
@@ -528,4 +529,3 @@ def _epilogue(acc, pid_n, pid_m, pid_s, g, c, rows, lrows, z, gs_ptr, out_ptr, b
             _out(c3, l3, m + 1, nb, M, N, inv, bias_ptr, out_ptr, stride_om, lora_scale, HAS_BIAS, R)
         if FUSED:
             _release_xa(xlock_ptr, arrival, (tl.num_programs(0) - XP) * tl.num_programs(1))
-

@@ -91,7 +91,7 @@ def _nvfp4_mmv_async_kernel(
     HAS_BIAS: tl.constexpr, R: tl.constexpr, USE_SPLIT: tl.constexpr, WARPS: tl.constexpr, NB: tl.constexpr,
     STAGES: tl.constexpr, FUSED: tl.constexpr = False, XP=0,
 ):
-    pid_n = _tile_pid(x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R, FUSED, WARPS)  # FUSED: see there
+    pid_n = _tile_pid(x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R, FUSED)  # FUSED: see there
     if pid_n >= 0:
         _async_tile(pid_n, x_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, xa_ptr, lb_ptr, part_ptr, lock_ptr,
                     xlock_ptr, M, N, K, stride_xm, stride_om, stride_ww, stride_sw, lora_scale, SPLIT, HAS_BIAS, R,
