@@ -1,5 +1,6 @@
 """Compile the NVFP4 kernels for sm_90 on any machine (no GPU needed) and report what the generated
-code does: load widths, async copies (software pipelining), tensor-core ops, shared memory, and —
+code does: load widths, async copies (software pipelining), tensor-core ops, shared memory, registers and
+the resulting resident programs per SM (``resident_programs``), and —
 from the SASS that Triton's bundled ``nvdisasm`` prints — the instruction mix of the main loop and
 its cost in **SASS instructions per weight** (issued per thread x threads / weights per iteration),
 the static number that decides whether dequantization can keep up with memory.
