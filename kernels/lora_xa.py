@@ -12,9 +12,10 @@ programs per SM and added 32%, ``scripts/lora_trace.py``), and its loads are iss
 stream saturates the memory system.
 
 Program ``p`` of XP reduces the KB-wide K chunks p, p + XP, … (ops: KB = 128, XP = min(64, K / 128))
-with ``tl.dot`` into an fp32 partial
-``xap [XP, 16, R]``; the last program to finish (a ticket in ``lock``, reset by it) sums the partials
-in a fixed order (deterministic) and stores ``xa``. The readable reference is ``x @ lora_a.T``.
+with ``tl.dot`` into an fp32 partial ``xap [XP, 16, R]``; the last program to finish (a ticket in
+``lock``, reset by it) sums the partials in a fixed order (deterministic) and stores ``xa`` — the same
+two steps as the fused producers (:func:`.nvfp4_mmv._xa_partial`, :func:`.nvfp4_mmv._xa_sum`). The
+readable reference is ``x @ lora_a.T``.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
-from qerl_kernels.nvfp4_mmv import _stamp
+from qerl_kernels.nvfp4_mmv import _stamp, _xa_partial, _xa_sum
 
 
 @triton.jit(do_not_specialize=["M", "XP"])
@@ -36,35 +37,11 @@ def _lora_xa_kernel(x_ptr, la_ptr, xa_ptr, xap_ptr, lock_ptr, tr_ptr, M, K, stri
     tr = tr_ptr + p * 8
     _stamp(tr, 0, TRACE)
     _stamp(tr, 1, TRACE)
-    rows = tl.arange(0, 16)
-    rr = tl.arange(0, R)
-    kk = tl.arange(0, KB)
-    acc = tl.zeros((16, R), tl.float32)
     if PDL == 1:
         gdc_launch_dependents()
-    for k0 in range(p * KB, K, XP * KB):
-        offs = k0 + kk
-        km = offs < K
-        xb = tl.load(x_ptr + rows[:, None] * stride_xm + offs[None, :], mask=(rows < M)[:, None] & km[None, :],
-                     other=0.0)
-        ab = tl.load(la_ptr + rr[:, None] * K + offs[None, :], mask=km[None, :], other=0.0)
-        acc += tl.dot(xb, tl.trans(ab))
+    acc = _xa_partial(p, x_ptr, la_ptr, M, K, stride_xm, XP, R, KB)
     _stamp(tr, 2, TRACE)
     if PDL == 2:
         gdc_launch_dependents()
-    tile = rows[:, None] * R + rr[None, :]
-    tl.store(xap_ptr + p * 16 * R + tile, acc)
-    tl.debug_barrier()  # every thread's partial is written before the (releasing) ticket
-    ticket = tl.atomic_add(lock_ptr, 1, sem="acq_rel", scope="gpu")
-    _stamp(tr, 3, TRACE)
-    if ticket == XP - 1:
-        qq = tl.arange(0, QB)
-        tot = tl.zeros((16, R), tl.float32)
-        for q0 in range(0, XP, QB):
-            q = q0 + qq
-            part = tl.load(xap_ptr + q[:, None, None] * (16 * R) + tile[None, :, :],
-                           mask=(q < XP)[:, None, None] & (rows < M)[None, :, None], other=0.0, cache_modifier=".cg")
-            tot += tl.sum(part, axis=0)
-        tl.store(xa_ptr + tile, tot.to(xa_ptr.dtype.element_ty))
-        tl.atomic_xchg(lock_ptr, 0)
+    if _xa_sum(p, acc, xa_ptr, xap_ptr, lock_ptr, XP, R, QB, tr, TRACE):
         _stamp(tr, 4, TRACE)

@@ -267,17 +267,9 @@ def _reduced(part_ptr, m, n, M, N, SPLIT):
 
 
 @triton.jit
-def _xa_producer(p, x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R: tl.constexpr,
-                 TRACE: tl.constexpr = False):
-    """Program ``p`` < XP of a fused-LoRA launch: the partial ``x [M <= 16, Kp] · lora_a[:, Kp]ᵀ`` over
-    its 64-wide K chunks p, p + XP, ... (``tl.dot``, fp32; rows >= M are 0) goes to ``xap [XP, 16, R]``;
-    the last producer to finish (ticket ``xlock[0]``) sums the XP partials in order (4 per load), stores
-    ``xa [16, R]`` in bf16 (as the unfused path's ``x @ lora_a.T`` would) and raises the ready flag
-    ``xlock[1]`` (release). Small operand tiles on purpose: shared memory taken here is L1 taken from
-    the tiles, which read the activations through L1 (a 256-wide single-shot version, 24 KB of
-    shared memory, made the launch up to 70% slower)."""
-    KB: tl.constexpr = 64
-    QB: tl.constexpr = 4
+def _xa_partial(p, x_ptr, la_ptr, M, K, stride_xm, XP, R: tl.constexpr, KB: tl.constexpr):
+    """Program ``p`` of XP: ``x [M <= 16, Kp] · lora_a[:, Kp]ᵀ`` over its KB-wide K chunks p, p + XP, …
+    (``tl.dot``, fp32 [16, R]; rows >= M are 0). Shared by the fused producers and :mod:`.lora_xa`."""
     rows = tl.arange(0, 16)
     rr = tl.arange(0, R)
     kk = tl.arange(0, KB)
@@ -289,24 +281,51 @@ def _xa_producer(p, x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, 
                      other=0.0)
         ab = tl.load(la_ptr + rr[:, None] * K + offs[None, :], mask=km[None, :], other=0.0)
         acc += tl.dot(xb, tl.trans(ab))
-    tr = _trace_ptr(xap_ptr, XP, R)
-    _stamp(tr, 2, TRACE)  # producer: partial computed
+    return acc
+
+
+@triton.jit
+def _xa_sum(p, acc, xa_ptr, xap_ptr, lock_ptr, XP, R: tl.constexpr, QB: tl.constexpr, tr, TRACE: tl.constexpr):
+    """Store program ``p``'s partial into ``xap [XP, 16, R]`` and take a ticket (``lock[0]``); the last
+    program sums the XP partials in a fixed order (QB of all 16 rows per load, deterministic; masking rows
+    >= M, which are 0, cost the fused decode kernel 6 registers), stores ``xa [16, R]`` in bf16 (as
+    ``x @ lora_a.T`` would) and resets the ticket. Returns whether this program was the last (its ``xa``
+    stores are then complete for the whole program)."""
+    rows = tl.arange(0, 16)
+    rr = tl.arange(0, R)
     tile = rows[:, None] * R + rr[None, :]
     tl.store(xap_ptr + p * 16 * R + tile, acc)
     tl.debug_barrier()  # every thread's partial is written before the (releasing) ticket
-    ticket = tl.atomic_add(xlock_ptr, 1, sem="acq_rel", scope="gpu")
-    _stamp(tr, 3, TRACE)  # producer: ticket back
-    if ticket == XP - 1:
+    ticket = tl.atomic_add(lock_ptr, 1, sem="acq_rel", scope="gpu")
+    _stamp(tr, 3, TRACE)  # ticket back
+    last = ticket == XP - 1
+    if last:
         qq = tl.arange(0, QB)
         tot = tl.zeros((16, R), tl.float32)
         for q0 in range(0, XP, QB):
             q = q0 + qq
-            part = tl.load(xap_ptr + q[:, None, None] * (16 * R) + tile[None, :, :], mask=(q < XP)[:, None, None],
-                           other=0.0, cache_modifier=".cg")
+            part = tl.load(xap_ptr + q[:, None, None] * (16 * R) + tile[None, :, :],
+                           mask=(q < XP)[:, None, None], other=0.0, cache_modifier=".cg")
             tot += tl.sum(part, axis=0)
         tl.store(xa_ptr + tile, tot.to(xa_ptr.dtype.element_ty))
         tl.debug_barrier()
-        tl.atomic_xchg(xlock_ptr, 0)
+        tl.atomic_xchg(lock_ptr, 0)
+    return last
+
+
+@triton.jit
+def _xa_producer(p, x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R: tl.constexpr,
+                 TRACE: tl.constexpr = False):
+    """Program ``p`` < XP of a fused-LoRA launch: its partial ``x · lora_aᵀ`` over 64-wide K chunks
+    (:func:`_xa_partial`) goes to ``xap [XP, 16, R]``; the last producer to finish sums the partials
+    (:func:`_xa_sum`, 4 per load) into ``xa`` and raises the ready flag ``xlock[1]`` (release). Small
+    operand tiles on purpose: shared memory taken here is L1 taken from the tiles, which read the
+    activations through L1 (a 256-wide single-shot version, 24 KB of shared memory, made the launch up to
+    70% slower)."""
+    acc = _xa_partial(p, x_ptr, la_ptr, M, K, stride_xm, XP, R, 64)
+    tr = _trace_ptr(xap_ptr, XP, R)
+    _stamp(tr, 2, TRACE)  # producer: partial computed
+    if _xa_sum(p, acc, xa_ptr, xap_ptr, xlock_ptr, XP, R, 4, tr, TRACE):
         tl.atomic_xchg(xlock_ptr + 1, 1, sem="release", scope="gpu")
         _stamp(tr, 4, TRACE)  # the last producer: flag raised
 
