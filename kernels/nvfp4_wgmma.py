@@ -1,0 +1,262 @@
+"""NVFP4 W4A16 matmul for mid-size M (the ``M = 17 … 256`` gap between the decode kernel and the
+dequantize-then-cuBLAS path) on Hopper's warpgroup MMA with the **weights as the register operand**
+(Gluon; the Machete / Marlin idea on ``wgmma``): ``yᵀ [N, M] = Ŵ [N, K] · xᵀ`` (+ bias).
+
+Why: the Triton tile kernel (:mod:`.nvfp4_matmul`, ``SWAP``) also feeds ``wgmma`` with the weight tile
+from registers, but Triton dequantizes in a blocked layout and moves the tile into the MMA operand
+layout through shared memory with a barrier per step (17 ``BAR`` per 128-wide step at M = 64): it ran
+at ~100 TFLOP/s. Here every thread decodes exactly the packed words of its own A fragment, so the
+decoded tile is *already* in the operand layout (``gl.convert_layout(..., assert_trivial=True)``
+proves it at compile time), and nothing but the activations goes through shared memory.
+
+Per program: ``64 · WG`` weight rows (WG warpgroups, one ``m64`` tile each) x ``BT`` activation rows
+(the MMA's n), 128-wide K steps, ``NS``-stage ``cp.async`` ring for the packed weights, their block
+scales and the activation tile. Split-K over programs (``SPLIT``) with the decode kernel's ticketed,
+deterministic reduction.
+
+The reduction order trick (as in :mod:`.nvfp4_mmv`): thread ``(g, c) = (lane // 4, lane % 4)`` of warp
+``w`` owns rows ``16 w + g`` and ``+ 8`` of its warpgroup's tile and the 16 packed bytes ``16 c … 16 c + 15``
+of each row's 64-byte step (4 words, physical k ``32 c … 32 c + 31``). The MMA's logical k may be any
+permutation of the physical k if the activations use the same one: word ``v`` decodes
+(:func:`qerl_kernels.nvfp4_gemv._word_pairs`) into the bf16 pairs ``P_i = (8 v + 3 - i, 8 v + 7 - i)``,
+and logical ``k = 16 j + 8 h + 2 c + e`` (``j`` the k16 MMA, ``h`` the fragment half, ``e`` the element)
+is physical ``π(k) = 32 c + 8 (j // 2) + 3 - (2 (j % 2) + h) + 4 e``. The activations are gathered once
+per call into that order (:func:`permute_activations`, one small copy) and copied with 16-byte
+``cp.async`` into a 128-byte-swizzled tile that is the ``wgmma`` B operand as is.
+
+Requires K % 128 == 0 and 16-byte aligned rows (checked by :func:`qerl_kernels.ops`); CUDA only (Gluon
+does not run in the CPU interpreter): ``tests/kernels/test_wgmma_layout.py`` replays the permutation and
+the fragment assembly in NumPy and compiles the kernel for sm_90 on CPU.
+"""
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+
+def perm_128():
+    """``π`` as a list: logical k (0..127) -> physical k within each 128-wide block (see module doc)."""
+    out = []
+    for k in range(128):
+        j, h, c, e = k // 16, (k // 8) % 2, (k // 2) % 4, k % 2
+        out.append(32 * c + 8 * (j // 2) + 3 - (2 * (j % 2) + h) + 4 * e)
+    return out
+
+
+_PERM = {}
+
+
+def permute_activations(x):
+    """``x [M, K]`` (K % 128 == 0) -> the activations in the kernel's reduction order (one gather)."""
+    idx = _PERM.get(x.device)
+    if idx is None:
+        idx = _PERM[x.device] = torch.tensor(perm_128(), device=x.device, dtype=torch.long)
+    M, K = x.shape
+    return x.view(M, K // 128, 128).index_select(2, idx).view(M, K)
+
+
+@gluon.constexpr_function
+def _warp_rows(WG):
+    out = [[16, 0], [32, 0]]
+    r = 64
+    while r < 64 * WG:
+        out.append([r, 0])
+        r *= 2
+    return out
+
+
+@gluon.constexpr_function
+def _words_layout(WG):
+    """[64·WG rows, 16 words] int32: thread (g, c) of warp w holds words 4c..4c+3 (registers) of rows
+    16w + g and + 8 (register bit)."""
+    return gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 2], [8, 0]],
+                                      lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
+                                      warp_bases=_warp_rows(WG), block_bases=[], shape=[64 * WG, 16])
+
+
+@gluon.constexpr_function
+def _scales_layout(WG):
+    """[64·WG rows, 8 scale bytes]: thread (g, c) holds bytes 2c, 2c+1 of rows 16w + g and + 8."""
+    return gl.DistributedLinearLayout(reg_bases=[[0, 1], [8, 0]], lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
+                                      warp_bases=_warp_rows(WG), block_bases=[], shape=[64 * WG, 8])
+
+
+@gluon.jit
+def _word_pairs(q, s):
+    """Words (8 nibbles) x bf16x2 scale ``(s, s)`` -> pairs (3, 7), (2, 6), (1, 5), (0, 4) of
+    ``e2m1 · 2^-126 · s`` (see :func:`qerl_kernels.nvfp4_gemv._word_pairs`)."""
+    return gl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b32 q, t, u;
+        mov.b32 q, $4;
+        and.b32 t, q, 0x70007000; shr.u32 t, t, 6; and.b32 u, q, 0x80008000; or.b32 t, t, u; mul.rn.bf16x2 $0, t, $5;
+        shl.b32 q, q, 4;
+        and.b32 t, q, 0x70007000; shr.u32 t, t, 6; and.b32 u, q, 0x80008000; or.b32 t, t, u; mul.rn.bf16x2 $1, t, $5;
+        shl.b32 q, q, 4;
+        and.b32 t, q, 0x70007000; shr.u32 t, t, 6; and.b32 u, q, 0x80008000; or.b32 t, t, u; mul.rn.bf16x2 $2, t, $5;
+        shl.b32 q, q, 4;
+        and.b32 t, q, 0x70007000; shr.u32 t, t, 6; and.b32 u, q, 0x80008000; or.b32 t, t, u; mul.rn.bf16x2 $3, t, $5;
+        }
+        """,
+        constraints="=r,=r,=r,=r,r,r", args=[q, s], dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True,
+        pack=1)
+
+
+@gluon.jit
+def _halves(p):
+    lo = (p & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True)
+    hi = (p >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
+    return lo, hi
+
+
+@gluon.jit
+def _a_operand(q, sb, AOP: gl.constexpr, LW: gl.constexpr, RW: gl.constexpr):
+    """Packed words ``q [RW, 16]`` (layout LW) and scale bytes ``sb [RW, 8]`` -> the decoded
+    ``e2m1 · scale · 2^-7`` tile ``[RW, 128]`` bf16 in logical k order, in the wgmma A layout (no data
+    movement: asserted)."""
+    s = (sb.to(gl.float8e4nv, bitcast=True).to(gl.float32) * 6.646139978924579e35).to(gl.bfloat16)  # · 2^119
+    s16 = s.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+    s2 = (s16 | (s16 << 16)).reshape([RW, 4, 2])  # [row, c, word // 2]
+    s2 = gl.join(s2, s2).reshape([RW, 16])  # [row, q = 4c + word]: word v uses byte 2c + v // 2
+    s2 = gl.convert_layout(s2, LW, assert_trivial=True)
+    p0, p1, p2, p3 = _word_pairs(q, s2)
+    t = gl.join(gl.join(p0, p1), gl.join(p2, p3))  # [row, q, h, j % 2]: pair i = 2 (j % 2) + h
+    t = t.reshape([RW, 4, 4, 2, 2])  # [row, c, v = j // 2, h, j % 2]
+    t = t.permute([0, 2, 4, 3, 1])  # [row, j // 2, j % 2, h, c]
+    t = t.reshape([RW, 8, 8])  # [row, j, 4h + c]
+    lo, hi = _halves(t)  # e = 0: nibble 3 - i, e = 1: nibble 7 - i
+    a = gl.join(lo, hi).reshape([RW, 128])  # logical k = 16 j + 2 (4h + c) + e
+    return gl.convert_layout(a, AOP, assert_trivial=True)
+
+
+@gluon.jit
+def _issue(t, slot, wsm, ssm, xsm, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, srow, scol, xrow, xcol, xmask,
+           stride_wn, stride_sn, stride_xm):
+    """cp.async of step t's packed weights [RW, 64 B], scales [RW, 8 B] and activations [BT, 128] into
+    ring slot ``slot``; one commit group."""
+    async_copy.async_copy_global_to_shared(wsm.index(slot), wp_ptr + wrow * stride_wn + t * 64 + wcol)
+    async_copy.async_copy_global_to_shared(ssm.index(slot), ws_ptr + srow * stride_sn + t * 8 + scol)
+    async_copy.async_copy_global_to_shared(xsm.index(slot), xp_ptr + xrow * stride_xm + t * 128 + xcol, mask=xmask)
+    async_copy.commit_group()
+
+
+@gluon.jit(do_not_specialize=["M", "SPLIT"])
+def _nvfp4_wgmma_kernel(
+    xp_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr,
+    M, N, K, stride_xm, stride_om, stride_wn, stride_sn, SPLIT,
+    HAS_BIAS: gl.constexpr, USE_SPLIT: gl.constexpr, WG: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr,
+):
+    RW: gl.constexpr = 64 * WG
+    NW: gl.constexpr = 4 * WG
+    LW: gl.constexpr = _words_layout(WG)
+    LS: gl.constexpr = _scales_layout(WG)
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BT, 16])
+    AOP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    # cp.async source layouts (16 B per thread for weights and activations, 4 B for the scales)
+    CW: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [NW, 1], [1, 0])  # [RW, 64] uint8
+    CS: gl.constexpr = gl.BlockedLayout([1, 4], [16, 2], [NW, 1], [1, 0])  # [RW, 8] uint8
+    CX: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])  # [BT, 128] bf16
+    FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    XS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+    pid_n = gl.program_id(0)
+    pid_m = gl.program_id(1)
+    pid_s = gl.program_id(2)
+    n0 = pid_n * RW
+    m0 = pid_m * BT
+
+    wrow = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, CW)), N - 1)[:, None]
+    wcol = gl.arange(0, 64, layout=gl.SliceLayout(0, CW))[None, :]
+    srow = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, CS)), N - 1)[:, None]
+    scol = gl.arange(0, 8, layout=gl.SliceLayout(0, CS))[None, :]
+    xr = m0 + gl.arange(0, BT, layout=gl.SliceLayout(1, CX))
+    xrow = xr[:, None]
+    xcol = gl.arange(0, 128, layout=gl.SliceLayout(0, CX))[None, :]
+    xmask = (xrow < M) & (xcol < 128)
+
+    wsm = gl.allocate_shared_memory(gl.uint8, [NS, RW, 64], FLAT)
+    ssm = gl.allocate_shared_memory(gl.uint8, [NS, RW, 8], FLAT)
+    xsm = gl.allocate_shared_memory(gl.bfloat16, [NS, BT, 128], XS)
+
+    k_steps = K // 128
+    per = gl.cdiv(k_steps, SPLIT)
+    t0 = pid_s * per
+    t1 = gl.minimum(k_steps, t0 + per)
+    acc = gl.zeros([RW, BT], gl.float32, layout=MMA)
+    if t0 < t1:
+        for i in gl.static_range(NS - 1):
+            _issue(gl.minimum(t0 + i, t1 - 1), i, wsm, ssm, xsm, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, srow, scol,
+                   xrow, xcol, xmask, stride_wn, stride_sn, stride_xm)
+        for t in range(t0, t1):
+            slot = (t - t0) % NS
+            _issue(gl.minimum(t + NS - 1, t1 - 1), (t - t0 + NS - 1) % NS, wsm, ssm, xsm, wp_ptr, ws_ptr, xp_ptr,
+                   wrow, wcol, srow, scol, xrow, xcol, xmask, stride_wn, stride_sn, stride_xm)
+            async_copy.wait_group(NS - 1)
+            gl.thread_barrier()
+            fence_async_shared()
+            q = wsm.index(slot)._reinterpret(gl.int32, [RW, 16], FLAT).load(LW)
+            sb = ssm.index(slot).load(LS)
+            a = _a_operand(q, sb, AOP, LW, RW)
+            acc = warpgroup_mma(a, xsm.index(slot).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=[acc])
+            gl.thread_barrier()  # every warp is done with this slot before it is refilled
+        async_copy.wait_group(0)
+
+    on = n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, MMA))
+    om = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, MMA))
+    omask = (on < N)[:, None] & (om < M)[None, :]
+    offs = om[None, :] * N + on[:, None]
+    last = True
+    if USE_SPLIT:
+        gl.store(part_ptr + pid_s * M * N + offs, acc, mask=omask)
+        gl.thread_barrier()
+        tile = pid_m * gl.num_programs(0) + pid_n
+        ticket = gl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        last = ticket == SPLIT - 1
+        if last:
+            acc = gl.zeros([RW, BT], gl.float32, layout=MMA)
+            for j in range(SPLIT):
+                acc += gl.load(part_ptr + j * M * N + offs, mask=omask, other=0.0, cache_modifier=".cg")
+            gl.atomic_xchg(lock_ptr + tile, 0)
+    if last:
+        y = acc * (128.0 / gl.load(gs_ptr))
+        if HAS_BIAS:
+            y += gl.load(bias_ptr + on, mask=on < N, other=0.0).to(gl.float32)[:, None]
+        gl.store(out_ptr + om[None, :] * stride_om + on[:, None], y.to(out_ptr.dtype.element_ty), mask=omask)
+
+
+def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, *, WG=1, BT=64, NS=3, SPLIT=1, xp=None,
+                       part=None, lock=None):
+    """``y [M, N] = x [M, K] · Ŵᵀ (+ bias)`` (bf16) with :func:`_nvfp4_wgmma_kernel`. ``xp``: the
+    activations already in the kernel's order (:func:`permute_activations`), else permuted here.
+    ``part`` / ``lock``: split-K workspace (fp32 >= SPLIT·M·N) and tickets (int32 zeros >= tiles);
+    allocated when not given. Validation is the caller's (:mod:`qerl_kernels.ops`)."""
+    M, K = x.shape
+    N = packed.shape[0]
+    if scale_u8.dtype != torch.uint8:
+        scale_u8 = scale_u8.view(torch.uint8)
+    if xp is None:
+        xp = permute_activations(x)
+    out = torch.empty((M, N), device=x.device, dtype=torch.bfloat16)
+    grid = (triton_cdiv(N, 64 * WG), triton_cdiv(M, BT), SPLIT)
+    if SPLIT > 1:
+        if part is None:
+            part = torch.empty(SPLIT * M * N, device=x.device, dtype=torch.float32)
+        if lock is None:
+            lock = torch.zeros(grid[0] * grid[1], device=x.device, dtype=torch.int32)
+    else:
+        part = out
+        lock = torch.zeros(1, device=x.device, dtype=torch.int32) if lock is None else lock
+    _nvfp4_wgmma_kernel[grid](
+        xp, packed, scale_u8, gs, out, bias if bias is not None else out, part, lock,
+        M, N, K, xp.stride(0), out.stride(0), packed.stride(0), scale_u8.stride(0), SPLIT,
+        HAS_BIAS=bias is not None, USE_SPLIT=SPLIT > 1, WG=WG, BT=BT, NS=NS, num_warps=4 * WG)
+    return out
+
+
+def triton_cdiv(a, b):
+    return -(-a // b)
