@@ -37,12 +37,13 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 
-def perm_128():
-    """``π`` as a list: logical k (0..127) -> physical k within each 128-wide block (see module doc)."""
+def perm_128(xg: bool = False):
+    """``π`` as a list: logical k (0..127) -> physical k within each 128-wide block (see module doc);
+    ``xg``: the in-kernel gather's order (byte-pair decode)."""
     out = []
     for k in range(128):
         j, h, c, e = k // 16, (k // 8) % 2, (k // 2) % 4, k % 2
-        out.append(32 * c + 8 * (j // 2) + 3 - (2 * (j % 2) + h) + 4 * e)
+        out.append(32 * c + 4 * j + 2 * h + e if xg else 32 * c + 8 * (j // 2) + 3 - (2 * (j % 2) + h) + 4 * e)
     return out
 
 
@@ -107,6 +108,26 @@ def _word_pairs(q, s):
 
 
 @gluon.jit
+def _byte_pairs(q, s):
+    """Words (4 packed bytes) x bf16x2 scale ``(s, s)`` -> per byte b = 0..3 the pair (low nibble, high
+    nibble) = physical k (2b, 2b + 1) of ``e2m1 · 2^-126 · s`` (:func:`qerl_kernels.nvfp4_matmul._fp4_pairs`
+    with one scale per word)."""
+    return gl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b32 q4, r, t;
+        shl.b32 q4, $4, 4;
+        prmt.b32 r, $4, q4, 0x0040; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $0, r, $5;
+        prmt.b32 r, $4, q4, 0x1151; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $1, r, $5;
+        prmt.b32 r, $4, q4, 0x2262; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $2, r, $5;
+        prmt.b32 r, $4, q4, 0x3373; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $3, r, $5;
+        }
+        """,
+        constraints="=r,=r,=r,=r,r,r", args=[q, s], dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True,
+        pack=1)
+
+
+@gluon.jit
 def _halves(p):
     lo = (p & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True)
     hi = (p >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
@@ -114,7 +135,7 @@ def _halves(p):
 
 
 @gluon.jit
-def _a_operand(q, sb, AOP: gl.constexpr, LW: gl.constexpr, RW: gl.constexpr):
+def _a_operand(q, sb, AOP: gl.constexpr, LW: gl.constexpr, RW: gl.constexpr, XG: gl.constexpr):
     """Packed words ``q [RW, 16]`` (layout LW) and scale bytes ``sb [RW, 8]`` -> the decoded
     ``e2m1 · scale · 2^-7`` tile ``[RW, 128]`` bf16 in logical k order, in the wgmma A layout (no data
     movement: asserted)."""
@@ -123,7 +144,10 @@ def _a_operand(q, sb, AOP: gl.constexpr, LW: gl.constexpr, RW: gl.constexpr):
     s2 = (s16 | (s16 << 16)).reshape([RW, 4, 2])  # [row, c, word // 2]
     s2 = gl.join(s2, s2).reshape([RW, 16])  # [row, q = 4c + word]: word v uses byte 2c + v // 2
     s2 = gl.convert_layout(s2, LW, assert_trivial=True)
-    p0, p1, p2, p3 = _word_pairs(q, s2)
+    if XG:  # byte b of word v = physical k 2b, 2b + 1: logical (j, h) with 2 (j % 2) + h = b
+        p0, p1, p2, p3 = _byte_pairs(q, s2)
+    else:  # nibbles (3 - i, 7 - i) of word v: logical (j, h) with 2 (j % 2) + h = i
+        p0, p1, p2, p3 = _word_pairs(q, s2)
     t = gl.join(gl.join(p0, p1), gl.join(p2, p3))  # [row, q, h, j % 2]: pair i = 2 (j % 2) + h
     t = t.reshape([RW, 4, 4, 2, 2])  # [row, c, v = j // 2, h, j % 2]
     t = t.permute([0, 2, 4, 3, 1])  # [row, j // 2, j % 2, h, c]
@@ -139,7 +163,7 @@ def _issue(t, slot, wsm, ssm, xsm, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, srow, sco
     """cp.async of step t's packed weights [RW, 64 B], scales [RW, 8 B] and activations [BT, 128] into
     ring slot ``slot``; one commit group."""
     async_copy.async_copy_global_to_shared(wsm.index(slot), wp_ptr + wrow * stride_wn + t * 64 + wcol)
-    async_copy.async_copy_global_to_shared(ssm.index(slot), ws_ptr + srow * stride_sn + t * 8 + scol)
+    async_copy.async_copy_global_to_shared(ssm.index(slot), ws_ptr + srow * (stride_sn // 4) + t * 2 + scol)
     async_copy.async_copy_global_to_shared(xsm.index(slot), xp_ptr + xrow * stride_xm + t * 128 + xcol, mask=xmask)
     async_copy.commit_group()
 
@@ -149,6 +173,7 @@ def _nvfp4_wgmma_kernel(
     xp_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr,
     M, N, K, stride_xm, stride_om, stride_wn, stride_sn, SPLIT,
     HAS_BIAS: gl.constexpr, USE_SPLIT: gl.constexpr, WG: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr,
+    XG: gl.constexpr = True,
 ):
     RW: gl.constexpr = 64 * WG
     NW: gl.constexpr = 4 * WG
@@ -158,11 +183,15 @@ def _nvfp4_wgmma_kernel(
     AOP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     # cp.async source layouts (16 B per thread for weights and activations, 4 B for the scales)
     CW: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [NW, 1], [1, 0])  # [RW, 64] uint8
-    CS: gl.constexpr = gl.BlockedLayout([1, 4], [16, 2], [NW, 1], [1, 0])  # [RW, 8] uint8
-    CX: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])  # [BT, 128] bf16
+    CS: gl.constexpr = gl.BlockedLayout([1, 1], [16, 2], [NW, 1], [1, 0])  # [RW, 2] int32 (the 8 bytes)
+    if XG:  # gathered: 4-byte pairs
+        CX: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [NW, 1], [1, 0])  # [BT, 128] bf16
+    else:
+        CX: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])  # [BT, 128] bf16
     FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     XS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
+    ws_ptr = ws_ptr.to(gl.pointer_type(gl.int32), bitcast=True)  # scale rows are 4-byte aligned (K % 64 == 0)
     pid_n = gl.program_id(0)
     pid_m = gl.program_id(1)
     pid_s = gl.program_id(2)
@@ -172,14 +201,18 @@ def _nvfp4_wgmma_kernel(
     wrow = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, CW)), N - 1)[:, None]
     wcol = gl.arange(0, 64, layout=gl.SliceLayout(0, CW))[None, :]
     srow = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, CS)), N - 1)[:, None]
-    scol = gl.arange(0, 8, layout=gl.SliceLayout(0, CS))[None, :]
+    scol = gl.arange(0, 2, layout=gl.SliceLayout(0, CS))[None, :]
     xr = m0 + gl.arange(0, BT, layout=gl.SliceLayout(1, CX))
     xrow = xr[:, None]
-    xcol = gl.arange(0, 128, layout=gl.SliceLayout(0, CX))[None, :]
+    kl = gl.arange(0, 128, layout=gl.SliceLayout(0, CX))
+    if XG:  # logical k = 16 j + 8 h + 2 c + e reads physical 32 c + 4 j + 2 h + e (pairs stay adjacent)
+        kp = 32 * ((kl // 2) % 4) + 4 * (kl // 16) + 2 * ((kl // 8) % 2) + kl % 2
+        kl = gl.max_contiguous(gl.multiple_of(kp, 2), 2)
+    xcol = kl[None, :]
     xmask = (xrow < M) & (xcol < 128)
 
     wsm = gl.allocate_shared_memory(gl.uint8, [NS, RW, 64], FLAT)
-    ssm = gl.allocate_shared_memory(gl.uint8, [NS, RW, 8], FLAT)
+    ssm = gl.allocate_shared_memory(gl.int32, [NS, RW, 2], FLAT)
     xsm = gl.allocate_shared_memory(gl.bfloat16, [NS, BT, 128], XS)
 
     k_steps = K // 128
@@ -199,8 +232,8 @@ def _nvfp4_wgmma_kernel(
             gl.thread_barrier()
             fence_async_shared()
             q = wsm.index(slot)._reinterpret(gl.int32, [RW, 16], FLAT).load(LW)
-            sb = ssm.index(slot).load(LS)
-            a = _a_operand(q, sb, AOP, LW, RW)
+            sb = ssm.index(slot)._reinterpret(gl.uint8, [RW, 8], FLAT).load(LS)
+            a = _a_operand(q, sb, AOP, LW, RW, XG)
             acc = warpgroup_mma(a, xsm.index(slot).permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=[acc])
             gl.thread_barrier()  # every warp is done with this slot before it is refilled
@@ -229,7 +262,7 @@ def _nvfp4_wgmma_kernel(
         gl.store(out_ptr + om[None, :] * stride_om + on[:, None], y.to(out_ptr.dtype.element_ty), mask=omask)
 
 
-def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, *, WG=1, BT=64, NS=3, SPLIT=1, xp=None,
+def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, *, WG=1, BT=64, NS=3, SPLIT=1, XG=1, xp=None,
                        part=None, lock=None):
     """``y [M, N] = x [M, K] · Ŵᵀ (+ bias)`` (bf16) with :func:`_nvfp4_wgmma_kernel`. ``xp``: the
     activations already in the kernel's order (:func:`permute_activations`), else permuted here.
@@ -239,7 +272,9 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, *, WG=1, BT=64, NS=3,
     N = packed.shape[0]
     if scale_u8.dtype != torch.uint8:
         scale_u8 = scale_u8.view(torch.uint8)
-    if xp is None:
+    if XG:
+        xp = x
+    elif xp is None:
         xp = permute_activations(x)
     out = torch.empty((M, N), device=x.device, dtype=torch.bfloat16)
     grid = (triton_cdiv(N, 64 * WG), triton_cdiv(M, BT), SPLIT)
@@ -254,7 +289,7 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, *, WG=1, BT=64, NS=3,
     _nvfp4_wgmma_kernel[grid](
         xp, packed, scale_u8, gs, out, bias if bias is not None else out, part, lock,
         M, N, K, xp.stride(0), out.stride(0), packed.stride(0), scale_u8.stride(0), SPLIT,
-        HAS_BIAS=bias is not None, USE_SPLIT=SPLIT > 1, WG=WG, BT=BT, NS=NS, num_warps=4 * WG)
+        HAS_BIAS=bias is not None, USE_SPLIT=SPLIT > 1, WG=WG, BT=BT, NS=NS, XG=bool(XG), num_warps=4 * WG)
     return out
 
 
