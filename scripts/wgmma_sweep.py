@@ -35,7 +35,7 @@ def probe(res):
     w = nvfp4.quantize(torch.randn(N, K, device="cuda", dtype=torch.bfloat16))
     dense = nvfp4.dequantize(*w, torch.float32)  # [N, K]
     x = torch.eye(K, device="cuda", dtype=torch.bfloat16)  # M = 128 tokens
-    y = nvfp4_wgmma_matmul(x, *w, WG=1, BT=64, NS=3, xp=x).float()  # y[l, n] = A[n, l]
+    y = nvfp4_wgmma_matmul(x, *w, WG=1, BT=64, NS=3, XG=0, xp=x).float()  # y[l, n] = A[n, l]
     pi = perm_128()
     found, bad = [], []
     for l in range(K):
