@@ -14,6 +14,8 @@ prefetch depth (1|2), ``QERL_INSPECT_XPRE=0`` loads activations at use, ``QERL_I
 the fused LoRA-32 launch, ``QERL_INSPECT_UNROLL=1``: the unrolled (no-rotation) loop, ``QERL_INSPECT_TRACE=1``: with the timeline stamps, ``QERL_INSPECT_PDL=1|2``: LoRA-32 with ``xa`` (bf16 | the fp32 accumulator) from a
 preceding PDL launch (``--kind loraxa``: that launch's kernel, ``--bk`` its K chunk), ``QERL_INSPECT_RB=2``: two
 blocks of 16 weight rows per warp (bn = 32 x warps). ``--kind mmva``: the cp.async pipeline (``nvfp4_mmv_async``).
+``--kind wgmma``: the warpgroup-MMA kernel (``nvfp4_wgmma``, Gluon): ``--bm`` = BT activation rows, ``--warps`` =
+4 x warpgroups, ``--stages`` = ring stages, ``QERL_INSPECT_XG=0``: pre-permuted activations.
 """
 import argparse
 import collections
@@ -103,6 +105,27 @@ def compile_sm90(kind="fwd", bm=16, bn=64, bk=256, warps=4, stages=4, split=1, s
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
 
 
+WGMMA_SIG = {"xp_ptr": "*bf16", "wp_ptr": "*u8", "ws_ptr": "*u8", "gs_ptr": "*fp32", "out_ptr": "*bf16",
+             "bias_ptr": "*bf16", "part_ptr": "*fp32", "lock_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
+             "stride_xm": "i32", "stride_om": "i32", "stride_wn": "i32", "stride_sn": "i32", "SPLIT": "i32"}
+
+
+def compile_wgmma(WG=1, BT=64, NS=3, split=False, bias=False, XG=True):
+    """The warpgroup-MMA kernel (:mod:`qerl_kernels.nvfp4_wgmma`, Gluon) for sm_90: WG warpgroups, BT
+    activation rows, NS ring stages, in-kernel activation gather XG."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from qerl_kernels.nvfp4_wgmma import _nvfp4_wgmma_kernel
+
+    consts = {"HAS_BIAS": bool(bias), "USE_SPLIT": bool(split), "WG": WG, "BT": BT, "NS": NS, "XG": bool(XG)}
+    sig = {**WGMMA_SIG, **{k: "constexpr" for k in consts}}
+    names = list(sig)
+    attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in WGMMA_SIG
+             if k.endswith("_ptr") or k not in ("M", "SPLIT")}
+    src = GluonASTSource(_nvfp4_wgmma_kernel, sig, {(names.index(k),): v for k, v in consts.items()}, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4 * WG})
+
+
 def sass_of(kernel) -> str:
     nvdisasm = os.path.join(triton.__path__[0], "backends", "nvidia", "bin", "nvdisasm")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -158,7 +181,11 @@ def main_loop(sass: str) -> tuple[int, collections.Counter]:
 
 
 def inspect(bm=16, bn=64, bk=256, warps=4, stages=4, split=1, swap=0, kind="fwd", sass_file=None) -> dict:
-    k = compile_sm90(kind, bm, bn, bk, warps, stages, split, swap)
+    if kind == "wgmma":  # bm = BT activation rows, warps = 4 x warpgroups (64 weight rows each), stages = ring
+        k = compile_wgmma(max(1, warps // 4), bm, stages, split > 1, False, os.environ.get("QERL_INSPECT_XG", "1") == "1")
+        bn, bk = 16 * warps, 128
+    else:
+        k = compile_sm90(kind, bm, bn, bk, warps, stages, split, swap)
     ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
     sass = sass_of(k)
     if sass_file:
@@ -181,7 +208,7 @@ def inspect(bm=16, bn=64, bk=256, warps=4, stages=4, split=1, swap=0, kind="fwd"
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--kind", choices=("fwd", "bwd", "gemv", "mmv", "mmva", "loraxa"), default="fwd")
+    p.add_argument("--kind", choices=("fwd", "bwd", "gemv", "mmv", "mmva", "loraxa", "wgmma"), default="fwd")
     for name, default in (("bm", 16), ("bn", 64), ("bk", 256), ("warps", 4), ("stages", 4), ("split", 1), ("swap", 0)):
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--sass", default=None, help="also write the SASS listing here")

@@ -31,6 +31,8 @@ the fragment assembly in NumPy and compiles the kernel for sm_90 on CPU.
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -47,16 +49,29 @@ def perm_128(xg: bool = False):
     return out
 
 
-_PERM = {}
+@triton.jit
+def _permute_kernel(x_ptr, out_ptr, NBLK, stride_xm, stride_om, BLOCKS: tl.constexpr):
+    """Row ``program_id(0)``, 128-wide blocks ``program_id(1) * BLOCKS …``: ``out[m, 128 b + l] =
+    x[m, 128 b + π(l)]`` (``perm_128()``, the word-pair order)."""
+    m = tl.program_id(0).to(tl.int64)
+    l = tl.arange(0, 128)
+    j, h, c, e = l // 16, (l // 8) % 2, (l // 2) % 4, l % 2
+    src = 32 * c + 8 * (j // 2) + 3 - (2 * (j % 2) + h) + 4 * e
+    b = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
+    mask = (b < NBLK)[:, None]
+    v = tl.load(x_ptr + m * stride_xm + b[:, None] * 128 + src[None, :], mask=mask)
+    tl.store(out_ptr + m * stride_om + b[:, None] * 128 + l[None, :], v, mask=mask)
 
 
-def permute_activations(x):
-    """``x [M, K]`` (K % 128 == 0) -> the activations in the kernel's reduction order (one gather)."""
-    idx = _PERM.get(x.device)
-    if idx is None:
-        idx = _PERM[x.device] = torch.tensor(perm_128(), device=x.device, dtype=torch.long)
+def permute_activations(x, out=None):
+    """``x [M, K]`` (K % 128 == 0, unit column stride) -> a contiguous copy in the kernel's reduction order
+    (one small Triton launch; runs in the CPU interpreter too)."""
     M, K = x.shape
-    return x.view(M, K // 128, 128).index_select(2, idx).view(M, K)
+    if out is None:
+        out = torch.empty((M, K), device=x.device, dtype=x.dtype)
+    nblk = K // 128
+    _permute_kernel[(M, triton.cdiv(nblk, 8))](x, out, nblk, x.stride(0), out.stride(0), BLOCKS=8, num_warps=4)
+    return out
 
 
 @gluon.constexpr_function
@@ -263,11 +278,12 @@ def _nvfp4_wgmma_kernel(
 
 
 def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, *, WG=1, BT=64, NS=3, SPLIT=1, XG=1, xp=None,
-                       part=None, lock=None):
-    """``y [M, N] = x [M, K] · Ŵᵀ (+ bias)`` (bf16) with :func:`_nvfp4_wgmma_kernel`. ``xp``: the
-    activations already in the kernel's order (:func:`permute_activations`), else permuted here.
-    ``part`` / ``lock``: split-K workspace (fp32 >= SPLIT·M·N) and tickets (int32 zeros >= tiles);
-    allocated when not given. Validation is the caller's (:mod:`qerl_kernels.ops`)."""
+                       part=None, lock=None, **_):
+    """``y [M, N] = x [M, K] · Ŵᵀ (+ bias)`` (bf16) with :func:`_nvfp4_wgmma_kernel`. ``XG=1``: the
+    kernel gathers the activations itself (4-byte copies: cheap for BT <= 32); ``XG=0``: they are
+    permuted first (:func:`permute_activations`, or ``xp`` if given). ``part`` / ``lock``: split-K
+    workspace (fp32 >= SPLIT·M·N) and tickets (int32 zeros >= tiles); allocated when not given.
+    Validation is the caller's (:mod:`qerl_kernels.ops`); other keys (a config's) are ignored."""
     M, K = x.shape
     N = packed.shape[0]
     if scale_u8.dtype != torch.uint8:

@@ -51,13 +51,29 @@ DQ_ROWS = 64  # above this many rows the untuned choice is dequantize-windows + 
 DQ_CHUNK = 1 << 25  # weights per dequantized window (64 MiB of bf16 scratch)
 
 
-def heuristic(kind: str, M: int, N: int, K: int, sms: int, dq: bool = True) -> dict:
-    """Config when no tuned entry exists. Above ``DQ_ROWS`` rows: ``DQ`` (dequantize windows of at
+WGMMA_ROWS = (16, 128)  # forward M in (16, 128]: the warpgroup-MMA kernel (nvfp4_wgmma) when K % 128 == 0
+
+
+def wgmma_heuristic(M: int, N: int, K: int, sms: int) -> dict:
+    """Untuned config of :mod:`qerl_kernels.nvfp4_wgmma` (from the H100 sweep,
+    reports/kernels/wgmma_sweep_*.json): one warpgroup, BT = 32 activation rows gathered in the kernel
+    (XG) up to M = 32, else 64 pre-permuted ones; 3 ring stages; K split so that ~3 programs per SM run."""
+    bt = 32 if M <= 32 else 64
+    tiles = -(-N // 64) * -(-M // bt)
+    split = max(1, min(K // 256, round(3 * sms / tiles)))
+    return dict(WGMMA=1, WG=1, BT=bt, NS=3, SPLIT=split, XG=int(bt <= 32))
+
+
+def heuristic(kind: str, M: int, N: int, K: int, sms: int, dq: bool = True, wgmma: bool = True) -> dict:
+    """Config when no tuned entry exists. Forward M in ``WGMMA_ROWS`` with K % 128 == 0: the
+    warpgroup-MMA kernel (:func:`wgmma_heuristic`; ``wgmma=False``: never). Above ``DQ_ROWS`` rows: ``DQ`` (dequantize windows of at
     most ``CHUNK`` weights, cuBLAS on each: :mod:`qerl_kernels.nvfp4_dequant`). Below: ``MMV`` decode
     kernel for forward M <= 16, else a tensor-core tile — BM/BN/BK, SPLIT (reduction split over
     programs so that decode sizes fill the SMs), SWAP (weight tile as the MMA's A operand: needed for
     wgmma tiles, BM > 32), warps, stages. ``kind`` is 'fwd' or 'bwd' (bwd tiles dX over (M, K) and
     loops over N). ``dq=False``: never ``DQ`` (the Triton-only choice)."""
+    if kind == "fwd" and wgmma and WGMMA_ROWS[0] < M <= WGMMA_ROWS[1] and K % 128 == 0:
+        return wgmma_heuristic(M, N, K, sms)
     if dq and M > DQ_ROWS:  # compute-bound: dequantize windows of W at ~copy bandwidth, multiply with cuBLAS
         return dict(DQ=1, CHUNK=DQ_CHUNK)
     if kind == "fwd" and M <= 16 and K % 32 == 0:  # register-fragment tensor-core decode kernel
@@ -94,7 +110,8 @@ def tuned_entry(device_name: str, kind: str, M: int, N: int, K: int) -> dict | N
     hit = table.get(f"{kind}:{m_bucket(M)}:{N}:{K}")
     if hit is None:
         def suits(cfg: dict) -> bool:
-            return not ((cfg.get("MMV") or cfg.get("GEMV")) and M > 32) and not (cfg.get("DQ") and M < 64)
+            return not ((cfg.get("MMV") or cfg.get("GEMV")) and M > 32) and not (cfg.get("DQ") and M < 64) \
+                and not (cfg.get("WGMMA") and not WGMMA_ROWS[0] < M <= 2 * WGMMA_ROWS[1])
 
         have = {b: c for b in M_BUCKETS if (c := table.get(f"{kind}:{b}:{N}:{K}")) is not None and suits(c)}
         if have:
@@ -112,7 +129,7 @@ def config_for(kind: str, M: int, N: int, K: int, device: torch.device) -> dict:
         cfg = dict(BM=16, BN=32, BK=32, num_warps=4, num_stages=1, SPLIT=1, SWAP=0)
         return {**cfg, **json.loads(os.environ.get("QERL_KERNEL_CONFIG", "{}"))}
     forced = json.loads(os.environ.get("QERL_KERNEL_CONFIG", "{}"))  # experiments / debugging / tuning
-    if "BM" in forced or "DQ" in forced:  # a complete config replaces the tuned one (no stale MMV / GEMV keys)
+    if "BM" in forced or "DQ" in forced or "WGMMA" in forced:  # a complete config replaces the tuned one
         return forced
     hit = tuned_entry(_device_name(device.index or 0), kind, M, N, K)
     cfg = dict(hit) if hit else heuristic(kind, M, N, K, _sm_count(device.index or 0))
@@ -170,6 +187,11 @@ def _runnable(kind: str, cfg: dict, M: int, K: int, x2, packed, scale, interpret
     PTX (no interpreter), bf16 activations (it feeds their raw bits to a bf16 MMA), K % 32 == 0 and
     16-byte aligned rows -> the CUDA-core GEMV (its interpreter twin, same product; converts fp16);
     GEMV needs 4-byte aligned packed rows -> a tensor-core tile."""
+    if cfg.get("WGMMA") and (kind != "fwd" or interpret or K % 128 or x2.dtype != torch.bfloat16 or x2.stride(0) % 8
+                             or x2.data_ptr() % 16 or packed.data_ptr() % 16 or scale.data_ptr() % 4
+                             or not _gluon_ok()):
+        cfg = heuristic(kind, M, packed.shape[0], K, _sm_count(x2.device.index or 0) if x2.is_cuda else 132,
+                        wgmma=False)
     if kind == "fwd" and cfg.get("MMV") == 2 and (K % 256 or packed.stride(0) % 16 or scale.data_ptr() % 4
                                                   or scale.stride(0) % 4):
         cfg = {**cfg, "MMV": 1, "num_stages": min(2, cfg.get("num_stages", 1))}  # the register-prefetch loop
@@ -180,6 +202,16 @@ def _runnable(kind: str, cfg: dict, M: int, K: int, x2, packed, scale, interpret
     if kind == "fwd" and cfg.get("GEMV") and (packed.data_ptr() % 4 or packed.stride(0) % 4):
         cfg = dict(BM=16, BN=64, BK=64, SWAP=0, SPLIT=cfg.get("SPLIT", 1), num_warps=4, num_stages=1 if interpret else 3)
     return dict(cfg)
+
+
+@functools.lru_cache(maxsize=None)
+def _gluon_ok() -> bool:
+    """Whether this Triton has Gluon's Hopper warpgroup MMA (the nvfp4_wgmma kernel)."""
+    try:
+        import qerl_kernels.nvfp4_wgmma  # noqa: F401
+        return True
+    except ImportError:
+        return False
 
 
 _RESOLVED: dict = {}
@@ -241,6 +273,21 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
     pdl = route == "pdl"
     if lora_a is not None and route == "matmul":
         extra, lora_a = (extra[0], x2 @ lora_a.T, extra[2]), None
+    if cfg.get("WGMMA"):  # warpgroup MMA, decoded weights as the register operand (M 17..128)
+        from qerl_kernels.nvfp4_wgmma import nvfp4_wgmma_matmul
+
+        bias, xa, lb = extra
+        split = int(cfg.get("SPLIT", 1))
+        wg, bt = int(cfg.get("WG", 1)), int(cfg.get("BT", 64))
+        tiles = triton.cdiv(N, 64 * wg) * triton.cdiv(M, bt)
+        if tiles > _LOCK_SLOTS - 4:
+            split = 1
+        part = torch.empty(split * M * N if split > 1 else 1, device=x2.device, dtype=torch.float32)
+        out = nvfp4_wgmma_matmul(x2, packed, scale.view(torch.uint8), gs, bias, **{**cfg, "SPLIT": split},
+                                 part=part, lock=_locks(x2.device))
+        if xa is not None:  # LoRA: one cuBLAS call adds s · xa · Bᵀ (fp32 accumulation, one bf16 rounding)
+            out.addmm_(xa, lb.t(), alpha=float(lora_scale))
+        return out
     if cfg.get("DQ"):  # dequantize windows of W + cuBLAS (large M)
         from qerl_kernels.nvfp4_dequant import dq_backward, dq_forward
 

@@ -90,6 +90,23 @@ def _decode_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
     return out
 
 
+def _wgmma_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
+    """Forward M in 17..256, K % 128 == 0: the warpgroup-MMA kernel (``WGMMA``): 1 | 2 warpgroups, BT
+    activation rows per program (in-kernel gather XG only at BT <= 32: 4-byte copies), 3 | 4 ring
+    stages, K split to ~2-3 programs per SM and half that."""
+    out = []
+    if not 16 < M <= 256 or K % 128:
+        return out
+    bts = {min(128, -(-M // 16) * 16)} | ({64} if M > 32 else set())
+    for wg, bt, ns in itertools.product((1, 2), sorted(bts), (3, 4)):
+        tiles = -(-N // (64 * wg)) * -(-M // bt)
+        s0 = max(1, min(K // 256, round((3 if wg == 1 else 2) * sms / tiles)))
+        for split in sorted({s0, max(1, s0 // 2)}):
+            for xg in ((1, 0) if bt <= 32 else (0,)):
+                out.append(dict(WGMMA=1, WG=wg, BT=bt, NS=ns, SPLIT=split, XG=xg))
+    return out
+
+
 def _dq_paths(M: int) -> list[dict]:
     """Dequantize windows of 8M / 32M / 64M / 128M weights (16-256 MiB of bf16 scratch) + cuBLAS."""
     return [dict(DQ=1, CHUNK=c) for c in (1 << 23, 1 << 25, 1 << 26, 1 << 27)] if M >= 64 else []
@@ -101,10 +118,14 @@ def candidates(kind: str, M: int, N: int, K: int, sms: int, paths: str = "all", 
     before it existed."""
     if paths == "dq":
         return _dq_paths(M) + ([current] if current and current not in _dq_paths(M) else [])
+    if paths == "wgmma":  # only the warpgroup-MMA kernel against the config in use now
+        out = _wgmma_paths(M, N, K, sms) if kind == "fwd" else []
+        return out + ([current] if out and current and current not in out else [])
     if paths == "decode":  # only the decode kernels (MMV / GEMV) against the config in use now
         out = _decode_paths(M, N, K, sms) if kind == "fwd" and M <= 32 else []
         return out + ([current] if out and current and current not in out else [])
     out = _decode_paths(M, N, K, sms) if kind == "fwd" and M <= 32 else []
+    out += _wgmma_paths(M, N, K, sms) if kind == "fwd" else []
     for bm, bn, bk, swap, w, st in _tiles(kind, M):
         base = dict(BM=bm, BN=bn, BK=bk, SWAP=swap, num_warps=w, num_stages=st)
         loop = -(-(K if kind == "fwd" else N) // (bk if kind == "fwd" else bn))
@@ -183,8 +204,9 @@ def precompile(jobs: list[tuple], workers: int, progress: bool = True) -> int:
 def _current(paths: str, device: str, kind: str, M: int, N: int, K: int, sms: int) -> dict | None:
     """The config in use now, which the restricted searches time against: ``decode`` — the tuned entry,
     else the heuristic; ``dq`` — the tuned Triton entry, else the Triton-only heuristic."""
-    if paths == "decode":
-        return ops.tuned_entry(device, kind, M, N, K) or ops.heuristic(kind, M, N, K, sms)
+    if paths in ("decode", "wgmma"):
+        current = ops.tuned_entry(device, kind, M, N, K) or ops.heuristic(kind, M, N, K, sms, wgmma=False)
+        return None if paths == "wgmma" and current.get("WGMMA") else current
     if paths == "dq":
         current = ops.tuned_entry(device, kind, M, N, K)
         return current if current and not current.get("DQ") else ops.heuristic(kind, M, N, K, sms, dq=False)
@@ -274,9 +296,10 @@ def main(argv=None) -> int:
     p.add_argument("--ms", nargs="*", type=int, default=[1, 16, 64, 2048])
     p.add_argument("--kinds", nargs="*", default=["fwd", "bwd"], choices=["fwd", "bwd"])
     p.add_argument("--csv", default=None, help="write every measurement here")
-    p.add_argument("--paths", default="all", choices=["all", "dq", "decode"],
+    p.add_argument("--paths", default="all", choices=["all", "dq", "decode", "wgmma"],
                    help="all: every candidate; dq: the dequantize + cuBLAS windows against the config in use now; "
-                        "decode: the decode kernels (forward, M <= 32) against the config in use now")
+                        "decode: the decode kernels (forward, M <= 32) against the config in use now; "
+                        "wgmma: the warpgroup-MMA kernel (forward, M 17..256) against the config in use now")
     p.add_argument("--workers", type=int, default=0,
                    help="compile the candidates in this many processes first (0/1: compile while timing)")
     p.add_argument("--no-progress", action="store_true")

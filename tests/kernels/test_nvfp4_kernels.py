@@ -98,7 +98,12 @@ def test_heuristic_configs_fill_the_gpu():
     assert "MMV" not in heuristic("fwd", 16, 3584, 3600, 132)  # K % 32 != 0: tensor-core tiles
     cfg = heuristic("bwd", 1, 3584, 3584, 132)
     assert cfg["BM"] == 16 and cfg["SPLIT"] > 1
-    assert heuristic("fwd", 64, 3584, 3584, 132)["BM"] == 64  # tile up to DQ_ROWS
+    cfg = heuristic("fwd", 64, 3584, 3584, 132)  # M 17..128, K % 128 == 0: warpgroup MMA, pre-permuted rows
+    assert cfg["WGMMA"] == 1 and cfg["BT"] == 64 and cfg["XG"] == 0 and cfg["SPLIT"] > 1
+    cfg = heuristic("fwd", 32, 37888, 3584, 132)  # BT 32 gathers its activations in the kernel
+    assert cfg["WGMMA"] == 1 and cfg["BT"] == 32 and cfg["XG"] == 1
+    assert "WGMMA" not in heuristic("fwd", 64, 3584, 3600, 132)  # K % 128 != 0: tensor-core tiles
+    assert heuristic("fwd", 64, 3584, 3584, 132, wgmma=False)["BM"] == 64  # tile up to DQ_ROWS
     assert heuristic("fwd", 4096, 3584, 3584, 132) == {"DQ": 1, "CHUNK": ops.DQ_CHUNK}  # above: dequantize + cuBLAS
     assert heuristic("bwd", 65, 3584, 3584, 132)["DQ"] == 1
 
@@ -327,6 +332,14 @@ def test_unrunnable_paths_step_down():
     s_odd = torch.zeros(16 * 16 + 2, dtype=torch.uint8)[2:].view(16, 16)  # data_ptr % 4 == 2
     assert _runnable("fwd", pipe, 3, 256, x256, p256, s_odd, False)["MMV"] == 1
     assert _runnable("fwd", pipe, 3, 256, x256, p256, s256, True)["GEMV"] == 1  # interpreter: no PTX
+    # the warpgroup-MMA kernel: bf16, K % 128 == 0, no interpreter (Gluon), else the path below it
+    wg = dict(WGMMA=1, WG=1, BT=32, NS=3, SPLIT=2, XG=1)
+    x128, p128, s128 = x.new_zeros(20, 128), torch.zeros(16, 64, dtype=torch.uint8), torch.zeros(16, 8, dtype=torch.uint8)
+    assert _runnable("fwd", wg, 20, 128, x128, p128, s128, False) == wg
+    for args in ((20, 128, x128, p128, s128, True), (20, 128, x128.half(), p128, s128, False),
+                 (20, 64, x.new_zeros(20, 64), p, s, False)):
+        down = _runnable("fwd", wg, *args)
+        assert "WGMMA" not in down and down.get("BM") in (16, 32), down
 
 
 def test_dequant_kernel_windows_under_interpreter():
