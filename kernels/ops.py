@@ -55,13 +55,14 @@ WGMMA_ROWS = (16, 128)  # forward M in (16, 128]: the warpgroup-MMA kernel (nvfp
 
 
 def wgmma_heuristic(M: int, N: int, K: int, sms: int) -> dict:
-    """Untuned config of :mod:`qerl_kernels.nvfp4_wgmma` (from the H100 sweep,
-    reports/kernels/wgmma_sweep_*.json): one warpgroup, BT = 32 activation rows gathered in the kernel
-    (XG) up to M = 32, else 64 pre-permuted ones; 3 ring stages; K split so that ~3 programs per SM run."""
+    """Untuned config of :mod:`qerl_kernels.nvfp4_wgmma` (the H100 search,
+    reports/kernels/NVIDIA_H100_80GB_HBM3_tune_wgmma.csv: pre-permuted activations won every key, also at
+    BT = 32): one warpgroup, BT = 32 activation rows up to M = 32, else 64; 3 ring stages; K split so
+    that ~3 programs per SM run."""
     bt = 32 if M <= 32 else 64
     tiles = -(-N // 64) * -(-M // bt)
     split = max(1, min(K // 256, round(3 * sms / tiles)))
-    return dict(WGMMA=1, WG=1, BT=bt, NS=3, SPLIT=split, XG=int(bt <= 32))
+    return dict(WGMMA=1, WG=1, BT=bt, NS=3, SPLIT=split, XG=0)
 
 
 def heuristic(kind: str, M: int, N: int, K: int, sms: int, dq: bool = True, wgmma: bool = True) -> dict:
