@@ -183,12 +183,66 @@ def _issue(t, slot, wsm, ssm, xsm, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, srow, sco
     async_copy.commit_group()
 
 
+@gluon.jit
+def _issue_w(t, slot, wsm, ssm, wp_ptr, ws_ptr, wrow, wcol, srow, scol, stride_wn, stride_sn):
+    """cp.async of step t's packed weights [RW, 64 B] and scales [RW, 8 B] into W-ring slot ``slot``."""
+    async_copy.async_copy_global_to_shared(wsm.index(slot), wp_ptr + wrow * stride_wn + t * 64 + wcol)
+    async_copy.async_copy_global_to_shared(ssm.index(slot), ws_ptr + srow * (stride_sn // 4) + t * 2 + scol)
+
+
+@gluon.jit
+def _issue_x(t, slot, xsm, xp_ptr, xrow, xcol, xmask, stride_xm):
+    """cp.async of step t's activation tile [BT, 128] into x-ring slot ``slot``."""
+    async_copy.async_copy_global_to_shared(xsm.index(slot), xp_ptr + xrow * stride_xm + t * 128 + xcol, mask=xmask)
+
+
+@gluon.jit
+def _decode_slot(wsm, ssm, slot, AOP: gl.constexpr, LW: gl.constexpr, LS: gl.constexpr, FLAT: gl.constexpr,
+                 RW: gl.constexpr, XG: gl.constexpr):
+    q = wsm.index(slot)._reinterpret(gl.int32, [RW, 16], FLAT).load(LW)
+    sb = ssm.index(slot)._reinterpret(gl.uint8, [RW, 8], FLAT).load(LS)
+    return _a_operand(q, sb, AOP, LW, RW, XG)
+
+
+@gluon.jit
+def _pipelined(acc, t0, t1, wsm, ssm, xsm, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, srow, scol, xrow, xcol, xmask,
+               stride_wn, stride_sn, stride_xm, AOP: gl.constexpr, LW: gl.constexpr, LS: gl.constexpr,
+               FLAT: gl.constexpr, RW: gl.constexpr, XG: gl.constexpr, NS: gl.constexpr, NSW: gl.constexpr):
+    """The main loop with the next step's weight decode under the current step's wgmma, the weights
+    ``NSW`` steps ahead and the activations ``NS`` (>= 3) ahead. Commit group g (prologue g < NSW, then one
+    per iteration) holds W(t0 + g) and x(t0 + g) (g < NS), then W(t + NSW), x(t + NS) of iteration t: the
+    group holding step t + 1's data is at most NS - 2 groups from the newest."""
+    for g in gl.static_range(NSW):
+        _issue_w(gl.minimum(t0 + g, t1 - 1), g, wsm, ssm, wp_ptr, ws_ptr, wrow, wcol, srow, scol, stride_wn, stride_sn)
+        if g < NS:
+            _issue_x(gl.minimum(t0 + g, t1 - 1), g, xsm, xp_ptr, xrow, xcol, xmask, stride_xm)
+        async_copy.commit_group()
+    async_copy.wait_group(NSW - 1)
+    gl.thread_barrier()
+    a = _decode_slot(wsm, ssm, 0, AOP, LW, LS, FLAT, RW, XG)
+    for t in range(t0, t1):
+        i = t - t0
+        fence_async_shared()
+        acc = warpgroup_mma(a, xsm.index(i % NS).permute((1, 0)), acc, is_async=True)
+        async_copy.wait_group(NS - 2)
+        gl.thread_barrier()
+        a = _decode_slot(wsm, ssm, (i + 1) % NSW, AOP, LW, LS, FLAT, RW, XG)  # step t + 1 (clamped: unused at the end)
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        gl.thread_barrier()  # slots of W(t + 1) and x(t) are free in every warp
+        _issue_w(gl.minimum(t + NSW, t1 - 1), i % NSW, wsm, ssm, wp_ptr, ws_ptr, wrow, wcol, srow, scol, stride_wn,
+                 stride_sn)
+        _issue_x(gl.minimum(t + NS, t1 - 1), i % NS, xsm, xp_ptr, xrow, xcol, xmask, stride_xm)
+        async_copy.commit_group()
+    async_copy.wait_group(0)
+    return acc
+
+
 @gluon.jit(do_not_specialize=["M", "SPLIT"])
 def _nvfp4_wgmma_kernel(
     xp_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr,
     M, N, K, stride_xm, stride_om, stride_wn, stride_sn, SPLIT,
     HAS_BIAS: gl.constexpr, USE_SPLIT: gl.constexpr, WG: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr,
-    XG: gl.constexpr = True,
+    XG: gl.constexpr = True, PIPE: gl.constexpr = False, NSW: gl.constexpr = 0,
 ):
     RW: gl.constexpr = 64 * WG
     NW: gl.constexpr = 4 * WG
@@ -226,8 +280,9 @@ def _nvfp4_wgmma_kernel(
     xcol = kl[None, :]
     xmask = (xrow < M) & (xcol < 128)
 
-    wsm = gl.allocate_shared_memory(gl.uint8, [NS, RW, 64], FLAT)
-    ssm = gl.allocate_shared_memory(gl.int32, [NS, RW, 2], FLAT)
+    WSL: gl.constexpr = NSW if PIPE else NS  # W-ring slots
+    wsm = gl.allocate_shared_memory(gl.uint8, [WSL, RW, 64], FLAT)
+    ssm = gl.allocate_shared_memory(gl.int32, [WSL, RW, 2], FLAT)
     xsm = gl.allocate_shared_memory(gl.bfloat16, [NS, BT, 128], XS)
 
     k_steps = K // 128
@@ -235,7 +290,11 @@ def _nvfp4_wgmma_kernel(
     t0 = pid_s * per
     t1 = gl.minimum(k_steps, t0 + per)
     acc = gl.zeros([RW, BT], gl.float32, layout=MMA)
-    if t0 < t1:
+    if PIPE:
+        if t0 < t1:
+            acc = _pipelined(acc, t0, t1, wsm, ssm, xsm, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, srow, scol, xrow, xcol,
+                             xmask, stride_wn, stride_sn, stride_xm, AOP, LW, LS, FLAT, RW, XG, NS, NSW)
+    elif t0 < t1:
         for i in gl.static_range(NS - 1):
             _issue(gl.minimum(t0 + i, t1 - 1), i, wsm, ssm, xsm, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, srow, scol,
                    xrow, xcol, xmask, stride_wn, stride_sn, stride_xm)
@@ -277,8 +336,8 @@ def _nvfp4_wgmma_kernel(
         gl.store(out_ptr + om[None, :] * stride_om + on[:, None], y.to(out_ptr.dtype.element_ty), mask=omask)
 
 
-def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, *, WG=1, BT=64, NS=3, SPLIT=1, XG=1, xp=None,
-                       part=None, lock=None, **_):
+def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, *, WG=1, BT=64, NS=3, SPLIT=1, XG=1, PIPE=0, NSW=0,
+                       xp=None, part=None, lock=None, **_):
     """``y [M, N] = x [M, K] · Ŵᵀ (+ bias)`` (bf16) with :func:`_nvfp4_wgmma_kernel`. ``XG=1``: the
     kernel gathers the activations itself (4-byte copies: cheap for BT <= 32); ``XG=0``: they are
     permuted first (:func:`permute_activations`, or ``xp`` if given). ``part`` / ``lock``: split-K
@@ -305,7 +364,8 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, *, WG=1, BT=64, NS=3,
     _nvfp4_wgmma_kernel[grid](
         xp, packed, scale_u8, gs, out, bias if bias is not None else out, part, lock,
         M, N, K, xp.stride(0), out.stride(0), packed.stride(0), scale_u8.stride(0), SPLIT,
-        HAS_BIAS=bias is not None, USE_SPLIT=SPLIT > 1, WG=WG, BT=BT, NS=NS, XG=bool(XG), num_warps=4 * WG)
+        HAS_BIAS=bias is not None, USE_SPLIT=SPLIT > 1, WG=WG, BT=BT, NS=NS, XG=bool(XG), PIPE=bool(PIPE),
+        NSW=max(int(NSW), NS) if PIPE else 0, num_warps=4 * WG)
     return out
 
 

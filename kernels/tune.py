@@ -91,19 +91,19 @@ def _decode_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
 
 
 def _wgmma_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
-    """Forward M in 17..256, K % 128 == 0: the warpgroup-MMA kernel (``WGMMA``): 1 | 2 warpgroups, BT
-    activation rows per program (in-kernel gather XG only at BT <= 32: 4-byte copies), 3 | 4 ring
-    stages, K split to ~2-3 programs per SM and half that."""
+    """Forward M in 5..256, K % 128 == 0: the warpgroup-MMA kernel (``WGMMA``): 1 | 2 warpgroups, BT
+    activation rows per program (pre-permuted: the in-kernel gather ``XG`` won no key of the first H100
+    search), the plain loop with 3 | 4 ring stages or the pipelined one (``PIPE``: next step's decode under
+    this step's wgmma) with the weights 4 | 6 | 8 steps ahead (``NSW``), K split to ~2-3 programs per SM."""
     out = []
-    if not 16 < M <= 256 or K % 128:
+    if not 4 < M <= 256 or K % 128:
         return out
-    bts = {min(128, -(-M // 16) * 16)} | ({64} if M > 32 else set())
-    for wg, bt, ns in itertools.product((1, 2), sorted(bts), (3, 4)):
+    bts = {min(128, -(-M // 16) * 16) if M > 8 else 8} | ({64} if M > 32 else set())
+    loops = [dict(NS=3), dict(NS=4)] + [dict(NS=3, PIPE=1, NSW=w) for w in (4, 6, 8)]
+    for wg, bt, loop in itertools.product((1, 2), sorted(bts), loops):
         tiles = -(-N // (64 * wg)) * -(-M // bt)
-        s0 = max(1, min(K // 256, round((3 if wg == 1 else 2) * sms / tiles)))
-        for split in sorted({s0, max(1, s0 // 2)}):
-            for xg in ((1, 0) if bt <= 32 else (0,)):
-                out.append(dict(WGMMA=1, WG=wg, BT=bt, NS=ns, SPLIT=split, XG=xg))
+        split = max(1, min(K // 256, round((3 if wg == 1 else 2) * sms / tiles)))
+        out.append(dict(WGMMA=1, WG=wg, BT=bt, SPLIT=split, XG=0, **loop))
     return out
 
 
