@@ -110,7 +110,7 @@ WGMMA_SIG = {"xp_ptr": "*bf16", "wp_ptr": "*u8", "ws_ptr": "*u8", "gs_ptr": "*fp
              "stride_xm": "i32", "stride_om": "i32", "stride_wn": "i32", "stride_sn": "i32", "SPLIT": "i32"}
 
 
-def compile_wgmma(WG=1, BT=64, NS=3, split=False, bias=False, XG=True, PIPE=False, NSW=0):
+def compile_wgmma(WG=1, BT=64, NS=3, split=False, bias=False, XG=True, PIPE=False, NSW=0, MT=1):
     """The warpgroup-MMA kernel (:mod:`qerl_kernels.nvfp4_wgmma`, Gluon) for sm_90: WG warpgroups, BT
     activation rows, NS ring stages, in-kernel activation gather XG."""
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -118,7 +118,7 @@ def compile_wgmma(WG=1, BT=64, NS=3, split=False, bias=False, XG=True, PIPE=Fals
     from qerl_kernels.nvfp4_wgmma import _nvfp4_wgmma_kernel
 
     consts = {"HAS_BIAS": bool(bias), "USE_SPLIT": bool(split), "WG": WG, "BT": BT, "NS": NS, "XG": bool(XG),
-              "PIPE": bool(PIPE), "NSW": max(NSW, NS) if PIPE else 0}
+              "PIPE": bool(PIPE), "NSW": max(NSW, NS) if PIPE else 0, "MT": MT}
     sig = {**WGMMA_SIG, **{k: "constexpr" for k in consts}}
     names = list(sig)
     attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in WGMMA_SIG
@@ -135,15 +135,23 @@ def sass_of(kernel) -> str:
         return subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
 
 
-def registers_of(kernel) -> int:
-    """Registers per thread of the compiled kernel (``cuobjdump --dump-resource-usage``)."""
+def _resource_usage(kernel) -> str:
     cuobjdump = os.path.join(triton.__path__[0], "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
-        out = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True,
-                             check=True).stdout
-    return int(re.search(r"REG:(\d+)", out).group(1))
+        return subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True,
+                              check=True).stdout
+
+
+def registers_of(kernel) -> int:
+    """Registers per thread of the compiled kernel (``cuobjdump --dump-resource-usage``)."""
+    return int(re.search(r"REG:(\d+)", _resource_usage(kernel)).group(1))
+
+
+def stack_of(kernel) -> int:
+    """Bytes of per-thread stack (register spills) of the compiled kernel."""
+    return int(re.search(r"STACK:(\d+)", _resource_usage(kernel)).group(1))
 
 
 def resident_programs(registers: int, shared: int, warps: int) -> int:

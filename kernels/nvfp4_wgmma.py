@@ -85,19 +85,20 @@ def _warp_rows(WG):
 
 
 @gluon.constexpr_function
-def _words_layout(WG):
-    """[64·WG rows, 16 words] int32: thread (g, c) of warp w holds words 4c..4c+3 (registers) of rows
-    16w + g and + 8 (register bit)."""
-    return gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 2], [8, 0]],
+def _words_layout(WG, MT=1):
+    """[64·WG·MT rows, 16 words] int32: thread (g, c) of warp w holds words 4c..4c+3 (registers) of rows
+    16w + g and + 8 (register bit) of each of its warpgroup's MT m64 tiles (register bit, 64·WG apart)."""
+    return gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 2], [8, 0]] + ([[64 * WG, 0]] if MT == 2 else []),
                                       lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
-                                      warp_bases=_warp_rows(WG), block_bases=[], shape=[64 * WG, 16])
+                                      warp_bases=_warp_rows(WG), block_bases=[], shape=[64 * WG * MT, 16])
 
 
 @gluon.constexpr_function
-def _scales_layout(WG):
-    """[64·WG rows, 8 scale bytes]: thread (g, c) holds bytes 2c, 2c+1 of rows 16w + g and + 8."""
-    return gl.DistributedLinearLayout(reg_bases=[[0, 1], [8, 0]], lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
-                                      warp_bases=_warp_rows(WG), block_bases=[], shape=[64 * WG, 8])
+def _scales_layout(WG, MT=1):
+    """[64·WG·MT rows, 8 scale bytes]: thread (g, c) holds bytes 2c, 2c+1 of rows 16w + g and + 8 (per m64 tile)."""
+    return gl.DistributedLinearLayout(reg_bases=[[0, 1], [8, 0]] + ([[64 * WG, 0]] if MT == 2 else []),
+                                      lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
+                                      warp_bases=_warp_rows(WG), block_bases=[], shape=[64 * WG * MT, 8])
 
 
 @gluon.jit
@@ -242,12 +243,12 @@ def _nvfp4_wgmma_kernel(
     xp_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr,
     M, N, K, stride_xm, stride_om, stride_wn, stride_sn, SPLIT,
     HAS_BIAS: gl.constexpr, USE_SPLIT: gl.constexpr, WG: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr,
-    XG: gl.constexpr = True, PIPE: gl.constexpr = False, NSW: gl.constexpr = 0,
+    XG: gl.constexpr = True, PIPE: gl.constexpr = False, NSW: gl.constexpr = 0, MT: gl.constexpr = 1,
 ):
-    RW: gl.constexpr = 64 * WG
+    RW: gl.constexpr = 64 * WG * MT  # weight rows per program: MT m64 tiles per warpgroup (one x tile for all)
     NW: gl.constexpr = 4 * WG
-    LW: gl.constexpr = _words_layout(WG)
-    LS: gl.constexpr = _scales_layout(WG)
+    LW: gl.constexpr = _words_layout(WG, MT)
+    LS: gl.constexpr = _scales_layout(WG, MT)
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BT, 16])
     AOP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     # cp.async source layouts (16 B per thread for weights and activations, 4 B for the scales)
@@ -337,7 +338,7 @@ def _nvfp4_wgmma_kernel(
 
 
 def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, *, WG=1, BT=64, NS=3, SPLIT=1, XG=1, PIPE=0, NSW=0,
-                       xp=None, part=None, lock=None, **_):
+                       MT=1, xp=None, part=None, lock=None, **_):
     """``y [M, N] = x [M, K] · Ŵᵀ (+ bias)`` (bf16) with :func:`_nvfp4_wgmma_kernel`. ``XG=1``: the
     kernel gathers the activations itself (4-byte copies: cheap for BT <= 32); ``XG=0``: they are
     permuted first (:func:`permute_activations`, or ``xp`` if given). ``part`` / ``lock``: split-K
@@ -352,7 +353,7 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, *, WG=1, BT=64, NS=3,
     elif xp is None:
         xp = permute_activations(x)
     out = torch.empty((M, N), device=x.device, dtype=torch.bfloat16)
-    grid = (triton_cdiv(N, 64 * WG), triton_cdiv(M, BT), SPLIT)
+    grid = (triton_cdiv(N, 64 * WG * MT), triton_cdiv(M, BT), SPLIT)
     if SPLIT > 1:
         if part is None:
             part = torch.empty(SPLIT * M * N, device=x.device, dtype=torch.float32)
@@ -365,7 +366,7 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, *, WG=1, BT=64, NS=3,
         xp, packed, scale_u8, gs, out, bias if bias is not None else out, part, lock,
         M, N, K, xp.stride(0), out.stride(0), packed.stride(0), scale_u8.stride(0), SPLIT,
         HAS_BIAS=bias is not None, USE_SPLIT=SPLIT > 1, WG=WG, BT=BT, NS=NS, XG=bool(XG), PIPE=bool(PIPE),
-        NSW=max(int(NSW), NS) if PIPE else 0, num_warps=4 * WG)
+        NSW=max(int(NSW), NS) if PIPE else 0, MT=int(MT), num_warps=4 * WG)
     return out
 
 

@@ -280,7 +280,7 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
         bias, xa, lb = extra
         split = int(cfg.get("SPLIT", 1))
         wg, bt = int(cfg.get("WG", 1)), int(cfg.get("BT", 64))
-        tiles = triton.cdiv(N, 64 * wg) * triton.cdiv(M, bt)
+        tiles = triton.cdiv(N, 64 * wg * int(cfg.get("MT", 1))) * triton.cdiv(M, bt)
         if tiles > _LOCK_SLOTS - 4:
             split = 1
         part = torch.empty(split * M * N if split > 1 else 1, device=x2.device, dtype=torch.float32)

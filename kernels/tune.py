@@ -94,16 +94,25 @@ def _wgmma_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
     """Forward M in 5..256, K % 128 == 0: the warpgroup-MMA kernel (``WGMMA``): 1 | 2 warpgroups, BT
     activation rows per program (pre-permuted: the in-kernel gather ``XG`` won no key of the first H100
     search), the plain loop with 3 | 4 ring stages or the pipelined one (``PIPE``: next step's decode under
-    this step's wgmma) with the weights 4 | 6 | 8 steps ahead (``NSW``), K split to ~2-3 programs per SM."""
+    this step's wgmma, the weights ``NSW`` steps ahead), two m64 weight tiles per warpgroup (``MT`` 2: the
+    activation tile, read from L2 by every program, serves twice the rows), K split to ~2-3 programs per SM
+    and half that."""
     out = []
     if not 4 < M <= 256 or K % 128:
         return out
     bts = {min(128, -(-M // 16) * 16) if M > 8 else 8} | ({64} if M > 32 else set())
-    loops = [dict(NS=3), dict(NS=4)] + [dict(NS=3, PIPE=1, NSW=w) for w in (4, 6, 8)]
-    for wg, bt, loop in itertools.product((1, 2), sorted(bts), loops):
-        tiles = -(-N // (64 * wg)) * -(-M // bt)
-        split = max(1, min(K // 256, round((3 if wg == 1 else 2) * sms / tiles)))
-        out.append(dict(WGMMA=1, WG=wg, BT=bt, SPLIT=split, XG=0, **loop))
+    # PIPE: correct, but 10% slower (median of the best per key) in the H100 search that tried NSW 4 | 6 | 8
+    # (reports/kernels/NVIDIA_H100_80GB_HBM3_tune_wgmma_pipe.csv): one candidate stays as the comparison
+    loops = [dict(NS=3), dict(NS=4), dict(NS=3, PIPE=1, NSW=6)]
+    for (wg, mt), bt, loop in itertools.product(((1, 1), (2, 1), (1, 2)), sorted(bts), loops):
+        if mt == 2 and (bt > 64 or loop.get("PIPE")):  # two m64 tiles per warpgroup: registers allow BT <= 64
+            continue
+        tiles = -(-N // (64 * wg * mt)) * -(-M // bt)
+        s0 = max(1, min(K // 256, round((3 if wg * mt == 1 else 2) * sms / tiles)))
+        for split in sorted({s0, max(1, s0 // 2)}):
+            if mt == 2 and bt > 32 and split > 1:  # the split-K epilogue would spill registers (compile test)
+                continue
+            out.append(dict(WGMMA=1, WG=wg, BT=bt, SPLIT=split, XG=0, **loop, **({"MT": 2} if mt == 2 else {})))
     return out
 
 
@@ -205,8 +214,7 @@ def _current(paths: str, device: str, kind: str, M: int, N: int, K: int, sms: in
     """The config in use now, which the restricted searches time against: ``decode`` — the tuned entry,
     else the heuristic; ``dq`` — the tuned Triton entry, else the Triton-only heuristic."""
     if paths in ("decode", "wgmma"):
-        current = ops.tuned_entry(device, kind, M, N, K) or ops.heuristic(kind, M, N, K, sms, wgmma=False)
-        return None if paths == "wgmma" and current.get("WGMMA") else current
+        return ops.tuned_entry(device, kind, M, N, K) or ops.heuristic(kind, M, N, K, sms, wgmma=False)
     if paths == "dq":
         current = ops.tuned_entry(device, kind, M, N, K)
         return current if current and not current.get("DQ") else ops.heuristic(kind, M, N, K, sms, dq=False)

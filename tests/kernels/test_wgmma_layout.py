@@ -96,17 +96,23 @@ print("ok")
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout + out.stderr
 
 
-@pytest.mark.parametrize("WG,BT,NS,split,bias,XG,NSW", [(1, 64, 3, False, False, False, 0),
-                                                        (1, 32, 3, True, True, True, 0),
-                                                        (2, 16, 4, True, False, True, 0), (2, 64, 3, False, True, False, 0),
-                                                        (1, 64, 3, True, True, False, 6), (1, 8, 3, False, False, False, 8)])
-def test_compiles_for_sm90_with_the_operand_in_registers(WG, BT, NS, split, bias, XG, NSW):
-    """NSW > 0: the pipelined loop (next step's decode under this step's wgmma, weights NSW steps ahead)."""
-    from qerl_kernels.inspect_ir import compile_wgmma, registers_of
+@pytest.mark.parametrize("WG,BT,NS,split,bias,XG,NSW,MT", [(1, 64, 3, False, False, False, 0, 1),
+                                                           (1, 32, 3, True, True, True, 0, 1),
+                                                           (2, 16, 4, True, False, True, 0, 1),
+                                                           (2, 64, 3, False, True, False, 0, 1),
+                                                           (1, 64, 3, True, True, False, 6, 1),
+                                                           (1, 8, 3, False, False, False, 8, 1),
+                                                           (1, 64, 3, False, True, False, 0, 2),
+                                                           (1, 32, 4, True, False, False, 0, 2)])
+def test_compiles_for_sm90_with_the_operand_in_registers(WG, BT, NS, split, bias, XG, NSW, MT):
+    """NSW > 0: the pipelined loop (next step's decode under this step's wgmma, weights NSW steps ahead);
+    MT = 2: two m64 weight tiles per warpgroup on one activation tile."""
+    from qerl_kernels.inspect_ir import compile_wgmma, registers_of, stack_of
 
-    k = compile_wgmma(WG, BT, NS, split=split, bias=bias, XG=XG, PIPE=NSW > 0, NSW=NSW)
+    k = compile_wgmma(WG, BT, NS, split=split, bias=bias, XG=XG, PIPE=NSW > 0, NSW=NSW, MT=MT)
     ptx = k.asm["ptx"]
-    assert len(re.findall(r"wgmma\.mma_async", ptx)) == 8  # one step: 8 x k16, A from registers
+    assert len(re.findall(r"wgmma\.mma_async", ptx)) == 8 * MT  # one step: 8 x k16 per m64 tile, A from registers
+    assert stack_of(k) == 0  # no register spills
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n%d k16".replace(" ", "") % BT, ptx)
     assert ".local" not in ptx  # no register spills to local memory
     assert registers_of(k) <= 255
