@@ -107,10 +107,11 @@ def compile_sm90(kind="fwd", bm=16, bn=64, bk=256, warps=4, stages=4, split=1, s
 
 WGMMA_SIG = {"xp_ptr": "*bf16", "wp_ptr": "*u8", "ws_ptr": "*u8", "gs_ptr": "*fp32", "out_ptr": "*bf16",
              "bias_ptr": "*bf16", "part_ptr": "*fp32", "lock_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
-             "stride_xm": "i32", "stride_om": "i32", "stride_wn": "i32", "stride_sn": "i32", "SPLIT": "i32"}
+             "stride_xm": "i32", "stride_om": "i32", "stride_wn": "i32", "stride_sn": "i32", "SPLIT": "i32",
+             "xa_ptr": "*bf16", "lb_ptr": "*bf16", "lora_scale": "fp32"}
 
 
-def compile_wgmma(WG=1, BT=64, NS=3, split=False, bias=False, XG=True, PIPE=False, NSW=0, MT=1):
+def compile_wgmma(WG=1, BT=64, NS=3, split=False, bias=False, XG=True, PIPE=False, NSW=0, MT=1, R=0):
     """The warpgroup-MMA kernel (:mod:`qerl_kernels.nvfp4_wgmma`, Gluon) for sm_90: WG warpgroups, BT
     activation rows, NS ring stages, in-kernel activation gather XG."""
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -118,11 +119,11 @@ def compile_wgmma(WG=1, BT=64, NS=3, split=False, bias=False, XG=True, PIPE=Fals
     from qerl_kernels.nvfp4_wgmma import _nvfp4_wgmma_kernel
 
     consts = {"HAS_BIAS": bool(bias), "USE_SPLIT": bool(split), "WG": WG, "BT": BT, "NS": NS, "XG": bool(XG),
-              "PIPE": bool(PIPE), "NSW": max(NSW, NS) if PIPE else 0, "MT": MT}
+              "PIPE": bool(PIPE), "NSW": max(NSW, NS) if PIPE else 0, "MT": MT, "R": R}
     sig = {**WGMMA_SIG, **{k: "constexpr" for k in consts}}
     names = list(sig)
     attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in WGMMA_SIG
-             if k.endswith("_ptr") or k not in ("M", "SPLIT")}
+             if k.endswith("_ptr") or k not in ("M", "SPLIT", "lora_scale")}
     src = GluonASTSource(_nvfp4_wgmma_kernel, sig, {(names.index(k),): v for k, v in consts.items()}, attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4 * WG})
 

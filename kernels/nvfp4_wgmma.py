@@ -238,12 +238,35 @@ def _pipelined(acc, t0, t1, wsm, ssm, xsm, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, s
     return acc
 
 
+@gluon.jit
+def _lora_up(xa_ptr, lb_ptr, n0, m0, M, N, RW: gl.constexpr, BT: gl.constexpr, R: gl.constexpr, NW: gl.constexpr,
+             MMA: gl.constexpr):
+    """LoRA up-projection of this tile, ``(xa · Bᵀ)ᵀ [RW, BT]`` fp32 in the accumulator layout: one more
+    warpgroup MMA with the rows of ``lora_b [N, R]`` as the register operand (loaded straight into the
+    operand layout, pairs of adjacent ranks per 32-bit load) and ``xa [M, R]`` (bf16, from ``x · lora_aᵀ``)
+    as the shared-memory operand; the rank R (a multiple of 16) is the reduction."""
+    AR: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    rn = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, AR)), N - 1)
+    rk = gl.arange(0, R, layout=gl.SliceLayout(0, AR))
+    lb = gl.load(lb_ptr + rn[:, None] * R + rk[None, :])
+    XL: gl.constexpr = gl.BlockedLayout([1, 2], [32 // (R // 2) if R < 64 else 1, R // 2 if R < 64 else 32],
+                                        [NW, 1], [1, 0])
+    xm = m0 + gl.arange(0, BT, layout=gl.SliceLayout(1, XL))
+    xk = gl.arange(0, R, layout=gl.SliceLayout(0, XL))
+    xa = gl.load(xa_ptr + xm[:, None] * R + xk[None, :], mask=(xm < M)[:, None], other=0.0)
+    SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=min(128, 2 * R), element_bitwidth=16, rank=2)
+    xs = gl.allocate_shared_memory(gl.bfloat16, [BT, R], SL, xa)
+    fence_async_shared()
+    return warpgroup_mma(lb, xs.permute((1, 0)), gl.zeros([RW, BT], gl.float32, layout=MMA))
+
+
 @gluon.jit(do_not_specialize=["M", "SPLIT"])
 def _nvfp4_wgmma_kernel(
     xp_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr,
-    M, N, K, stride_xm, stride_om, stride_wn, stride_sn, SPLIT,
+    M, N, K, stride_xm, stride_om, stride_wn, stride_sn, SPLIT, xa_ptr, lb_ptr, lora_scale,
     HAS_BIAS: gl.constexpr, USE_SPLIT: gl.constexpr, WG: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr,
     XG: gl.constexpr = True, PIPE: gl.constexpr = False, NSW: gl.constexpr = 0, MT: gl.constexpr = 1,
+    R: gl.constexpr = 0,
 ):
     RW: gl.constexpr = 64 * WG * MT  # weight rows per program: MT m64 tiles per warpgroup (one x tile for all)
     NW: gl.constexpr = 4 * WG
@@ -334,12 +357,15 @@ def _nvfp4_wgmma_kernel(
         y = acc * (128.0 / gl.load(gs_ptr))
         if HAS_BIAS:
             y += gl.load(bias_ptr + on, mask=on < N, other=0.0).to(gl.float32)[:, None]
+        if R > 0:
+            y += lora_scale * _lora_up(xa_ptr, lb_ptr, n0, m0, M, N, RW, BT, R, NW, MMA)
         gl.store(out_ptr + om[None, :] * stride_om + on[:, None], y.to(out_ptr.dtype.element_ty), mask=omask)
 
 
-def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, *, WG=1, BT=64, NS=3, SPLIT=1, XG=1, PIPE=0, NSW=0,
-                       MT=1, xp=None, part=None, lock=None, **_):
-    """``y [M, N] = x [M, K] · Ŵᵀ (+ bias)`` (bf16) with :func:`_nvfp4_wgmma_kernel`. ``XG=1``: the
+def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lora_scale=1.0, *, WG=1, BT=64,
+                       NS=3, SPLIT=1, XG=1, PIPE=0, NSW=0, MT=1, xp=None, part=None, lock=None, **_):
+    """``y [M, N] = x [M, K] · Ŵᵀ (+ bias) (+ lora_scale · xa · lora_bᵀ)`` (bf16; ``xa [M, R]``,
+    ``lora_b [N, R]`` contiguous bf16, R a multiple of 16) with :func:`_nvfp4_wgmma_kernel`. ``XG=1``: the
     kernel gathers the activations itself (4-byte copies: cheap for BT <= 32); ``XG=0``: they are
     permuted first (:func:`permute_activations`, or ``xp`` if given). ``part`` / ``lock``: split-K
     workspace (fp32 >= SPLIT·M·N) and tickets (int32 zeros >= tiles); allocated when not given.
@@ -365,8 +391,10 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, *, WG=1, BT=64, NS=3,
     _nvfp4_wgmma_kernel[grid](
         xp, packed, scale_u8, gs, out, bias if bias is not None else out, part, lock,
         M, N, K, xp.stride(0), out.stride(0), packed.stride(0), scale_u8.stride(0), SPLIT,
+        xa if xa is not None else out, lora_b if lora_b is not None else out, float(lora_scale),
         HAS_BIAS=bias is not None, USE_SPLIT=SPLIT > 1, WG=WG, BT=BT, NS=NS, XG=bool(XG), PIPE=bool(PIPE),
-        NSW=max(int(NSW), NS) if PIPE else 0, MT=int(MT), num_warps=4 * WG)
+        NSW=max(int(NSW), NS) if PIPE else 0, MT=int(MT), R=lora_b.shape[1] if lora_b is not None else 0,
+        num_warps=4 * WG)
     return out
 
 

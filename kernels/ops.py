@@ -284,11 +284,8 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
         if tiles > _LOCK_SLOTS - 4:
             split = 1
         part = torch.empty(split * M * N if split > 1 else 1, device=x2.device, dtype=torch.float32)
-        out = nvfp4_wgmma_matmul(x2, packed, scale.view(torch.uint8), gs, bias, **{**cfg, "SPLIT": split},
-                                 part=part, lock=_locks(x2.device))
-        if xa is not None:  # LoRA: one cuBLAS call adds s · xa · Bᵀ (fp32 accumulation, one bf16 rounding)
-            out.addmm_(xa, lb.t(), alpha=float(lora_scale))
-        return out
+        return nvfp4_wgmma_matmul(x2, packed, scale.view(torch.uint8), gs, bias, xa, lb, lora_scale,
+                                  **{**cfg, "SPLIT": split}, part=part, lock=_locks(x2.device))
     if cfg.get("DQ"):  # dequantize windows of W + cuBLAS (large M)
         from qerl_kernels.nvfp4_dequant import dq_backward, dq_forward
 

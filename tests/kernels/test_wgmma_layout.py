@@ -116,3 +116,14 @@ def test_compiles_for_sm90_with_the_operand_in_registers(WG, BT, NS, split, bias
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n%d k16".replace(" ", "") % BT, ptx)
     assert ".local" not in ptx  # no register spills to local memory
     assert registers_of(k) <= 255
+
+
+@pytest.mark.parametrize("BT,R", [(64, 32), (32, 16)])
+def test_lora_epilogue_compiles_as_one_more_wgmma(BT, R):
+    """LoRA up-projection in the epilogue: lora_b rows as the register operand, xa from shared memory —
+    R / 16 more k16 wgmma after the 8 of the main step, no spills (split-K and bias on)."""
+    from qerl_kernels.inspect_ir import compile_wgmma, stack_of
+
+    k = compile_wgmma(1, BT, 3, split=True, bias=True, XG=False, R=R)
+    assert len(re.findall(r"wgmma\.mma_async", k.asm["ptx"])) == 8 + R // 16
+    assert stack_of(k) == 0
