@@ -1,6 +1,6 @@
 """Correctness check of the NVFP4 kernels against the pure-torch reference (qerl.ops.linear).
 
-``python -m qerl_kernels.selfcheck [--quick] [--json OUT]`` runs forward and backward (with and
+``python -m qerl_kernels.selfcheck [--quick] [--only-forced KEY] [--json OUT]`` runs forward and backward (with and
 without bias / LoRA) on odd shapes and every M bucket, on CUDA if present, else under
 ``TRITON_INTERPRET=1`` on CPU (small shapes). Exits non-zero on any failure.
 
@@ -67,7 +67,12 @@ FORCED = {
             dict(MMV=2, BM=32, BN=64, BK=128, SPLIT=4, num_warps=4, num_stages=6),
             dict(GEMV=1, BM=4, BN=64, BK=128, SPLIT=2, num_warps=4, num_stages=1),
             dict(GEMV=1, BM=1, BN=128, BK=256, SPLIT=1, num_warps=4, num_stages=3),
-            dict(DQ=1, CHUNK=4096), dict(DQ=1, CHUNK=0)],
+            dict(DQ=1, CHUNK=4096), dict(DQ=1, CHUNK=0),
+            # warpgroup MMA (K % 128 == 0 shapes; the others step down): pre-permuted / gathered activations,
+            # two warpgroups, two m64 tiles per warpgroup, the pipelined loop; LoRA in its epilogue
+            dict(WGMMA=1, WG=1, BT=32, NS=3, SPLIT=2, XG=0), dict(WGMMA=1, WG=2, BT=16, NS=4, SPLIT=3, XG=1),
+            dict(WGMMA=1, WG=1, BT=64, NS=3, SPLIT=1, XG=0, MT=2),
+            dict(WGMMA=1, WG=1, BT=64, NS=3, SPLIT=2, XG=0, PIPE=1, NSW=6)],
     "bwd": [dict(BM=16, BN=128, BK=64, SWAP=0, SPLIT=3, num_warps=4, num_stages=4),
             dict(BM=64, BN=64, BK=128, SWAP=1, SPLIT=1, num_warps=4, num_stages=4),
             dict(BM=128, BN=64, BK=128, SWAP=1, SPLIT=2, num_warps=8, num_stages=3),
@@ -102,13 +107,14 @@ def run_dequant(device: str, shapes) -> list[dict]:
     return rows
 
 
-def run_forced(device: str, shapes, ms, tol: float) -> list[dict]:
-    """Each forced config on each shape / M, forward and backward (with bias and rank-8 LoRA)."""
+def run_forced(device: str, shapes, ms, tol: float, only: str | None = None) -> list[dict]:
+    """Each forced config on each shape / M, forward and backward (with bias and rank-8 LoRA);
+    ``only``: just the configs with that key (e.g. ``WGMMA``)."""
     import os
 
     rows = []
     for kind in ("fwd", "bwd"):
-        for cfg in FORCED[kind]:
+        for cfg in (c for c in FORCED[kind] if only is None or c.get(only)):
             os.environ["QERL_KERNEL_CONFIG"] = json.dumps(cfg)
             try:
                 for r in run(device, shapes, ms, tol, kinds=(kind,)):
@@ -176,8 +182,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", default=None)
+    p.add_argument("--only-forced", default=None, metavar="KEY",
+                   help="only the forced configs with this key (e.g. WGMMA), on the forced shapes")
     a = p.parse_args(argv)
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and a.only_forced:
+        rows = run_forced("cuda", [(130, 272), (100, 352), (130, 512), (3584, 3584), (520, 18944)], [1, 3, 17, 100],
+                          5e-3, only=a.only_forced)
+    elif torch.cuda.is_available():
         shapes = [(48, 80), (130, 272), (3584, 3584), (512, 18944)] if not a.quick else [(48, 80), (130, 272)]
         ms = [1, 2, 3, 8, 16, 17, 33, 64, 100, 256, 513, 2048]
         rows = run("cuda", shapes, ms, 5e-3) + run_forced("cuda", [(130, 272), (100, 352), (130, 512), (3584, 3584)], [1, 3, 17, 100],
