@@ -211,7 +211,7 @@ def _gluon_ok() -> bool:
     try:
         import qerl_kernels.nvfp4_wgmma  # noqa: F401
         return True
-    except ImportError:
+    except (ImportError, AttributeError):  # a Triton without Gluon / with another Gluon API
         return False
 
 
