@@ -174,17 +174,6 @@ def _a_operand(q, sb, AOP: gl.constexpr, LW: gl.constexpr, RW: gl.constexpr, XG:
 
 
 @gluon.jit
-def _issue(t, slot, wsm, ssm, xsm, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, srow, scol, xrow, xcol, xmask,
-           stride_wn, stride_sn, stride_xm):
-    """cp.async of step t's packed weights [RW, 64 B], scales [RW, 8 B] and activations [BT, 128] into
-    ring slot ``slot``; one commit group."""
-    async_copy.async_copy_global_to_shared(wsm.index(slot), wp_ptr + wrow * stride_wn + t * 64 + wcol)
-    async_copy.async_copy_global_to_shared(ssm.index(slot), ws_ptr + srow * (stride_sn // 4) + t * 2 + scol)
-    async_copy.async_copy_global_to_shared(xsm.index(slot), xp_ptr + xrow * stride_xm + t * 128 + xcol, mask=xmask)
-    async_copy.commit_group()
-
-
-@gluon.jit
 def _issue_w(t, slot, wsm, ssm, wp_ptr, ws_ptr, wrow, wcol, srow, scol, stride_wn, stride_sn):
     """cp.async of step t's packed weights [RW, 64 B] and scales [RW, 8 B] into W-ring slot ``slot``."""
     async_copy.async_copy_global_to_shared(wsm.index(slot), wp_ptr + wrow * stride_wn + t * 64 + wcol)
@@ -195,6 +184,15 @@ def _issue_w(t, slot, wsm, ssm, wp_ptr, ws_ptr, wrow, wcol, srow, scol, stride_w
 def _issue_x(t, slot, xsm, xp_ptr, xrow, xcol, xmask, stride_xm):
     """cp.async of step t's activation tile [BT, 128] into x-ring slot ``slot``."""
     async_copy.async_copy_global_to_shared(xsm.index(slot), xp_ptr + xrow * stride_xm + t * 128 + xcol, mask=xmask)
+
+
+@gluon.jit
+def _issue(t, slot, wsm, ssm, xsm, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, srow, scol, xrow, xcol, xmask,
+           stride_wn, stride_sn, stride_xm):
+    """Step t's weights, scales and activations into ring slot ``slot`` (one ring): one commit group."""
+    _issue_w(t, slot, wsm, ssm, wp_ptr, ws_ptr, wrow, wcol, srow, scol, stride_wn, stride_sn)
+    _issue_x(t, slot, xsm, xp_ptr, xrow, xcol, xmask, stride_xm)
+    async_copy.commit_group()
 
 
 @gluon.jit
@@ -329,9 +327,7 @@ def _nvfp4_wgmma_kernel(
             async_copy.wait_group(NS - 1)
             gl.thread_barrier()
             fence_async_shared()
-            q = wsm.index(slot)._reinterpret(gl.int32, [RW, 16], FLAT).load(LW)
-            sb = ssm.index(slot)._reinterpret(gl.uint8, [RW, 8], FLAT).load(LS)
-            a = _a_operand(q, sb, AOP, LW, RW, XG)
+            a = _decode_slot(wsm, ssm, slot, AOP, LW, LS, FLAT, RW, XG)
             acc = warpgroup_mma(a, xsm.index(slot).permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=[acc])
             gl.thread_barrier()  # every warp is done with this slot before it is refilled
