@@ -1,6 +1,9 @@
-"""NVFP4 W4A16 matmul for mid-size M (the ``M = 17 … 256`` gap between the decode kernel and the
+"""NVFP4 W4A16 matmul for mid-size M (routed at M = 17 … 128: the gap between the decode kernel and the
 dequantize-then-cuBLAS path) on Hopper's warpgroup MMA with the **weights as the register operand**
-(Gluon; the Machete / Marlin idea on ``wgmma``): ``yᵀ [N, M] = Ŵ [N, K] · xᵀ`` (+ bias).
+(Gluon; the Machete / Marlin idea on ``wgmma``): ``yᵀ [N, M] = Ŵ [N, K] · xᵀ`` (+ bias)
+(+ ``s · (xa · lora_bᵀ)ᵀ``), ``Ŵ = FP4 · S_FP8 · S_FP32`` (paper Eq. 1; the MMA sees ``e2m1 · scale · 2^-7``
+exactly and the epilogue applies ``2^7 / gs``, as in :mod:`.nvfp4_matmul`). x, y, xa, lora_b: bf16; packed
+uint8 ``[N, K/2]``, scale bits uint8 ``[N, K/16]``, gs fp32 ``[1]``; fp32 accumulation.
 
 Why: the Triton tile kernel (:mod:`.nvfp4_matmul`, ``SWAP``) also feeds ``wgmma`` with the weight tile
 from registers, but Triton dequantizes in a blocked layout and moves the tile into the MMA operand
@@ -9,10 +12,12 @@ at ~100 TFLOP/s. Here every thread decodes exactly the packed words of its own A
 decoded tile is *already* in the operand layout (``gl.convert_layout(..., assert_trivial=True)``
 proves it at compile time), and nothing but the activations goes through shared memory.
 
-Per program: ``64 · WG`` weight rows (WG warpgroups, one ``m64`` tile each) x ``BT`` activation rows
+Per program: ``64 · WG · MT`` weight rows (WG warpgroups, MT ``m64`` tiles each) x ``BT`` activation rows
 (the MMA's n), 128-wide K steps, ``NS``-stage ``cp.async`` ring for the packed weights, their block
-scales and the activation tile. Split-K over programs (``SPLIT``) with the decode kernel's ticketed,
-deterministic reduction.
+scales and the activation tile (``PIPE``: the next step's decode under this step's wgmma, the weights
+``NSW`` steps ahead). Split-K over programs (``SPLIT``) with the decode kernel's ticketed, deterministic
+reduction; the LoRA up-projection (rank R) is one more wgmma in the epilogue. Measurements of every
+variant: reports/kernels/README.md, "v9".
 
 The reduction order trick (as in :mod:`.nvfp4_mmv`): thread ``(g, c) = (lane // 4, lane % 4)`` of warp
 ``w`` owns rows ``16 w + g`` and ``+ 8`` of its warpgroup's tile and the 16 packed bytes ``16 c … 16 c + 15``
@@ -22,7 +27,9 @@ permutation of the physical k if the activations use the same one: word ``v`` de
 and logical ``k = 16 j + 8 h + 2 c + e`` (``j`` the k16 MMA, ``h`` the fragment half, ``e`` the element)
 is physical ``π(k) = 32 c + 8 (j // 2) + 3 - (2 (j % 2) + h) + 4 e``. The activations are gathered once
 per call into that order (:func:`permute_activations`, one small copy) and copied with 16-byte
-``cp.async`` into a 128-byte-swizzled tile that is the ``wgmma`` B operand as is.
+``cp.async`` into a 128-byte-swizzled tile that is the ``wgmma`` B operand as is (``XG``: the kernel
+gathers them itself in the byte-pair order ``perm_128(True)`` with 4-byte copies — slower, kept for
+experiments).
 
 Requires K % 128 == 0 and 16-byte aligned rows (checked by :func:`qerl_kernels.ops`); CUDA only (Gluon
 does not run in the CPU interpreter): ``tests/kernels/test_wgmma_layout.py`` replays the permutation and
