@@ -32,12 +32,8 @@ import triton.language as tl
 from qerl_kernels.nvfp4_matmul import _e2m1_to_f32, _e4m3_to_f32
 
 
-@triton.jit
-def _word_pairs(q, c):
-    """int32 words (8 nibbles each) -> 4 int32 bf16x2 pairs: nibbles (3, 7), (2, 6), (1, 5), (0, 4) as
-    exact e2m1 values (low half, high half)."""
-    return tl.inline_asm_elementwise(
-        asm="""
+# nibbles (3 - i, 7 - i) of word $4 -> bf16x2 pair $i times the bf16x2 $5 (also used by nvfp4_wgmma)
+WORD_PAIRS_PTX = tl.constexpr("""
         {
         .reg .b32 q, t, u;
         mov.b32 q, $4;
@@ -49,7 +45,15 @@ def _word_pairs(q, c):
         shl.b32 q, q, 4;
         and.b32 t, q, 0x70007000; shr.u32 t, t, 6; and.b32 u, q, 0x80008000; or.b32 t, t, u; mul.rn.bf16x2 $3, t, $5;
         }
-        """,
+        """)
+
+
+@triton.jit
+def _word_pairs(q, c):
+    """int32 words (8 nibbles each) -> 4 int32 bf16x2 pairs: nibbles (3, 7), (2, 6), (1, 5), (0, 4) as
+    exact e2m1 values (low half, high half)."""
+    return tl.inline_asm_elementwise(
+        asm=WORD_PAIRS_PTX,
         constraints="=r,=r,=r,=r,r,r",
         args=[q, c], dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
 

@@ -61,6 +61,20 @@ def _e2m1_to_f32(c):
     return tl.where((c & 8) != 0, -v, v)
 
 
+# byte b of $4 -> bf16x2 (low, high nibble) pair $b times the bf16x2 scale operand $(5 + b) (also used by
+# nvfp4_wgmma with one scale operand for all four bytes)
+FP4_PAIRS_PTX = tl.constexpr("""
+        {
+        .reg .b32 q4, r, t;
+        shl.b32 q4, $4, 4;
+        prmt.b32 r, $4, q4, 0x0040; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $0, r, $5;
+        prmt.b32 r, $4, q4, 0x1151; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $1, r, $6;
+        prmt.b32 r, $4, q4, 0x2262; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $2, r, $7;
+        prmt.b32 r, $4, q4, 0x3373; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $3, r, $8;
+        }
+        """)
+
+
 @triton.jit
 def _fp4_pairs(p, s2):
     """4 packed bytes (one b32) + each byte's block scale as a bf16x2 pair ``(s, s)`` with
@@ -77,16 +91,7 @@ def _fp4_pairs(p, s2):
     conversion above the dequantization, which otherwise loads the packed bytes one ``LDS.U8`` at a
     time in the MMA fragment order (bank-conflicted; ncu: L1 91% busy, DRAM 19%, on an H200)."""
     return tl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .b32 q4, r, t;
-        shl.b32 q4, $4, 4;
-        prmt.b32 r, $4, q4, 0x0040; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $0, r, $5;
-        prmt.b32 r, $4, q4, 0x1151; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $1, r, $6;
-        prmt.b32 r, $4, q4, 0x2262; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $2, r, $7;
-        prmt.b32 r, $4, q4, 0x3373; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $3, r, $8;
-        }
-        """,
+        asm=FP4_PAIRS_PTX,
         constraints="=r,=r,=r,=r,r,r,r,r,r",
         args=[p, s2], dtype=tl.int32, is_pure=False, pack=4)
 

@@ -45,6 +45,12 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
+from qerl_kernels.nvfp4_gemv import WORD_PAIRS_PTX
+from qerl_kernels.nvfp4_matmul import FP4_PAIRS_PTX
+
+_WORD_PAIRS = gl.constexpr(WORD_PAIRS_PTX.value)  # one scale operand ($5) for the word's 8 nibbles
+_BYTE_PAIRS = gl.constexpr(FP4_PAIRS_PTX.value.replace("$6", "$5").replace("$7", "$5").replace("$8", "$5"))
+
 
 def perm_128(xg: bool = False):
     """``π`` as a list: logical k (0..127) -> physical k within each 128-wide block (see module doc);
@@ -113,19 +119,7 @@ def _word_pairs(q, s):
     """Words (8 nibbles) x bf16x2 scale ``(s, s)`` -> pairs (3, 7), (2, 6), (1, 5), (0, 4) of
     ``e2m1 · 2^-126 · s`` (see :func:`qerl_kernels.nvfp4_gemv._word_pairs`)."""
     return gl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .b32 q, t, u;
-        mov.b32 q, $4;
-        and.b32 t, q, 0x70007000; shr.u32 t, t, 6; and.b32 u, q, 0x80008000; or.b32 t, t, u; mul.rn.bf16x2 $0, t, $5;
-        shl.b32 q, q, 4;
-        and.b32 t, q, 0x70007000; shr.u32 t, t, 6; and.b32 u, q, 0x80008000; or.b32 t, t, u; mul.rn.bf16x2 $1, t, $5;
-        shl.b32 q, q, 4;
-        and.b32 t, q, 0x70007000; shr.u32 t, t, 6; and.b32 u, q, 0x80008000; or.b32 t, t, u; mul.rn.bf16x2 $2, t, $5;
-        shl.b32 q, q, 4;
-        and.b32 t, q, 0x70007000; shr.u32 t, t, 6; and.b32 u, q, 0x80008000; or.b32 t, t, u; mul.rn.bf16x2 $3, t, $5;
-        }
-        """,
+        asm=_WORD_PAIRS,
         constraints="=r,=r,=r,=r,r,r", args=[q, s], dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True,
         pack=1)
 
@@ -136,16 +130,7 @@ def _byte_pairs(q, s):
     nibble) = physical k (2b, 2b + 1) of ``e2m1 · 2^-126 · s`` (:func:`qerl_kernels.nvfp4_matmul._fp4_pairs`
     with one scale per word)."""
     return gl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .b32 q4, r, t;
-        shl.b32 q4, $4, 4;
-        prmt.b32 r, $4, q4, 0x0040; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $0, r, $5;
-        prmt.b32 r, $4, q4, 0x1151; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $1, r, $5;
-        prmt.b32 r, $4, q4, 0x2262; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $2, r, $5;
-        prmt.b32 r, $4, q4, 0x3373; shr.b32 t, r, 6; and.b32 t, t, 0x01C001C0; and.b32 r, r, 0x80008000; or.b32 r, r, t; mul.rn.bf16x2 $3, r, $5;
-        }
-        """,
+        asm=_BYTE_PAIRS,
         constraints="=r,=r,=r,=r,r,r", args=[q, s], dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True,
         pack=1)
 
@@ -307,7 +292,7 @@ def _nvfp4_wgmma_kernel(
         kp = 32 * ((kl // 2) % 4) + 4 * (kl // 16) + 2 * ((kl // 8) % 2) + kl % 2
         kl = gl.max_contiguous(gl.multiple_of(kp, 2), 2)
     xcol = kl[None, :]
-    xmask = (xrow < M) & (xcol < 128)
+    xmask = xrow < M  # async_copy broadcasts it over the columns
 
     WSL: gl.constexpr = NSW if PIPE else NS  # W-ring slots
     wsm = gl.allocate_shared_memory(gl.uint8, [WSL, RW, 64], FLAT)
@@ -366,11 +351,11 @@ def _nvfp4_wgmma_kernel(
 
 
 def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lora_scale=1.0, *, WG=1, BT=64,
-                       NS=3, SPLIT=1, XG=1, PIPE=0, NSW=0, MT=1, xp=None, part=None, lock=None, **_):
+                       NS=3, SPLIT=1, XG=0, PIPE=0, NSW=0, MT=1, xp=None, part=None, lock=None, **_):
     """``y [M, N] = x [M, K] · Ŵᵀ (+ bias) (+ lora_scale · xa · lora_bᵀ)`` (bf16; ``xa [M, R]``,
-    ``lora_b [N, R]`` contiguous bf16, R a multiple of 16) with :func:`_nvfp4_wgmma_kernel`. ``XG=1``: the
-    kernel gathers the activations itself (4-byte copies: cheap for BT <= 32); ``XG=0``: they are
-    permuted first (:func:`permute_activations`, or ``xp`` if given). ``part`` / ``lock``: split-K
+    ``lora_b [N, R]`` contiguous bf16, R a multiple of 16) with :func:`_nvfp4_wgmma_kernel`. ``XG=0``
+    (default; faster at every tuned key): the activations are permuted first (:func:`permute_activations`,
+    or ``xp`` if given); ``XG=1``: the kernel gathers them itself (4-byte copies). ``part`` / ``lock``: split-K
     workspace (fp32 >= SPLIT·M·N) and tickets (int32 zeros >= tiles); allocated when not given.
     Validation is the caller's (:mod:`qerl_kernels.ops`); other keys (a config's) are ignored."""
     M, K = x.shape
@@ -382,7 +367,7 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None,
     elif xp is None:
         xp = permute_activations(x)
     out = torch.empty((M, N), device=x.device, dtype=torch.bfloat16)
-    grid = (triton_cdiv(N, 64 * WG * MT), triton_cdiv(M, BT), SPLIT)
+    grid = (triton.cdiv(N, 64 * WG * MT), triton.cdiv(M, BT), SPLIT)
     if SPLIT > 1:
         if part is None:
             part = torch.empty(SPLIT * M * N, device=x.device, dtype=torch.float32)
@@ -400,6 +385,3 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None,
         num_warps=4 * WG)
     return out
 
-
-def triton_cdiv(a, b):
-    return -(-a // b)

@@ -73,7 +73,7 @@ def configs(M, N, K, sms):
                 res = 3 if WG == 1 else 2
                 s0 = max(1, min(steps // 2, round(res * sms / tiles)))
                 for split in sorted({s0, max(1, s0 // 2)}):
-                    out[f"w{WG}_b{BT}_s{NS}_k{split}"] = dict(WG=WG, BT=BT, NS=NS, SPLIT=split)
+                    out[f"w{WG}_b{BT}_s{NS}_k{split}"] = dict(WG=WG, BT=BT, NS=NS, SPLIT=split, XG=1)
     return out
 
 
@@ -108,7 +108,7 @@ def main(out, budget=300.0):
                     errs[name] = float((y.float() - ref).norm() / ref.norm())
                     if errs[name] < 1e-2:
                         named[name] = [lambda w=w, c=cfg: nvfp4_wgmma_matmul(x, *w, **c) for w in ws]
-                        named[name + "+xp"] = [lambda w=w, c=cfg: nvfp4_wgmma_matmul(x, *w, xp=xp, XG=0, **c)
+                        named[name + "+xp"] = [lambda w=w, c=cfg: nvfp4_wgmma_matmul(x, *w, xp=xp, **{**c, "XG": 0})
                                                for w in ws]
                 except Exception as e:  # noqa: BLE001 - reported
                     errs[name] = repr(e)[:200]
