@@ -229,16 +229,18 @@ def _pipelined(acc, t0, t1, wsm, ssm, xsm, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, s
 
 
 @gluon.jit
-def _lora_up(xa_ptr, lb_ptr, n0, m0, M, N, RW: gl.constexpr, BT: gl.constexpr, R: gl.constexpr, NW: gl.constexpr,
-             MMA: gl.constexpr):
-    """LoRA up-projection of this tile, ``(xa · Bᵀ)ᵀ [RW, BT]`` fp32 in the accumulator layout: one more
-    warpgroup MMA with the rows of ``lora_b [N, R]`` as the register operand (loaded straight into the
-    operand layout, pairs of adjacent ranks per 32-bit load) and ``xa [M, R]`` (bf16, from ``x · lora_aᵀ``)
-    as the shared-memory operand; the rank R (a multiple of 16) is the reduction."""
+def _lora_up(y, xa_ptr, lb_ptr, lora_scale, n0, m0, M, N, RW: gl.constexpr, BT: gl.constexpr, R: gl.constexpr,
+             NW: gl.constexpr, MMA: gl.constexpr):
+    """``y + s · (xa · Bᵀ)ᵀ`` for this tile (``y [RW, BT]`` fp32 in the accumulator layout): one more
+    warpgroup MMA that accumulates into ``y`` itself (no second accumulator: at BT = 256 one more
+    [128, 256] fp32 tile would spill), with the rows of ``lora_b [N, R]`` times ``s`` (rounded to bf16:
+    exact for a power-of-two s) as the register operand (loaded straight into the operand layout, pairs
+    of adjacent ranks per 32-bit load) and ``xa [M, R]`` (bf16, from ``x · lora_aᵀ``) as the shared-memory
+    operand; the rank R (a multiple of 16) is the reduction."""
     AR: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     rn = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, AR)), N - 1)
     rk = gl.arange(0, R, layout=gl.SliceLayout(0, AR))
-    lb = gl.load(lb_ptr + rn[:, None] * R + rk[None, :])
+    lb = (gl.load(lb_ptr + rn[:, None] * R + rk[None, :]).to(gl.float32) * lora_scale).to(gl.bfloat16)
     XL: gl.constexpr = gl.BlockedLayout([1, 2], [32 // (R // 2) if R < 64 else 1, R // 2 if R < 64 else 32],
                                         [NW, 1], [1, 0])
     xm = m0 + gl.arange(0, BT, layout=gl.SliceLayout(1, XL))
@@ -247,7 +249,14 @@ def _lora_up(xa_ptr, lb_ptr, n0, m0, M, N, RW: gl.constexpr, BT: gl.constexpr, R
     SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=min(128, 2 * R), element_bitwidth=16, rank=2)
     xs = gl.allocate_shared_memory(gl.bfloat16, [BT, R], SL, xa)
     fence_async_shared()
-    return warpgroup_mma(lb, xs.permute((1, 0)), gl.zeros([RW, BT], gl.float32, layout=MMA))
+    return warpgroup_mma(lb, xs.permute((1, 0)), y)
+
+
+@gluon.jit
+def _gdc_wait():
+    """``griddepcontrol.wait``: the preceding grid (the PDL primary :mod:`qerl_kernels.lora_xa`) has completed
+    and its writes are visible (as ``triton.language.extra.cuda.gdc_wait``)."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit(do_not_specialize=["M", "SPLIT"])
@@ -256,7 +265,7 @@ def _nvfp4_wgmma_kernel(
     M, N, K, stride_xm, stride_om, stride_wn, stride_sn, SPLIT, xa_ptr, lb_ptr, lora_scale,
     HAS_BIAS: gl.constexpr, USE_SPLIT: gl.constexpr, WG: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr,
     XG: gl.constexpr = True, PIPE: gl.constexpr = False, NSW: gl.constexpr = 0, MT: gl.constexpr = 1,
-    R: gl.constexpr = 0,
+    R: gl.constexpr = 0, PDL: gl.constexpr = False,
 ):
     RW: gl.constexpr = 64 * WG * MT  # weight rows per program: MT m64 tiles per warpgroup (one x tile for all)
     NW: gl.constexpr = 4 * WG
@@ -346,17 +355,21 @@ def _nvfp4_wgmma_kernel(
         if HAS_BIAS:
             y += gl.load(bias_ptr + on, mask=on < N, other=0.0).to(gl.float32)[:, None]
         if R > 0:
-            y += lora_scale * _lora_up(xa_ptr, lb_ptr, n0, m0, M, N, RW, BT, R, NW, MMA)
+            if PDL:  # xa comes from the preceding lora_xa launch, which this one overlaps: wait for that grid
+                _gdc_wait()
+            y = _lora_up(y, xa_ptr, lb_ptr, lora_scale, n0, m0, M, N, RW, BT, R, NW, MMA)
         gl.store(out_ptr + om[None, :] * stride_om + on[:, None], y.to(out_ptr.dtype.element_ty), mask=omask)
 
 
 def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lora_scale=1.0, *, WG=1, BT=64,
-                       NS=3, SPLIT=1, XG=0, PIPE=0, NSW=0, MT=1, xp=None, part=None, lock=None, **_):
+                       NS=3, SPLIT=1, XG=0, PIPE=0, NSW=0, MT=1, xp=None, part=None, lock=None, pdl=False, **_):
     """``y [M, N] = x [M, K] · Ŵᵀ (+ bias) (+ lora_scale · xa · lora_bᵀ)`` (bf16; ``xa [M, R]``,
     ``lora_b [N, R]`` contiguous bf16, R a multiple of 16) with :func:`_nvfp4_wgmma_kernel`. ``XG=0``
     (default; faster at every tuned key): the activations are permuted first (:func:`permute_activations`,
     or ``xp`` if given); ``XG=1``: the kernel gathers them itself (4-byte copies). ``part`` / ``lock``: split-K
-    workspace (fp32 >= SPLIT·M·N) and tickets (int32 zeros >= tiles); allocated when not given.
+    workspace (fp32 >= SPLIT·M·N) and tickets (int32 zeros >= tiles); allocated when not given. ``pdl``:
+    launched as the dependent of the launch just before it (``xa`` from :mod:`qerl_kernels.lora_xa`; the
+    tiles wait for it only before the LoRA epilogue).
     Validation is the caller's (:mod:`qerl_kernels.ops`); other keys (a config's) are ignored."""
     M, K = x.shape
     N = packed.shape[0]
@@ -382,6 +395,6 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None,
         xa if xa is not None else out, lora_b if lora_b is not None else out, float(lora_scale),
         HAS_BIAS=bias is not None, USE_SPLIT=SPLIT > 1, WG=WG, BT=BT, NS=NS, XG=bool(XG), PIPE=bool(PIPE),
         NSW=max(int(NSW), NS) if PIPE else 0, MT=int(MT), R=lora_b.shape[1] if lora_b is not None else 0,
-        num_warps=4 * WG)
+        PDL=bool(pdl), num_warps=4 * WG, **({"launch_pdl": True} if pdl else {}))
     return out
 

@@ -105,14 +105,15 @@ def heuristic(kind: str, M: int, N: int, K: int, sms: int, dq: bool = True, wgmm
 def tuned_entry(device_name: str, kind: str, M: int, N: int, K: int) -> dict | None:
     """The tuned config of this (kind, N, K) at M's bucket, else at the nearest tuned bucket whose path
     suits M: a decode-kernel entry (MMV / GEMV) only up to M = 32, a dequantize + cuBLAS entry (DQ)
-    only from M = 64 (a table tuned at decode sizes only once sent M = 2048 to the decode kernel: 0.15x
+    only from M = 64, a warpgroup-MMA entry (WGMMA) from M = 17 (above M = 256 only a large tile, BT >= 128) (a table tuned at decode sizes only once sent M = 2048 to the decode kernel: 0.15x
     cuBLAS on an H100); else None (the heuristic)."""
     table = _tuned(device_name)
     hit = table.get(f"{kind}:{m_bucket(M)}:{N}:{K}")
     if hit is None:
         def suits(cfg: dict) -> bool:
             return not ((cfg.get("MMV") or cfg.get("GEMV")) and M > 32) and not (cfg.get("DQ") and M < 64) \
-                and not (cfg.get("WGMMA") and not WGMMA_ROWS[0] < M <= 2 * WGMMA_ROWS[1])
+                and not (cfg.get("WGMMA") and not (WGMMA_ROWS[0] < M <= 2 * WGMMA_ROWS[1] or
+                                                   (M > WGMMA_ROWS[1] and cfg.get("BT", 0) >= 128)))
 
         have = {b: c for b in M_BUCKETS if (c := table.get(f"{kind}:{b}:{N}:{K}")) is not None and suits(c)}
         if have:
@@ -248,8 +249,13 @@ def lora_route(kind: str, cfg: dict, M: int, K: int, mode: str = "auto") -> str:
     fused at M <= 8 and at M <= 16 with K <= 8192 (one launch: also the cheapest host path for eager
     rollouts); PDL at M = 9..16 with K > 8192, where it added 11-15% against 15-21% for ``x @ lora_a.T``
     + the kernel; tiles (M > 16) and the backward use the matmul. PDL needs the register-prefetch decode
-    kernel (MMV 1); the cp.async twin (MMV 2) only fuses."""
-    if kind != "fwd" or not cfg.get("MMV") or M > 16:
+    kernel (MMV 1); the cp.async twin (MMV 2) only fuses. The warpgroup-MMA kernel at M <= 16 (tuned keys
+    only) takes PDL ("fused": the matmul)."""
+    if kind != "fwd" or M > 16:
+        return "matmul"
+    if cfg.get("WGMMA"):  # decode sizes on the warpgroup-MMA kernel: its LoRA epilogue waits on a PDL primary
+        return "matmul" if mode == "fused" else "pdl"
+    if not cfg.get("MMV"):
         return "matmul"
     fits = M <= 8 or K <= 8192
     if mode == "fused" or cfg.get("MMV") != 1:
@@ -284,8 +290,20 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
         if tiles > _LOCK_SLOTS - 4:
             split = 1
         part = torch.empty(split * M * N if split > 1 else 1, device=x2.device, dtype=torch.float32)
+        xperm = None
+        if pdl:  # permute first: the PDL primary (xa [16, R]) must be the launch right before the kernel
+            from qerl_kernels.lora_xa import _lora_xa_kernel
+            from qerl_kernels.nvfp4_wgmma import permute_activations
+
+            xperm = None if cfg.get("XG") else permute_activations(x2)
+            locks = _locks(x2.device)
+            xa = torch.empty(16, r, device=x2.device, dtype=x2.dtype)
+            nxp = min(64, -(-K // 128))
+            xap = torch.empty(nxp * 16 * r, device=x2.device, dtype=torch.float32)
+            _lora_xa_kernel[(nxp,)](x2, lora_a, xa, xap, locks[_LOCK_SLOTS - 4:], locks, M, K, x2.stride(0), nxp,
+                                    R=r, KB=128, QB=16, PDL=XA_PDL_AT, num_warps=4, num_stages=1)
         return nvfp4_wgmma_matmul(x2, packed, scale.view(torch.uint8), gs, bias, xa, lb, lora_scale,
-                                  **{**cfg, "SPLIT": split}, part=part, lock=_locks(x2.device))
+                                  **{**cfg, "SPLIT": split}, xp=xperm, part=part, lock=_locks(x2.device), pdl=pdl)
     if cfg.get("DQ"):  # dequantize windows of W + cuBLAS (large M)
         from qerl_kernels.nvfp4_dequant import dq_backward, dq_forward
 

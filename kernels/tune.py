@@ -91,15 +91,19 @@ def _decode_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
 
 
 def _wgmma_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
-    """Forward M in 5..256, K % 128 == 0: the warpgroup-MMA kernel (``WGMMA``): 1 | 2 warpgroups, BT
+    """Forward M > 4, K % 128 == 0: the warpgroup-MMA kernel (``WGMMA``): 1 | 2 warpgroups, BT
     activation rows per program (pre-permuted: the in-kernel gather ``XG`` won no key of the first H100
     search), the plain loop with 3 | 4 ring stages or the pipelined one (``PIPE``: next step's decode under
     this step's wgmma, the weights ``NSW`` steps ahead), two m64 weight tiles per warpgroup (``MT`` 2: the
     activation tile, read from L2 by every program, serves twice the rows), K split to ~2-3 programs per SM
-    and half that."""
+    and half that; M > 128: :func:`_wgmma_large` (and up to M = 512 the above with BT 64 | 128)."""
     out = []
-    if not 4 < M <= 256 or K % 128:
+    if M <= 4 or K % 128:
         return out
+    if M > 128:  # prefill / training sizes: large tiles (no split), the activations pre-permuted or gathered
+        out = _wgmma_large(M)
+        if M > 512:
+            return out
     bts = {min(128, -(-M // 16) * 16) if M > 8 else 8} | ({64} if M > 32 else set())
     # PIPE: correct, but 10% slower (median of the best per key) in the H100 search that tried NSW 4 | 6 | 8
     # (reports/kernels/NVIDIA_H100_80GB_HBM3_tune_wgmma_pipe.csv): one candidate stays as the comparison
@@ -112,8 +116,20 @@ def _wgmma_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
         for split in sorted({s0, max(1, s0 // 2)}):
             if mt == 2 and bt > 32 and split > 1:  # the split-K epilogue would spill registers (compile test)
                 continue
-            out.append(dict(WGMMA=1, WG=wg, BT=bt, SPLIT=split, XG=0, **loop, **({"MT": 2} if mt == 2 else {})))
+            cfg = dict(WGMMA=1, WG=wg, BT=bt, SPLIT=split, XG=0, **loop, **({"MT": 2} if mt == 2 else {}))
+            if cfg not in out:
+                out.append(cfg)
     return out
+
+
+def _wgmma_large(M: int) -> list[dict]:
+    """M > 128: two warpgroups (128 weight rows) x BT = 128 | 256 activation rows, 2-4 ring stages (BT = 256:
+    3 stages take 219 KiB of shared memory), pre-permuted (``XG`` 0: one extra pass over x) or gathered
+    in the kernel (``XG`` 1: 4-byte copies, no pass), and the pipelined decode at BT = 128."""
+    out = [dict(WGMMA=1, WG=2, BT=256, NS=ns, SPLIT=1, XG=xg) for ns in (2, 3) for xg in (0, 1)]
+    out += [dict(WGMMA=1, WG=2, BT=128, NS=ns, SPLIT=1, XG=xg) for ns in (3, 4) for xg in (0, 1)]
+    out.append(dict(WGMMA=1, WG=2, BT=128, NS=3, SPLIT=1, XG=0, PIPE=1, NSW=6))
+    return [c for c in out if M > 256 or c["BT"] == 128]
 
 
 def _dq_paths(M: int) -> list[dict]:

@@ -1,11 +1,14 @@
 """GPU: the warpgroup-MMA route (``qerl_kernels.nvfp4_wgmma``) through the public op, as models call it —
 odd M (activation-row masking), bias, LoRA (``lora_a`` and explicit ``xa``), split-K with the shared
 tickets (called three times: they must come back to zero), an N that is not a multiple of 64, and CUDA-graph
-capture and replay with new inputs — against the dequantized fp32 reference.
+capture and replay with new inputs — against the dequantized fp32 reference; then forced configs: decode
+sizes M <= 16 (BT 8 | 16, split, LoRA through the PDL primary ``lora_xa``) and every large-tile candidate
+of the tuner (M > 128: BT 128 | 256, gathered or pre-permuted activations, pipelined), with bias and LoRA.
 
 ``python scripts/wgmma_check.py [OUT.json]`` — one line per case; exit status 1 if any case fails.
 """
 import json
+import os
 import sys
 
 import torch
@@ -44,6 +47,39 @@ def main(out=None) -> int:
                 print(torch.cuda.get_device_name(), N, K, M, name, "WGMMA" if cfg.get("WGMMA") else cfg,
                       f"split {cfg.get('SPLIT')}", f"rel_err {max(errs):.2e}", "ok" if ok else "FAIL", flush=True)
         assert int(ops._locks(torch.device(dev)).abs().sum()) == 0, "split tickets not back at zero"
+    # forced configs: decode sizes (BT 8 | 16, LoRA through the PDL primary) and the large tiles (M > 128)
+    from qerl_kernels.tune import _wgmma_large
+
+    forced = [(M, dict(WGMMA=1, WG=wg, BT=bt, NS=4, SPLIT=sp, XG=0)) for M, bt in ((1, 8), (5, 8), (16, 16), (11, 16))
+              for wg, sp in ((1, 1), (1, 4), (2, 2))]
+    forced += [(M, c) for M in (200, 1000, 2048) for c in _wgmma_large(M)]
+    for N, K in ((3584, 3584), (520, 18944)):
+        p, s, gs = nvfp4.quantize(torch.randn(N, K, device=dev, generator=g) * 0.02)
+        wref = nvfp4.dequantize(p, s, gs, torch.float32)
+        bias = (torch.randn(N, device=dev, generator=g) * 0.1).bfloat16()
+        la = (torch.randn(32, K, device=dev, generator=g) * 0.02).bfloat16()
+        lb = (torch.randn(N, 32, device=dev, generator=g) * 0.02).bfloat16()
+        for M, cfg in forced:
+            if N == 520 and M > 1000:
+                continue
+            x = torch.randn(M, K, device=dev, generator=g).bfloat16()
+            want = x.float() @ wref.T + bias.float() + 0.75 * ((x @ la.T).float() @ lb.float().T)
+            os.environ["QERL_KERNEL_CONFIG"] = json.dumps(cfg)
+            try:
+                route = ops.lora_route("fwd", cfg, M, K)
+                errs = [float((ops.nvfp4_matmul(x, p, s, gs, bias, None, lb, 0.75, lora_a=la).float() - want).norm()
+                              / want.norm()) for _ in range(3)]
+                plain = x.float() @ wref.T
+                errs.append(float((ops.nvfp4_matmul(x, p, s, gs).float() - plain).norm() / plain.norm()))
+            finally:
+                os.environ.pop("QERL_KERNEL_CONFIG")
+            ok = max(errs) < 5e-3
+            bad += not ok
+            rows.append({"N": N, "K": K, "M": M, "case": "forced", "config": cfg, "lora_route": route,
+                         "max_rel_err": max(errs), "ok": ok})
+            print(N, K, M, cfg, route, f"rel_err {max(errs):.2e}", "ok" if ok else "FAIL", flush=True)
+        torch.cuda.synchronize()
+        assert int(ops._locks(torch.device(dev)).abs().sum()) == 0, "split tickets not back at zero"
     # CUDA graph: capture at M = 40, replay with new activations
     N, K = 3584, 3584
     p, s, gs = nvfp4.quantize(torch.randn(N, K, device=dev, generator=g) * 0.02)
@@ -58,11 +94,30 @@ def main(out=None) -> int:
     gerr = float((y.float() - want).norm() / want.norm())
     bad += not gerr < 5e-3
     print("cuda graph replay M=40 rel_err", f"{gerr:.2e}", flush=True)
-    res = {"device": torch.cuda.get_device_name(), "rows": rows, "graph_rel_err": gerr, "failed": bad}
+    # CUDA graph of the PDL pair (lora_xa + the WGMMA kernel at M = 16), replayed with new activations
+    la = (torch.randn(32, K, device=dev, generator=g) * 0.02).bfloat16()
+    lb = (torch.randn(N, 32, device=dev, generator=g) * 0.02).bfloat16()
+    x16 = torch.randn(16, K, device=dev, generator=g).bfloat16()
+    os.environ["QERL_KERNEL_CONFIG"] = json.dumps(dict(WGMMA=1, WG=1, BT=16, NS=4, SPLIT=4, XG=0))
+    try:
+        ops.nvfp4_matmul(x16, p, s, gs, None, None, lb, 2.0, lora_a=la)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y16 = ops.nvfp4_matmul(x16, p, s, gs, None, None, lb, 2.0, lora_a=la)
+    finally:
+        os.environ.pop("QERL_KERNEL_CONFIG")
+    x16.copy_(torch.randn(16, K, device=dev, generator=g).bfloat16())
+    graph.replay()
+    want = x16.float() @ nvfp4.dequantize(p, s, gs, torch.float32).T + 2.0 * ((x16 @ la.T).float() @ lb.float().T)
+    perr = float((y16.float() - want).norm() / want.norm())
+    bad += not perr < 5e-3
+    print("cuda graph replay PDL M=16 rel_err", f"{perr:.2e}", flush=True)
+    res = {"device": torch.cuda.get_device_name(), "rows": rows, "graph_rel_err": gerr, "graph_pdl_rel_err": perr,
+           "failed": bad}
     if out:
         with open(out, "w") as f:
             json.dump(res, f, indent=1)
-    print(json.dumps({"checked": len(rows) + 1, "failed": bad}))
+    print(json.dumps({"checked": len(rows) + 2, "failed": bad}))
     return 1 if bad else 0
 
 

@@ -244,6 +244,12 @@ def test_tuned_table_falls_back_to_the_nearest_bucket(monkeypatch):
     assert ops.tuned_entry("X", "fwd", 8192, 64, 256)["DQ"] == 1
     assert ops.tuned_entry("X", "fwd", 4, 32, 32)["GEMV"] == 1
     assert ops.tuned_entry("X", "fwd", 48, 32, 32) is None  # GEMV too small an M, DQ too large one: heuristic
+    # warpgroup MMA: small tiles up to M = 256, large ones (BT >= 128) for any M above 16
+    table.update({"fwd:64:96:256": {"WGMMA": 1, "BT": 64}, "fwd:2048:128:256": {"WGMMA": 1, "BT": 256}})
+    assert ops.tuned_entry("X", "fwd", 200, 96, 256)["BT"] == 64
+    assert ops.tuned_entry("X", "fwd", 600, 96, 256) is None
+    assert ops.tuned_entry("X", "fwd", 8192, 128, 256)["BT"] == 256
+    assert ops.tuned_entry("X", "fwd", 12, 128, 256) is None
 
 
 def test_lora_route_picks_the_measured_launch():
@@ -263,6 +269,10 @@ def test_lora_route_picks_the_measured_launch():
     assert lora_route("bwd", mmv, 1, 5120) == "matmul"
     assert lora_route("fwd", mmv, 4, 5120, "pdl") == "pdl"
     assert lora_route("fwd", mmv, 16, 13824, "fused") == "matmul"
+    wg = {"WGMMA": 1, "BT": 16}  # decode sizes on the warpgroup-MMA kernel (tuned keys): its epilogue waits on PDL
+    assert lora_route("fwd", wg, 16, 3584) == "pdl" and lora_route("fwd", wg, 9, 27648) == "pdl"
+    assert lora_route("fwd", wg, 16, 3584, "fused") == "matmul"
+    assert lora_route("fwd", wg, 64, 3584) == "matmul"
 
 
 def test_committed_tables_use_compilable_tiles():
