@@ -284,9 +284,11 @@ def _nvfp4_wgmma_kernel(
     XS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
     ws_ptr = ws_ptr.to(gl.pointer_type(gl.int32), bitcast=True)  # scale rows are 4-byte aligned (K % 64 == 0)
-    pid_n = gl.program_id(0)
-    pid_m = gl.program_id(1)
-    pid_s = gl.program_id(2)
+    # activation-row tiles fastest: the programs of one weight tile run together (its second read hits L2)
+    m_tiles = gl.cdiv(M, BT)
+    pid_n = gl.program_id(0) // m_tiles
+    pid_m = gl.program_id(0) % m_tiles
+    pid_s = gl.program_id(1)
     n0 = pid_n * RW
     m0 = pid_m * BT
 
@@ -342,7 +344,7 @@ def _nvfp4_wgmma_kernel(
     if USE_SPLIT:
         gl.store(part_ptr + pid_s * M * N + offs, acc, mask=omask)
         gl.thread_barrier()
-        tile = pid_m * gl.num_programs(0) + pid_n
+        tile = gl.program_id(0)
         ticket = gl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
         last = ticket == SPLIT - 1
         if last:
@@ -380,12 +382,12 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None,
     elif xp is None:
         xp = permute_activations(x)
     out = torch.empty((M, N), device=x.device, dtype=torch.bfloat16)
-    grid = (triton.cdiv(N, 64 * WG * MT), triton.cdiv(M, BT), SPLIT)
+    grid = (triton.cdiv(N, 64 * WG * MT) * triton.cdiv(M, BT), SPLIT)
     if SPLIT > 1:
         if part is None:
             part = torch.empty(SPLIT * M * N, device=x.device, dtype=torch.float32)
         if lock is None:
-            lock = torch.zeros(grid[0] * grid[1], device=x.device, dtype=torch.int32)
+            lock = torch.zeros(grid[0], device=x.device, dtype=torch.int32)
     else:
         part = out
         lock = torch.zeros(1, device=x.device, dtype=torch.int32) if lock is None else lock

@@ -93,7 +93,7 @@ def _decode_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
 def _wgmma_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
     """Forward M > 4, K % 128 == 0: the warpgroup-MMA kernel (``WGMMA``): 1 | 2 warpgroups, BT
     activation rows per program (pre-permuted: the in-kernel gather ``XG`` won no key of the first H100
-    search), the plain loop with 3 | 4 ring stages or the pipelined one (``PIPE``: next step's decode under
+    search; BT down to M / 2 at M 17..64), the plain loop with 2 | 3 | 4 ring stages or the pipelined one (``PIPE``: next step's decode under
     this step's wgmma, the weights ``NSW`` steps ahead), two m64 weight tiles per warpgroup (``MT`` 2: the
     activation tile, read from L2 by every program, serves twice the rows), K split to ~2-3 programs per SM
     and half that; M > 128: :func:`_wgmma_large` (and up to M = 512 the above with BT 64 | 128)."""
@@ -105,15 +105,19 @@ def _wgmma_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
         if M > 512:
             return out
     bts = {min(128, -(-M // 16) * 16) if M > 8 else 8} | ({64} if M > 32 else set())
+    if 16 < M <= 64:  # two activation-row tiles (run back to back: the weights' second read hits L2), smaller
+        bts.add(16 if M <= 32 else 32)  # accumulators and rings -> more programs per SM
     # PIPE: correct, but 10% slower (median of the best per key) in the H100 search that tried NSW 4 | 6 | 8
     # (reports/kernels/NVIDIA_H100_80GB_HBM3_tune_wgmma_pipe.csv): one candidate stays as the comparison
-    loops = [dict(NS=3), dict(NS=4), dict(NS=3, PIPE=1, NSW=6)]
+    loops = [dict(NS=2), dict(NS=3), dict(NS=4), dict(NS=3, PIPE=1, NSW=6)]
     for (wg, mt), bt, loop in itertools.product(((1, 1), (2, 1), (1, 2)), sorted(bts), loops):
         if mt == 2 and (bt > 64 or loop.get("PIPE")):  # two m64 tiles per warpgroup: registers allow BT <= 64
             continue
         tiles = -(-N // (64 * wg * mt)) * -(-M // bt)
         s0 = max(1, min(K // 256, round((3 if wg * mt == 1 else 2) * sms / tiles)))
-        for split in sorted({s0, max(1, s0 // 2)}):
+        # and 2 | 3 (and 2 s0): the program count against the wave size (3-5 programs per SM; ncu on the H100
+        # at 7B gate/up M = 64, no split: 1.49 waves, DRAM 42% busy — reports/kernels/ncu_wgmma_m64_NVIDIA_H100_80GB_HBM3.txt)
+        for split in sorted({s0, max(1, s0 // 2), min(2 * s0, K // 256), min(2, K // 256), min(3, K // 256)}):
             if mt == 2 and bt > 32 and split > 1:  # the split-K epilogue would spill registers (compile test)
                 continue
             cfg = dict(WGMMA=1, WG=wg, BT=bt, SPLIT=split, XG=0, **loop, **({"MT": 2} if mt == 2 else {}))
