@@ -1,5 +1,6 @@
-"""NVFP4 W4A16 matmul for mid-size M (routed at M = 17 … 128: the gap between the decode kernel and the
-dequantize-then-cuBLAS path) on Hopper's warpgroup MMA with the **weights as the register operand**
+"""NVFP4 W4A16 matmul for small and mid-size M (routed at M = 17 … 128 — the gap between the decode kernel
+and the dequantize-then-cuBLAS path — and at the tuned keys of M = 8, 16 and 256) on Hopper's warpgroup MMA
+with the **weights as the register operand**
 (Gluon; the Machete / Marlin idea on ``wgmma``): ``yᵀ [N, M] = Ŵ [N, K] · xᵀ`` (+ bias)
 (+ ``s · (xa · lora_bᵀ)ᵀ``), ``Ŵ = FP4 · S_FP8 · S_FP32`` (paper Eq. 1; the MMA sees ``e2m1 · scale · 2^-7``
 exactly and the epilogue applies ``2^7 / gs``, as in :mod:`.nvfp4_matmul`). x, y, xa, lora_b: bf16; packed
@@ -16,8 +17,11 @@ Per program: ``64 · WG · MT`` weight rows (WG warpgroups, MT ``m64`` tiles eac
 (the MMA's n), 128-wide K steps, ``NS``-stage ``cp.async`` ring for the packed weights, their block
 scales and the activation tile (``PIPE``: the next step's decode under this step's wgmma, the weights
 ``NSW`` steps ahead). Split-K over programs (``SPLIT``) with the decode kernel's ticketed, deterministic
-reduction; the LoRA up-projection (rank R) is one more wgmma in the epilogue. Measurements of every
-variant: reports/kernels/README.md, "v9".
+reduction; the LoRA up-projection (rank R) is one more wgmma in the epilogue, accumulating into the tile
+(at decode sizes ``xa`` comes from the PDL primary :mod:`qerl_kernels.lora_xa`, waited for only there).
+Programs: the activation-row tiles of one weight tile are adjacent in the grid (its second read hits L2).
+Measurements of every variant: reports/kernels/README.md, "v9" and "v10" (large tiles for M >= 2048:
+~500 TFLOP/s at best, below dequantize + cuBLAS, not routed).
 
 The reduction order trick (as in :mod:`.nvfp4_mmv`): thread ``(g, c) = (lane // 4, lane % 4)`` of warp
 ``w`` owns rows ``16 w + g`` and ``+ 8`` of its warpgroup's tile and the 16 packed bytes ``16 c … 16 c + 15``

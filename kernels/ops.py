@@ -280,7 +280,7 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
     pdl = route == "pdl"
     if lora_a is not None and route == "matmul":
         extra, lora_a = (extra[0], x2 @ lora_a.T, extra[2]), None
-    if cfg.get("WGMMA"):  # warpgroup MMA, decoded weights as the register operand (M 17..128)
+    if cfg.get("WGMMA"):  # warpgroup MMA, decoded weights as the register operand (M 17..128; tuned 8, 16, 256)
         from qerl_kernels.nvfp4_wgmma import nvfp4_wgmma_matmul
 
         bias, xa, lb = extra

@@ -91,12 +91,13 @@ def _decode_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
 
 
 def _wgmma_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
-    """Forward M > 4, K % 128 == 0: the warpgroup-MMA kernel (``WGMMA``): 1 | 2 warpgroups, BT
-    activation rows per program (pre-permuted: the in-kernel gather ``XG`` won no key of the first H100
-    search; BT down to M / 2 at M 17..64), the plain loop with 2 | 3 | 4 ring stages or the pipelined one (``PIPE``: next step's decode under
-    this step's wgmma, the weights ``NSW`` steps ahead), two m64 weight tiles per warpgroup (``MT`` 2: the
-    activation tile, read from L2 by every program, serves twice the rows), K split to ~2-3 programs per SM
-    and half that; M > 128: :func:`_wgmma_large` (and up to M = 512 the above with BT 64 | 128)."""
+    """Forward M > 4, K % 128 == 0: the warpgroup-MMA kernel (``WGMMA``): 1 | 2 warpgroups, BT activation
+    rows per program (pre-permuted: the in-kernel gather ``XG`` won no key of the first H100 search; BT down
+    to M / 2 at M 17..64), the plain loop with 2 | 3 | 4 ring stages or the pipelined one (``PIPE``: next
+    step's decode under this step's wgmma, the weights ``NSW`` steps ahead), two m64 weight tiles per
+    warpgroup (``MT`` 2: the activation tile, read from L2 by every program, serves twice the rows), K split
+    to ~2-3 programs per SM, half and twice that, 2 and 3; M > 128: :func:`_wgmma_large` (and up to M = 512
+    the above with BT 64 | 128)."""
     out = []
     if M <= 4 or K % 128:
         return out
@@ -115,8 +116,9 @@ def _wgmma_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
             continue
         tiles = -(-N // (64 * wg * mt)) * -(-M // bt)
         s0 = max(1, min(K // 256, round((3 if wg * mt == 1 else 2) * sms / tiles)))
-        # and 2 | 3 (and 2 s0): the program count against the wave size (3-5 programs per SM; ncu on the H100
-        # at 7B gate/up M = 64, no split: 1.49 waves, DRAM 42% busy — reports/kernels/ncu_wgmma_m64_NVIDIA_H100_80GB_HBM3.txt)
+        # and 2 | 3 (and 2 s0): the program count against the wave size (3-5 programs per SM; ncu on the
+        # H100 at 7B gate/up M = 64, no split: 1.49 waves, DRAM 42% busy —
+        # reports/kernels/ncu_wgmma_m64_NVIDIA_H100_80GB_HBM3.txt; split 2 was still slower there)
         for split in sorted({s0, max(1, s0 // 2), min(2 * s0, K // 256), min(2, K // 256), min(3, K // 256)}):
             if mt == 2 and bt > 32 and split > 1:  # the split-K epilogue would spill registers (compile test)
                 continue
@@ -327,7 +329,7 @@ def main(argv=None) -> int:
     p.add_argument("--paths", default="all", choices=["all", "dq", "decode", "wgmma"],
                    help="all: every candidate; dq: the dequantize + cuBLAS windows against the config in use now; "
                         "decode: the decode kernels (forward, M <= 32) against the config in use now; "
-                        "wgmma: the warpgroup-MMA kernel (forward, M 17..256) against the config in use now")
+                        "wgmma: the warpgroup-MMA kernel (forward, M > 4) against the config in use now")
     p.add_argument("--workers", type=int, default=0,
                    help="compile the candidates in this many processes first (0/1: compile while timing)")
     p.add_argument("--no-progress", action="store_true")

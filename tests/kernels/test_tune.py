@@ -59,3 +59,27 @@ def test_restricted_searches_time_against_the_config_in_use(monkeypatch):
     # dq: a tuned DQ entry is what is searched, so the comparison is the Triton-only heuristic
     assert tune._current("dq", "X", "fwd", 2048, 64, 256, 132) == ops.heuristic("fwd", 2048, 64, 256, 132, dq=False)
     assert tune._current("all", "X", "fwd", 16, 64, 256, 132) is None
+
+
+def test_wgmma_search_space():
+    """The warpgroup-MMA candidates: none at M <= 4 or K % 128 != 0; decode sizes (M 8 / 16) with BT = 8 / 16;
+    M 17..64 also with half the activation rows per program; 2-4 ring stages; split-K choices within K / 256
+    steps and no split with two m64 tiles above BT = 32 (registers); above M = 128 the two-warpgroup large
+    tiles (BT 256 only above M = 256) and up to M = 512 the small ones too; no duplicates."""
+    from qerl_kernels import tune
+
+    assert tune._wgmma_paths(4, 4608, 3584, 132) == [] and tune._wgmma_paths(64, 4608, 3600, 132) == []
+    for M, want_bt in ((8, {8}), (16, {16}), (32, {16, 32}), (64, {32, 64}), (128, {64, 128})):
+        out = tune._wgmma_paths(M, 4608, 3584, 132)
+        assert {c["BT"] for c in out} == want_bt, M
+        assert {c["NS"] for c in out} == {2, 3, 4} and all(c["WGMMA"] == 1 and c["XG"] == 0 for c in out)
+        assert all(1 <= c["SPLIT"] <= 3584 // 256 for c in out)
+        assert not any(c.get("MT") == 2 and c["BT"] > 32 and c["SPLIT"] > 1 for c in out)
+        assert len({json.dumps(c, sort_keys=True) for c in out}) == len(out)
+    assert len({c["SPLIT"] for c in tune._wgmma_paths(64, 37888, 3584, 132)}) >= 2  # 1, 2, 3 where no split is "best"
+    large = tune._wgmma_paths(2048, 4608, 3584, 132)
+    assert large == tune._wgmma_large(2048) and {c["BT"] for c in large} == {128, 256}
+    assert all(c["WG"] == 2 and c["SPLIT"] == 1 for c in large) and {c["XG"] for c in large} == {0, 1}
+    mid = tune._wgmma_paths(256, 4608, 3584, 132)
+    assert {c["BT"] for c in mid} == {64, 128}  # BT 256 only above M = 256
+    assert any(c["WG"] == 2 and c["NS"] == 2 for c in tune._wgmma_paths(512, 4608, 3584, 132))
