@@ -1,5 +1,7 @@
 """LoRA down-projection for the decode kernel, as the *primary* of a programmatic dependent launch (PDL):
-``xa [16, R] = x [M <= 16, K] · lora_a [R, K]ᵀ`` (bf16 out, fp32 accumulation; rows >= M are 0).
+``xa [16, R] = x [M <= 16, K] · lora_a [R, K]ᵀ`` (bf16 out, fp32 accumulation; rows >= M are 0); with a
+second grid dimension of B row blocks (the warpgroup-MMA kernel, M <= 64): ``xa [16 B, R]``, each block
+with its own partials ``xap[b]`` and ticket ``lock[b]``.
 
 Why a separate launch: the decode kernel (:mod:`.nvfp4_mmv`) is launched right after this one with
 ``launch_pdl=True``. Every program here calls ``griddepcontrol.launch_dependents`` (at its start or once its
@@ -34,7 +36,13 @@ def _lora_xa_kernel(x_ptr, la_ptr, xa_ptr, xap_ptr, lock_ptr, tr_ptr, M, K, stri
     ``TRACE`` (diagnostics, ``scripts/lora_trace.py``): ``%globaltimer`` stamps into ``tr_ptr [XP, 8]``
     (int64): start, SM, chunks done, ticket back, and — the last program — ``xa`` stored."""
     p = tl.program_id(0)
-    tr = tr_ptr + p * 8
+    rb = tl.program_id(1)  # block of 16 activation rows (M up to 16 x the grid's second dimension)
+    x_ptr += rb * 16 * stride_xm
+    xa_ptr += rb * 16 * R
+    xap_ptr += rb * XP * 16 * R
+    lock_ptr += rb
+    M -= rb * 16
+    tr = tr_ptr + (rb * XP + p) * 8
     _stamp(tr, 0, TRACE)
     _stamp(tr, 1, TRACE)
     if PDL == 1:

@@ -238,6 +238,7 @@ def _resolved_config(kind: str, M: int, N: int, K: int, x2, packed, scale, inter
 
 XA_PRODUCERS = (16, 64)  # programs computing x · lora_aᵀ in a fused decode launch: ~256 K each, within these
 LORA_LAUNCH = os.environ.get("QERL_LORA_LAUNCH", "auto")  # see lora_route; "fused" | "pdl" force one (experiments)
+XA_PDL_ROWS = 64  # the PDL primary's row blocks: 16 rows each, one ticket slot each (the last 4 of _locks)
 XA_PDL_AT = int(os.environ.get("QERL_XA_PDL_AT", "2"))  # lora_xa releases the decode launch at its start (1) / after its loads (2)
 
 
@@ -249,12 +250,12 @@ def lora_route(kind: str, cfg: dict, M: int, K: int, mode: str = "auto") -> str:
     fused at M <= 8 and at M <= 16 with K <= 8192 (one launch: also the cheapest host path for eager
     rollouts); PDL at M = 9..16 with K > 8192, where it added 11-15% against 15-21% for ``x @ lora_a.T``
     + the kernel; tiles (M > 16) and the backward use the matmul. PDL needs the register-prefetch decode
-    kernel (MMV 1); the cp.async twin (MMV 2) only fuses. The warpgroup-MMA kernel at M <= 16 (tuned keys
-    only) takes PDL ("fused": the matmul)."""
+    kernel (MMV 1); the cp.async twin (MMV 2) only fuses. The warpgroup-MMA kernel takes PDL up to
+    ``XA_PDL_ROWS`` rows ("fused": the matmul)."""
+    if kind == "fwd" and cfg.get("WGMMA") and M <= XA_PDL_ROWS:  # its LoRA epilogue waits on a PDL primary
+        return "matmul" if mode == "fused" else "pdl"
     if kind != "fwd" or M > 16:
         return "matmul"
-    if cfg.get("WGMMA"):  # decode sizes on the warpgroup-MMA kernel: its LoRA epilogue waits on a PDL primary
-        return "matmul" if mode == "fused" else "pdl"
     if not cfg.get("MMV"):
         return "matmul"
     fits = M <= 8 or K <= 8192
@@ -297,11 +298,12 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
 
             xperm = None if cfg.get("XG") else permute_activations(x2)
             locks = _locks(x2.device)
-            xa = torch.empty(16, r, device=x2.device, dtype=x2.dtype)
+            blocks = triton.cdiv(M, 16)  # <= XA_PDL_ROWS / 16 = 4 ticket slots
+            xa = torch.empty(16 * blocks, r, device=x2.device, dtype=x2.dtype)
             nxp = min(64, -(-K // 128))
-            xap = torch.empty(nxp * 16 * r, device=x2.device, dtype=torch.float32)
-            _lora_xa_kernel[(nxp,)](x2, lora_a, xa, xap, locks[_LOCK_SLOTS - 4:], locks, M, K, x2.stride(0), nxp,
-                                    R=r, KB=128, QB=16, PDL=XA_PDL_AT, num_warps=4, num_stages=1)
+            xap = torch.empty(blocks * nxp * 16 * r, device=x2.device, dtype=torch.float32)
+            _lora_xa_kernel[(nxp, blocks)](x2, lora_a, xa, xap, locks[_LOCK_SLOTS - 4:], locks, M, K, x2.stride(0),
+                                           nxp, R=r, KB=128, QB=16, PDL=XA_PDL_AT, num_warps=4, num_stages=1)
         return nvfp4_wgmma_matmul(x2, packed, scale.view(torch.uint8), gs, bias, xa, lb, lora_scale,
                                   **{**cfg, "SPLIT": split}, xp=xperm, part=part, lock=_locks(x2.device), pdl=pdl)
     if cfg.get("DQ"):  # dequantize windows of W + cuBLAS (large M)

@@ -94,30 +94,33 @@ def main(out=None) -> int:
     gerr = float((y.float() - want).norm() / want.norm())
     bad += not gerr < 5e-3
     print("cuda graph replay M=40 rel_err", f"{gerr:.2e}", flush=True)
-    # CUDA graph of the PDL pair (lora_xa + the WGMMA kernel at M = 16), replayed with new activations
+    # CUDA graphs of the PDL pair (lora_xa + the WGMMA kernel; M = 50: four 16-row blocks of xa), replayed
+    # with new activations
     la = (torch.randn(32, K, device=dev, generator=g) * 0.02).bfloat16()
     lb = (torch.randn(N, 32, device=dev, generator=g) * 0.02).bfloat16()
-    x16 = torch.randn(16, K, device=dev, generator=g).bfloat16()
-    os.environ["QERL_KERNEL_CONFIG"] = json.dumps(dict(WGMMA=1, WG=1, BT=16, NS=4, SPLIT=4, XG=0))
-    try:
-        ops.nvfp4_matmul(x16, p, s, gs, None, None, lb, 2.0, lora_a=la)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            y16 = ops.nvfp4_matmul(x16, p, s, gs, None, None, lb, 2.0, lora_a=la)
-    finally:
-        os.environ.pop("QERL_KERNEL_CONFIG")
-    x16.copy_(torch.randn(16, K, device=dev, generator=g).bfloat16())
-    graph.replay()
-    want = x16.float() @ nvfp4.dequantize(p, s, gs, torch.float32).T + 2.0 * ((x16 @ la.T).float() @ lb.float().T)
-    perr = float((y16.float() - want).norm() / want.norm())
-    bad += not perr < 5e-3
-    print("cuda graph replay PDL M=16 rel_err", f"{perr:.2e}", flush=True)
+    perr = {}
+    for M, bt in ((16, 16), (50, 64)):
+        xm = torch.randn(M, K, device=dev, generator=g).bfloat16()
+        os.environ["QERL_KERNEL_CONFIG"] = json.dumps(dict(WGMMA=1, WG=1, BT=bt, NS=4, SPLIT=4, XG=0))
+        try:
+            ops.nvfp4_matmul(xm, p, s, gs, None, None, lb, 2.0, lora_a=la)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                ym = ops.nvfp4_matmul(xm, p, s, gs, None, None, lb, 2.0, lora_a=la)
+        finally:
+            os.environ.pop("QERL_KERNEL_CONFIG")
+        xm.copy_(torch.randn(M, K, device=dev, generator=g).bfloat16())
+        graph.replay()
+        want = xm.float() @ nvfp4.dequantize(p, s, gs, torch.float32).T + 2.0 * ((xm @ la.T).float() @ lb.float().T)
+        perr[M] = float((ym.float() - want).norm() / want.norm())
+        bad += not perr[M] < 5e-3
+        print(f"cuda graph replay PDL M={M} rel_err", f"{perr[M]:.2e}", flush=True)
     res = {"device": torch.cuda.get_device_name(), "rows": rows, "graph_rel_err": gerr, "graph_pdl_rel_err": perr,
            "failed": bad}
     if out:
         with open(out, "w") as f:
             json.dump(res, f, indent=1)
-    print(json.dumps({"checked": len(rows) + 2, "failed": bad}))
+    print(json.dumps({"checked": len(rows) + 1 + len(perr), "failed": bad}))
     return 1 if bad else 0
 
 

@@ -255,7 +255,8 @@ def test_tuned_table_falls_back_to_the_nearest_bucket(monkeypatch):
 def test_lora_route_picks_the_measured_launch():
     """Where x · lora_aᵀ comes from (reports/kernels/README.md, LoRA): fused producers at M <= 8 and at
     M <= 16 with K <= 8192, the PDL launch pair at M = 9..16 with larger K (register-prefetch decode kernel
-    only), x @ lora_a.T for tiles, DQ and the backward; forcing modes for experiments."""
+    only) and in front of the warpgroup-MMA kernel up to M = 64, x @ lora_a.T for tiles, DQ and the
+    backward; forcing modes for experiments."""
     from qerl_kernels.ops import lora_route
 
     mmv, mmva, tile = {"MMV": 1}, {"MMV": 2}, {"BM": 64}
@@ -272,7 +273,8 @@ def test_lora_route_picks_the_measured_launch():
     wg = {"WGMMA": 1, "BT": 16}  # decode sizes on the warpgroup-MMA kernel (tuned keys): its epilogue waits on PDL
     assert lora_route("fwd", wg, 16, 3584) == "pdl" and lora_route("fwd", wg, 9, 27648) == "pdl"
     assert lora_route("fwd", wg, 16, 3584, "fused") == "matmul"
-    assert lora_route("fwd", wg, 64, 3584) == "matmul"
+    assert lora_route("fwd", wg, 64, 3584) == "pdl" and lora_route("fwd", wg, 65, 3584) == "matmul"
+    assert lora_route("bwd", wg, 16, 3584) == "matmul"
 
 
 def test_committed_tables_use_compilable_tiles():
@@ -447,3 +449,32 @@ print(json.dumps({"backend": be.name, "calls": len(calls),
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["backend"] == "triton-nvfp4" and res["calls"] == 1
     assert res["rel"] < 1e-2, res
+
+
+def test_lora_xa_primary_row_blocks_under_interpreter():
+    """The PDL primary (qerl_kernels.lora_xa, launched plainly here: PDL 0) in 16-row blocks along its
+    second grid dimension: xa [16 B, R] equals x @ lora_a.T (rows >= M zero) for M up to 64 (the
+    warpgroup-MMA kernel's PDL range), with K tails and several programs per block; every block's ticket
+    is back at zero. fp32 operands: the interpreter's bf16 tl.dot is broken (platform.md); the kernel is
+    dtype-generic and the GPU runs it in bf16 (scripts/wgmma_check.py)."""
+    r = _interp("""
+import json, torch
+from qerl_kernels.lora_xa import _lora_xa_kernel
+g = torch.Generator().manual_seed(7)
+res = []
+for M, K, R, XP in ((40, 384, 32, 2), (64, 200, 16, 3), (7, 256, 16, 1)):
+    x = torch.randn(M, K, generator=g)
+    la = torch.randn(R, K, generator=g) * 0.1
+    B = -(-M // 16)
+    xa = torch.full((16 * B, R), 7.0)
+    xap = torch.empty(B * XP * 16 * R)
+    lock = torch.zeros(4, dtype=torch.int32)
+    _lora_xa_kernel[(XP, B)](x, la, xa, xap, lock, lock, M, K, x.stride(0), XP, R=R, KB=64, QB=4, PDL=0)
+    want = x @ la.T
+    err = float((xa[:M] - want).norm() / want.norm())
+    res.append([M, err, bool((xa[M:] == 0).all()), int(lock.abs().sum())])
+print(json.dumps(res))
+""")
+    assert r.returncode == 0, r.stderr[-2000:]
+    for M, err, zero_tail, tickets in json.loads(r.stdout.strip().splitlines()[-1]):
+        assert err < 1e-5 and zero_tail and tickets == 0, (M, err, zero_tail, tickets)
