@@ -52,11 +52,11 @@ def main(out: str) -> int:
             named = {
                 "kernel": [lambda w=w: nvfp4_wgmma_matmul(x, w[0], w[1].view(torch.uint8), w[2], xp=xp, part=part,
                                                           lock=locks, **kw) for w in ws],
-                "permute": [lambda: permute_activations(x)],
+                "permute": [lambda: permute_activations(x)] * len(ws),  # as many launches per graph as the others
                 "base": [lambda w=w: ops.nvfp4_matmul(x, *w) for w in ws],
                 "lora_xa": [lambda: _lora_xa_kernel[(nxp, blocks)](x, la, xa16, xap, lock, lock, M, K, x.stride(0), nxp,
                                                                    R=R, KB=128, QB=16, PDL=0, num_warps=4,
-                                                                   num_stages=1)],
+                                                                   num_stages=1)] * len(ws),
                 "xa_given": [lambda w=w: ops.nvfp4_matmul(x, *w, None, xa, lb, 2.0) for w in ws],
                 "pdl": [lambda w=w: ops.nvfp4_matmul(x, *w, None, None, lb, 2.0, lora_a=la) for w in ws],
                 "matmul": [lambda w=w: ops.nvfp4_matmul(x, *w, None, x @ la.T, lb, 2.0) for w in ws],
