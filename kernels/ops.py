@@ -105,8 +105,9 @@ def heuristic(kind: str, M: int, N: int, K: int, sms: int, dq: bool = True, wgmm
 def tuned_entry(device_name: str, kind: str, M: int, N: int, K: int) -> dict | None:
     """The tuned config of this (kind, N, K) at M's bucket, else at the nearest tuned bucket whose path
     suits M: a decode-kernel entry (MMV / GEMV) only up to M = 32, a dequantize + cuBLAS entry (DQ)
-    only from M = 64, a warpgroup-MMA entry (WGMMA) from M = 17 (above M = 256 only a large tile, BT >= 128) (a table tuned at decode sizes only once sent M = 2048 to the decode kernel: 0.15x
-    cuBLAS on an H100); else None (the heuristic)."""
+    only from M = 64 (a table tuned at decode sizes only once sent M = 2048 to the decode kernel: 0.15x
+    cuBLAS on an H100), a warpgroup-MMA entry (WGMMA) from M = 17 (above M = 256 only a large tile,
+    BT >= 128); else None (the heuristic)."""
     table = _tuned(device_name)
     hit = table.get(f"{kind}:{m_bucket(M)}:{N}:{K}")
     if hit is None:
