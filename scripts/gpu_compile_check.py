@@ -1,7 +1,8 @@
 """GPU check of the integration around the kernels: the ``qerl.ops.linear`` seam under the default
 ``QERL_KERNELS=auto`` (every call on the kernels: decode, tensor-core tiles and the dequantize + cuBLAS
-path; forward and backward), ``torch.compile(fullgraph=True)`` over the custom ops, and CUDA-graph capture
-(a decode call and a DQ call). Writes JSON to argv[1].
+path; forward and backward), the LoRA layer's one-call path (``nvfp4_lora_linear`` without autograd) on
+every LoRA route, ``torch.compile(fullgraph=True)`` over the custom ops, and CUDA-graph capture (decode,
+warpgroup-MMA and DQ calls). Writes JSON to argv[1].
 """
 import json
 import os
@@ -41,7 +42,19 @@ def main(out: str) -> int:
     for M in (1, 4, 16, 256, 4096):
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         res[f"compile_M{M}"] = rel(f(x), 2.0 * linear.reference_forward(x, p, s, g, bias))
-    for M in (2, 2048):
+    # the LoRA layer's one-call path (no autograd: rollouts) through the seam as routed: the fused decode
+    # kernel, the PDL pair in front of the warpgroup-MMA kernel (M 8..64 on the tuned tables), the matmul above
+    la = torch.randn(32, K, device="cuda", dtype=torch.bfloat16) * 0.02
+    lb = torch.randn(N, 32, device="cuda", dtype=torch.bfloat16) * 0.02
+    with torch.no_grad():
+        for M in (1, 8, 16, 40, 64, 100):
+            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            cfg = ops._resolved_config("fwd", M, N, K, x, p, s, False)
+            y = linear.nvfp4_lora_linear(x, p, s, g, bias, la, lb, 2.0)
+            yr = linear.reference_lora_forward(x, p, s, g, bias, la, lb, 2.0)
+            res[f"lora_layer_M{M}"] = {"path": "WGMMA" if cfg.get("WGMMA") else ("MMV" if cfg.get("MMV") else "other"),
+                                       "lora_route": ops.lora_route("fwd", cfg, M, K), "rel": rel(y, yr)}
+    for M in (2, 16, 2048):
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         graph = torch.cuda.CUDAGraph()
         ops.nvfp4_matmul(x, p, s, g)  # compile outside the capture
@@ -52,7 +65,8 @@ def main(out: str) -> int:
         res[f"cuda_graph_replay_M{M}_rel"] = rel(yg, linear.reference_forward(x, p, s, g, None))
     res["tickets_zero"] = int(ops._locks(x.device).abs().sum()) == 0
     ok = all(v < 5e-3 for k, v in res.items() if k.startswith(("compile", "cuda_graph"))) and res["tickets_zero"] and all(
-        v["fwd_rel"] < 5e-3 and v["bwd_rel"] < 5e-3 for k, v in res.items() if k.startswith("seam"))
+        v["fwd_rel"] < 5e-3 and v["bwd_rel"] < 5e-3 for k, v in res.items() if k.startswith("seam")) and all(
+        v["rel"] < 5e-3 for k, v in res.items() if k.startswith("lora_layer"))
     res["ok"] = ok
     with open(out, "w") as fh:
         json.dump(res, fh, indent=1)
