@@ -258,21 +258,6 @@ def run(out_dir: Path, models=("7B", "14B", "32B"), ms=MS, tune: bool = False, p
     return res
 
 
-def summarize(rows: list[dict], copy_gbps: float) -> dict:
-    """The issue's targets, checked on a set of rows."""
-    dec = [r for r in rows if r["M"] <= 16 and r["kind"] == "fwd"]
-    m64 = [r for r in rows if r["M"] == 64 and r["kind"] == "fwd"]
-    big = [r for r in rows if r["M"] >= 2048]
-    lora = [r["lora32_overhead"] for r in rows if r["lora32_overhead"] is not None and r["M"] <= 16]
-    return {
-        "decode_min_pct_copy_bw": min(100 * r["GBps"] / copy_gbps for r in dec) if dec else None,
-        "decode_min_speedup": min(r["speedup"] for r in dec) if dec else None,
-        "m64_min_speedup": min(r["speedup"] for r in m64) if m64 else None,
-        "large_min_speedup": min(r["speedup"] for r in big) if big else None,
-        "lora32_max_overhead": max(lora) if lora else None,
-    }
-
-
 def main(argv=None) -> int:
     import argparse
 
@@ -286,7 +271,21 @@ def main(argv=None) -> int:
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--plot", metavar="CSV", default=None,
                    help="only draw the figure of an existing benchmark CSV (no GPU needed) and exit")
+    p.add_argument("--targets", metavar="CSV", default=None,
+                   help="only print issue 5's targets for an existing benchmark CSV (no GPU needed) and exit")
+    p.add_argument("--against", metavar="OLD_CSV", default=None,
+                   help="with --targets: per-M change against an older run of the same shapes")
+    p.add_argument("--json", action="store_true", help="with --targets: JSON instead of Markdown")
     a = p.parse_args(argv)
+    if a.targets:
+        from qerl.stages import bench_targets as bt
+
+        rows, copy_gbps, device = bt.read_csv(Path(a.targets))
+        t = bt.targets(rows, copy_gbps)
+        cmp = bt.compare(rows, bt.read_csv(Path(a.against))[0]) if a.against else None
+        print(json.dumps({"device": device, "copy_GBps": copy_gbps, **t, "against": cmp}, default=str) if a.json
+              else bt.markdown(t, device, copy_gbps, cmp), end="" if not a.json else "\n")
+        return 0
     if a.plot:
         from qerl.stages.bench_plot import plot
 
