@@ -32,8 +32,12 @@ and logical ``k = 16 j + 8 h + 2 c + e`` (``j`` the k16 MMA, ``h`` the fragment 
 is physical ``π(k) = 32 c + 8 (j // 2) + 3 - (2 (j % 2) + h) + 4 e``. The activations are gathered once
 per call into that order (:func:`permute_activations`, one small copy) and copied with 16-byte
 ``cp.async`` into a 128-byte-swizzled tile that is the ``wgmma`` B operand as is (``XG``: the kernel
-gathers them itself in the byte-pair order ``perm_128(True)`` with 4-byte copies — slower, kept for
-experiments).
+gathers them itself in the byte-pair order ``perm_128(1)`` with 4-byte copies — slower, kept for
+experiments; ``XS``, experimental and not yet run on a GPU: the tiles are copied as they are (16-byte
+``cp.async``) and each step moves its tile through registers into one operand tile in the order
+``perm_128(2)`` — the word pairs joined in reverse make that order a pure bit permutation of k, so the
+move is a reshape and a permute — which saves the pre-pass launch, 1.5-2.4 µs per call on the H100,
+reports/kernels/wgmma_lora_split_NVIDIA_H100_80GB_HBM3.json).
 
 Requires K % 128 == 0 and 16-byte aligned rows (checked by :func:`qerl_kernels.ops`); CUDA only (Gluon
 does not run in the CPU interpreter): ``tests/kernels/test_wgmma_layout.py`` replays the permutation and
@@ -56,13 +60,19 @@ _WORD_PAIRS = gl.constexpr(WORD_PAIRS_PTX.value)  # one scale operand ($5) for t
 _BYTE_PAIRS = gl.constexpr(FP4_PAIRS_PTX.value.replace("$6", "$5").replace("$7", "$5").replace("$8", "$5"))
 
 
-def perm_128(xg: bool = False):
+def perm_128(xg: int = 0):
     """``π`` as a list: logical k (0..127) -> physical k within each 128-wide block (see module doc);
-    ``xg``: the in-kernel gather's order (byte-pair decode)."""
+    ``xg`` 1: the in-kernel gather's order (byte-pair decode); 2: the in-kernel staging's order (``XS``: word
+    pairs joined in reverse, a pure bit permutation of k)."""
     out = []
     for k in range(128):
         j, h, c, e = k // 16, (k // 8) % 2, (k // 2) % 4, k % 2
-        out.append(32 * c + 4 * j + 2 * h + e if xg else 32 * c + 8 * (j // 2) + 3 - (2 * (j % 2) + h) + 4 * e)
+        if xg == 2:
+            out.append(32 * c + 8 * (j // 2) + 2 * (j % 2) + h + 4 * e)
+        elif xg:
+            out.append(32 * c + 4 * j + 2 * h + e)
+        else:
+            out.append(32 * c + 8 * (j // 2) + 3 - (2 * (j % 2) + h) + 4 * e)
     return out
 
 
@@ -147,10 +157,12 @@ def _halves(p):
 
 
 @gluon.jit
-def _a_operand(q, sb, AOP: gl.constexpr, LW: gl.constexpr, RW: gl.constexpr, XG: gl.constexpr):
+def _a_operand(q, sb, AOP: gl.constexpr, LW: gl.constexpr, RW: gl.constexpr, XG: gl.constexpr,
+               XS: gl.constexpr = False):
     """Packed words ``q [RW, 16]`` (layout LW) and scale bytes ``sb [RW, 8]`` -> the decoded
     ``e2m1 · scale · 2^-7`` tile ``[RW, 128]`` bf16 in logical k order, in the wgmma A layout (no data
-    movement: asserted)."""
+    movement: asserted). ``XS``: the word pairs joined in reverse, so that logical (j, h) takes nibbles
+    (2 (j % 2) + h, + 4): the order ``perm_128(2)``, a pure bit permutation of k."""
     s = (sb.to(gl.float8e4nv, bitcast=True).to(gl.float32) * 6.646139978924579e35).to(gl.bfloat16)  # · 2^119
     s16 = s.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
     s2 = (s16 | (s16 << 16)).reshape([RW, 4, 2])  # [row, c, word // 2]
@@ -160,7 +172,10 @@ def _a_operand(q, sb, AOP: gl.constexpr, LW: gl.constexpr, RW: gl.constexpr, XG:
         p0, p1, p2, p3 = _byte_pairs(q, s2)
     else:  # nibbles (3 - i, 7 - i) of word v: logical (j, h) with 2 (j % 2) + h = i
         p0, p1, p2, p3 = _word_pairs(q, s2)
-    t = gl.join(gl.join(p0, p1), gl.join(p2, p3))  # [row, q, h, j % 2]: pair i = 2 (j % 2) + h
+    if XS:  # [row, q, h, j % 2]: pair i = 3 - (2 (j % 2) + h)
+        t = gl.join(gl.join(p3, p2), gl.join(p1, p0))
+    else:  # [row, q, h, j % 2]: pair i = 2 (j % 2) + h
+        t = gl.join(gl.join(p0, p1), gl.join(p2, p3))
     t = t.reshape([RW, 4, 4, 2, 2])  # [row, c, v = j // 2, h, j % 2]
     t = t.permute([0, 2, 4, 3, 1])  # [row, j // 2, j % 2, h, c]
     t = t.reshape([RW, 8, 8])  # [row, j, 4h + c]
@@ -193,10 +208,20 @@ def _issue(t, slot, wsm, ssm, xsm, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, srow, sco
 
 @gluon.jit
 def _decode_slot(wsm, ssm, slot, AOP: gl.constexpr, LW: gl.constexpr, LS: gl.constexpr, FLAT: gl.constexpr,
-                 RW: gl.constexpr, XG: gl.constexpr):
+                 RW: gl.constexpr, XG: gl.constexpr, XS: gl.constexpr = False):
     q = wsm.index(slot)._reinterpret(gl.int32, [RW, 16], FLAT).load(LW)
     sb = ssm.index(slot)._reinterpret(gl.uint8, [RW, 8], FLAT).load(LS)
-    return _a_operand(q, sb, AOP, LW, RW, XG)
+    return _a_operand(q, sb, AOP, LW, RW, XG, XS)
+
+
+@gluon.jit
+def _stage_x(xst, xop, CX: gl.constexpr, BT: gl.constexpr):
+    """``XS``: the activation tile as loaded (natural k order, ``xst [BT, 128]``) -> registers -> the wgmma
+    operand tile ``xop`` (128-byte swizzled) in logical order ``perm_128(2)``: physical
+    ``k = 32 c + 8 v + 4 e + 2 j1 + h`` to logical ``16 (2 v + j1) + 8 h + 2 c + e`` (a reshape and a
+    permute of the bits of k), replacing the pre-pass launch (:func:`permute_activations`)."""
+    xv = xst.load(CX).reshape([BT, 4, 4, 2, 2, 2])  # [m, c, v, e, j1, h]
+    xop.store(xv.permute([0, 2, 4, 5, 1, 3]).reshape([BT, 128]))  # [m, v, j1, h, c, e]
 
 
 @gluon.jit
@@ -269,7 +294,7 @@ def _nvfp4_wgmma_kernel(
     M, N, K, stride_xm, stride_om, stride_wn, stride_sn, SPLIT, xa_ptr, lb_ptr, lora_scale,
     HAS_BIAS: gl.constexpr, USE_SPLIT: gl.constexpr, WG: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr,
     XG: gl.constexpr = True, PIPE: gl.constexpr = False, NSW: gl.constexpr = 0, MT: gl.constexpr = 1,
-    R: gl.constexpr = 0, PDL: gl.constexpr = False,
+    R: gl.constexpr = 0, PDL: gl.constexpr = False, XS: gl.constexpr = False,
 ):
     RW: gl.constexpr = 64 * WG * MT  # weight rows per program: MT m64 tiles per warpgroup (one x tile for all)
     NW: gl.constexpr = 4 * WG
@@ -285,7 +310,7 @@ def _nvfp4_wgmma_kernel(
     else:
         CX: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])  # [BT, 128] bf16
     FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    XS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    XSL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
     ws_ptr = ws_ptr.to(gl.pointer_type(gl.int32), bitcast=True)  # scale rows are 4-byte aligned (K % 64 == 0)
     # activation-row tiles fastest: the programs of one weight tile run together (its second read hits L2)
@@ -312,7 +337,12 @@ def _nvfp4_wgmma_kernel(
     WSL: gl.constexpr = NSW if PIPE else NS  # W-ring slots
     wsm = gl.allocate_shared_memory(gl.uint8, [WSL, RW, 64], FLAT)
     ssm = gl.allocate_shared_memory(gl.int32, [WSL, RW, 2], FLAT)
-    xsm = gl.allocate_shared_memory(gl.bfloat16, [NS, BT, 128], XS)
+    if XS:  # the ring holds the tiles as loaded; one operand tile in the wgmma layout
+        xsm = gl.allocate_shared_memory(gl.bfloat16, [NS, BT, 128], FLAT)
+        xop = gl.allocate_shared_memory(gl.bfloat16, [BT, 128], XSL)
+    else:
+        xsm = gl.allocate_shared_memory(gl.bfloat16, [NS, BT, 128], XSL)
+        xop = xsm.index(0)
 
     k_steps = K // 128
     per = gl.cdiv(k_steps, SPLIT)
@@ -333,9 +363,16 @@ def _nvfp4_wgmma_kernel(
                    wrow, wcol, srow, scol, xrow, xcol, xmask, stride_wn, stride_sn, stride_xm)
             async_copy.wait_group(NS - 1)
             gl.thread_barrier()
-            fence_async_shared()
-            a = _decode_slot(wsm, ssm, slot, AOP, LW, LS, FLAT, RW, XG)
-            acc = warpgroup_mma(a, xsm.index(slot).permute((1, 0)), acc, is_async=True)
+            if XS:
+                _stage_x(xsm.index(slot), xop, CX, BT)
+                fence_async_shared()
+                gl.thread_barrier()
+                a = _decode_slot(wsm, ssm, slot, AOP, LW, LS, FLAT, RW, XG, XS)
+                acc = warpgroup_mma(a, xop.permute((1, 0)), acc, is_async=True)
+            else:
+                fence_async_shared()
+                a = _decode_slot(wsm, ssm, slot, AOP, LW, LS, FLAT, RW, XG)
+                acc = warpgroup_mma(a, xsm.index(slot).permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=[acc])
             gl.thread_barrier()  # every warp is done with this slot before it is refilled
         async_copy.wait_group(0)
@@ -368,11 +405,13 @@ def _nvfp4_wgmma_kernel(
 
 
 def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lora_scale=1.0, *, WG=1, BT=64,
-                       NS=3, SPLIT=1, XG=0, PIPE=0, NSW=0, MT=1, xp=None, part=None, lock=None, pdl=False, **_):
+                       NS=3, SPLIT=1, XG=0, PIPE=0, NSW=0, MT=1, XS=0, xp=None, part=None, lock=None, pdl=False,
+                       **_):
     """``y [M, N] = x [M, K] · Ŵᵀ (+ bias) (+ lora_scale · xa · lora_bᵀ)`` (bf16; ``xa [M, R]``,
     ``lora_b [N, R]`` contiguous bf16, R a multiple of 16) with :func:`_nvfp4_wgmma_kernel`. ``XG=0``
     (default; faster at every tuned key): the activations are permuted first (:func:`permute_activations`,
-    or ``xp`` if given); ``XG=1``: the kernel gathers them itself (4-byte copies). ``part`` / ``lock``: split-K
+    or ``xp`` if given); ``XG=1``: the kernel gathers them itself (4-byte copies); ``XS=1`` (experimental, plain
+    loop only): it stages them through registers into the operand tile (no pre-pass). ``part`` / ``lock``: split-K
     workspace (fp32 >= SPLIT·M·N) and tickets (int32 zeros >= tiles); allocated when not given. ``pdl``:
     launched as the dependent of the launch just before it (``xa`` from :mod:`qerl_kernels.lora_xa`; the
     tiles wait for it only before the LoRA epilogue).
@@ -381,7 +420,10 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None,
     N = packed.shape[0]
     if scale_u8.dtype != torch.uint8:
         scale_u8 = scale_u8.view(torch.uint8)
-    if XG:
+    if XS and (XG or PIPE):
+        raise ValueError(f"nvfp4_wgmma: XS (activations staged in the kernel) excludes XG and PIPE, got XG={XG} "
+                         f"PIPE={PIPE}")
+    if XG or XS:
         xp = x
     elif xp is None:
         xp = permute_activations(x)
@@ -401,6 +443,6 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None,
         xa if xa is not None else out, lora_b if lora_b is not None else out, float(lora_scale),
         HAS_BIAS=bias is not None, USE_SPLIT=SPLIT > 1, WG=WG, BT=BT, NS=NS, XG=bool(XG), PIPE=bool(PIPE),
         NSW=max(int(NSW), NS) if PIPE else 0, MT=int(MT), R=lora_b.shape[1] if lora_b is not None else 0,
-        PDL=bool(pdl), num_warps=4 * WG, **({"launch_pdl": True} if pdl else {}))
+        PDL=bool(pdl), XS=bool(XS), num_warps=4 * WG, **({"launch_pdl": True} if pdl else {}))
     return out
 

@@ -297,7 +297,7 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
             from qerl_kernels.lora_xa import _lora_xa_kernel
             from qerl_kernels.nvfp4_wgmma import permute_activations
 
-            xperm = None if cfg.get("XG") else permute_activations(x2)
+            xperm = None if cfg.get("XG") or cfg.get("XS") else permute_activations(x2)
             locks = _locks(x2.device)
             blocks = triton.cdiv(M, 16)  # <= XA_PDL_ROWS / 16 = 4 ticket slots
             xa = torch.empty(16 * blocks, r, device=x2.device, dtype=x2.dtype)

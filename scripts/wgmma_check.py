@@ -52,6 +52,8 @@ def main(out=None) -> int:
 
     forced = [(M, dict(WGMMA=1, WG=wg, BT=bt, NS=4, SPLIT=sp, XG=0)) for M, bt in ((1, 8), (5, 8), (16, 16), (11, 16))
               for wg, sp in ((1, 1), (1, 4), (2, 2))]
+    forced += [(M, dict(WGMMA=1, WG=wg, BT=bt, NS=ns, SPLIT=sp, XG=0, XS=1))  # activations staged in the kernel
+               for M, bt in ((1, 8), (16, 16), (50, 64)) for wg, ns, sp in ((1, 3, 1), (1, 2, 4), (2, 3, 2))]
     forced += [(M, c) for M in (200, 1000, 2048) for c in _wgmma_large(M)]
     for N, K in ((3584, 3584), (520, 18944)):
         p, s, gs = nvfp4.quantize(torch.randn(N, K, device=dev, generator=g) * 0.02)

@@ -294,7 +294,7 @@ def test_committed_tables_use_compilable_tiles():
         tiles = [c for c in table.values() if not c.get("MMV") and not c.get("GEMV") and not c.get("DQ")
                  and not c.get("WGMMA")]
         wg = {k: c for k, c in table.items() if c.get("WGMMA")}  # warpgroup MMA: forward, M 5..256 (tuned)
-        assert all(set(c) <= {"WGMMA", "WG", "BT", "NS", "SPLIT", "XG", "PIPE", "NSW", "MT"} and k.startswith("fwd:")
+        assert all(set(c) <= {"WGMMA", "WG", "BT", "NS", "SPLIT", "XG", "PIPE", "NSW", "MT", "XS"} and k.startswith("fwd:")
                    and 4 < int(k.split(":")[1]) <= 256 and c["BT"] % 8 == 0 and c["BT"] <= 256
                    and c["WG"] in (1, 2) and c.get("MT", 1) in (1, 2) and c["NS"] >= 2 for k, c in wg.items()), path
         # NS * (activation tile + weight/scale slots) within the 227 KiB of shared memory an sm_90 program may use

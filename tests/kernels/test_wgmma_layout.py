@@ -46,7 +46,7 @@ def _byte_pairs(q, s):  # per byte b: (low nibble, high nibble) = physical k (2b
     return out
 
 
-def _a_operand(packed_step, scale_step, xg):
+def _a_operand(packed_step, scale_step, xg, xs=False):
     """NumPy replay of ``_a_operand`` for one 128-wide step: packed [RW, 64] uint8, scales [RW, 8] uint8
     -> decoded [RW, 128] (fp64) in logical k order, built with the kernel's tensor operations."""
     rw = packed_step.shape[0]
@@ -62,13 +62,17 @@ def _a_operand(packed_step, scale_step, xg):
             for i, pr in enumerate(dec(int(q[r, w]), int(s2[r, w]))):
                 pairs[i][r][w] = pr
     p = [np.array(pi) for pi in pairs]  # 4 x [rw, 16, 2(e)]
+    if xs:  # XS: the pairs joined in reverse
+        p = p[::-1]
     t = np.stack([np.stack([p[0], p[1]], axis=2), np.stack([p[2], p[3]], axis=2)], axis=3)  # [r, q, h, jl, e]
     t = t.reshape(rw, 4, 4, 2, 2, 2).transpose(0, 2, 4, 3, 1, 5)  # [r, v, jl, h, c, e]
     return t.reshape(rw, 128)
 
 
-@pytest.mark.parametrize("xg", [False, True])
+@pytest.mark.parametrize("xg", [0, 1, 2])
 def test_weight_operand_assembly_matches_the_permuted_reference(xg):
+    """xg 0: word pairs (the pre-permuted path), 1: byte pairs (in-kernel gather), 2: word pairs joined in
+    reverse (XS: activations staged in the kernel)."""
     torch.manual_seed(0)
     w = torch.randn(32, 256) * 0.1
     packed, scale, gs = nvfp4.quantize(w)
@@ -76,13 +80,17 @@ def test_weight_operand_assembly_matches_the_permuted_reference(xg):
     pi = np.array(wg.perm_128(xg))
     pk, sc = packed.numpy(), scale.view(torch.uint8).numpy()
     for step in range(2):
-        a = _a_operand(pk[:, 64 * step:64 * step + 64], sc[:, 8 * step:8 * step + 8], xg)
+        a = _a_operand(pk[:, 64 * step:64 * step + 64], sc[:, 8 * step:8 * step + 8], xg == 1, xs=xg == 2)
         np.testing.assert_array_equal(a, ref[:, 128 * step + pi])
 
 
 def test_permutations_and_the_permute_kernel():
-    for xg in (False, True):
+    for xg in (0, 1, 2):
         assert sorted(wg.perm_128(xg)) == list(range(128))
+    # XS: the in-kernel staging's reshape + permute of one tile row is perm_128(2)
+    phys = torch.arange(128)
+    staged = phys.reshape(4, 4, 2, 2, 2).permute(1, 3, 4, 0, 2).reshape(128)  # [c, v, e, j1, h] -> [v, j1, h, c, e]
+    assert staged.tolist() == wg.perm_128(2)
     code = """
 import torch
 from qerl_kernels.nvfp4_wgmma import perm_128, permute_activations
@@ -127,3 +135,30 @@ def test_lora_epilogue_compiles_as_one_more_wgmma(BT, R):
     k = compile_wgmma(1, BT, 3, split=True, bias=True, XG=False, R=R)
     assert len(re.findall(r"wgmma\.mma_async", k.asm["ptx"])) == 8 + R // 16
     assert stack_of(k) == 0
+
+
+@pytest.mark.parametrize("WG,BT,NS,split,R,PDL", [(1, 16, 3, True, 0, False), (1, 8, 2, True, 32, True),
+                                                 (1, 64, 3, False, 32, False), (2, 32, 3, True, 16, True)])
+def test_staged_activations_compile_for_sm90(WG, BT, NS, split, R, PDL):
+    """XS (activations staged through registers into the operand tile, no pre-pass): compiles for sm_90 with
+    the decoded weights still the register operand, 8 (+ R / 16 LoRA) wgmma per step, no spills, the
+    griddepcontrol wait with PDL; the staging keeps a ring of tiles as loaded plus one operand tile."""
+    from qerl_kernels.inspect_ir import compile_wgmma, stack_of
+
+    k = compile_wgmma(WG, BT, NS, split=split, bias=True, XG=False, R=R, PDL=PDL, XS=True)
+    ptx = k.asm["ptx"]
+    assert len(re.findall(r"wgmma\.mma_async", ptx)) == 8 + R // 16
+    assert stack_of(k) == 0 and ".local" not in ptx
+    assert ("griddepcontrol.wait" in ptx) == PDL
+    ring = NS * (BT * 256 + 72 * 64 * WG)  # activation tiles as loaded + weights and scales
+    assert k.metadata.shared >= ring + BT * 256
+
+
+def test_staged_activations_exclude_the_gather_and_the_pipelined_loop():
+    """XS stages the activations in the plain loop only: with XG or PIPE the wrapper refuses, naming both,
+    before anything is launched (CPU tensors here)."""
+    x, p, sc, gs = torch.zeros(4, 128, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.uint8), \
+        torch.zeros(64, 8, dtype=torch.uint8), torch.ones(1)
+    for bad in (dict(XG=1), dict(PIPE=1, NSW=6)):
+        with pytest.raises(ValueError, match="XS .* excludes XG and PIPE"):
+            wg.nvfp4_wgmma_matmul(x, p, sc, gs, XS=1, **bad)
