@@ -10,9 +10,12 @@ backend registration that plugs them into :mod:`qerl.ops.linear` (the seam every
 
 Tile configs: a tuned table per GPU (``kernels/tuned/<device>.json``, written by
 ``qerl bench kernels --tune``) keyed on (M bucket, N, K), else a heuristic that splits K (or N)
-across programs at decode sizes so that every SM has work.
+across programs at decode sizes so that every SM has work. ``launch_mode("graph")`` (or
+``QERL_LAUNCH_MODE=graph``) selects the configs tuned for CUDA-graph replay where a decode-size entry has a
+separate eager one (``EAGER``: fewer launches for host-bound eager calls); the default is ``"eager"``.
 """
 
+import contextlib
 import functools
 import json
 import math
@@ -226,15 +229,47 @@ def _resolved_config(kind: str, M: int, N: int, K: int, x2, packed, scale, inter
     ``_runnable`` checks, ``QERL_KERNEL_CONFIG``): the host-side cost of a decode call is what a token
     costs in an eager rollout. Returns a fresh copy (callers pop keys)."""
     if M > 256:
-        return _runnable(kind, config_for(kind, M, N, K, x2.device), M, K, x2, packed, scale, interpret)
+        return _runnable(kind, _for_launch_mode(config_for(kind, M, N, K, x2.device)), M, K, x2, packed, scale,
+                         interpret)
     key = (kind, M, N, K, x2.dtype, x2.device, interpret, packed.data_ptr() % 16, packed.stride(0) % 16,
            x2.data_ptr() % 16, x2.stride(0) % 8, scale.data_ptr() % 4, scale.stride(0) % 4,
-           os.environ.get("QERL_KERNEL_CONFIG"))
+           os.environ.get("QERL_KERNEL_CONFIG"), _MODE[0])
     cfg = _RESOLVED.get(key)
     if cfg is None:
-        cfg = _RESOLVED[key] = _runnable(kind, config_for(kind, M, N, K, x2.device), M, K, x2, packed, scale,
-                                         interpret)
+        cfg = _RESOLVED[key] = _runnable(kind, _for_launch_mode(config_for(kind, M, N, K, x2.device)), M, K, x2,
+                                         packed, scale, interpret)
     return dict(cfg)
+
+
+LAUNCH_MODES = ("eager", "graph")
+_MODE = [os.environ.get("QERL_LAUNCH_MODE", "eager")]  # how the calls are launched (see launch_mode)
+if _MODE[0] not in LAUNCH_MODES:
+    raise ValueError(f"QERL_LAUNCH_MODE must be one of {LAUNCH_MODES}, got {_MODE[0]!r}")
+
+
+@contextlib.contextmanager
+def launch_mode(mode: str):
+    """Pick the configs for calls launched one by one from Python (``"eager"``, the default; or
+    ``QERL_LAUNCH_MODE``) or captured in / replayed from CUDA graphs (``"graph"``) inside the block. Use
+    ``"graph"`` around the warm-up *and* the capture of a CUDA graph, so that the warm-up compiles the
+    kernels the capture launches (``qerl bench kernels`` and the tuner time in this mode). The tuned entry of
+    a decode size whose fastest kernel (timed in graphs) is the warpgroup-MMA one carries the single-launch
+    decode kernel's config as ``EAGER``: an eager decode step is host-bound (~55-60 µs of host time per call,
+    reports/kernels/README.md "v6") and the WGMMA route adds one launch (the activation pre-pass), or two
+    with ``lora_a`` (the PDL primary)."""
+    if mode not in LAUNCH_MODES:
+        raise ValueError(f"launch_mode: mode must be one of {LAUNCH_MODES}, got {mode!r}")
+    prev, _MODE[0] = _MODE[0], mode
+    try:
+        yield
+    finally:
+        _MODE[0] = prev
+
+
+def _for_launch_mode(cfg: dict) -> dict:
+    """The config for the current :func:`launch_mode`: a tuned entry's ``EAGER`` config in eager mode."""
+    eager = cfg.pop("EAGER", None)
+    return dict(eager) if eager is not None and _MODE[0] == "eager" else cfg
 
 
 XA_PRODUCERS = (16, 64)  # programs computing x · lora_aᵀ in a fused decode launch: ~256 K each, within these

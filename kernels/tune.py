@@ -186,6 +186,7 @@ def _compile_key(kind: str, M: int, cfg: dict, lora: int = 0, K: int = 0) -> tup
     every tuned shape, so a small stand-in shape compiles the same binary; XPAD changes the
     activations' row stride. ``lora``: also the rank-32 LoRA launch (fused into the decode kernel or
     not, which depends on M and on K > 8192: the real M and a K on the same side are kept)."""
+    cfg = {k: v for k, v in cfg.items() if k != "EAGER"}  # the graph-mode config is what a candidate runs
     m = 1 if M == 1 else min(M, int(cfg.get("BM", 16)))
     if lora:
         m = M
@@ -239,7 +240,9 @@ def _current(paths: str, device: str, kind: str, M: int, N: int, K: int, sms: in
     """The config in use now, which the restricted searches time against: ``decode`` — the tuned entry,
     else the heuristic; ``dq`` — the tuned Triton entry, else the Triton-only heuristic."""
     if paths in ("decode", "wgmma"):
-        return ops.tuned_entry(device, kind, M, N, K) or ops.heuristic(kind, M, N, K, sms, wgmma=False)
+        cur = ops.tuned_entry(device, kind, M, N, K) or ops.heuristic(kind, M, N, K, sms, wgmma=False)
+        cur.pop("EAGER", None)  # the graph-mode config (keep_eager carries EAGER over)
+        return cur
     if paths == "dq":
         current = ops.tuned_entry(device, kind, M, N, K)
         return current if current and not current.get("DQ") else ops.heuristic(kind, M, N, K, sms, dq=False)
@@ -248,6 +251,13 @@ def _current(paths: str, device: str, kind: str, M: int, N: int, K: int, sms: in
 
 def tune_all(shapes, ms, progress: bool = True, csv_path: Path | None = None, kinds=("fwd", "bwd"),
              paths: str = "all", workers: int = 0) -> Path:
+    """Time every candidate of every (kind, M, N, K) in CUDA graphs (``launch_mode("graph")``) and write the
+    fastest into ``kernels/tuned/<device>.json`` (:func:`keep_eager` at decode sizes)."""
+    with ops.launch_mode("graph"):
+        return _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers)
+
+
+def _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers) -> Path:
     from tqdm.auto import tqdm
 
     from qerl.quant import nvfp4
@@ -298,7 +308,7 @@ def tune_all(shapes, ms, progress: bool = True, csv_path: Path | None = None, ki
             if best is None or t < best[0]:
                 best = (t, cfg)
         if best is not None and best[0] < float("inf"):
-            table[key] = best[1]
+            table[key] = keep_eager(table.get(key), best[1], M)
             if progress is False:
                 print(f"{key}: {best[0] * 1e6:.1f} us, cuBLAS {t_cublas * 1e6:.1f} us, "
                       f"{t_cublas / best[0]:.2f}x  {best[1]}", flush=True)
@@ -308,6 +318,17 @@ def tune_all(shapes, ms, progress: bool = True, csv_path: Path | None = None, ki
             _write_csv(log, csv_path)
     ops._tuned.cache_clear()
     return path
+
+
+def keep_eager(prev: dict | None, best: dict, M: int) -> dict:
+    """The table entry for a search's winner: at decode sizes (M <= 16) a warpgroup-MMA winner keeps the
+    single-launch decode kernel's config for eager calls (``EAGER``, see :func:`qerl_kernels.ops.launch_mode`)
+    — the previous entry's ``EAGER``, or the previous entry itself when it was a decode-kernel config."""
+    best = {k: v for k, v in best.items() if k != "EAGER"}
+    if not best.get("WGMMA") or M > 16 or prev is None:
+        return best
+    eager = prev.get("EAGER") or (prev if prev.get("MMV") or prev.get("GEMV") else None)
+    return {**best, "EAGER": dict(eager)} if eager else best
 
 
 def _write_csv(rows, path: Path) -> None:

@@ -47,19 +47,23 @@ def main(out: str) -> int:
     la = torch.randn(32, K, device="cuda", dtype=torch.bfloat16) * 0.02
     lb = torch.randn(N, 32, device="cuda", dtype=torch.bfloat16) * 0.02
     with torch.no_grad():
-        for M in (1, 8, 16, 40, 64, 100):
-            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-            cfg = ops._resolved_config("fwd", M, N, K, x, p, s, False)
-            y = linear.nvfp4_lora_linear(x, p, s, g, bias, la, lb, 2.0)
-            yr = linear.reference_lora_forward(x, p, s, g, bias, la, lb, 2.0)
-            res[f"lora_layer_M{M}"] = {"path": "WGMMA" if cfg.get("WGMMA") else ("MMV" if cfg.get("MMV") else "other"),
-                                       "lora_route": ops.lora_route("fwd", cfg, M, K), "rel": rel(y, yr)}
+        for mode in ops.LAUNCH_MODES:  # eager: the single-launch decode kernel at M <= 16; graph: as tuned
+            with ops.launch_mode(mode):
+                for M in (1, 8, 16, 40, 64, 100):
+                    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+                    cfg = ops._resolved_config("fwd", M, N, K, x, p, s, False)
+                    y = linear.nvfp4_lora_linear(x, p, s, g, bias, la, lb, 2.0)
+                    yr = linear.reference_lora_forward(x, p, s, g, bias, la, lb, 2.0)
+                    path = "WGMMA" if cfg.get("WGMMA") else ("MMV" if cfg.get("MMV") else "other")
+                    res[f"lora_layer_{mode}_M{M}"] = {"path": path, "lora_route": ops.lora_route("fwd", cfg, M, K),
+                                                      "rel": rel(y, yr)}
     for M in (2, 16, 2048):
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         graph = torch.cuda.CUDAGraph()
-        ops.nvfp4_matmul(x, p, s, g)  # compile outside the capture
-        with torch.cuda.graph(graph):
-            yg = ops.nvfp4_matmul(x, p, s, g)
+        with ops.launch_mode("graph"):
+            ops.nvfp4_matmul(x, p, s, g)  # compile outside the capture
+            with torch.cuda.graph(graph):
+                yg = ops.nvfp4_matmul(x, p, s, g)
         x.copy_(torch.randn_like(x))
         graph.replay()
         res[f"cuda_graph_replay_M{M}_rel"] = rel(yg, linear.reference_forward(x, p, s, g, None))

@@ -219,16 +219,28 @@ def precompile_jobs(models, ms, device) -> list[tuple]:
     for N, K in dict.fromkeys(nk for m in models for nk in projections(m).values()):
         for M in ms:
             for kind in ("fwd", "bwd"):
-                out.append((kind, M, ops.config_for(kind, M, N, K, device), int(kind == "fwd" and M <= 64), K))
+                cfg = ops.config_for(kind, M, N, K, device)
+                eager = cfg.pop("EAGER", None)  # both launch modes' kernels
+                for c in (cfg, eager) if eager else (cfg,):
+                    out.append((kind, M, c, int(kind == "fwd" and M <= 64), K))
     return out
 
 
 def run(out_dir: Path, models=("7B", "14B", "32B"), ms=MS, tune: bool = False, progress: bool = True,
         workers: int = 0) -> dict:
-    from tqdm.auto import tqdm
-
+    """Benchmark (and with ``tune`` first search) every projection at every M; the kernels' configs are
+    those of ``launch_mode("graph")`` (the times are CUDA-graph replays)."""
     if not torch.cuda.is_available():
         raise ValueError("qerl bench kernels needs a CUDA GPU; none is visible here")
+    from qerl_kernels import ops
+
+    with ops.launch_mode("graph"):  # every time below is a CUDA-graph replay: the configs tuned for that
+        return _run(out_dir, models, ms, tune, progress, workers)
+
+
+def _run(out_dir: Path, models, ms, tune: bool, progress: bool, workers: int) -> dict:
+    from tqdm.auto import tqdm
+
     device = torch.cuda.get_device_name()
     if tune:
         from qerl_kernels.tune import tune_all

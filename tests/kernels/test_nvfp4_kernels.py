@@ -294,14 +294,20 @@ def test_committed_tables_use_compilable_tiles():
         tiles = [c for c in table.values() if not c.get("MMV") and not c.get("GEMV") and not c.get("DQ")
                  and not c.get("WGMMA")]
         wg = {k: c for k, c in table.items() if c.get("WGMMA")}  # warpgroup MMA: forward, M 5..256 (tuned)
-        assert all(set(c) <= {"WGMMA", "WG", "BT", "NS", "SPLIT", "XG", "PIPE", "NSW", "MT", "XS"} and k.startswith("fwd:")
+        assert all(set(c) <= {"WGMMA", "WG", "BT", "NS", "SPLIT", "XG", "PIPE", "NSW", "MT", "XS", "EAGER"}
+                   and k.startswith("fwd:")
                    and 4 < int(k.split(":")[1]) <= 256 and c["BT"] % 8 == 0 and c["BT"] <= 256
                    and c["WG"] in (1, 2) and c.get("MT", 1) in (1, 2) and c["NS"] >= 2 for k, c in wg.items()), path
         # NS * (activation tile + weight/scale slots) within the 227 KiB of shared memory an sm_90 program may use
         assert all(c["NS"] * c["BT"] * 256 + max(c["NS"], c.get("NSW", 0)) * 72 * 64 * c["WG"] * c.get("MT", 1)
                    <= 227 * 1024 for c in wg.values()), path
         assert all(set(c) == {"DQ", "CHUNK"} and c["CHUNK"] >= 0 for c in table.values() if c.get("DQ")), path
-        mmv = [c for c in table.values() if c.get("MMV")]
+        # decode sizes on WGMMA keep the single-launch decode kernel for eager calls (ops.launch_mode)
+        assert all((c.get("EAGER") or {}).get("MMV") or (c.get("EAGER") or {}).get("GEMV")
+                   for k, c in wg.items() if int(k.split(":")[1]) <= 16), path
+        assert not any("EAGER" in c for k, c in table.items() if int(k.split(":")[1]) > 16 or not c.get("WGMMA"))
+        mmv_eager = [c["EAGER"] for c in wg.values() if c.get("EAGER", {}).get("MMV")]
+        mmv = [c for c in table.values() if c.get("MMV")] + mmv_eager
         assert tiles and all(c["SWAP"] or c["BM"] <= 32 for c in tiles), path
         assert all({"BM", "BN", "BK", "SPLIT", "SWAP", "num_warps", "num_stages"} <= set(c) for c in tiles), path
         assert mmv and all(c["BM"] in (8, 16, 32, 64) and c["BN"] == 16 * c.get("RB", 1) * c["num_warps"]
@@ -478,3 +484,37 @@ print(json.dumps(res))
     assert r.returncode == 0, r.stderr[-2000:]
     for M, err, zero_tail, tickets in json.loads(r.stdout.strip().splitlines()[-1]):
         assert err < 1e-5 and zero_tail and tickets == 0, (M, err, zero_tail, tickets)
+
+
+def test_launch_mode_picks_the_eager_or_graph_config(monkeypatch):
+    """The committed H200 table at M = 16 (7B o): the warpgroup-MMA config under launch_mode("graph") (how
+    the benchmark and the tuner time), the single-launch decode kernel (EAGER) for eager calls, the
+    default; the mode is restored after the block, a bad mode is refused; entries without EAGER are the
+    same in both modes."""
+    import qerl_kernels.ops as ops
+
+    monkeypatch.setattr(ops, "_device_name", lambda i: "NVIDIA H200")
+    monkeypatch.setattr(ops, "_sm_count", lambda i: 132)
+    dev = torch.device("cuda", 0)
+    assert ops._MODE[0] == "eager"
+    eager = ops._for_launch_mode(ops.config_for("fwd", 16, 3584, 3584, dev))
+    with ops.launch_mode("graph"):
+        graph = ops._for_launch_mode(ops.config_for("fwd", 16, 3584, 3584, dev))
+        big = ops._for_launch_mode(ops.config_for("fwd", 64, 3584, 3584, dev))
+    assert eager.get("MMV") and "WGMMA" not in eager and graph.get("WGMMA") and "EAGER" not in graph
+    assert ops._MODE[0] == "eager" and ops._for_launch_mode(ops.config_for("fwd", 64, 3584, 3584, dev)) == big
+    with pytest.raises(ValueError, match="mode must be one of"):
+        with ops.launch_mode("graphs"):
+            pass
+
+
+def test_benchmark_precompiles_both_launch_modes(monkeypatch):
+    """precompile_jobs: a decode-size key tuned to WGMMA yields its graph config and its EAGER one."""
+    import qerl_kernels.ops as ops
+    from qerl.stages.bench_kernels import precompile_jobs
+
+    monkeypatch.setattr(ops, "_device_name", lambda i: "NVIDIA H200")
+    monkeypatch.setattr(ops, "_sm_count", lambda i: 132)
+    jobs = [j for j in precompile_jobs(["7B"], [16], torch.device("cuda", 0)) if j[0] == "fwd" and j[4] == 3584]
+    assert any(j[2].get("WGMMA") for j in jobs) and any(j[2].get("MMV") for j in jobs)
+    assert not any("EAGER" in j[2] for j in jobs)

@@ -83,3 +83,15 @@ def test_wgmma_search_space():
     mid = tune._wgmma_paths(256, 4608, 3584, 132)
     assert {c["BT"] for c in mid} == {64, 128}  # BT 256 only above M = 256
     assert any(c["WG"] == 2 and c["NS"] == 2 for c in tune._wgmma_paths(512, 4608, 3584, 132))
+
+
+def test_keep_eager_carries_the_single_launch_config():
+    """A warpgroup-MMA winner at M <= 16 keeps the previous decode-kernel config (or its EAGER) for eager
+    calls; other winners and sizes do not carry one."""
+    mmv = dict(MMV=1, BM=16, BN=64, BK=128, SPLIT=4, num_warps=4, num_stages=1)
+    wgc = dict(WGMMA=1, WG=1, BT=16, NS=3, SPLIT=5, XG=0)
+    assert tune.keep_eager(mmv, wgc, 16) == {**wgc, "EAGER": mmv}
+    assert tune.keep_eager({**wgc, "EAGER": mmv}, {**wgc, "NS": 2}, 9) == {**wgc, "NS": 2, "EAGER": mmv}
+    assert tune.keep_eager({**wgc, "EAGER": mmv}, mmv, 16) == mmv  # the decode kernel won: no EAGER needed
+    assert tune.keep_eager(mmv, wgc, 32) == wgc and tune.keep_eager(None, wgc, 16) == wgc
+    assert tune.keep_eager(dict(BM=16, SPLIT=1), wgc, 16) == wgc  # a tile entry is no single-launch decode config
