@@ -290,7 +290,7 @@ def _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers) -> Path:
         f_dense = (lambda w: torch.nn.functional.linear(x, w)) if kind == "fwd" else (lambda w: x @ w)
         t_cublas = _graph_time([lambda w=w: f_dense(w) for w in dense], reps=9)
         del dense
-        best = None
+        best, best_decode = None, None  # best_decode: the fastest single-launch decode config (EAGER fallback)
         for cfg in candidates(kind, M, N, K, sms, paths, _current(paths, device, kind, M, N, K, sms)):
             os.environ["QERL_KERNEL_CONFIG"] = json.dumps(cfg)  # overrides every key of config_for's choice
             err, t = float("nan"), float("inf")
@@ -307,8 +307,10 @@ def _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers) -> Path:
                         "cublas_us": t_cublas * 1e6, "speedup": t_cublas / t, "rel_err": err})
             if best is None or t < best[0]:
                 best = (t, cfg)
+            if (cfg.get("MMV") or cfg.get("GEMV")) and t < float("inf") and (best_decode is None or t < best_decode[0]):
+                best_decode = (t, cfg)
         if best is not None and best[0] < float("inf"):
-            table[key] = keep_eager(table.get(key), best[1], M)
+            table[key] = keep_eager(table.get(key), best[1], M, best_decode[1] if best_decode else None)
             if progress is False:
                 print(f"{key}: {best[0] * 1e6:.1f} us, cuBLAS {t_cublas * 1e6:.1f} us, "
                       f"{t_cublas / best[0]:.2f}x  {best[1]}", flush=True)
@@ -320,14 +322,16 @@ def _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers) -> Path:
     return path
 
 
-def keep_eager(prev: dict | None, best: dict, M: int) -> dict:
-    """The table entry for a search's winner: at decode sizes (M <= 16) a warpgroup-MMA winner keeps the
+def keep_eager(prev: dict | None, best: dict, M: int, decode: dict | None = None) -> dict:
+    """The table entry for a search's winner: at decode sizes (M <= 16) a warpgroup-MMA winner keeps a
     single-launch decode kernel's config for eager calls (``EAGER``, see :func:`qerl_kernels.ops.launch_mode`)
-    — the previous entry's ``EAGER``, or the previous entry itself when it was a decode-kernel config."""
+    — the previous entry's ``EAGER``, the previous entry itself when it was a decode-kernel config, else
+    ``decode`` (the fastest decode config this search timed)."""
     best = {k: v for k, v in best.items() if k != "EAGER"}
-    if not best.get("WGMMA") or M > 16 or prev is None:
+    if not best.get("WGMMA") or M > 16:
         return best
-    eager = prev.get("EAGER") or (prev if prev.get("MMV") or prev.get("GEMV") else None)
+    prev = prev or {}
+    eager = prev.get("EAGER") or (prev if prev.get("MMV") or prev.get("GEMV") else None) or decode
     return {**best, "EAGER": dict(eager)} if eager else best
 
 

@@ -95,3 +95,4 @@ def test_keep_eager_carries_the_single_launch_config():
     assert tune.keep_eager({**wgc, "EAGER": mmv}, mmv, 16) == mmv  # the decode kernel won: no EAGER needed
     assert tune.keep_eager(mmv, wgc, 32) == wgc and tune.keep_eager(None, wgc, 16) == wgc
     assert tune.keep_eager(dict(BM=16, SPLIT=1), wgc, 16) == wgc  # a tile entry is no single-launch decode config
+    assert tune.keep_eager(None, wgc, 8, decode=mmv) == {**wgc, "EAGER": mmv}  # a new key: the search's best decode
