@@ -12,7 +12,8 @@ when the actual values are. ``--kind mmv``: BM 8|16 (activation rows), warps = B
 prefetch depth (1|2), ``QERL_INSPECT_XPRE=0`` loads activations at use, ``QERL_INSPECT_L2=256`` /
 ``QERL_INSPECT_PFD=4``: L2 prefetch size hint / prefetch distance of the weight loads, ``QERL_INSPECT_FUSED=1``:
 the fused LoRA-32 launch, ``QERL_INSPECT_UNROLL=1``: the unrolled (no-rotation) loop, ``QERL_INSPECT_TRACE=1``: with the timeline stamps, ``QERL_INSPECT_PDL=1|2``: LoRA-32 with ``xa`` (bf16 | the fp32 accumulator) from a
-preceding PDL launch (``--kind loraxa``: that launch's kernel, ``--bk`` its K chunk), ``QERL_INSPECT_RB=2``: two
+preceding PDL launch (``--kind loraxa``: that launch's kernel, ``--bk`` its K chunk, ``QERL_INSPECT_XA_STAGES``
+its chunk-loop pipeline depth), ``QERL_INSPECT_RB=2``: two
 blocks of 16 weight rows per warp (bn = 32 x warps). ``--kind mmva``: the cp.async pipeline (``nvfp4_mmv_async``).
 ``--kind wgmma``: the warpgroup-MMA kernel (``nvfp4_wgmma``, Gluon): ``--bm`` = BT activation rows, ``--warps`` =
 4 x warpgroups, ``--stages`` = ring stages, ``QERL_INSPECT_XG=0``: pre-permuted activations.
@@ -81,7 +82,8 @@ def compile_sm90(kind="fwd", bm=16, bn=64, bk=256, warps=4, stages=4, split=1, s
         base = {"x_ptr": "*bf16", "la_ptr": "*bf16", "xa_ptr": "*bf16", "xap_ptr": "*fp32", "lock_ptr": "*i32",
                 "tr_ptr": "*i64", "M": "i32", "K": "i32", "stride_xm": "i32", "XP": "i32"}
         consts = {"R": 32, "KB": bk, "QB": 16, "PDL": int(os.environ.get("QERL_INSPECT_PDL", "1")),
-                  "TRACE": os.environ.get("QERL_INSPECT_TRACE", "0") == "1"}
+                  "TRACE": os.environ.get("QERL_INSPECT_TRACE", "0") == "1",
+                  "STAGES": int(os.environ.get("QERL_INSPECT_XA_STAGES", "1"))}
     elif kind == "gemv":  # CUDA-core decode path (nvfp4_gemv)
         fn, base = _nvfp4_gemv_kernel, FWD_SIG
         consts.update(HAS_BIAS=False)

@@ -275,6 +275,11 @@ def _for_launch_mode(cfg: dict) -> dict:
 XA_PRODUCERS = (16, 64)  # programs computing x · lora_aᵀ in a fused decode launch: ~256 K each, within these
 LORA_LAUNCH = os.environ.get("QERL_LORA_LAUNCH", "auto")  # see lora_route; "fused" | "pdl" force one (experiments)
 XA_PDL_ROWS = 64  # the PDL primary's row blocks: 16 rows each, one ticket slot each (the last 4 of _locks)
+# the PDL primary's shape (experiments; the defaults are the measured configuration): its programs (at most
+# one per 128-wide K chunk), partials summed per load round by the last one, chunk-loop pipeline depth
+XA_PROGRAMS = int(os.environ.get("QERL_XA_PROGRAMS", "64"))
+XA_QB = int(os.environ.get("QERL_XA_QB", "16"))
+XA_STAGES = int(os.environ.get("QERL_XA_STAGES", "1"))
 XA_PDL_AT = int(os.environ.get("QERL_XA_PDL_AT", "2"))  # lora_xa releases the decode launch at its start (1) / after its loads (2)
 
 
@@ -336,10 +341,11 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
             locks = _locks(x2.device)
             blocks = triton.cdiv(M, 16)  # <= XA_PDL_ROWS / 16 = 4 ticket slots
             xa = torch.empty(16 * blocks, r, device=x2.device, dtype=x2.dtype)
-            nxp = min(64, -(-K // 128))
+            nxp = min(XA_PROGRAMS, -(-K // 128))
             xap = torch.empty(blocks * nxp * 16 * r, device=x2.device, dtype=torch.float32)
             _lora_xa_kernel[(nxp, blocks)](x2, lora_a, xa, xap, locks[_LOCK_SLOTS - 4:], locks, M, K, x2.stride(0),
-                                           nxp, R=r, KB=128, QB=16, PDL=XA_PDL_AT, num_warps=4, num_stages=1)
+                                           nxp, R=r, KB=128, QB=XA_QB, PDL=XA_PDL_AT, STAGES=XA_STAGES, num_warps=4,
+                                           num_stages=1)
         return nvfp4_wgmma_matmul(x2, packed, scale.view(torch.uint8), gs, bias, xa, lb, lora_scale,
                                   **{**cfg, "SPLIT": split}, xp=xperm, part=part, lock=_locks(x2.device), pdl=pdl)
     if cfg.get("DQ"):  # dequantize windows of W + cuBLAS (large M)
@@ -390,10 +396,10 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
 
             pdl_mode = 1
             xa = torch.empty(16, r, device=x2.device, dtype=x2.dtype)
-            nxp = min(64, -(-K // 128))
+            nxp = min(XA_PROGRAMS, -(-K // 128))
             xap = torch.empty(nxp * 16 * r, device=x2.device, dtype=torch.float32)
             _lora_xa_kernel[(nxp,)](x2, lora_a, xa, xap, locks[_LOCK_SLOTS - 4:], locks, M, K, x2.stride(0), nxp, R=r, KB=128,
-                                   QB=16, PDL=XA_PDL_AT, num_warps=4, num_stages=1)
+                                   QB=XA_QB, PDL=XA_PDL_AT, STAGES=XA_STAGES, num_warps=4, num_stages=1)
         if xp:  # xa [16, R] written by the launch's producer programs, their fp32 partials in xap
             xa = torch.empty(16, r, device=x2.device, dtype=x2.dtype)
             xap = torch.empty(xp * 16 * r, device=x2.device, dtype=torch.float32)

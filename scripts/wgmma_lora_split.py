@@ -5,7 +5,9 @@ replays, ``qerl.stages.bench_kernels._graph_times``) on the routed config of eac
   alone; ``base``: the op without LoRA (pre-pass + kernel);
 * ``lora_xa``: the PDL primary alone (plain launch); ``xa_given``: the op with ``xa`` given (pre-pass + kernel
   with the LoRA epilogue, no x·Aᵀ); ``pdl``: the op with ``lora_a`` as routed (pre-pass + ``lora_xa`` +
-  the dependent kernel); ``matmul``: ``x @ lora_a.T`` (cuBLAS) then the op with ``xa``.
+  the dependent kernel); ``matmul``: ``x @ lora_a.T`` (cuBLAS) then the op with ``xa``;
+* the primary's knobs: ``lora_xa_s3`` / ``pdl_s3`` (chunk loop pipelined 3 deep), ``lora_xa_p128`` / ``pdl_p128``
+  (up to 128 programs), ``pdl_s3_p128``.
 
 ``python scripts/wgmma_lora_split.py OUT.json`` — one line per (shape, M); rows rotate weight copies past the
 L2 like the benchmark.
@@ -23,6 +25,18 @@ from qerl_kernels.nvfp4_wgmma import nvfp4_wgmma_matmul, permute_activations
 
 SHAPES = {"7B qkv": (4608, 3584), "7B o": (3584, 3584), "7B gate_up": (37888, 3584), "7B down": (3584, 18944),
           "32B down": (5120, 27648)}
+
+
+def _with(knobs: dict, fn):
+    """Call ``fn`` with ``ops`` module knobs set (at capture time: the graph keeps what was launched)."""
+    old = {k: getattr(ops, k) for k in knobs}
+    for k, v in knobs.items():
+        setattr(ops, k, v)
+    try:
+        return fn()
+    finally:
+        for k, v in old.items():
+            setattr(ops, k, v)
 
 
 def main(out: str) -> int:
@@ -61,6 +75,19 @@ def main(out: str) -> int:
                 "pdl": [lambda w=w: ops.nvfp4_matmul(x, *w, None, None, lb, 2.0, lora_a=la) for w in ws],
                 "matmul": [lambda w=w: ops.nvfp4_matmul(x, *w, None, x @ la.T, lb, 2.0) for w in ws],
             }
+            # the PDL primary's knobs (ops.XA_*: programs, chunk-loop pipeline depth), alone and as routed
+            nxp2 = min(128, -(-K // 128))
+            xap2 = torch.empty(blocks * nxp2 * 16 * R, device=dev)
+            named["lora_xa_s3"] = [lambda: _lora_xa_kernel[(nxp, blocks)](
+                x, la, xa16, xap, lock, lock, M, K, x.stride(0), nxp, R=R, KB=128, QB=16, PDL=0, STAGES=3,
+                num_warps=4, num_stages=1)] * len(ws)
+            named["lora_xa_p128"] = [lambda: _lora_xa_kernel[(nxp2, blocks)](
+                x, la, xa16, xap2, lock, lock, M, K, x.stride(0), nxp2, R=R, KB=128, QB=16, PDL=0, num_warps=4,
+                num_stages=1)] * len(ws)
+            for tag, knobs in (("pdl_s3", {"XA_STAGES": 3}), ("pdl_p128", {"XA_PROGRAMS": 128}),
+                               ("pdl_s3_p128", {"XA_STAGES": 3, "XA_PROGRAMS": 128})):
+                named[tag] = [lambda w=w, knobs=knobs: _with(knobs, lambda: ops.nvfp4_matmul(
+                    x, *w, None, None, lb, 2.0, lora_a=la)) for w in ws]
             t = _graph_times(named, reps=15)
             per_call = {k: 1e6 * v for k, v in t.items()}  # _graph_times: seconds per call
             row = {"device": torch.cuda.get_device_name(), "shape": name, "N": N, "K": K, "M": M, "config": cfg,

@@ -460,22 +460,22 @@ print(json.dumps({"backend": be.name, "calls": len(calls),
 def test_lora_xa_primary_row_blocks_under_interpreter():
     """The PDL primary (qerl_kernels.lora_xa, launched plainly here: PDL 0) in 16-row blocks along its
     second grid dimension: xa [16 B, R] equals x @ lora_a.T (rows >= M zero) for M up to 64 (the
-    warpgroup-MMA kernel's PDL range), with K tails and several programs per block; every block's ticket
-    is back at zero. fp32 operands: the interpreter's bf16 tl.dot is broken (platform.md); the kernel is
+    warpgroup-MMA kernel's PDL range), with K tails and several programs per block, also with the chunk loop
+    pipelined (STAGES 3: five chunks per program); every block's ticket is back at zero. fp32 operands: the interpreter's bf16 tl.dot is broken (platform.md); the kernel is
     dtype-generic and the GPU runs it in bf16 (scripts/wgmma_check.py)."""
     r = _interp("""
 import json, torch
 from qerl_kernels.lora_xa import _lora_xa_kernel
 g = torch.Generator().manual_seed(7)
 res = []
-for M, K, R, XP in ((40, 384, 32, 2), (64, 200, 16, 3), (7, 256, 16, 1)):
+for M, K, R, XP, ST in ((40, 384, 32, 2, 1), (64, 200, 16, 3, 1), (7, 256, 16, 1, 1), (40, 640, 32, 2, 3)):
     x = torch.randn(M, K, generator=g)
     la = torch.randn(R, K, generator=g) * 0.1
     B = -(-M // 16)
     xa = torch.full((16 * B, R), 7.0)
     xap = torch.empty(B * XP * 16 * R)
     lock = torch.zeros(4, dtype=torch.int32)
-    _lora_xa_kernel[(XP, B)](x, la, xa, xap, lock, lock, M, K, x.stride(0), XP, R=R, KB=64, QB=4, PDL=0)
+    _lora_xa_kernel[(XP, B)](x, la, xa, xap, lock, lock, M, K, x.stride(0), XP, R=R, KB=64, QB=4, PDL=0, STAGES=ST)
     want = x @ la.T
     err = float((xa[:M] - want).norm() / want.norm())
     res.append([M, err, bool((xa[M:] == 0).all()), int(lock.abs().sum())])
