@@ -13,7 +13,7 @@ register-fragment producer inside the launch took the 32B gate/up M = 1 kernel f
 programs per SM and added 32%, ``scripts/lora_trace.py``), and its loads are issued before the weight
 stream saturates the memory system.
 
-Program ``p`` of XP reduces the KB-wide K chunks p, p + XP, … (ops: KB = 128, XP = min(64, K / 128))
+Program ``p`` of XP reduces the KB-wide K chunks p, p + XP, … (ops: KB = 128, XP = min(XA_PROGRAMS = 64, K / 128))
 with ``tl.dot`` into an fp32 partial ``xap [XP, 16, R]``; the last program to finish (a ticket in
 ``lock``, reset by it) sums the partials in a fixed order (deterministic) and stores ``xa`` — the same
 two steps as the fused producers (:func:`.nvfp4_mmv._xa_partial`, :func:`.nvfp4_mmv._xa_sum`). The
@@ -28,25 +28,6 @@ from triton.language.extra.cuda import gdc_launch_dependents
 from qerl_kernels.nvfp4_mmv import _stamp, _xa_partial, _xa_sum
 
 
-@triton.jit
-def _xa_partial_staged(p, x_ptr, la_ptr, M, K, stride_xm, XP, R: tl.constexpr, KB: tl.constexpr,
-                       STAGES: tl.constexpr):
-    """:func:`qerl_kernels.nvfp4_mmv._xa_partial` with its chunk loop software-pipelined by Triton
-    (``STAGES`` chunks' loads in flight: the loop's load latency is what a program of this kernel waits on)."""
-    rows = tl.arange(0, 16)
-    rr = tl.arange(0, R)
-    kk = tl.arange(0, KB)
-    acc = tl.zeros((16, R), tl.float32)
-    for k0 in tl.range(p * KB, K, XP * KB, num_stages=STAGES):
-        offs = k0 + kk
-        km = offs < K
-        xb = tl.load(x_ptr + rows[:, None] * stride_xm + offs[None, :], mask=(rows < M)[:, None] & km[None, :],
-                     other=0.0)
-        ab = tl.load(la_ptr + rr[:, None] * K + offs[None, :], mask=km[None, :], other=0.0)
-        acc += tl.dot(xb, tl.trans(ab))
-    return acc
-
-
 @triton.jit(do_not_specialize=["M", "XP"])
 def _lora_xa_kernel(x_ptr, la_ptr, xa_ptr, xap_ptr, lock_ptr, tr_ptr, M, K, stride_xm, XP, R: tl.constexpr,
                     KB: tl.constexpr, QB: tl.constexpr, PDL: tl.constexpr, TRACE: tl.constexpr = False,
@@ -54,8 +35,8 @@ def _lora_xa_kernel(x_ptr, la_ptr, xa_ptr, xap_ptr, lock_ptr, tr_ptr, M, K, stri
     """``PDL`` 0: plain launch; 1: release the dependent launch at once; 2: after this program's loads
     have landed (its chunks' ``tl.dot`` done: the decode kernel's weight stream then cannot delay them).
     ``TRACE`` (diagnostics, ``scripts/lora_trace.py``): ``%globaltimer`` stamps into ``tr_ptr [XP, 8]``
-    (int64): start, SM, chunks done, ticket back, and — the last program — ``xa`` stored. ``STAGES`` > 1
-    (experiments, ``QERL_XA_STAGES``): the chunk loop pipelined (:func:`_xa_partial_staged`)."""
+    (int64): start, SM, chunks done, ticket back, and — the last program — ``xa`` stored (``[B·XP, 8]`` with B
+    row blocks). ``STAGES`` > 1 (experiments, ``QERL_XA_STAGES``): the chunk loop pipelined."""
     p = tl.program_id(0)
     rb = tl.program_id(1)  # block of 16 activation rows (M up to 16 x the grid's second dimension)
     x_ptr += rb * 16 * stride_xm
@@ -68,10 +49,7 @@ def _lora_xa_kernel(x_ptr, la_ptr, xa_ptr, xap_ptr, lock_ptr, tr_ptr, M, K, stri
     _stamp(tr, 1, TRACE)
     if PDL == 1:
         gdc_launch_dependents()
-    if STAGES > 1:
-        acc = _xa_partial_staged(p, x_ptr, la_ptr, M, K, stride_xm, XP, R, KB, STAGES)
-    else:
-        acc = _xa_partial(p, x_ptr, la_ptr, M, K, stride_xm, XP, R, KB)
+    acc = _xa_partial(p, x_ptr, la_ptr, M, K, stride_xm, XP, R, KB, STAGES)
     _stamp(tr, 2, TRACE)
     if PDL == 2:
         gdc_launch_dependents()

@@ -267,14 +267,15 @@ def _reduced(part_ptr, m, n, M, N, SPLIT):
 
 
 @triton.jit
-def _xa_partial(p, x_ptr, la_ptr, M, K, stride_xm, XP, R: tl.constexpr, KB: tl.constexpr):
+def _xa_partial(p, x_ptr, la_ptr, M, K, stride_xm, XP, R: tl.constexpr, KB: tl.constexpr, STAGES: tl.constexpr = 1):
     """Program ``p`` of XP: ``x [M <= 16, Kp] · lora_a[:, Kp]ᵀ`` over its KB-wide K chunks p, p + XP, …
-    (``tl.dot``, fp32 [16, R]; rows >= M are 0). Shared by the fused producers and :mod:`.lora_xa`."""
+    (``tl.dot``, fp32 [16, R]; rows >= M are 0). Shared by the fused producers and :mod:`.lora_xa`;
+    ``STAGES`` > 1: the chunk loop software-pipelined by Triton (experiments, ``QERL_XA_STAGES``)."""
     rows = tl.arange(0, 16)
     rr = tl.arange(0, R)
     kk = tl.arange(0, KB)
     acc = tl.zeros((16, R), tl.float32)
-    for k0 in range(p * KB, K, XP * KB):
+    for k0 in tl.range(p * KB, K, XP * KB, num_stages=STAGES):
         offs = k0 + kk
         km = offs < K
         xb = tl.load(x_ptr + rows[:, None] * stride_xm + offs[None, :], mask=(rows < M)[:, None] & km[None, :],

@@ -342,7 +342,6 @@ def _nvfp4_wgmma_kernel(
         xop = gl.allocate_shared_memory(gl.bfloat16, [BT, 128], XSL)
     else:
         xsm = gl.allocate_shared_memory(gl.bfloat16, [NS, BT, 128], XSL)
-        xop = xsm.index(0)
 
     k_steps = K // 128
     per = gl.cdiv(k_steps, SPLIT)
@@ -363,7 +362,7 @@ def _nvfp4_wgmma_kernel(
                    wrow, wcol, srow, scol, xrow, xcol, xmask, stride_wn, stride_sn, stride_xm)
             async_copy.wait_group(NS - 1)
             gl.thread_barrier()
-            if XS:
+            if XS:  # the tile as loaded -> the operand tile (every warp's stores before any wgmma reads it)
                 _stage_x(xsm.index(slot), xop, CX, BT)
                 fence_async_shared()
                 gl.thread_barrier()

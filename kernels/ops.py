@@ -332,13 +332,12 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
         if tiles > _LOCK_SLOTS - 4:
             split = 1
         part = torch.empty(split * M * N if split > 1 else 1, device=x2.device, dtype=torch.float32)
-        xperm = None
+        locks, xperm = _locks(x2.device), None
         if pdl:  # permute first: the PDL primary (xa [16, R]) must be the launch right before the kernel
             from qerl_kernels.lora_xa import _lora_xa_kernel
             from qerl_kernels.nvfp4_wgmma import permute_activations
 
             xperm = None if cfg.get("XG") or cfg.get("XS") else permute_activations(x2)
-            locks = _locks(x2.device)
             blocks = triton.cdiv(M, 16)  # <= XA_PDL_ROWS / 16 = 4 ticket slots
             xa = torch.empty(16 * blocks, r, device=x2.device, dtype=x2.dtype)
             nxp = min(XA_PROGRAMS, -(-K // 128))
@@ -347,7 +346,7 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
                                            nxp, R=r, KB=128, QB=XA_QB, PDL=XA_PDL_AT, STAGES=XA_STAGES, num_warps=4,
                                            num_stages=1)
         return nvfp4_wgmma_matmul(x2, packed, scale.view(torch.uint8), gs, bias, xa, lb, lora_scale,
-                                  **{**cfg, "SPLIT": split}, xp=xperm, part=part, lock=_locks(x2.device), pdl=pdl)
+                                  **{**cfg, "SPLIT": split}, xp=xperm, part=part, lock=locks, pdl=pdl)
     if cfg.get("DQ"):  # dequantize windows of W + cuBLAS (large M)
         from qerl_kernels.nvfp4_dequant import dq_backward, dq_forward
 
