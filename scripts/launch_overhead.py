@@ -1,6 +1,8 @@
 """GPU: host-side cost of one NVFP4 linear call in eager mode (the rollout engine runs eagerly), where
 it goes (cProfile), and the same for cuBLAS ``F.linear``: a decode step of a 7B model makes ~200 of
-these calls, so microseconds of Python per call are milliseconds per token.
+these calls, so microseconds of Python per call are milliseconds per token. M = 16 runs in both launch modes
+(``ops.launch_mode``): the eager config (one launch) against the graph-tuned one (WGMMA: pre-pass + kernel,
++ the PDL primary with LoRA) called eagerly.
 
 ``python scripts/launch_overhead.py OUT.json``
 """
@@ -38,14 +40,14 @@ def main(out: str) -> int:
     la = torch.randn(32, K, device="cuda", dtype=torch.bfloat16) * 0.01
     lb = torch.randn(N, 32, device="cuda", dtype=torch.bfloat16) * 0.01
     res = {"device": torch.cuda.get_device_name(), "N": N, "K": K, "rows": []}
-    for M in (1, 16):
+    for M, mode in ((1, "eager"), (16, "eager"), (16, "graph")):
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         calls = {"cublas_linear": lambda: torch.nn.functional.linear(x, w),
                  "nvfp4_matmul": lambda: ops.nvfp4_matmul(x, p, s, g),
                  "nvfp4_matmul_lora": lambda: ops.nvfp4_matmul(x, p, s, g, None, None, lb, 2.0, lora_a=la),
                  "seam_nvfp4_linear": lambda: nvfp4_linear(x, p, s, g)}
-        with torch.no_grad():
-            row = {"M": M, **{k + "_us": _host_us(f) for k, f in calls.items()}}
+        with torch.no_grad(), ops.launch_mode(mode):
+            row = {"M": M, "mode": mode, **{k + "_us": _host_us(f) for k, f in calls.items()}}
             prof = cProfile.Profile()
             prof.enable()
             for _ in range(300):
@@ -55,8 +57,8 @@ def main(out: str) -> int:
         pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
         row["profile_top_tottime"] = buf.getvalue()
         res["rows"].append(row)
-        print({k: round(v, 1) for k, v in row.items() if k.endswith("_us")}, flush=True)
-        print(buf.getvalue()[:3500], flush=True)
+        print(M, mode, {k: round(v, 1) for k, v in row.items() if k.endswith("_us")}, flush=True)
+        print(buf.getvalue()[:1200], flush=True)
     with open(out, "w") as f:
         json.dump(res, f, indent=1)
     return 0
