@@ -91,7 +91,8 @@ def _decode_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
 
 
 def _wgmma_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
-    """Forward M > 4, K % 128 == 0: the warpgroup-MMA kernel (``WGMMA``): 1 | 2 warpgroups, BT activation
+    """Forward, K % 128 == 0: the warpgroup-MMA kernel (``WGMMA``). M <= 4: a lean set (one BT = 8 tile, 2 | 3
+    ring stages, 3 splits, staged ``XS`` or pre-permuted). M > 4: 1 | 2 warpgroups, BT activation
     rows per program (pre-permuted: the in-kernel gather ``XG`` won no key of the first H100 search; BT down
     to M / 2 at M 17..64), the plain loop with 2 | 3 | 4 ring stages or the pipelined one (``PIPE``: next
     step's decode under this step's wgmma, the weights ``NSW`` steps ahead), two m64 weight tiles per
@@ -99,7 +100,16 @@ def _wgmma_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
     to ~2-3 programs per SM, half and twice that, 2 and 3; M > 128: :func:`_wgmma_large` (and up to M = 512
     the above with BT 64 | 128)."""
     out = []
-    if M <= 4 or K % 128:
+    if K % 128:
+        return out
+    if M <= 4:  # one BT = 8 tile (rows masked), one warpgroup, the activations staged in the kernel (XS: no
+        # pre-pass launch) or pre-permuted: at M = 8 the H100 search's XS BT = 8 tile beat the decode kernel's
+        # M = 1 time on the small projections (7B o 8.99 vs 9.85 us, reports/kernels/NVIDIA_H100_80GB_HBM3.csv)
+        tiles = -(-N // 64)
+        s0 = max(1, min(K // 256, round(3 * sms / tiles)))
+        for ns, split in itertools.product((2, 3), sorted({s0, max(1, s0 // 2), min(2 * s0, K // 256)})):
+            cfg = dict(WGMMA=1, WG=1, BT=8, SPLIT=split, XG=0, NS=ns)
+            out += [{**cfg, "XS": 1}, cfg]
         return out
     if M > 128:  # prefill / training sizes: large tiles (no split), the activations pre-permuted or gathered
         out = _wgmma_large(M)
@@ -357,7 +367,7 @@ def main(argv=None) -> int:
     p.add_argument("--paths", default="all", choices=["all", "dq", "decode", "wgmma"],
                    help="all: every candidate; dq: the dequantize + cuBLAS windows against the config in use now; "
                         "decode: the decode kernels (forward, M <= 32) against the config in use now; "
-                        "wgmma: the warpgroup-MMA kernel (forward, M > 4) against the config in use now")
+                        "wgmma: the warpgroup-MMA kernel (forward) against the config in use now")
     p.add_argument("--workers", type=int, default=0,
                    help="compile the candidates in this many processes first (0/1: compile while timing)")
     p.add_argument("--no-progress", action="store_true")

@@ -62,13 +62,20 @@ def test_restricted_searches_time_against_the_config_in_use(monkeypatch):
 
 
 def test_wgmma_search_space():
-    """The warpgroup-MMA candidates: none at M <= 4 or K % 128 != 0; decode sizes (M 8 / 16) with BT = 8 / 16;
+    """The warpgroup-MMA candidates: none at K % 128 != 0; M <= 4 one BT = 8 tile, staged (XS) or not, one
+    warpgroup, 2 | 3 stages; decode sizes (M 8 / 16) with BT = 8 / 16;
     M 17..64 also with half the activation rows per program; 2-4 ring stages; split-K choices within K / 256
     steps and no split with two m64 tiles above BT = 32 (registers); above M = 128 the two-warpgroup large
     tiles (BT 256 only above M = 256) and up to M = 512 the small ones too; no duplicates."""
     from qerl_kernels import tune
 
-    assert tune._wgmma_paths(4, 4608, 3584, 132) == [] and tune._wgmma_paths(64, 4608, 3600, 132) == []
+    assert tune._wgmma_paths(64, 4608, 3600, 132) == [] and tune._wgmma_paths(1, 4608, 3600, 132) == []
+    for M in (1, 2, 4):
+        small = tune._wgmma_paths(M, 4608, 3584, 132)
+        assert {c["BT"] for c in small} == {8} and {c["NS"] for c in small} == {2, 3}
+        assert all(c["WG"] == 1 and "MT" not in c and "PIPE" not in c for c in small)
+        assert {c.get("XS", 0) for c in small} == {0, 1} and len({json.dumps(c, sort_keys=True) for c in small}) == len(small)
+        assert all(1 <= c["SPLIT"] <= 3584 // 256 for c in small)
     for M, want_bt in ((8, {8}), (16, {16}), (32, {16, 32}), (64, {32, 64}), (128, {64, 128})):
         out = tune._wgmma_paths(M, 4608, 3584, 132)
         assert {c["BT"] for c in out} == want_bt, M
