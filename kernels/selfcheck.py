@@ -1,6 +1,6 @@
 """Correctness check of the NVFP4 kernels against the pure-torch reference (qerl.ops.linear).
 
-``python -m qerl_kernels.selfcheck [--quick] [--only-forced KEY] [--json OUT]`` runs forward and backward (with and
+``python -m qerl_kernels.selfcheck [--quick] [--only-forced KEY | --part routed|forced|dequant] [--json OUT]`` runs forward and backward (with and
 without bias / LoRA) on odd shapes and every M bucket, on CUDA if present, else under
 ``TRITON_INTERPRET=1`` on CPU (small shapes). Exits non-zero on any failure.
 
@@ -186,6 +186,9 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--only-forced", default=None, metavar="KEY",
                    help="only the forced configs with this key (e.g. WGMMA), on the forced shapes")
+    p.add_argument("--part", default="all", choices=["all", "routed", "forced", "dequant"],
+                   help="one part of the full check (routed configs / forced configs / dequantization), so that "
+                        "a device call with a time limit can run it in pieces; the full check is their union")
     a = p.parse_args(argv)
     if torch.cuda.is_available() and a.only_forced:
         rows = run_forced("cuda", [(130, 272), (100, 352), (130, 512), (3584, 3584), (520, 18944)], [1, 3, 17, 100],
@@ -193,8 +196,13 @@ def main(argv=None) -> int:
     elif torch.cuda.is_available():
         shapes = [(48, 80), (130, 272), (3584, 3584), (512, 18944)] if not a.quick else [(48, 80), (130, 272)]
         ms = [1, 2, 3, 8, 16, 17, 33, 64, 100, 256, 513, 2048]
-        rows = run("cuda", shapes, ms, 5e-3) + run_forced("cuda", [(130, 272), (100, 352), (130, 512), (3584, 3584)], [1, 3, 17, 100],
-                                                       5e-3) + run_dequant("cuda", shapes)
+        rows = []
+        if a.part in ("all", "routed"):
+            rows += run("cuda", shapes, ms, 5e-3)
+        if a.part in ("all", "forced"):
+            rows += run_forced("cuda", [(130, 272), (100, 352), (130, 512), (3584, 3584)], [1, 3, 17, 100], 5e-3)
+        if a.part in ("all", "dequant"):
+            rows += run_dequant("cuda", shapes)
     else:
         rows = run("cpu", [(48, 80), (40, 32)], [1, 5, 17], 1e-2) + run_dequant("cpu", [(48, 80), (40, 32)])
     bad = [r for r in rows if not r["ok"]]
