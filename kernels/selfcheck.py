@@ -118,6 +118,7 @@ def run_forced(device: str, shapes, ms, tol: float, only: str | None = None) -> 
     for kind in ("fwd", "bwd"):
         for cfg in (c for c in FORCED[kind] if only is None or c.get(only)):
             os.environ["QERL_KERNEL_CONFIG"] = json.dumps(cfg)
+            print(f"forced {kind} {cfg}", file=sys.stderr, flush=True)  # progress (and where a hang would be)
             try:
                 for r in run(device, shapes, ms, tol, kinds=(kind,)):
                     rows.append({**r, "config": cfg})
