@@ -279,7 +279,14 @@ XA_PDL_ROWS = 64  # the PDL primary's row blocks: 16 rows each, one ticket slot 
 # one per 128-wide K chunk), partials summed per load round by the last one, chunk-loop pipeline depth
 XA_PROGRAMS = int(os.environ.get("QERL_XA_PROGRAMS", "64"))
 XA_QB = int(os.environ.get("QERL_XA_QB", "16"))
-XA_STAGES = int(os.environ.get("QERL_XA_STAGES", "1"))
+XA_STAGES = int(os.environ.get("QERL_XA_STAGES", "0"))  # 0: auto, see _xa_stages
+
+
+def _xa_stages(K: int) -> int:
+    """The PDL primary's chunk-loop pipeline depth: 3 above K = 8192 (H100, CUDA graphs, the WGMMA route:
+    -0.6...-5.1 us per call on 7B / 32B down at M 8-64), 1 at K = 3584 (within +-0.8 us either way),
+    ``reports/kernels/wgmma_lora_split_v11_NVIDIA_H100_80GB_HBM3.json``; ``QERL_XA_STAGES`` forces one."""
+    return XA_STAGES or (3 if K > 8192 else 1)
 XA_PDL_AT = int(os.environ.get("QERL_XA_PDL_AT", "2"))  # lora_xa releases the decode launch at its start (1) / after its loads (2)
 
 
@@ -322,7 +329,7 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
     pdl = route == "pdl"
     if lora_a is not None and route == "matmul":
         extra, lora_a = (extra[0], x2 @ lora_a.T, extra[2]), None
-    if cfg.get("WGMMA"):  # warpgroup MMA, decoded weights as the register operand (M 17..128; tuned 8, 16, 256)
+    if cfg.get("WGMMA"):  # warpgroup MMA, decoded weights as the register operand (M 17..128; where tuned: 1..16, 256)
         from qerl_kernels.nvfp4_wgmma import nvfp4_wgmma_matmul
 
         bias, xa, lb = extra
@@ -343,7 +350,7 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
             nxp = min(XA_PROGRAMS, -(-K // 128))
             xap = torch.empty(blocks * nxp * 16 * r, device=x2.device, dtype=torch.float32)
             _lora_xa_kernel[(nxp, blocks)](x2, lora_a, xa, xap, locks[_LOCK_SLOTS - 4:], locks, M, K, x2.stride(0),
-                                           nxp, R=r, KB=128, QB=XA_QB, PDL=XA_PDL_AT, STAGES=XA_STAGES, num_warps=4,
+                                           nxp, R=r, KB=128, QB=XA_QB, PDL=XA_PDL_AT, STAGES=_xa_stages(K), num_warps=4,
                                            num_stages=1)
         return nvfp4_wgmma_matmul(x2, packed, scale.view(torch.uint8), gs, bias, xa, lb, lora_scale,
                                   **{**cfg, "SPLIT": split}, xp=xperm, part=part, lock=locks, pdl=pdl)
@@ -398,7 +405,7 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
             nxp = min(XA_PROGRAMS, -(-K // 128))
             xap = torch.empty(nxp * 16 * r, device=x2.device, dtype=torch.float32)
             _lora_xa_kernel[(nxp,)](x2, lora_a, xa, xap, locks[_LOCK_SLOTS - 4:], locks, M, K, x2.stride(0), nxp, R=r, KB=128,
-                                   QB=XA_QB, PDL=XA_PDL_AT, STAGES=XA_STAGES, num_warps=4, num_stages=1)
+                                   QB=XA_QB, PDL=XA_PDL_AT, STAGES=_xa_stages(K), num_warps=4, num_stages=1)
         if xp:  # xa [16, R] written by the launch's producer programs, their fp32 partials in xap
             xa = torch.empty(16, r, device=x2.device, dtype=x2.dtype)
             xap = torch.empty(xp * 16 * r, device=x2.device, dtype=torch.float32)

@@ -6,7 +6,8 @@ replays, ``qerl.stages.bench_kernels._graph_times``) on the routed config of eac
 * ``lora_xa``: the PDL primary alone (plain launch); ``xa_given``: the op with ``xa`` given (pre-pass + kernel
   with the LoRA epilogue, no x·Aᵀ); ``pdl``: the op with ``lora_a`` as routed (pre-pass + ``lora_xa`` +
   the dependent kernel); ``matmul``: ``x @ lora_a.T`` (cuBLAS) then the op with ``xa``;
-* the primary's knobs: ``lora_xa_s3`` / ``pdl_s3`` (chunk loop pipelined 3 deep), ``lora_xa_p128`` / ``pdl_p128``
+* the primary's knobs: ``lora_xa_s3`` / ``pdl_s3`` (chunk loop pipelined 3 deep; ``pdl_s1``: not pipelined —
+  ``pdl`` is as routed: 3 deep above K = 8192), ``lora_xa_p128`` / ``pdl_p128``
   (up to 128 programs), ``pdl_s3_p128``.
 
 ``python scripts/wgmma_lora_split.py OUT.json`` — one line per (shape, M); rows rotate weight copies past the
@@ -84,7 +85,7 @@ def main(out: str) -> int:
             named["lora_xa_p128"] = [lambda: _lora_xa_kernel[(nxp2, blocks)](
                 x, la, xa16, xap2, lock, lock, M, K, x.stride(0), nxp2, R=R, KB=128, QB=16, PDL=0, num_warps=4,
                 num_stages=1)] * len(ws)
-            for tag, knobs in (("pdl_s3", {"XA_STAGES": 3}), ("pdl_p128", {"XA_PROGRAMS": 128}),
+            for tag, knobs in (("pdl_s1", {"XA_STAGES": 1}), ("pdl_s3", {"XA_STAGES": 3}), ("pdl_p128", {"XA_PROGRAMS": 128}),
                                ("pdl_s3_p128", {"XA_STAGES": 3, "XA_PROGRAMS": 128})):
                 named[tag] = [lambda w=w, knobs=knobs: _with(knobs, lambda: ops.nvfp4_matmul(
                     x, *w, None, None, lb, 2.0, lora_a=la)) for w in ws]

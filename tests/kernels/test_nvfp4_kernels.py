@@ -277,11 +277,22 @@ def test_lora_route_picks_the_measured_launch():
     assert lora_route("bwd", wg, 16, 3584) == "matmul"
 
 
+def test_pdl_primary_pipelines_long_k(monkeypatch):
+    """The PDL primary's chunk loop runs 3 deep above K = 8192 (measured faster there, a wash at K = 3584);
+    ``QERL_XA_STAGES`` (ops.XA_STAGES) forces a depth."""
+    from qerl_kernels import ops
+
+    monkeypatch.setattr(ops, "XA_STAGES", 0)
+    assert ops._xa_stages(3584) == 1 and ops._xa_stages(8192) == 1 and ops._xa_stages(18944) == 3
+    monkeypatch.setattr(ops, "XA_STAGES", 2)
+    assert ops._xa_stages(3584) == 2 and ops._xa_stages(27648) == 2
+
+
 def test_committed_tables_use_compilable_tiles():
     """Every committed tuned table (H200, H100): non-swapped tiles with BM > 32 do not compile (wgmma B
     operand), none may be committed; the register-fragment decode kernel (MMV) has 16 x RB (1 | 2) weight
     rows per warp, 8..64 activation rows and 128-wide K steps; warpgroup-MMA entries (WGMMA) are forward,
-    M 5..256, with their own keys only and rings that fit in shared memory; both GPUs' tables exist."""
+    M 1..256, with their own keys only and rings that fit in shared memory; both GPUs' tables exist."""
     import json
     from pathlib import Path
 
@@ -293,10 +304,10 @@ def test_committed_tables_use_compilable_tiles():
         table = json.loads(path.read_text())
         tiles = [c for c in table.values() if not c.get("MMV") and not c.get("GEMV") and not c.get("DQ")
                  and not c.get("WGMMA")]
-        wg = {k: c for k, c in table.items() if c.get("WGMMA")}  # warpgroup MMA: forward, M 5..256 (tuned)
+        wg = {k: c for k, c in table.items() if c.get("WGMMA")}  # warpgroup MMA: forward, M 1..256 (tuned)
         assert all(set(c) <= {"WGMMA", "WG", "BT", "NS", "SPLIT", "XG", "PIPE", "NSW", "MT", "XS", "EAGER"}
                    and k.startswith("fwd:")
-                   and 4 < int(k.split(":")[1]) <= 256 and c["BT"] % 8 == 0 and c["BT"] <= 256
+                   and 1 <= int(k.split(":")[1]) <= 256 and c["BT"] % 8 == 0 and c["BT"] <= 256
                    and c["WG"] in (1, 2) and c.get("MT", 1) in (1, 2) and c["NS"] >= 2 for k, c in wg.items()), path
         # NS * (activation tile + weight/scale slots) within the 227 KiB of shared memory an sm_90 program may use
         assert all(c["NS"] * c["BT"] * 256 + max(c["NS"], c.get("NSW", 0)) * 72 * 64 * c["WG"] * c.get("MT", 1)
@@ -325,7 +336,8 @@ def test_forced_config_replaces_the_tuned_one(monkeypatch):
     monkeypatch.setattr(ops, "_device_name", lambda i: "NVIDIA H200")
     monkeypatch.setattr(ops, "_sm_count", lambda i: 132)
     dev = torch.device("cuda", 0)
-    assert ops.config_for("fwd", 1, 3584, 3584, dev).get("MMV") == 1  # the committed table
+    tuned = ops.config_for("fwd", 1, 3584, 3584, dev)  # the committed table: WGMMA, the decode kernel for eager calls
+    assert tuned.get("WGMMA") == 1 and tuned["EAGER"].get("MMV") == 1
     forced = dict(BM=64, BN=128, BK=128, SWAP=1, SPLIT=1, num_warps=4, num_stages=4)
     monkeypatch.setenv("QERL_KERNEL_CONFIG", json.dumps(forced))
     assert ops.config_for("fwd", 1, 3584, 3584, dev) == forced
