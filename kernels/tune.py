@@ -103,8 +103,8 @@ def _wgmma_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
     if K % 128:
         return out
     if M <= 4:  # one BT = 8 tile (rows masked), one warpgroup, the activations staged in the kernel (XS: no
-        # pre-pass launch) or pre-permuted: at M = 8 the H100 search's XS BT = 8 tile beat the decode kernel's
-        # M = 1 time on the small projections (7B o 8.99 vs 9.85 us, reports/kernels/NVIDIA_H100_80GB_HBM3.csv)
+        # pre-pass launch) or pre-permuted: it beats the decode kernel on the small projections (H100, 7B o M = 1:
+        # 9.37 vs 9.93 us, reports/kernels/NVIDIA_H100_80GB_HBM3_tune_wgmma_small.csv)
         tiles = -(-N // 64)
         s0 = max(1, min(K // 256, round(3 * sms / tiles)))
         for ns, split in itertools.product((2, 3), sorted({s0, max(1, s0 // 2), min(2 * s0, K // 256)})):
