@@ -36,7 +36,7 @@ def _lora_xa_kernel(x_ptr, la_ptr, xa_ptr, xap_ptr, lock_ptr, tr_ptr, M, K, stri
     have landed (its chunks' ``tl.dot`` done: the decode kernel's weight stream then cannot delay them).
     ``TRACE`` (diagnostics, ``scripts/lora_trace.py``): ``%globaltimer`` stamps into ``tr_ptr [XP, 8]``
     (int64): start, SM, chunks done, ticket back, and — the last program — ``xa`` stored (``[B·XP, 8]`` with B
-    row blocks). ``STAGES`` > 1 (experiments, ``QERL_XA_STAGES``): the chunk loop pipelined."""
+    row blocks). ``STAGES`` > 1 (``ops._xa_stages``: above K = 8192): the chunk loop pipelined."""
     p = tl.program_id(0)
     rb = tl.program_id(1)  # block of 16 activation rows (M up to 16 x the grid's second dimension)
     x_ptr += rb * 16 * stride_xm

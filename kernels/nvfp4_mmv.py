@@ -270,7 +270,7 @@ def _reduced(part_ptr, m, n, M, N, SPLIT):
 def _xa_partial(p, x_ptr, la_ptr, M, K, stride_xm, XP, R: tl.constexpr, KB: tl.constexpr, STAGES: tl.constexpr = 1):
     """Program ``p`` of XP: ``x [M <= 16, Kp] · lora_a[:, Kp]ᵀ`` over its KB-wide K chunks p, p + XP, …
     (``tl.dot``, fp32 [16, R]; rows >= M are 0). Shared by the fused producers and :mod:`.lora_xa`;
-    ``STAGES`` > 1: the chunk loop software-pipelined by Triton (experiments, ``QERL_XA_STAGES``)."""
+    ``STAGES`` > 1: the chunk loop software-pipelined by Triton (the PDL primary above K = 8192)."""
     rows = tl.arange(0, 16)
     rr = tl.arange(0, R)
     kk = tl.arange(0, KB)

@@ -33,11 +33,12 @@ is physical ``π(k) = 32 c + 8 (j // 2) + 3 - (2 (j % 2) + h) + 4 e``. The activ
 per call into that order (:func:`permute_activations`, one small copy) and copied with 16-byte
 ``cp.async`` into a 128-byte-swizzled tile that is the ``wgmma`` B operand as is (``XG``: the kernel
 gathers them itself in the byte-pair order ``perm_128(1)`` with 4-byte copies — slower, kept for
-experiments; ``XS``, experimental and not yet run on a GPU: the tiles are copied as they are (16-byte
+experiments; ``XS``: the tiles are copied as they are (16-byte
 ``cp.async``) and each step moves its tile through registers into one operand tile in the order
 ``perm_128(2)`` — the word pairs joined in reverse make that order a pure bit permutation of k, so the
 move is a reshape and a permute — which saves the pre-pass launch, 1.5-2.4 µs per call on the H100,
-reports/kernels/wgmma_lora_split_NVIDIA_H100_80GB_HBM3.json).
+reports/kernels/wgmma_lora_split_NVIDIA_H100_80GB_HBM3.json; routed at most tuned keys of M 1-8, e.g. 7B q/k/v
+M = 8 on the H100 10.5 vs 11.9 µs, reports/kernels/NVIDIA_H100_80GB_HBM3_tune_wgmma_xs.csv).
 
 Requires K % 128 == 0 and 16-byte aligned rows (checked by :func:`qerl_kernels.ops`); CUDA only (Gluon
 does not run in the CPU interpreter): ``tests/kernels/test_wgmma_layout.py`` replays the permutation and
@@ -409,8 +410,8 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None,
     """``y [M, N] = x [M, K] · Ŵᵀ (+ bias) (+ lora_scale · xa · lora_bᵀ)`` (bf16; ``xa [M, R]``,
     ``lora_b [N, R]`` contiguous bf16, R a multiple of 16) with :func:`_nvfp4_wgmma_kernel`. ``XG=0``
     (default; faster at every tuned key): the activations are permuted first (:func:`permute_activations`,
-    or ``xp`` if given); ``XG=1``: the kernel gathers them itself (4-byte copies); ``XS=1`` (experimental, plain
-    loop only): it stages them through registers into the operand tile (no pre-pass). ``part`` / ``lock``: split-K
+    or ``xp`` if given); ``XG=1``: the kernel gathers them itself (4-byte copies); ``XS=1`` (plain loop
+    only): it stages them through registers into the operand tile (no pre-pass). ``part`` / ``lock``: split-K
     workspace (fp32 >= SPLIT·M·N) and tickets (int32 zeros >= tiles); allocated when not given. ``pdl``:
     launched as the dependent of the launch just before it (``xa`` from :mod:`qerl_kernels.lora_xa`; the
     tiles wait for it only before the LoRA epilogue).

@@ -254,8 +254,8 @@ def launch_mode(mode: str):
     ``"graph"`` around the warm-up *and* the capture of a CUDA graph, so that the warm-up compiles the
     kernels the capture launches (``qerl bench kernels`` and the tuner time in this mode). The tuned entry of
     a decode size whose fastest kernel (timed in graphs) is the warpgroup-MMA one carries the single-launch
-    decode kernel's config as ``EAGER``: an eager decode step is host-bound (~55-60 µs of host time per call,
-    reports/kernels/README.md "v6") and the WGMMA route adds one launch (the activation pre-pass), or two
+    decode kernel's config as ``EAGER``: an eager decode step is host-bound (~55-75 µs of host time per call,
+    reports/kernels/launch_overhead_v11_NVIDIA_H100_80GB_HBM3.json) and the WGMMA route adds one launch (the activation pre-pass), or two
     with ``lora_a`` (the PDL primary)."""
     if mode not in LAUNCH_MODES:
         raise ValueError(f"launch_mode: mode must be one of {LAUNCH_MODES}, got {mode!r}")
@@ -315,6 +315,23 @@ def lora_route(kind: str, cfg: dict, M: int, K: int, mode: str = "auto") -> str:
     return "fused" if fits else "pdl"
 
 
+def _pdl_primary(x2, lora_a, M: int, K: int, r: int, locks) -> torch.Tensor:
+    """Launch :mod:`qerl_kernels.lora_xa` (the PDL primary) and return its ``xa [16 B, R]`` (bf16, B = ceil(M / 16)
+    row blocks, rows >= M zero): the launch right before a kernel launched with ``launch_pdl`` that waits
+    for it (``griddepcontrol.wait``) before its LoRA epilogue. One ticket per row block in the last 4 slots of
+    ``locks`` (M <= ``XA_PDL_ROWS``)."""
+    from qerl_kernels.lora_xa import _lora_xa_kernel
+
+    blocks = -(-M // 16)
+    xa = torch.empty(16 * blocks, r, device=x2.device, dtype=x2.dtype)
+    nxp = min(XA_PROGRAMS, -(-K // 128))
+    xap = torch.empty(blocks * nxp * 16 * r, device=x2.device, dtype=torch.float32)
+    _lora_xa_kernel[(nxp, blocks)](x2, lora_a, xa, xap, locks[_LOCK_SLOTS - 4:], locks, M, K, x2.stride(0), nxp,
+                                   R=r, KB=128, QB=XA_QB, PDL=XA_PDL_AT, STAGES=_xa_stages(K), num_warps=4,
+                                   num_stages=1)
+    return xa
+
+
 def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret, lora_a=None):
     """One call of the path ``config_for`` picks. ``lora_a`` (forward; ``extra`` = (bias, None, lora_b)):
     ``xa = x · lora_aᵀ`` as :func:`lora_route` says (inside the decode kernel's launch, from a PDL launch
@@ -342,17 +359,10 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
         part = torch.empty(split * M * N if split > 1 else 1, device=x2.device, dtype=torch.float32)
         locks, xperm = _locks(x2.device), None
         if pdl:  # permute first: the PDL primary (xa [16, R]) must be the launch right before the kernel
-            from qerl_kernels.lora_xa import _lora_xa_kernel
             from qerl_kernels.nvfp4_wgmma import permute_activations
 
             xperm = None if cfg.get("XG") or cfg.get("XS") else permute_activations(x2)
-            blocks = triton.cdiv(M, 16)  # <= XA_PDL_ROWS / 16 = 4 ticket slots
-            xa = torch.empty(16 * blocks, r, device=x2.device, dtype=x2.dtype)
-            nxp = min(XA_PROGRAMS, -(-K // 128))
-            xap = torch.empty(blocks * nxp * 16 * r, device=x2.device, dtype=torch.float32)
-            _lora_xa_kernel[(nxp, blocks)](x2, lora_a, xa, xap, locks[_LOCK_SLOTS - 4:], locks, M, K, x2.stride(0),
-                                           nxp, R=r, KB=128, QB=XA_QB, PDL=XA_PDL_AT, STAGES=_xa_stages(K), num_warps=4,
-                                           num_stages=1)
+            xa = _pdl_primary(x2, lora_a, M, K, r, locks)
         return nvfp4_wgmma_matmul(x2, packed, scale.view(torch.uint8), gs, bias, xa, lb, lora_scale,
                                   **{**cfg, "SPLIT": split}, xp=xperm, part=part, lock=locks, pdl=pdl)
     if cfg.get("DQ"):  # dequantize windows of W + cuBLAS (large M)
@@ -399,14 +409,8 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
         xap = dummy
         pdl_mode = 0
         if lora_a is not None and pdl:  # xa [16, R] by the preceding launch, overlapped with this one
-            from qerl_kernels.lora_xa import _lora_xa_kernel
-
             pdl_mode = 1
-            xa = torch.empty(16, r, device=x2.device, dtype=x2.dtype)
-            nxp = min(XA_PROGRAMS, -(-K // 128))
-            xap = torch.empty(nxp * 16 * r, device=x2.device, dtype=torch.float32)
-            _lora_xa_kernel[(nxp,)](x2, lora_a, xa, xap, locks[_LOCK_SLOTS - 4:], locks, M, K, x2.stride(0), nxp, R=r, KB=128,
-                                   QB=XA_QB, PDL=XA_PDL_AT, STAGES=_xa_stages(K), num_warps=4, num_stages=1)
+            xa = _pdl_primary(x2, lora_a, M, K, r, locks)
         if xp:  # xa [16, R] written by the launch's producer programs, their fp32 partials in xap
             xa = torch.empty(16, r, device=x2.device, dtype=x2.dtype)
             xap = torch.empty(xp * 16 * r, device=x2.device, dtype=torch.float32)

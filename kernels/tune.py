@@ -135,7 +135,7 @@ def _wgmma_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
             cfg = dict(WGMMA=1, WG=wg, BT=bt, SPLIT=split, XG=0, **loop, **({"MT": 2} if mt == 2 else {}))
             if cfg not in out:
                 out.append(cfg)
-            # XS (experimental: activations staged in the kernel instead of the pre-pass launch, plain loop)
+            # XS: activations staged in the kernel instead of the pre-pass launch (plain loop; wins at M <= 16)
             if M <= 64 and mt == 1 and not loop.get("PIPE") and loop["NS"] <= 3 and split == s0:
                 out.append({**cfg, "XS": 1})
     return out

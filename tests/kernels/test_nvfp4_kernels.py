@@ -473,7 +473,8 @@ def test_lora_xa_primary_row_blocks_under_interpreter():
     """The PDL primary (qerl_kernels.lora_xa, launched plainly here: PDL 0) in 16-row blocks along its
     second grid dimension: xa [16 B, R] equals x @ lora_a.T (rows >= M zero) for M up to 64 (the
     warpgroup-MMA kernel's PDL range), with K tails and several programs per block, also with the chunk loop
-    pipelined (STAGES 3: five chunks per program); every block's ticket is back at zero. fp32 operands: the interpreter's bf16 tl.dot is broken (platform.md); the kernel is
+    pipelined (STAGES 3: five chunks per program), and through ``ops._pdl_primary`` (the buffers, grid and
+    knobs both PDL routes launch it with); every block's ticket is back at zero. fp32 operands: the interpreter's bf16 tl.dot is broken (platform.md); the kernel is
     dtype-generic and the GPU runs it in bf16 (scripts/wgmma_check.py)."""
     r = _interp("""
 import json, torch
@@ -491,6 +492,16 @@ for M, K, R, XP, ST in ((40, 384, 32, 2, 1), (64, 200, 16, 3, 1), (7, 256, 16, 1
     want = x @ la.T
     err = float((xa[:M] - want).norm() / want.norm())
     res.append([M, err, bool((xa[M:] == 0).all()), int(lock.abs().sum())])
+from qerl_kernels import ops  # as ops launches it (KB 128, its QB, the depth of _xa_stages: 3 at K = 9000)
+ops.XA_PDL_AT = 0  # griddepcontrol has no interpreter twin
+for M, K in ((40, 384), (5, 9000), (64, 256)):
+    x = torch.randn(M, K, generator=g)
+    la = torch.randn(32, K, generator=g) * 0.1
+    locks = torch.zeros(ops._LOCK_SLOTS, dtype=torch.int32)
+    xa = ops._pdl_primary(x, la, M, K, 32, locks)
+    want = x @ la.T
+    tail_ok = bool((xa[M:] == 0).all()) and xa.shape[0] == 16 * -(-M // 16)
+    res.append([M, float((xa[:M] - want).norm() / want.norm()), tail_ok, int(locks.abs().sum())])
 print(json.dumps(res))
 """)
     assert r.returncode == 0, r.stderr[-2000:]
