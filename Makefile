@@ -5,7 +5,7 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.qerl-installed
 
-.PHONY: run test install clean
+.PHONY: run test install example-report clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,13 +15,21 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-## run the main job on the embedded default (config/config.yaml)
+## run the whole workflow on the embedded default (config/config.yaml); outputs under results/
+## (a rerun does only what is missing or out of date; CONFIGFILES="config/paper.yaml" for another config,
+## SNAKEMAKE_ARGS for more snakemake options)
+CONFIGFILES ?=
 run: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/snakemake --cores all
+	QERL_MAKE=1 $(BIN)/snakemake --cores all $(if $(CONFIGFILES),--configfile $(CONFIGFILES)) $(SNAKEMAKE_ARGS)
+	@$(BIN)/python -m qerl.workflow_config where $(CONFIGFILES)
+
+## copy the default workflow's report (results/reports/default) into the committed example, reports/default
+example-report: run
+	$(BIN)/qerl report --workflow-config results/config/default.yaml --results results --output reports/default
 
 ## run the whole test suite
 test: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest
+	$(BIN)/python -m pytest
 
 clean:
 	rm -rf results logs .snakemake

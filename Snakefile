@@ -24,5 +24,10 @@ include: "workflow/rules/report.smk"
 
 rule all:
     input:
-        f"reports/{CONFIGURATION}/index.md",
+        REPORT,
     default_target: True
+
+
+onsuccess:
+    if not os.environ.get("QERL_MAKE"):  # `make run` prints this itself, also when nothing was to be done
+        print(wc.where(CONFIGURATION, RESULTS, os.environ.get("MLFLOW_TRACKING_URI")))

@@ -18,7 +18,7 @@ scales 2h, 2h+1, activations 64c + 32h ..) is exactly one 128-k step of :func:`.
 reduction order is free), so the numerics equal the register-prefetch kernel's up to fp32 summation order.
 The epilogue (split-K reduction, bias, LoRA, fused ``x·Aᵀ``) is :func:`.nvfp4_mmv._epilogue`'s.
 
-Measured (H200, ``reports/kernels/mmv_async_sweep_NVIDIA_H200.json``): slower than the register-prefetch
+Measured (H200, ``mmv_async_sweep_NVIDIA_H200.json [ea84b65]``): slower than the register-prefetch
 kernel at every decode shape (its best variant 3–14% at M = 1, 1.44–1.89x at M = 16) and no faster with 6 stages than with
 2 — the decode kernel is issue- and L1-bound, not waiting on DRAM. Selected only by ``MMV=2`` configs
 (none is tuned), kept for experiments on other GPUs.

@@ -37,8 +37,8 @@ experiments; ``XS``: the tiles are copied as they are (16-byte
 ``cp.async``) and each step moves its tile through registers into one operand tile in the order
 ``perm_128(2)`` — the word pairs joined in reverse make that order a pure bit permutation of k, so the
 move is a reshape and a permute — which saves the pre-pass launch, 1.5-2.4 µs per call on the H100,
-reports/kernels/wgmma_lora_split_NVIDIA_H100_80GB_HBM3.json; routed at most tuned keys of M 1-8, e.g. 7B q/k/v
-M = 8 on the H100 10.5 vs 11.9 µs, reports/kernels/NVIDIA_H100_80GB_HBM3_tune_wgmma_xs.csv).
+wgmma_lora_split_NVIDIA_H100_80GB_HBM3.json [ea84b65]; routed at most tuned keys of M 1-8, e.g. 7B q/k/v
+M = 8 on the H100 10.5 vs 11.9 µs, NVIDIA_H100_80GB_HBM3_tune_wgmma_xs.csv [ea84b65]).
 
 Requires K % 128 == 0 and 16-byte aligned rows (checked by :func:`qerl_kernels.ops`); CUDA only (Gluon
 does not run in the CPU interpreter): ``tests/kernels/test_wgmma_layout.py`` replays the permutation and

@@ -59,7 +59,7 @@ WGMMA_ROWS = (16, 128)  # forward M in (16, 128]: the warpgroup-MMA kernel (nvfp
 
 def wgmma_heuristic(M: int, N: int, K: int, sms: int) -> dict:
     """Untuned config of :mod:`qerl_kernels.nvfp4_wgmma` (the H100 search,
-    reports/kernels/NVIDIA_H100_80GB_HBM3_tune_wgmma.csv: pre-permuted activations won every key, also at
+    NVIDIA_H100_80GB_HBM3_tune_wgmma.csv [ea84b65]: pre-permuted activations won every key, also at
     BT = 32): one warpgroup, BT = 32 activation rows up to M = 32, else 64; 3 ring stages; K split so
     that ~3 programs per SM run."""
     bt = 32 if M <= 32 else 64
@@ -255,7 +255,7 @@ def launch_mode(mode: str):
     kernels the capture launches (``qerl bench kernels`` and the tuner time in this mode). The tuned entry of
     a decode size whose fastest kernel (timed in graphs) is the warpgroup-MMA one carries the single-launch
     decode kernel's config as ``EAGER``: an eager decode step is host-bound (~55-75 µs of host time per call,
-    reports/kernels/launch_overhead_v11_NVIDIA_H100_80GB_HBM3.json) and the WGMMA route adds one launch (the activation pre-pass), or two
+    launch_overhead_v11_NVIDIA_H100_80GB_HBM3.json [ea84b65]) and the WGMMA route adds one launch (the activation pre-pass), or two
     with ``lora_a`` (the PDL primary)."""
     if mode not in LAUNCH_MODES:
         raise ValueError(f"launch_mode: mode must be one of {LAUNCH_MODES}, got {mode!r}")
@@ -285,7 +285,7 @@ XA_PDL_AT = int(os.environ.get("QERL_XA_PDL_AT", "2"))  # lora_xa releases the d
 
 def _xa_stages(K: int) -> int:
     """The PDL primary's chunk-loop pipeline depth: 3 above K = 8192, 1 below; ``QERL_XA_STAGES`` forces one.
-    Measured on the H100 (CUDA graphs, the WGMMA route, M 8-64; reports/kernels/wgmma_lora_split_v11_*.json):
+    Measured on the H100 (CUDA graphs, the WGMMA route, M 8-64; wgmma_lora_split_v11_*.json [ea84b65]):
     on 7B / 32B down 15 of 16 shape/M pairs 0.4-5.1 us faster per call over two runs (32B down M = 16 once
     +1.7); at K = 3584 within +-0.8 us either way."""
     return XA_STAGES or (3 if K > 8192 else 1)
@@ -401,7 +401,7 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
         if xpad and M > 1 and x2.stride(0) * x2.element_size() % 128 == 0:
             # rows at a 128-byte multiple stride put every activation row's fragment loads on the same L1
             # banks; a copy with 16 more bytes per row spreads them (up to 19% on gate/up projections, a
-            # loss on small ones, H200: reports/kernels/mmv_xpad_sweep_NVIDIA_H200.json; tuned keys carry
+            # loss on small ones, H200: mmv_xpad_sweep_NVIDIA_H200.json [ea84b65]; tuned keys carry
             # XPAD where it won)
             padded = torch.empty(M, K + 8, device=x2.device, dtype=x2.dtype)
             padded[:, :K].copy_(x2)
@@ -536,7 +536,7 @@ def nvfp4_matmul(x, packed, scale, gs, bias=None, xa=None, lora_b=None, lora_sca
     if bias is not None and bias.shape != (packed.shape[0],):
         raise KernelInputError(f"nvfp4_matmul: bias shape {tuple(bias.shape)}, expected ({packed.shape[0]},)")
     # the custom op where a graph is being traced (torch.compile / export); eager calls skip its dispatch,
-    # ~22 of the ~78 us of host time per call on the H200 box (scripts/launch_overhead.py): the rollout
+    # ~22 of the ~78 us of host time per call on the H200 box (qerl_kernels.launch_overhead): the rollout
     # engine runs eagerly, ~200 of these per decoded token of a 7B model. CUDA-graph capture works either way.
     op = _matmul_op if torch.compiler.is_compiling() else _matmul_impl
     return op(x, packed, scale, gs, bias, xa, lora_b, float(lora_scale), lora_a)

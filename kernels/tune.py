@@ -46,7 +46,7 @@ def _tiles(kind: str, M: int) -> list[tuple]:
                     ((64, 128, 4, 4), (128, 128, 4, 4), (128, 256, 4, 3), (256, 128, 8, 3))] + [(32, 64, 256, 0, 4, 4)]
         if M <= 512:
             return [(64, 128, 128, 1, 4, 4), (128, 128, 64, 1, 8, 4), (128, 128, 128, 1, 8, 3), (64, 256, 64, 1, 8, 4)]
-        # the full v2 search (reports/kernels/NVIDIA_H200_tune_7B_32B.csv) always chose 256x128x64: it and
+        # the full v2 search (NVIDIA_H200_tune_7B_32B.csv [ea84b65]) always chose 256x128x64: it and
         # one runner-up stay as the comparison for the dequantize + cuBLAS path
         return [(256, 128, 64, 1, 8, 3), (128, 256, 64, 1, 8, 3)]
     if M <= 16:
@@ -104,7 +104,7 @@ def _wgmma_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
         return out
     if M <= 4:  # one BT = 8 tile (rows masked), one warpgroup, the activations staged in the kernel (XS: no
         # pre-pass launch) or pre-permuted: it beats the decode kernel on the small projections (H100, 7B o M = 1:
-        # 9.37 vs 9.93 us, reports/kernels/NVIDIA_H100_80GB_HBM3_tune_wgmma_small.csv)
+        # 9.37 vs 9.93 us, NVIDIA_H100_80GB_HBM3_tune_wgmma_small.csv [ea84b65])
         tiles = -(-N // 64)
         s0 = max(1, min(K // 256, round(3 * sms / tiles)))
         for ns, split in itertools.product((2, 3), sorted({s0, max(1, s0 // 2), min(2 * s0, K // 256)})):
@@ -119,7 +119,7 @@ def _wgmma_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
     if 16 < M <= 64:  # two activation-row tiles (run back to back: the weights' second read hits L2), smaller
         bts.add(16 if M <= 32 else 32)  # accumulators and rings -> more programs per SM
     # PIPE: correct, but 10% slower (median of the best per key) in the H100 search that tried NSW 4 | 6 | 8
-    # (reports/kernels/NVIDIA_H100_80GB_HBM3_tune_wgmma_pipe.csv): one candidate stays as the comparison
+    # (NVIDIA_H100_80GB_HBM3_tune_wgmma_pipe.csv [ea84b65]): one candidate stays as the comparison
     loops = [dict(NS=2), dict(NS=3), dict(NS=4), dict(NS=3, PIPE=1, NSW=6)]
     for (wg, mt), bt, loop in itertools.product(((1, 1), (2, 1), (1, 2)), sorted(bts), loops):
         if mt == 2 and (bt > 64 or loop.get("PIPE")):  # two m64 tiles per warpgroup: registers allow BT <= 64
@@ -128,7 +128,7 @@ def _wgmma_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
         s0 = max(1, min(K // 256, round((3 if wg * mt == 1 else 2) * sms / tiles)))
         # and 2 | 3 (and 2 s0): the program count against the wave size (3-5 programs per SM; ncu on the
         # H100 at 7B gate/up M = 64, no split: 1.49 waves, DRAM 42% busy —
-        # reports/kernels/ncu_wgmma_m64_NVIDIA_H100_80GB_HBM3.txt; split 2 was still slower there)
+        # ncu_wgmma_m64_NVIDIA_H100_80GB_HBM3.txt [ea84b65]; split 2 was still slower there)
         for split in sorted({s0, max(1, s0 // 2), min(2 * s0, K // 256), min(2, K // 256), min(3, K // 256)}):
             if mt == 2 and bt > 32 and split > 1:  # the split-K epilogue would spill registers (compile test)
                 continue

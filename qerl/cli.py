@@ -174,6 +174,8 @@ def _tracked(args, func):
     if not uri:
         raise ValueError("--mlflow-run-name needs --mlflow-uri or MLFLOW_TRACKING_URI")
     tags = dict(t.split("=", 1) for t in args.mlflow_tag)
+    if os.environ.get("QERL_CONFIG_HASH"):  # the workflow's config hash (workflow/rules/common.smk)
+        tags.setdefault("config_hash", os.environ["QERL_CONFIG_HASH"])
     tags.update(command=args.command, git_commit=git_commit())
     tracker = MLflowTracker(args.mlflow_experiment, args.mlflow_run_name, uri, tags=tags)
     try:

@@ -121,3 +121,61 @@ def write_text_atomic(path: str, text: str) -> None:
     with open(tmp, "w") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+# Runtime packages every workflow job needs, by import name (checked before any job runs: a missing one
+# would otherwise fail inside the first job, after the DAG was built).
+JOB_DEPENDENCIES = ("torch", "transformers", "peft", "safetensors", "mlflow", "matplotlib", "yaml", "tqdm")
+
+
+def missing_dependencies(names: tuple[str, ...] = JOB_DEPENDENCIES) -> list[str]:
+    """Import names in ``names`` that this interpreter cannot find (``importlib.util.find_spec``: nothing is
+    imported, so ``snakemake -n`` stays fast)."""
+    import importlib.util
+
+    return [n for n in names if importlib.util.find_spec(n) is None]
+
+
+def where(configuration: str, results: str = "results", mlflow_uri: str | None = None) -> str:
+    """What a finished run produced and where (printed at the end of ``make run`` / ``snakemake``)."""
+    import os
+    import sys
+
+    exe = os.path.join(os.path.dirname(sys.executable), "mlflow")
+    mlflow = exe if os.path.exists(exe) else "mlflow"
+    uri = mlflow_uri or f"sqlite:///{os.path.abspath(os.path.join(results, 'mlflow.db'))}"
+    rep = os.path.join(results, "reports", configuration)
+    return "\n".join([
+        f"qerl workflow '{configuration}' is complete:",
+        f"  report   {os.path.join(rep, 'index.md')}  (tables: table1.md, runs.md; figures: {rep}/*.png)",
+        f"  training {os.path.join(results, 'train')}/<model>/<method>/<algo>/<dataset>/seed<seed>/ (metrics.jsonl, final/)",
+        f"  MLflow   {uri}  (experiment '{configuration}')",
+        f"  browse:  MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false {mlflow} ui --workers 1 --backend-store-uri {uri}",
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m qerl.workflow_config where [CONFIGFILE ...]``: print :func:`where` for the configuration
+    named by the last config file that sets one (default ``config/config.yaml``)."""
+    import argparse
+    import os
+
+    import yaml
+
+    p = argparse.ArgumentParser(prog="python -m qerl.workflow_config", description=main.__doc__)
+    p.add_argument("verb", choices=["where"])
+    p.add_argument("configfiles", nargs="*", default=["config/config.yaml"])
+    p.add_argument("--results", default="results")
+    a = p.parse_args(argv)
+    name = None
+    for path in a.configfiles:
+        with open(path) as f:
+            name = (yaml.safe_load(f) or {}).get("configuration", name)
+    if name is None:
+        raise SystemExit(f"none of {a.configfiles} sets 'configuration'")
+    print(where(name, a.results, os.environ.get("MLFLOW_TRACKING_URI")))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -475,7 +475,7 @@ def test_lora_xa_primary_row_blocks_under_interpreter():
     warpgroup-MMA kernel's PDL range), with K tails and several programs per block, also with the chunk loop
     pipelined (STAGES 3: five chunks per program), and through ``ops._pdl_primary`` (the buffers, grid and
     knobs both PDL routes launch it with); every block's ticket is back at zero. fp32 operands: the interpreter's bf16 tl.dot is broken (platform.md); the kernel is
-    dtype-generic and the GPU runs it in bf16 (scripts/wgmma_check.py)."""
+    dtype-generic and the GPU runs it in bf16 (qerl_kernels.wgmma_check)."""
     r = _interp("""
 import json, torch
 from qerl_kernels.lora_xa import _lora_xa_kernel

@@ -3,6 +3,7 @@ end-to-end run of the embedded default that is killed mid-way and rerun (only un
 redone), then checked: tables, figures and MLflow runs."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,9 +17,10 @@ BIN = Path(sys.executable).parent
 
 
 def snakemake(*args, cwd=ROOT, check=True, popen=False):
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    """``.venv/bin/snakemake`` with the venv not on PATH (jobs run qerl through snakemake's own interpreter)."""
+    env = {**os.environ, "PATH": "/usr/local/bin:/usr/bin:/bin"}
     env.pop("MLFLOW_TRACKING_URI", None)  # mlflow.set_tracking_uri() in earlier in-process tests exports it
-    cmd = [str(BIN / "snakemake"), "--snakefile", str(ROOT / "Snakefile"), *args]
+    cmd = [str(BIN / "snakemake"), "--snakefile", str(Path(cwd) / "Snakefile"), *args]
     if popen:
         return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, start_new_session=True)
@@ -82,35 +84,72 @@ def test_bad_configs_fail_before_any_job(tmp_path, edit, culprit):
     assert not (tmp_path / "results").exists()
 
 
-def test_default_workflow_killed_rerun_and_checked(tmp_path):
+def fresh_copy(dest: Path) -> Path:
+    """The repository as a fresh clone has it: tracked (and untracked, not ignored) files only, so no
+    results/, logs/ or .snakemake/."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.split()
+    for f in files:
+        src = ROOT / f
+        if src.is_file() and not f.startswith("reports/"):
+            (dest / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / f)
+    return dest
+
+
+def make_run(repo: Path, *args: str, check=True):
+    """`make run` in ``repo`` with this test's environment as the venv (marked installed: ``-o``), and a PATH
+    without it: jobs must find qerl through the interpreter snakemake runs under."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "VIRTUAL_ENV")}
+    env["PATH"] = "/usr/local/bin:/usr/bin:/bin"
+    venv = Path(sys.prefix)
+    out = subprocess.run(["make", "run", f"VENV={venv}", "-o", str(venv / ".qerl-installed"), *args], cwd=repo,
+                         env=env, capture_output=True, text=True)
+    if check and out.returncode != 0:
+        raise AssertionError(f"make run {args} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    return out
+
+
+def _outputs(repo: Path) -> dict[Path, float]:
+    return {p: p.stat().st_mtime for p in (repo / "results").rglob("*") if p.is_file() and p.name != "mlflow.db"}
+
+
+def test_default_workflow_fresh_copy_killed_rerun_and_checked(tmp_path):
+    repo = fresh_copy(tmp_path / "qerl")
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env["PATH"] = "/usr/local/bin:/usr/bin:/bin"  # `.venv/bin/snakemake` called directly, venv not on PATH
     # 1. start the default workflow and kill it (the whole process group) mid-way
-    proc = snakemake("--cores", "2", "--directory", str(tmp_path), popen=True)
+    proc = subprocess.Popen([str(BIN / "snakemake"), "--cores", "2"], cwd=repo, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     deadline = time.time() + 600
     while time.time() < deadline and proc.poll() is None:
-        logs = list((tmp_path / ".snakemake/log").glob("*.snakemake.log"))
+        logs = list((repo / ".snakemake/log").glob("*.snakemake.log"))
         if logs and "(Rule: train)" in logs[0].read_text():  # snakemake registered a finished training job
             os.killpg(proc.pid, signal.SIGKILL)
             break
         time.sleep(0.2)
     proc.wait(timeout=60)
-    finished = {p: p.stat().st_mtime for p in tmp_path.glob("results/**/*") if p.is_file() and p.name in
+    finished = {p: p.stat().st_mtime for p in repo.glob("results/**/*") if p.is_file() and p.name in
                 ("summary.json", "quantization_report.json")}
     assert any(p.name == "summary.json" for p in finished) and proc.returncode != 0
     # 2. after a hard kill the working directory stays locked: `--unlock` (as snakemake says), then
     #    a dry rerun plans only unfinished work
-    snakemake("--directory", str(tmp_path), "--unlock")
-    dry = snakemake("--cores", "2", "--directory", str(tmp_path), "-n")
+    snakemake("--unlock", cwd=repo)
+    dry = snakemake("--cores", "2", "-n", cwd=repo)
     jobs = _jobs(dry.stdout + dry.stderr)
     n_trained = sum(p.name == "summary.json" for p in finished)
     assert "warm_start" not in jobs and jobs.get("train", 0) == 6 - n_trained
     quantized = any(p.name == "quantization_report.json" for p in finished)
     assert ("quantize" in jobs) != quantized
-    # 3. rerun to completion; completed outputs are untouched
-    snakemake("--cores", "2", "--directory", str(tmp_path))
+    # 3. `make run` completes it; completed outputs are untouched; it says where everything is
+    out = make_run(repo)
     for p, mtime in finished.items():
         assert p.stat().st_mtime == mtime, f"{p} was redone"
-    # 4. the report: tables with the paper's row labels, figures, index
-    rep = tmp_path / "reports/default"
+    said = out.stdout
+    assert "qerl workflow 'default' is complete" in said and "results/reports/default/index.md" in said
+    assert f"sqlite:///{repo / 'results/mlflow.db'}" in said and "mlflow ui" in said
+    # 4. the report, under results/: tables with the paper's row labels, figures, index
+    rep = repo / "results/reports/default"
     table1 = (rep / "table1.md").read_text()
     for label in ("bf16, untrained", "NVFP4, untrained", "bf16 full fine-tuning", "bf16 LoRA", "NF4 LoRA (QLoRA)",
                   "NVFP4 LoRA", "NVFP4 LoRA + AQN (QeRL)"):
@@ -120,10 +159,11 @@ def test_default_workflow_killed_rerun_and_checked(tmp_path):
     for fig in ("curves_tiny-qwen2_synthetic_grpo.png", "curves_tiny-qwen2_synthetic_dapo.png", "aqn_sigma.png",
                 "accuracy.png"):
         assert (rep / fig).stat().st_size > 10_000 and f"]({fig})" in (rep / "index.md").read_text()
+    assert not (repo / "reports").exists()  # the committed example is never a workflow target
     # 5. MLflow: one run per job (sft, quantize, 6 train, 8 eval, report), all finished, named by path
     import mlflow
 
-    client = mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path / 'results/mlflow.db'}")
+    client = mlflow.tracking.MlflowClient(f"sqlite:///{repo / 'results/mlflow.db'}")
     exp = client.get_experiment_by_name("default")
     runs = client.search_runs([exp.experiment_id], max_results=200)
     names = {r.info.run_name for r in runs if r.info.status == "FINISHED"}
@@ -134,6 +174,35 @@ def test_default_workflow_killed_rerun_and_checked(tmp_path):
     train_run = next(r for r in runs if r.info.run_name == "train/tiny-qwen2/qerl/grpo/synthetic/seed0"
                      and r.info.status == "FINISHED")
     assert {"model", "method", "algo", "dataset", "seed", "git_commit", "config_hash", "device"} <= set(train_run.data.tags)
+    quant_run = next(r for r in runs if r.info.run_name == "quantize/tiny-qwen2")
+    assert len(quant_run.data.tags["config_hash"]) == 12 and quant_run.data.tags["stage"] == "quantize"
     assert len(client.get_metric_history(train_run.info.run_id, "reward_mean")) == 40
-    summary = json.loads((tmp_path / "results/eval/tiny-qwen2/qerl/grpo/synthetic/seed0/synthetic_test.json").read_text())
+    summary = json.loads((repo / "results/eval/tiny-qwen2/qerl/grpo/synthetic/seed0/synthetic_test.json").read_text())
     assert summary["problems"] == 200 and summary["samples_per_problem"] == 4
+    # 6. a second `make run` does nothing; a broken config stops before any job and loses nothing
+    before = _outputs(repo)
+    again = make_run(repo)
+    assert "Nothing to be done" in again.stdout + again.stderr and "is complete" in again.stdout
+    (repo / "bad.yaml").write_text("evaluation: {samples: many}\n")
+    bad = make_run(repo, "CONFIGFILES=config/config.yaml bad.yaml", check=False)
+    assert bad.returncode != 0 and "samples" in bad.stdout + bad.stderr and "many" in bad.stdout + bad.stderr
+    assert _outputs(repo) == before
+    # 7. editing the config reruns what depends on it: evaluation settings -> the 8 evaluations and the report
+    (repo / "edit.yaml").write_text("evaluation: {samples: 2}\n")
+    dry = snakemake("--configfile", "config/config.yaml", "edit.yaml", "--cores", "2", "-n", cwd=repo)
+    jobs = _jobs(dry.stdout + dry.stderr)
+    assert jobs.get("evaluate_trained", 0) + jobs.get("evaluate_untrained", 0) == 8 and jobs.get("report") == 1
+    assert "train" not in jobs and "quantize" not in jobs and "warm_start" not in jobs
+
+
+def test_missing_dependency_stops_before_any_job(tmp_path):
+    """A job dependency the interpreter cannot import (mlflow hidden by a sitecustomize) is named before the DAG
+    runs; nothing is created."""
+    (tmp_path / "hide").mkdir()
+    (tmp_path / "hide/sitecustomize.py").write_text("import sys\nsys.modules['mlflow'] = None\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "hide")}
+    out = subprocess.run([str(BIN / "snakemake"), "--snakefile", str(ROOT / "Snakefile"), "--cores", "1",
+                          "--directory", str(tmp_path / "w"), "-n"], env=env, capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "missing dependencies" in out.stdout + out.stderr and "mlflow" in out.stdout + out.stderr
+    assert not (tmp_path / "w/results").exists()

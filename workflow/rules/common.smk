@@ -1,21 +1,38 @@
 # Helpers and wildcard constraints shared by all rules.
 import hashlib
 import json
+import shlex
+import sys
 
 import yaml
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from qerl import workflow_config as wc
 
 validate(config, os.path.join(workflow.basedir, "workflow/schemas/config.schema.yaml"))
 
+# Rules call `qerl ...`; in every job `qerl` is a shell function running the CLI with the interpreter
+# snakemake runs under (the one that just imported qerl), so jobs need no `qerl` on PATH (`.venv/bin/snakemake`
+# works without activating the venv); with `--sdm conda` each rule's own environment provides `qerl`. The
+# workflow config's hash (an MLflow tag of every job) travels the same way. Both are kept out of params, so
+# that a venv moved elsewhere or an edit elsewhere in the config reruns nothing that does not depend on it.
+_CONDA = "CONDA" in {m.name for m in workflow.deployment_settings.deployment_method}
+_CONFIG_HASH = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
+# (braces doubled twice: the f-string, then snakemake's formatting of every shell command)
+_QERL_FN = "" if _CONDA else f'qerl() {{{{ {shlex.quote(sys.executable)} -m qerl "$@"; }}}}; '
+shell.prefix(f"set -euo pipefail; export QERL_CONFIG_HASH={_CONFIG_HASH}; {_QERL_FN}")
+if not _CONDA and (_missing := wc.missing_dependencies()):
+    raise WorkflowError(f"missing dependencies for the workflow's jobs: {', '.join(_missing)} not importable by "
+                        f"{sys.executable} (install the project: `make install`, or `pip install -e .`)")
+
 CONFIGURATION = config["configuration"]
 RUNS = wc.runs(config)
 MODELS = list(config["models"])
 RESULTS = "results"
+REPORT = f"results/reports/{CONFIGURATION}/index.md"
 MLFLOW_URI = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{os.path.abspath('results/mlflow.db')}"
 MLFLOW_MARKER = f"results/mlflow/{CONFIGURATION}.json"
-CONFIG_HASH = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
 EVAL = config["evaluation"]
 
 
@@ -74,8 +91,9 @@ def train_config_text(w):
 
 
 def track(stage, name, **tags):
-    """CLI options that log a job as an MLflow run named after its output path."""
-    t = " ".join(f"--mlflow-tag {k}={v}" for k, v in {"stage": stage, "config_hash": CONFIG_HASH, **tags}.items())
+    """CLI options that log a job as an MLflow run named after its output path (``config_hash`` is added from
+    ``$QERL_CONFIG_HASH``, see above)."""
+    t = " ".join(f"--mlflow-tag {k}={v}" for k, v in {"stage": stage, **tags}.items())
     return f"--mlflow-uri '{MLFLOW_URI}' --mlflow-experiment {CONFIGURATION} --mlflow-run-name {name} {t}"
 
 

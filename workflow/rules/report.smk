@@ -1,4 +1,5 @@
-# Report: paper-shaped tables (Markdown + CSV), figures and index.md under reports/<configuration>/.
+# Report: paper-shaped tables (Markdown + CSV), figures and index.md under results/reports/<configuration>/
+# (`make example-report` copies the default's into the committed reports/default/).
 
 
 rule effective_config:
@@ -19,7 +20,7 @@ rule report:
         train=[f"results/train/{r.path}/summary.json" for r in RUNS],
         mlflow=MLFLOW_MARKER,
     output:
-        f"reports/{CONFIGURATION}/index.md",
+        REPORT,
     params:
         out=lambda w, output: os.path.dirname(output[0]),
         track=track("report", f"report/{CONFIGURATION}"),

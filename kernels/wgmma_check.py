@@ -5,7 +5,7 @@ capture and replay with new inputs — against the dequantized fp32 reference; t
 sizes M <= 16 (BT 8 | 16, split, LoRA through the PDL primary ``lora_xa``) and every large-tile candidate
 of the tuner (M > 128: BT 128 | 256, gathered or pre-permuted activations, pipelined), with bias and LoRA.
 
-``python scripts/wgmma_check.py [OUT.json]`` — one line per case; exit status 1 if any case fails.
+``python -m qerl_kernels.wgmma_check [OUT.json]`` — one line per case; exit status 1 if any case fails.
 """
 import json
 import os
