@@ -1,1 +1,39 @@
-"""Rollouts: the reference sampler (batched, KV cache, per-token log-probs) behind one seam."""
+"""Rollouts: :func:`generate` samples completions with the engine or the reference sampler.
+
+``SamplingSettings.engine``: ``auto`` runs :mod:`qerl.rollout.engine` on CUDA when it supports the model
+(architecture, module types) and :mod:`qerl.rollout.sampler` otherwise, saying once in the log why it fell
+back; ``engine`` requires the engine (an unsupported model is an error); ``reference`` never uses it.
+"""
+from __future__ import annotations
+
+import logging
+
+from qerl.rollout.sampler import Rollout, SamplingSettings, sequence_logprobs
+
+log = logging.getLogger(__name__)
+_WARNED: set = set()
+
+
+def generate(model, tokenizer, prompts: list[str], settings: SamplingSettings, seed: int = 0,
+             num_samples: int = 1) -> Rollout:
+    """Sample ``num_samples`` completions per prompt (groups contiguous), see :mod:`qerl.rollout.sampler`."""
+    from qerl.rollout import sampler
+
+    mode = settings.engine
+    if mode == "reference" or (mode == "auto" and next(model.parameters()).device.type != "cuda"):
+        return sampler.generate(model, tokenizer, prompts, settings, seed, num_samples)
+    from qerl.rollout.engine import EngineUnsupported, engine_for
+
+    try:
+        eng = engine_for(model, tokenizer)
+    except EngineUnsupported as e:
+        if mode == "engine":
+            raise
+        if str(e) not in _WARNED:
+            _WARNED.add(str(e))
+            log.warning("rollout engine not used (%s): falling back to the reference sampler", e)
+        return sampler.generate(model, tokenizer, prompts, settings, seed, num_samples)
+    return eng.generate(prompts, settings, seed, num_samples)
+
+
+__all__ = ["Rollout", "SamplingSettings", "generate", "sequence_logprobs"]

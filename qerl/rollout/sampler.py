@@ -6,7 +6,8 @@ returns tokens, masks and the per-token log-probs of the *sampling* policy (AQN 
 when active), ``log softmax(logits / T)`` of the chosen token over the full vocabulary (top-k/top-p
 change which tokens can be drawn, not the reported log-prob, as in vLLM/TRL). T = 0 is greedy.
 
-This is the readable reference; a fast GPU engine replaces it behind the same signature.
+This is the readable reference and the judge of the fast engine (:mod:`qerl.rollout.engine`), which runs
+behind the same signature; :func:`qerl.rollout.generate` picks one (``SamplingSettings.engine``).
 """
 from __future__ import annotations
 
@@ -15,16 +16,23 @@ from dataclasses import dataclass, field
 import torch
 
 
+ENGINES = ("auto", "engine", "reference")
+
+
 @dataclass(frozen=True)
 class SamplingSettings:
     """temperature (paper: 1.0 for rollouts, 0.6 for evaluation; 0 = greedy), top_p, top_k
-    (0 = off), max_new_tokens, stop strings (generation ends once one appears; it is kept)."""
+    (0 = off), max_new_tokens, stop strings (generation ends once one appears; it is kept).
+    engine: ``auto`` (the rollout engine, :mod:`qerl.rollout.engine`, on CUDA for models it runs; this
+    reference sampler otherwise), ``engine`` (always the engine; on CPU without CUDA graphs) or
+    ``reference``."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     max_new_tokens: int = 256
     stop: tuple[str, ...] = ()
+    engine: str = "auto"
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -35,6 +43,8 @@ class SamplingSettings:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
 
 
 @dataclass

@@ -70,7 +70,7 @@ def evaluate(model, tokenizer, benchmark: str, settings: EvalSettings, out_json:
     from qerl.data.tasks import format_prompt
     from qerl.rewards.extract import extract_answer
     from qerl.rewards.registry import RewardSettings, build_reward
-    from qerl.rollout.sampler import SamplingSettings, generate
+    from qerl.rollout import SamplingSettings, generate
 
     records, kind, template = benchmark_records(benchmark, settings)
     reward = build_reward(RewardSettings(correctness=kind))

@@ -10,7 +10,7 @@ import torch
 
 from qerl.data.tasks import format_prompt
 from qerl.rl.advantages import informative_groups, overlong_penalty
-from qerl.rollout.sampler import Rollout, generate, sequence_logprobs
+from qerl.rollout import Rollout, generate, sequence_logprobs
 
 
 class TrainingError(RuntimeError):

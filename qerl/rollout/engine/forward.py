@@ -1,0 +1,96 @@
+"""The decoder forward the engine runs: prefill (many tokens per row, SDPA) and one decode step (one token
+per row, attention over the slot KV cache), both on :class:`~qerl.rollout.engine.model_view.ModelView`.
+
+Op for op what transformers' Qwen2 / Llama eager forward computes (RMSNorm in fp32 then ``w · x̂`` in the
+activation dtype, rotary embedding with cos/sin rounded to the activation dtype, SiLU-gated MLP, residual
+adds in the activation dtype), so greedy decoding matches ``transformers.generate``. With AQN noise drawn,
+a norm computes ``(w + Z) · x̂`` in fp32 and rounds once, exactly as :mod:`qerl.rl.aqn`'s patched forward.
+
+KV cache: ``k[layer]`` / ``v[layer]`` ``[S, T, Hkv, D]`` (S slots, T positions); row ``b`` lives in slot
+``slot[b]`` and its token at position ``p`` is stored at ``[slot[b], p]``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from qerl.rollout.engine.model_view import ModelView, Norm
+
+
+def rope_tables(view: ModelView, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos / sin ``[positions, D]`` in the activation dtype, as transformers' rotary embedding makes them."""
+    inv = view.inv_freq.float().to(view.device)
+    t = torch.arange(positions, device=view.device, dtype=torch.float32)
+    freqs = t[:, None] * inv[None, :]
+    emb = torch.cat((freqs, freqs), -1)
+    return ((emb.cos() * view.attention_scaling).to(view.dtype), (emb.sin() * view.attention_scaling).to(view.dtype))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), -1)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + _rotate_half(x) * sin
+
+
+def norm(n: Norm, h: torch.Tensor, noisy: bool) -> torch.Tensor:
+    hf = h.float()
+    hf = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + n.eps)
+    if noisy and n.noise is not None:
+        return ((n.weight.float() + n.noise) * hf).to(h.dtype)
+    return n.weight * hf.to(h.dtype)
+
+
+def _mlp(layer, x: torch.Tensor) -> torch.Tensor:
+    return layer.down(F.silu(layer.gate(x)) * layer.up(x))
+
+
+def prefill(view: ModelView, kc: list, vc: list, cos, sin, ids: torch.Tensor, lengths: torch.Tensor,
+            slots: torch.Tensor, noisy: bool) -> torch.Tensor:
+    """``ids [B, P]`` right-padded prompts (row b real for ``lengths[b]`` tokens) into ``slots [B]``;
+    returns the fp32 logits ``[B, V]`` at each row's last prompt token. Padded positions write junk K/V
+    beyond each row's length, which decoding overwrites before anything reads it."""
+    B, P = ids.shape
+    H, D, Hq, Hkv = view.hidden, view.head_dim, view.heads, view.kv_heads
+    h = view.embed(ids)
+    c, s = cos[:P][None, :, None, :], sin[:P][None, :, None, :]
+    for i, layer in enumerate(view.layers):
+        x = norm(layer.input_norm, h, noisy)
+        q = rope(layer.q(x).view(B, P, Hq, D), c, s)
+        k = rope(layer.k(x).view(B, P, Hkv, D), c, s)
+        v = layer.v(x).view(B, P, Hkv, D)
+        kc[i][slots, :P] = k
+        vc[i][slots, :P] = v
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                           scale=D ** -0.5, enable_gqa=Hq != Hkv)
+        h = h + layer.o(a.transpose(1, 2).reshape(B, P, Hq * D))
+        h = h + _mlp(layer, norm(layer.post_norm, h, noisy))
+    last = h[torch.arange(B, device=h.device), lengths - 1]
+    return view.lm_head(norm(view.final_norm, last, noisy)).float()
+
+
+def decode_step(view: ModelView, kc: list, vc: list, cos, sin, tok: torch.Tensor, pos: torch.Tensor,
+                slot: torch.Tensor, noisy: bool, attention) -> torch.Tensor:
+    """One token per row: ``tok [B]`` at position ``pos [B]`` of slot ``slot [B]``; writes its K/V and
+    returns the fp32 logits ``[B, V]`` of the next token. ``attention(q, k_cache, v_cache, slot, lengths,
+    scale)`` is the decode attention (Triton flash-decoding or the torch reference)."""
+    B = tok.shape[0]
+    D, Hq, Hkv = view.head_dim, view.heads, view.kv_heads
+    h = view.embed(tok)
+    c, s = cos[pos][:, None, :], sin[pos][:, None, :]
+    lengths = pos + 1
+    for i, layer in enumerate(view.layers):
+        x = norm(layer.input_norm, h, noisy)
+        q = rope(layer.q(x).view(B, Hq, D), c, s)
+        k = rope(layer.k(x).view(B, Hkv, D), c, s)
+        v = layer.v(x).view(B, Hkv, D)
+        T = kc[i].shape[1]
+        flat = slot * T + pos
+        kc[i].view(-1, Hkv, D).index_copy_(0, flat, k)
+        vc[i].view(-1, Hkv, D).index_copy_(0, flat, v)
+        a = attention(q, kc[i], vc[i], slot, lengths, D ** -0.5)
+        h = h + layer.o(a.reshape(B, Hq * D))
+        h = h + _mlp(layer, norm(layer.post_norm, h, noisy))
+    return view.lm_head(norm(view.final_norm, h, noisy)).float()

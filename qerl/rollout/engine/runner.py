@@ -1,0 +1,343 @@
+"""The rollout engine: batched sampling on the trainer's own model with a slot KV cache, decode steps
+replayed from CUDA graphs, sampling on the device and finished rows compacted away.
+
+One ``generate`` call (same signature and :class:`~qerl.rollout.sampler.Rollout` as the reference sampler):
+
+1. sync: the active LoRA adapters are copied into the engine's activation-dtype buffers and the AQN noise
+   drawn on the norms (``_aqn_noise``) into its fp32 buffers — the graphs read those fixed addresses, so an
+   optimizer step or a new noise draw needs no re-capture, and the model's own weights are never written;
+2. plan: the KV cache (one slot of ``prompt + max_new_tokens`` positions per row) is sized from free memory;
+   rows that do not fit run in later waves;
+3. prefill (SDPA) writes each row's prompt into its slot and samples the first token;
+4. decode: each step reads the rows' tokens / positions / slots from static buffers, writes K/V, attends
+   (Triton flash-decoding on CUDA), samples (:mod:`~qerl.rollout.engine.sampling`) and records token and
+   log-prob on the device. Steps are replayed ``check_every`` at a time without a host sync; then the host
+   reads the finished flags (EOS on the device; stop strings decoded on the host for the new tokens only) and,
+   when the live rows fit a smaller batch bucket, continues with that bucket's graph on the live rows only
+   (their KV stays in place: rows point at slots). A finished row thus costs at most ``check_every`` steps.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+
+import torch
+
+from qerl.rollout.engine import forward as fw
+from qerl.rollout.engine.model_view import EngineUnsupported, view_model
+from qerl.rollout.engine.sampling import sample
+from qerl.rollout.sampler import Rollout, SamplingSettings
+
+log = logging.getLogger(__name__)
+
+
+def _torch_attention(q, kc, vc, slot, lengths, scale):
+    """Decode attention in plain torch (the reference of ``qerl_kernels.decode_attention``)."""
+    B, Hq, D = q.shape
+    Hkv = kc.shape[2]
+    k, v = kc[slot].float(), vc[slot].float()
+    s = torch.einsum("bhgd,bthd->bhgt", q.float().view(B, Hkv, Hq // Hkv, D), k) * scale
+    keep = torch.arange(k.shape[1], device=q.device)[None, :] < lengths[:, None]
+    p = s.masked_fill(~keep[:, None, None, :], float("-inf")).softmax(-1)
+    return torch.einsum("bhgt,bthd->bhgd", p, v).reshape(B, Hq, D).to(q.dtype)
+
+
+def _triton_attention():
+    from qerl_kernels.decode_attention import decode_attention
+
+    return decode_attention
+
+
+def buckets(n: int) -> list[int]:
+    """Batch-size buckets up to n: powers of two, then n."""
+    out = [1 << i for i in range(max(1, n).bit_length()) if 1 << i < n]
+    return out + [n]
+
+
+class _Bucket:
+    """Static inputs of the decode step for ``size`` rows (+ its CUDA graph once captured)."""
+
+    def __init__(self, size: int, device):
+        self.size = size
+        self.tok = torch.zeros(size, dtype=torch.long, device=device)
+        self.pos = torch.zeros(size, dtype=torch.long, device=device)
+        self.slot = torch.zeros(size, dtype=torch.long, device=device)
+        self.seed = torch.zeros(size, dtype=torch.long, device=device)
+        self.graph = None
+
+
+class RolloutEngine:
+    """See module docstring. ``attention``: ``auto`` (Triton on CUDA, torch elsewhere) | ``triton`` |
+    ``torch``. ``graphs``: capture decode steps in CUDA graphs (default: on CUDA when every projection runs
+    on plain tensors; NF4 through bitsandbytes runs eagerly). ``check_every``: decode steps between host
+    syncs. ``max_slots``: cap on rows decoded together (default: what free memory allows)."""
+
+    def __init__(self, model, tokenizer, attention: str = "auto", graphs: bool | None = None,
+                 check_every: int = 16, max_slots: int | None = None):
+        self.model, self.tokenizer = model, tokenizer
+        self.view = view_model(model)
+        self.device = self.view.device
+        cuda = self.device.type == "cuda"
+        if attention not in ("auto", "triton", "torch"):
+            raise ValueError(f"attention must be auto, triton or torch, got {attention!r}")
+        use_triton = attention == "triton" or (attention == "auto" and cuda)
+        self.attention = _triton_attention() if use_triton else _torch_attention
+        self.use_graphs = (cuda and self.view.graphable) if graphs is None else bool(graphs)
+        if self.use_graphs and not (cuda and self.view.graphable):
+            raise EngineUnsupported("CUDA graphs need a CUDA model whose projections are all NVFP4 or dense")
+        if check_every < 1:
+            raise ValueError(f"check_every must be >= 1, got {check_every}")
+        self.check_every, self.max_slots = check_every, max_slots
+        self.kc = self.vc = None
+        self.cos = self.sin = None
+        self._buckets: dict = {}
+        self._pool = None
+        for n in [layer.input_norm for layer in self.view.layers] + [layer.post_norm for layer in self.view.layers] + [
+                self.view.final_norm]:
+            n.noise = torch.zeros(n.weight.shape, dtype=torch.float32, device=self.device)
+        self.last_stats: dict = {}
+
+    # -- state shared with the graphs -------------------------------------------------------------------
+    def _sync(self) -> bool:
+        """Adapters and AQN noise into the engine's buffers; returns whether noise is active."""
+        for p in self.view.projs:
+            before = (p.a.data_ptr() if p.a is not None else None)
+            p.sync(self.view.dtype)
+            if p.a is not None and before is not None and p.a.data_ptr() != before:
+                self._buckets.clear()  # reallocated adapter buffers: graphs would read stale memory
+        noisy = False
+        norms = [n for layer in self.view.layers for n in (layer.input_norm, layer.post_norm)] + [self.view.final_norm]
+        for n in norms:
+            z = getattr(n.module, "_aqn_noise", None)
+            if z is None:
+                n.noise.zero_()
+            else:
+                n.noise.copy_(z)
+                noisy = True
+        return noisy
+
+    def _ensure_cache(self, slots: int, positions: int) -> None:
+        L, Hkv, D = len(self.view.layers), self.view.kv_heads, self.view.head_dim
+        if self.kc is not None and self.kc[0].shape[0] >= slots + 1 and self.kc[0].shape[1] >= positions:
+            return
+        self.release()
+        shape = (slots + 1, positions, Hkv, D)  # the last slot takes the padding rows of a bucket
+        self.kc = [torch.zeros(shape, dtype=self.view.dtype, device=self.device) for _ in range(L)]
+        self.vc = [torch.zeros(shape, dtype=self.view.dtype, device=self.device) for _ in range(L)]
+        self.cos, self.sin = fw.rope_tables(self.view, positions)
+        self.gen_tok = self.gen_lp = None
+
+    def release(self) -> None:
+        """Free the KV cache and the captured graphs (e.g. before a training update)."""
+        self.kc = self.vc = None
+        self._buckets.clear()
+        self._pool = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def kv_bytes_per_slot(self, positions: int) -> int:
+        v = self.view
+        return 2 * len(v.layers) * positions * v.kv_heads * v.head_dim * torch.tensor([], dtype=v.dtype).element_size()
+
+    def _plan_slots(self, rows: int, positions: int) -> int:
+        if self.max_slots:
+            rows = min(rows, self.max_slots)
+        if self.device.type != "cuda":
+            return rows
+        per = self.kv_bytes_per_slot(positions)
+        have = 0 if self.kc is None else per * (self.kc[0].shape[0] - 1) * (self.kc[0].shape[1] >= positions)
+        free, _ = torch.cuda.mem_get_info(self.device)
+        free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device) + have
+        work = 2 * 1024 ** 3 + 24 * rows * self.view.vocab  # logits + sampling temporaries, graph pool
+        fit = int((free - work) // per)
+        if fit < 1:
+            raise torch.cuda.OutOfMemoryError(
+                f"rollout engine: one sequence of {positions} positions needs {per / 2**30:.2f} GiB of KV cache "
+                f"+ {work / 2**30:.1f} GiB of work space; {free / 2**30:.1f} GiB free on {self.device}")
+        return min(rows, fit)
+
+    # -- one decode step, eager or as a CUDA graph ---------------------------------------------------------
+    def _step(self, b: _Bucket, s: SamplingSettings, noisy: bool) -> None:
+        logits = fw.decode_step(self.view, self.kc, self.vc, self.cos, self.sin, b.tok, b.pos, b.slot, noisy,
+                                self.attention)
+        tok, lp = sample(logits, s, b.seed, self.step)
+        col = self.step.expand(b.size)
+        self.gen_tok.index_put_((b.slot, col), tok)
+        self.gen_lp.index_put_((b.slot, col), lp)
+        b.tok.copy_(tok)
+        b.pos.add_(1)
+        self.step.add_(1)
+
+    def _bucket(self, size: int, s: SamplingSettings, noisy: bool) -> _Bucket:
+        key = (size, s.temperature, s.top_p, s.top_k, noisy, self.kc[0].shape)
+        b = self._buckets.get(key)
+        if b is not None:
+            return b
+        b = _Bucket(size, self.device)
+        self._buckets[key] = b
+        if not self.use_graphs:
+            return b
+        dummy = self.kc[0].shape[0] - 1
+        b.slot.fill_(dummy)
+        step0 = self.step.clone()
+        with _launch_mode("graph"):
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(2):  # compile / autotune outside the capture
+                    self._step(b, s, noisy)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            b.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(b.graph, pool=self._pool):
+                self._step(b, s, noisy)
+        self.step.copy_(step0)
+        b.pos.zero_()
+        return b
+
+    def _run_steps(self, b: _Bucket, n: int, s: SamplingSettings, noisy: bool) -> None:
+        for _ in range(n):
+            if b.graph is not None:
+                b.graph.replay()
+            else:
+                self._step(b, s, noisy)
+
+    # -- generate -------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, prompts: list[str], settings: SamplingSettings, seed: int = 0, num_samples: int = 1) -> Rollout:
+        tk = self.tokenizer
+        eos = tk.eos_token_id
+        pad = tk.pad_token_id if tk.pad_token_id is not None else eos
+        old_side = tk.padding_side
+        tk.padding_side = "left"
+        enc = tk(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
+        tk.padding_side = old_side
+        ids = enc.input_ids.repeat_interleave(num_samples, 0)
+        mask = enc.attention_mask.repeat_interleave(num_samples, 0)
+        n, P = ids.shape
+        plen = mask.sum(1)
+        if int(plen.min()) < 1:
+            raise ValueError("rollout engine: an empty prompt (no tokens after tokenization)")
+        G = settings.max_new_tokens
+        limit = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        if limit and P + G > limit:
+            raise ValueError(f"rollout engine: prompt of {P} tokens + max_new_tokens {G} = {P + G} positions exceeds "
+                             f"the model's max_position_embeddings {limit}")
+        noisy = self._sync()
+        slots = self._plan_slots(n, P + G)
+        self._ensure_cache(slots, P + G)
+        S = self.kc[0].shape[0]
+        if self.gen_tok is None or self.gen_tok.shape != (S, G):
+            self._buckets.clear()  # the graphs write into these buffers
+            self.gen_tok = torch.zeros(S, G, dtype=torch.long, device=self.device)
+            self.gen_lp = torch.zeros(S, G, dtype=torch.float32, device=self.device)
+            self.step = torch.zeros((), dtype=torch.long, device=self.device)
+        right = torch.full((n, P), pad, dtype=torch.long)
+        for i in range(n):  # right-padded copy: row i's prompt at positions 0 .. plen_i - 1
+            right[i, : plen[i]] = ids[i, P - plen[i]:]
+        seeds = (torch.tensor([seed * 0x9E3779B1 + 0x7F4A7C15], dtype=torch.long) + torch.arange(n) * 0x632BE5AB) & 0xFFFFFFFF
+        comp_tok = torch.full((n, G), pad, dtype=torch.long)
+        comp_lp = torch.zeros(n, G)
+        ends = torch.full((n,), G, dtype=torch.long)  # generated length per row
+        ended = torch.zeros(n, dtype=torch.bool)
+        steps_run = 0
+        ctx = _launch_mode("graph") if self.use_graphs else contextlib.nullcontext()
+        with ctx:
+            for w0 in range(0, n, slots):
+                rows = list(range(w0, min(n, w0 + slots)))
+                steps_run += self._wave(rows, right, plen, seeds, settings, noisy, comp_tok, comp_lp, ends, ended, eos)
+        T = int(ends.max())
+        cmask = (torch.arange(G)[None, :] < ends[:, None]).long()[:, :T]
+        comp = torch.where(cmask.bool(), comp_tok[:, :T], torch.full_like(comp_tok[:, :T], pad))
+        lps = torch.where(cmask.bool(), comp_lp[:, :T], torch.zeros_like(comp_lp[:, :T]))
+        texts = [tk.decode(comp[i][cmask[i].bool()].tolist(), skip_special_tokens=True) for i in range(n)]
+        self.last_stats = {"rows": n, "slots": slots, "waves": math.ceil(n / slots), "decode_steps": steps_run,
+                           "graphs": self.use_graphs}
+        dev = self.device
+        return Rollout(ids.to(dev), mask.to(dev), comp.to(dev), cmask.to(dev), lps.to(dev), (~ended).to(dev), texts)
+
+    def _wave(self, rows, right, plen, seeds, s, noisy, comp_tok, comp_lp, ends, ended, eos) -> int:
+        """Prefill + decode rows ``rows`` (slots 0..len-1); fills their outputs; returns decode steps run."""
+        dev, G, nb = self.device, s.max_new_tokens, len(rows)
+        r = torch.tensor(rows)
+        slot_of = torch.arange(nb, device=dev)
+        seed_d, plen_d = seeds[r].to(dev), plen[r].to(dev)
+        self.gen_tok.zero_()
+        self.step.zero_()
+        chunk = max(1, 8192 // right.shape[1])
+        for c0 in range(0, nb, chunk):  # prefill in row chunks (bounded activations)
+            sl = slice(c0, min(nb, c0 + chunk))
+            ids = right[r[sl]].to(dev)
+            P = int(plen[r[sl]].max())
+            logits = fw.prefill(self.view, self.kc, self.vc, self.cos, self.sin, ids[:, :P], plen_d[sl], slot_of[sl], noisy)
+            tok, lp = sample(logits, s, seed_d[sl], self.step)
+            self.gen_tok[slot_of[sl], 0] = tok
+            self.gen_lp[slot_of[sl], 0] = lp
+        self.step.fill_(1)
+        live = list(range(nb))  # local row indices still generating
+        stop_at = {}
+        t, steps = 1, 0
+        checked = 0
+        while True:
+            live, checked = self._finished(live, t, checked, eos, s, stop_at)
+            if not live or t >= G:
+                break
+            size = next(x for x in buckets(len(self.kc[0]) - 1) if x >= len(live))
+            b = self._bucket(size, s, noisy)
+            lv = torch.tensor(live, device=dev)
+            pad_rows = size - len(live)
+            b.slot.copy_(torch.cat([lv, torch.full((pad_rows,), self.kc[0].shape[0] - 1, device=dev)]))
+            b.tok.copy_(torch.cat([self.gen_tok[lv, t - 1], torch.zeros(pad_rows, dtype=torch.long, device=dev)]))
+            b.pos.copy_(torch.cat([plen_d[lv] + t - 1, torch.zeros(pad_rows, dtype=torch.long, device=dev)]))
+            b.seed.copy_(torch.cat([seed_d[lv], torch.zeros(pad_rows, dtype=torch.long, device=dev)]))
+            self.step.fill_(t)
+            k = min(self.check_every, G - t)
+            self._run_steps(b, k, s, noisy)
+            t += k
+            steps += k
+        toks, lps = self.gen_tok[:nb, :t].cpu(), self.gen_lp[:nb, :t].cpu()
+        for j, row in enumerate(rows):
+            hit = (toks[j] == eos).nonzero()
+            end = int(hit[0]) + 1 if len(hit) else t
+            if j in stop_at and stop_at[j] + 1 < end:
+                end = stop_at[j] + 1
+            ended[row] = bool(len(hit)) or j in stop_at
+            ends[row] = end
+            comp_tok[row, :t] = toks[j]
+            comp_lp[row, :t] = lps[j]
+        return steps
+
+    def _finished(self, live, t, checked, eos, s, stop_at):
+        """Rows of ``live`` still generating after ``t`` tokens (EOS among them, or a stop string in the tokens
+        generated since the last check at ``checked``)."""
+        if not live:
+            return live, t
+        toks = self.gen_tok[torch.tensor(live, device=self.device), :t].cpu()
+        keep = []
+        max_stop = max((len(self.tokenizer.encode(x, add_special_tokens=False)) for x in s.stop), default=0)
+        for j, row_toks in zip(live, toks):
+            hit = (row_toks == eos).nonzero()
+            first_eos = int(hit[0]) if len(hit) else t
+            if s.stop and j not in stop_at:
+                for step in range(max(checked, 0), min(t, first_eos)):
+                    tail = self.tokenizer.decode(row_toks[max(0, step - max_stop - 1): step + 1].tolist())
+                    if any(x in tail for x in s.stop):
+                        stop_at[j] = step
+                        break
+            if len(hit) == 0 and j not in stop_at:
+                keep.append(j)
+        return keep, t
+
+
+@contextlib.contextmanager
+def _launch_mode(mode: str):
+    """``qerl_kernels.ops.launch_mode`` when the kernels are importable (graph-tuned configs), else nothing."""
+    try:
+        from qerl_kernels.ops import launch_mode
+    except Exception:  # no Triton / no kernels: the reference path has no launch modes
+        yield
+        return
+    with launch_mode(mode):
+        yield

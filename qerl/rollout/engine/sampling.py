@@ -1,0 +1,51 @@
+"""Sampling on the device, without host syncs and without a torch.Generator (so it can live in a CUDA graph).
+
+Each row ``b`` at generation step ``t`` draws its token with the Gumbel-max trick from counter-based
+uniforms ``u = hash(seed_b, t, vocab index)`` (a 32-bit integer hash, :func:`uniform`):
+
+    token = argmax_v( filtered(logits / T)_v + g_v ),   g_v = -log(-log u_v)
+
+which is an exact draw from ``softmax(filtered(logits / T))`` (Gumbel 1954; the filters are top-k and
+top-p as in :func:`qerl.rollout.sampler._filter`). A row's tokens depend only on its own seed, step and
+logits — not on which other rows share the batch — so compacting finished rows away changes nothing, and
+the same seed reproduces the same rollout. The reported log-prob is ``log_softmax(logits / T)`` of the
+chosen token over the full vocabulary (the sampling policy's, as the reference sampler and vLLM report it);
+T = 0 is greedy.
+"""
+from __future__ import annotations
+
+import torch
+
+from qerl.rollout.sampler import SamplingSettings, _filter
+
+_M1, _M2 = 0x7FEB352D, 0x5BD1E995  # odd multipliers < 2^31: products stay inside int64
+_MASK = 0xFFFFFFFF
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit avalanche hash (int64 tensor holding values in [0, 2^32))."""
+    x = x ^ (x >> 16)
+    x = (x * _M1) & _MASK
+    x = x ^ (x >> 15)
+    x = (x * _M2) & _MASK
+    return x ^ (x >> 16)
+
+
+def uniform(seed: torch.Tensor, step: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``[B, vocab]`` fp32 uniforms in (0, 1) from ``seed [B]`` int64 and ``step`` (int64 scalar tensor)."""
+    idx = torch.arange(vocab, device=seed.device, dtype=torch.int64)
+    key = _mix((seed & _MASK) ^ _mix((step * 0x9E37 + 0x632B) & _MASK))  # [B]
+    x = _mix((idx[None, :] + key[:, None] * 0x10001) & _MASK)
+    return (x.to(torch.float32) + 0.5) * (1.0 / 4294967296.0)  # (0, 1): never 0 or 1
+
+
+def sample(logits: torch.Tensor, s: SamplingSettings, seed: torch.Tensor, step: torch.Tensor):
+    """``logits [B, V]`` fp32 -> (tokens [B] int64, log-probs [B] fp32); see module docstring."""
+    if s.temperature == 0:
+        tok = logits.argmax(-1)
+        return tok, logits.log_softmax(-1).gather(-1, tok[:, None])[:, 0]
+    scaled = logits / s.temperature
+    filtered = _filter(scaled, s.top_k, s.top_p)
+    g = -torch.log(-torch.log(uniform(seed, step, logits.shape[-1])))
+    tok = (filtered + g).argmax(-1)
+    return tok, scaled.log_softmax(-1).gather(-1, tok[:, None])[:, 0]

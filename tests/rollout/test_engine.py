@@ -1,0 +1,211 @@
+"""The rollout engine on CPU (no CUDA graphs; the decode-attention kernel under the Triton interpreter in a
+subprocess): greedy == transformers and == the reference sampler on every base and both architectures, with
+LoRA; log-probs == teacher forcing; seeding; compaction invariance; fresh adapters after in-place changes;
+AQN noise read, norms untouched; stop strings; bad input."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from qerl.lora import LoraSettings, apply_lora
+from qerl.models import load_policy
+from qerl.rollout import SamplingSettings, generate, sampler
+from qerl.rollout.engine import EngineUnsupported, RolloutEngine
+from qerl.rollout.engine.runner import buckets
+from qerl.rollout.engine.sampling import sample, uniform
+
+PROMPTS = ["12+7=", "hello, world", "a"]
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_dirs):
+    return AutoTokenizer.from_pretrained(tiny_dirs["qwen2"])
+
+
+def _lora(model, seed=0):
+    model = apply_lora(model, LoraSettings(r=4, alpha=8))
+    g = torch.Generator().manual_seed(seed)
+    for n, p in model.named_parameters():
+        if "lora_B" in n:  # PEFT starts B at zero: make the adapters matter
+            p.data.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    return model
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("base, dtype, lora", [("bf16", torch.float32, False), ("bf16", torch.bfloat16, True),
+                                               ("nvfp4", torch.float32, True), ("nvfp4", torch.bfloat16, False)])
+def test_greedy_equals_transformers_and_reference(tiny_dirs, quantized_dirs, tok, arch, base, dtype, lora):
+    src = quantized_dirs[arch] if base == "nvfp4" else tiny_dirs[arch]
+    model = load_policy(src, base=base, dtype=dtype)
+    if lora:
+        model = _lora(model)
+    s = SamplingSettings(temperature=0, max_new_tokens=12, engine="engine")
+    r = generate(model, tok, PROMPTS, s)
+    if dtype == torch.bfloat16 and lora:
+        # the engine runs the adapters in bf16 (the kernels' operand dtype), PEFT in fp32: near-ties of a random
+        # tiny model may break differently, so the judge is the trainer's teacher forcing of our tokens
+        with torch.no_grad():
+            tf = sampler.sequence_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
+        assert torch.allclose(tf, r.logprobs, atol=3e-2)
+        return
+    ref = sampler.generate(model, tok, PROMPTS, s)
+    assert torch.equal(r.completion_ids, ref.completion_ids) and torch.equal(r.completion_mask, ref.completion_mask)
+    assert torch.equal(r.prompt_ids, ref.prompt_ids) and torch.equal(r.truncated, ref.truncated)
+    assert torch.allclose(r.logprobs, ref.logprobs, atol=1e-5 if dtype == torch.float32 else 2e-2)
+    assert r.texts == ref.texts
+    if not lora:
+        enc = tok(PROMPTS, return_tensors="pt", padding=True)
+        hf = model.generate(**enc, max_new_tokens=12, do_sample=False, eos_token_id=tok.eos_token_id,
+                            pad_token_id=tok.pad_token_id)[:, enc.input_ids.shape[1]:]
+        for i in range(len(PROMPTS)):
+            ours = r.completion_ids[i][r.completion_mask[i].bool()]
+            assert ours.tolist() == hf[i][: len(ours)].tolist()
+
+
+def test_logprobs_match_teacher_forcing_and_seeding(quantized_dirs, tok):
+    model = _lora(load_policy(quantized_dirs["qwen2"], dtype=torch.float32))
+    s = SamplingSettings(temperature=0.8, top_p=0.9, top_k=50, max_new_tokens=10, engine="engine")
+    r = generate(model, tok, PROMPTS, s, seed=3, num_samples=4)
+    with torch.no_grad():
+        tf = sampler.sequence_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, 0.8)
+    assert torch.allclose(tf, r.logprobs, atol=1e-4) and torch.all(r.logprobs[r.completion_mask == 0] == 0)
+    again = generate(model, tok, PROMPTS, s, seed=3, num_samples=4)
+    other = generate(model, tok, PROMPTS, s, seed=4, num_samples=4)
+    assert torch.equal(r.completion_ids, again.completion_ids) and not torch.equal(r.completion_ids, other.completion_ids)
+    assert len({tuple(x) for x in r.completion_ids[:4].tolist()}) > 1  # a group's samples differ
+
+
+def test_compaction_and_waves_change_nothing(warm_model):
+    """Finished rows leave the batch at different times (check_every 1 vs 64) or rows run in waves of 2
+    slots: per-row seeds make every row's tokens the same. (The warm-started model ends answers with EOS.)"""
+    model = load_policy(warm_model, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(warm_model)
+    s = SamplingSettings(temperature=1.0, max_new_tokens=20)
+    outs = []
+    for kw in ({"check_every": 1}, {"check_every": 64}, {"check_every": 3, "max_slots": 2}):
+        eng = RolloutEngine(model, tok, **kw)
+        outs.append(eng.generate(PROMPTS, s, seed=7, num_samples=3))
+        if kw.get("max_slots"):
+            assert eng.last_stats["waves"] == 5
+    lengths = outs[0].lengths
+    assert lengths.min() < lengths.max()  # some rows finished early: compaction happened
+    for o in outs[1:]:
+        assert torch.equal(o.completion_ids, outs[0].completion_ids)
+        assert torch.allclose(o.logprobs, outs[0].logprobs, atol=1e-5)  # batch shapes change float rounding only
+
+
+def test_in_place_adapter_change_is_seen(quantized_dirs, tok):
+    model = _lora(load_policy(quantized_dirs["qwen2"], dtype=torch.float32))
+    s = SamplingSettings(temperature=0, max_new_tokens=8, engine="engine")
+    before = generate(model, tok, PROMPTS, s)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.mul_(-3.0)  # in place: same tensors, new values (an optimizer step)
+    after = generate(model, tok, PROMPTS, s)
+    assert not torch.equal(before.logprobs, after.logprobs)
+    assert torch.equal(after.completion_ids, sampler.generate(model, tok, PROMPTS, s).completion_ids)
+    with model.disable_adapter():  # disabled adapters: the base (the KL reference)
+        base = generate(model, tok, PROMPTS, s)
+        assert torch.equal(base.completion_ids, sampler.generate(model, tok, PROMPTS, s).completion_ids)
+
+
+def test_aqn_noise_is_applied_and_norms_untouched(quantized_dirs, tok):
+    from qerl.rl.aqn import AQN, AQNSettings
+
+    model = _lora(load_policy(quantized_dirs["qwen2"], dtype=torch.float32))
+    aqn = AQN(model, AQNSettings(final_norm=True))
+    norms = {n: m.weight.detach().clone() for n, m in aqn.norms.items()}
+    s = SamplingSettings(temperature=0, max_new_tokens=10, engine="engine")
+    clean = generate(model, tok, PROMPTS, s)
+    with aqn.noise(0.5, seed=1):
+        noisy = generate(model, tok, PROMPTS, s)
+        ref = sampler.generate(model, tok, PROMPTS, s)
+    assert torch.allclose(noisy.logprobs, ref.logprobs, atol=1e-5) and torch.equal(noisy.completion_ids, ref.completion_ids)
+    assert not torch.allclose(noisy.logprobs, clean.logprobs)
+    assert torch.equal(generate(model, tok, PROMPTS, s).logprobs, clean.logprobs)  # noise gone afterwards
+    for n, m in aqn.norms.items():
+        assert torch.equal(m.weight, norms[n])
+
+
+def test_stop_strings_like_the_reference(tiny_dirs, tok):
+    model = load_policy(tiny_dirs["qwen2"], dtype=torch.float32)
+    s = SamplingSettings(temperature=1.0, max_new_tokens=24, engine="engine")
+    free = generate(model, tok, PROMPTS, s, seed=5, num_samples=2)
+    text = free.texts[0]
+    stop = text[3:5] if len(text) >= 5 else text[:1]  # a string the first row is known to produce
+    s2 = SamplingSettings(temperature=1.0, max_new_tokens=24, stop=(stop,), engine="engine")
+    r = generate(model, tok, PROMPTS, s2, seed=5, num_samples=2)
+    assert stop in r.texts[0] and len(r.texts[0]) <= len(text) and not r.truncated[0]
+    for i in range(len(r.texts)):  # each row: the unstopped row cut right after the stop string appears
+        n = int(r.lengths[i])
+        assert torch.equal(r.completion_ids[i, :n], free.completion_ids[i, :n])
+
+
+def test_sampling_is_an_exact_draw():
+    """Gumbel-max over the counter-hash uniforms draws from softmax(logits / T): frequencies over 40k rows."""
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05])).repeat(40000, 1)
+    seeds = torch.arange(40000)
+    tok, lp = sample(logits, SamplingSettings(temperature=1.0), seeds, torch.tensor(3))
+    freq = torch.bincount(tok, minlength=4).float() / 40000
+    assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.15, 0.05]), atol=0.01)
+    assert torch.allclose(lp, logits.log_softmax(-1).gather(-1, tok[:, None])[:, 0])
+    u = uniform(seeds[:4], torch.tensor(0), 1000)
+    assert float(u.min()) > 0 and float(u.max()) < 1 and not torch.equal(u[0], u[1])
+    assert torch.equal(u, uniform(seeds[:4], torch.tensor(0), 1000))
+    assert buckets(1) == [1] and buckets(8) == [1, 2, 4, 8] and buckets(12) == [1, 2, 4, 8, 12]
+
+
+def test_bad_input_and_fallback(tiny_dirs, tok, caplog):
+    model = load_policy(tiny_dirs["qwen2"], dtype=torch.float32)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        generate(model, tok, ["x"], SamplingSettings(max_new_tokens=10 ** 6, engine="engine"))
+    with pytest.raises(ValueError, match="engine must be one of"):
+        SamplingSettings(engine="vllm")
+    with pytest.raises(ValueError, match="attention must be"):
+        RolloutEngine(model, tok, attention="flash")
+    with pytest.raises(EngineUnsupported, match="CUDA graphs"):
+        RolloutEngine(model, tok, graphs=True)
+    model.config.hidden_act = "gelu"  # an architecture variant the engine does not run
+    with pytest.raises(EngineUnsupported, match="gelu"):
+        RolloutEngine(model, tok)
+
+
+def test_decode_attention_kernel_in_the_engine():
+    """The Triton flash-decoding kernel (interpreter) inside the engine == the torch attention, and the kernel
+    alone == its reference for GQA groups, splits and lengths 1 ... T."""
+    code = r"""
+import torch
+from transformers import AutoTokenizer
+from qerl.models.tiny import TinySpec, save_tiny_model
+from qerl.models import load_policy
+from qerl.rollout import SamplingSettings
+from qerl.rollout.engine import RolloutEngine
+from qerl_kernels.decode_attention import decode_attention, reference
+import tempfile, pathlib
+d = pathlib.Path(tempfile.mkdtemp())
+src = save_tiny_model(d / "m", TinySpec(arch="qwen2", seed=1))
+tok = AutoTokenizer.from_pretrained(src)
+model = load_policy(src, dtype=torch.float32)
+s = SamplingSettings(temperature=0, max_new_tokens=6)
+a = RolloutEngine(model, tok, attention="triton").generate(["12+7=", "hello"], s)
+b = RolloutEngine(model, tok, attention="torch").generate(["12+7=", "hello"], s)
+assert torch.equal(a.completion_ids, b.completion_ids), (a.completion_ids, b.completion_ids)
+assert torch.allclose(a.logprobs, b.logprobs, atol=1e-5)
+torch.manual_seed(0)
+for B, Hq, Hkv, D, S, T, dt in [(3, 4, 2, 16, 5, 40, torch.float32), (2, 7, 1, 32, 3, 130, torch.bfloat16)]:
+    q, kc, vc = torch.randn(B, Hq, D, dtype=dt), torch.randn(S, T, Hkv, D, dtype=dt), torch.randn(S, T, Hkv, D, dtype=dt)
+    slot, lengths = torch.randint(0, S, (B,)), torch.randint(1, T + 1, (B,))
+    lengths[0] = 1
+    for splits in (1, 3, None):
+        o = decode_attention(q, kc, vc, slot, lengths, D ** -0.5, splits=splits, block=16)
+        r = reference(q, kc, vc, slot, lengths, D ** -0.5)
+        assert (o.float() - r.float()).abs().max() < (1e-5 if dt == torch.float32 else 1e-2), (B, splits)
+print("ok")
+"""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-3000:]
