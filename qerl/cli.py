@@ -190,6 +190,10 @@ def _tracked(args, func):
 
 
 def _cmd_bench(args) -> int:
+    if args.what == "rollout":
+        from qerl.stages import bench_rollout
+
+        return bench_rollout.main(args.rest)
     from qerl.stages import bench_kernels
 
     return bench_kernels.main(args.rest)
@@ -327,12 +331,15 @@ def build_parser() -> argparse.ArgumentParser:
     mi.add_argument("--output", required=True, help="marker JSON written on success")
     mi.set_defaults(func=_cmd_mlflow_init)
 
-    bk = sub.add_parser("bench", help="benchmarks: `qerl bench kernels` (NVFP4 kernels vs cuBLAS, GPU)",
+    bk = sub.add_parser("bench", help="benchmarks: `qerl bench kernels | rollout` (GPU)",
                         description="Benchmarks. `qerl bench kernels [--output DIR] [--models 7B 14B 32B] [--ms ...] "
                                     "[--tune]` times the NVFP4 Triton kernels against cuBLAS bf16 on Qwen2.5 "
-                                    "projection shapes and writes <device>.csv / .md (needs a CUDA GPU).")
-    bk.add_argument("what", choices=["kernels"])
-    bk.add_argument("rest", nargs=argparse.REMAINDER, help="options of the benchmark (see `qerl bench kernels --help`)")
+                                    "projection shapes and writes <device>.csv / .md (needs a CUDA GPU). "
+                                    "`qerl bench rollout [--models ...] [--bases ...] [--batches ...]` measures "
+                                    "rollout tokens/s of the engine, the reference sampler and transformers "
+                                    "(reports/rollout/<device>.csv / .md / .png).")
+    bk.add_argument("what", choices=["kernels", "rollout"])
+    bk.add_argument("rest", nargs=argparse.REMAINDER, help="options of the benchmark (see `qerl bench kernels --help`, `qerl bench rollout --help`)")
     bk.set_defaults(func=_cmd_bench)
 
     _add_tracking(q)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import time
 
 import torch
 
@@ -178,6 +179,7 @@ class RolloutEngine:
         self._buckets[key] = b
         if not self.use_graphs:
             return b
+        t0 = time.perf_counter()
         dummy = self.kc[0].shape[0] - 1
         b.slot.fill_(dummy)
         step0 = self.step.clone()
@@ -195,6 +197,8 @@ class RolloutEngine:
                 self._step(b, s, noisy)
         self.step.copy_(step0)
         b.pos.zero_()
+        torch.cuda.synchronize(self.device)
+        self._timing["capture_s"] += time.perf_counter() - t0
         return b
 
     def _run_steps(self, b: _Bucket, n: int, s: SamplingSettings, noisy: bool) -> None:
@@ -225,6 +229,7 @@ class RolloutEngine:
         if limit and P + G > limit:
             raise ValueError(f"rollout engine: prompt of {P} tokens + max_new_tokens {G} = {P + G} positions exceeds "
                              f"the model's max_position_embeddings {limit}")
+        self._timing = {"prefill_s": 0.0, "capture_s": 0.0, "decode_s": 0.0}
         noisy = self._sync()
         slots = self._plan_slots(n, P + G)
         self._ensure_cache(slots, P + G)
@@ -254,7 +259,7 @@ class RolloutEngine:
         lps = torch.where(cmask.bool(), comp_lp[:, :T], torch.zeros_like(comp_lp[:, :T]))
         texts = [tk.decode(comp[i][cmask[i].bool()].tolist(), skip_special_tokens=True) for i in range(n)]
         self.last_stats = {"rows": n, "slots": slots, "waves": math.ceil(n / slots), "decode_steps": steps_run,
-                           "graphs": self.use_graphs}
+                           "graphs": self.use_graphs, **self._timing}
         dev = self.device
         return Rollout(ids.to(dev), mask.to(dev), comp.to(dev), cmask.to(dev), lps.to(dev), (~ended).to(dev), texts)
 
@@ -266,6 +271,7 @@ class RolloutEngine:
         seed_d, plen_d = seeds[r].to(dev), plen[r].to(dev)
         self.gen_tok.zero_()
         self.step.zero_()
+        t0 = self._clock()
         chunk = max(1, 8192 // right.shape[1])
         for c0 in range(0, nb, chunk):  # prefill in row chunks (bounded activations)
             sl = slice(c0, min(nb, c0 + chunk))
@@ -276,7 +282,10 @@ class RolloutEngine:
             self.gen_tok[slot_of[sl], 0] = tok
             self.gen_lp[slot_of[sl], 0] = lp
         self.step.fill_(1)
+        t1 = self._clock()
+        self._timing["prefill_s"] += t1 - t0
         live = list(range(nb))  # local row indices still generating
+        capture0 = self._timing["capture_s"]
         stop_at = {}
         t, steps = 1, 0
         checked = 0
@@ -298,6 +307,7 @@ class RolloutEngine:
             t += k
             steps += k
         toks, lps = self.gen_tok[:nb, :t].cpu(), self.gen_lp[:nb, :t].cpu()
+        self._timing["decode_s"] += self._clock() - t1 - (self._timing["capture_s"] - capture0)
         for j, row in enumerate(rows):
             hit = (toks[j] == eos).nonzero()
             end = int(hit[0]) + 1 if len(hit) else t
@@ -308,6 +318,11 @@ class RolloutEngine:
             comp_tok[row, :t] = toks[j]
             comp_lp[row, :t] = lps[j]
         return steps
+
+    def _clock(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
 
     def _finished(self, live, t, checked, eos, s, stop_at):
         """Rows of ``live`` still generating after ``t`` tokens (EOS among them, or a stop string in the tokens

@@ -1,0 +1,92 @@
+"""Random-weight Qwen2.5-shaped models built directly on the GPU, layer by layer (benchmarks only).
+
+Speed and memory do not depend on weight values (platform.md), so the benchmarks build the real shapes from
+random weights: the module tree on the meta device, then every decoder linear materialised on the GPU one
+at a time — an NVFP4 base quantizes each random bf16 weight as it is made and keeps only the packed tensors,
+so a 32B model never needs a whole bf16 copy (peak extra memory: one projection in bf16).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from qerl.stages.bench_kernels import SHAPES
+
+VOCAB = 152064
+LAYERS = {"7B": 28, "14B": 48, "32B": 64}
+
+
+def qwen_config(model: str, dtype: torch.dtype = torch.bfloat16):
+    from transformers import Qwen2Config
+
+    h, i, heads, kv = SHAPES[model]
+    return Qwen2Config(vocab_size=VOCAB, hidden_size=h, intermediate_size=i, num_hidden_layers=LAYERS[model],
+                       num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=32768,
+                       rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False, torch_dtype=dtype)
+
+
+@torch.no_grad()
+def build(model: str, base: str, device="cuda", dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> nn.Module:
+    """A random ``Qwen2ForCausalLM`` of ``model``'s shapes with a ``base`` of ``bf16`` | ``nvfp4`` | ``nf4``."""
+    from transformers import Qwen2ForCausalLM
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
+
+    from qerl.models.nvfp4_linear import NVFP4Linear
+    from qerl.quant import nvfp4
+
+    cfg = qwen_config(model, dtype)
+    with torch.device("meta"):
+        lm = Qwen2ForCausalLM(cfg)
+    g = torch.Generator(device=device).manual_seed(seed)
+    lm.to_empty(device=device) if base == "bf16" else None
+    for name, mod in list(lm.named_modules()):
+        if not isinstance(mod, nn.Linear) or ".layers." not in name:
+            continue
+        parent, _, leaf = name.rpartition(".")
+        w = torch.randn(mod.out_features, mod.in_features, device=device, dtype=dtype, generator=g) * 0.02
+        b = torch.zeros(mod.out_features, device=device, dtype=dtype) if mod.bias is not None else None
+        if base == "bf16":
+            mod.weight.copy_(w)
+            if b is not None:
+                mod.bias.copy_(b)
+            continue
+        if base == "nvfp4":
+            new = NVFP4Linear(mod.in_features, mod.out_features, b is not None, device=device, dtype=dtype)
+            new.load_packed(*nvfp4.quantize(w), b)
+        elif base == "nf4":
+            import bitsandbytes as bnb
+
+            new = bnb.nn.Linear4bit(mod.in_features, mod.out_features, bias=b is not None, compute_dtype=dtype,
+                                    quant_type="nf4", device="cpu")
+            new.weight = bnb.nn.Params4bit(w.cpu(), requires_grad=False, quant_type="nf4")
+            new = new.to(device)
+            if b is not None:
+                new.bias = nn.Parameter(b, requires_grad=False)
+        else:
+            raise ValueError(f"base must be bf16, nvfp4 or nf4, got {base!r}")
+        setattr(lm.get_submodule(parent), leaf, new)
+        del w
+    if base != "bf16":  # what is still on meta: embeddings, lm_head, norms
+        for mod in lm.modules():
+            for pname, p in list(mod.named_parameters(recurse=False)):
+                if p.is_meta:
+                    setattr(mod, pname, nn.Parameter(torch.empty(p.shape, device=device, dtype=dtype), requires_grad=False))
+    for name, p in lm.named_parameters():
+        if "norm" in name:
+            p.fill_(1.0)
+        elif p.dim() == 2 and ".layers." not in name:
+            p.copy_(torch.randn(p.shape, device=device, dtype=dtype, generator=g) * 0.02)
+    lm.model.rotary_emb = Qwen2RotaryEmbedding(cfg, device=device)
+    lm.requires_grad_(False)
+    return lm.eval()
+
+
+def weight_bytes(lm: nn.Module) -> int:
+    """Bytes a decode step reads for weights: every parameter / packed buffer of the decoder linears and
+    LoRA adapters, plus ``lm_head`` (the embedding reads one row per token: not counted)."""
+    total = 0
+    for name, t in list(lm.named_parameters()) + list(lm.named_buffers()):
+        if "embed_tokens" in name or "rotary" in name or "inv_freq" in name:
+            continue
+        total += t.numel() * (2 if "lora_" in name else t.element_size())  # the engine reads bf16 adapter copies
+    return total

@@ -1,0 +1,241 @@
+"""``qerl bench rollout``: rollout throughput of the engine vs the reference sampler and ``transformers``.
+
+Random-weight Qwen2.5 7B / 14B / 32B shapes (:mod:`qerl.stages.bench_models`, built on the GPU layer by
+layer), LoRA rank 32 on the seven projections, bases bf16 / NVFP4 (/ NF4 when bitsandbytes imports),
+prompts of ``--prompt-len`` tokens, ``--gen-len`` generated tokens with EOS ignored, batches ``--batches``.
+Engines: ``qerl`` (:mod:`qerl.rollout.engine`), ``reference`` (:mod:`qerl.rollout.sampler`) and
+``transformers`` (``generate`` on the same PEFT model; both at ``--slow-gen-len`` tokens and batches
+``--slow-batches``, said in the row's ``note``).
+
+Columns: ``device, model, base, engine, batch, prompt_len, gen_len, tok_s, ms_per_step, floor_ms,
+frac_of_floor, peak_gb, note``. ``tok_s`` = generated tokens / (prefill + decode seconds) — the one-time
+CUDA-graph capture excluded and reported in ``note`` (it is paid once per engine, not per rollout);
+``floor_ms`` = bytes one decode step must read (weights incl. lm_head and adapters + the KV cache at the
+average length) ÷ the card's measured copy bandwidth. Writes ``<device>.csv / .md / .png`` under ``--output``.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import gc
+import json
+import time
+from pathlib import Path
+
+import torch
+
+COLUMNS = ["device", "model", "base", "engine", "batch", "prompt_len", "gen_len", "tok_s", "ms_per_step", "floor_ms",
+           "frac_of_floor", "peak_gb", "note"]
+
+
+class CountTokenizer:
+    """A tokenizer for random-weight models: a prompt is space-separated token ids; EOS is -1 (never
+    sampled, so every row generates ``max_new_tokens``)."""
+
+    eos_token_id, pad_token_id, padding_side = -1, 0, "right"
+
+    def __call__(self, texts, return_tensors="pt", padding=True, add_special_tokens=False):
+        rows = [[int(x) for x in t.split()] for t in texts]
+        n = max(map(len, rows))
+        ids = torch.zeros(len(rows), n, dtype=torch.long)
+        mask = torch.zeros(len(rows), n, dtype=torch.long)
+        for i, r in enumerate(rows):
+            sl = slice(n - len(r), n) if self.padding_side == "left" else slice(0, len(r))
+            ids[i, sl], mask[i, sl] = torch.tensor(r), 1
+        return argparse.Namespace(input_ids=ids, attention_mask=mask)
+
+    def encode(self, text, add_special_tokens=False):
+        return [int(x) for x in text.split()]
+
+    def decode(self, ids, skip_special_tokens=False):
+        return " ".join(str(i) for i in ids)
+
+
+def prompts(batch: int, length: int, vocab: int, seed: int = 0) -> list[str]:
+    g = torch.Generator().manual_seed(seed)
+    return [" ".join(map(str, torch.randint(100, vocab - 100, (length,), generator=g).tolist())) for _ in range(batch)]
+
+
+def floor_ms(wbytes: int, lm, batch: int, prompt_len: int, gen_len: int, copy_gbps: float) -> float:
+    cfg = lm.config
+    kv_tok = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 2
+    avg_len = prompt_len + gen_len / 2
+    return (wbytes + batch * kv_tok * avg_len) / (copy_gbps * 1e9) * 1e3
+
+
+def run_one(model, lm, tok, engine: str, batch: int, prompt_len: int, gen_len: int) -> dict:
+    from qerl.rollout import SamplingSettings, sampler
+    from qerl.rollout.engine import engine_for
+
+    ps = prompts(batch, prompt_len, lm.config.vocab_size)
+    s = SamplingSettings(temperature=1.0, max_new_tokens=gen_len)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    note = ""
+    if engine == "qerl":
+        eng = engine_for(model, tok)
+        eng.generate(ps, SamplingSettings(temperature=1.0, max_new_tokens=2))  # compile prefill kernels
+        torch.cuda.reset_peak_memory_stats()
+        eng.generate(ps, s)
+        st = eng.last_stats
+        secs, steps = st["prefill_s"] + st["decode_s"], max(1, st["decode_steps"])
+        ms_step = 1e3 * st["decode_s"] / steps
+        note = f"capture {st['capture_s']:.1f} s excluded; {st['waves']} wave(s)"
+    elif engine == "reference":
+        sampler.generate(model, tok, ps[:1], SamplingSettings(max_new_tokens=2))
+        t0 = time.perf_counter()
+        sampler.generate(model, tok, ps, s)
+        torch.cuda.synchronize()
+        secs = time.perf_counter() - t0
+        ms_step = 1e3 * secs / gen_len
+    else:  # transformers generate on the same (PEFT) model, sampling, EOS never reached
+        enc = tok(ps)
+        ids, mask = enc.input_ids.cuda(), enc.attention_mask.cuda()
+        kw = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, pad_token_id=0, eos_token_id=None)
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=2, min_new_tokens=2, **kw)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=gen_len, min_new_tokens=gen_len, **kw)
+        torch.cuda.synchronize()
+        secs = time.perf_counter() - t0
+        gen_len = out.shape[1] - ids.shape[1]
+        ms_step = 1e3 * secs / gen_len
+    return {"tok_s": batch * gen_len / secs, "ms_per_step": ms_step, "gen_len": gen_len,
+            "peak_gb": torch.cuda.max_memory_allocated() / 1e9, "note": note}
+
+
+def bench(args) -> list[dict]:
+    from qerl.lora import LoraSettings, apply_lora
+    from qerl.stages.bench_kernels import copy_bandwidth
+    from qerl.stages.bench_models import build, weight_bytes
+
+    device = torch.cuda.get_device_name()
+    bw = copy_bandwidth()
+    print(json.dumps({"device": device, "copy_GBps": round(bw)}), flush=True)
+    tok = CountTokenizer()
+    rows = []
+    for m in args.models:
+        for base in args.bases:
+            if base == "nf4":
+                try:
+                    import bitsandbytes  # noqa: F401
+                except ImportError:
+                    continue
+            lm = build(m, base)
+            model = apply_lora(lm, LoraSettings(r=32, alpha=32))
+            g = torch.Generator(device="cuda").manual_seed(1)
+            for n, p in model.named_parameters():
+                if "lora_B" in n:
+                    p.data.copy_(torch.randn(p.shape, device="cuda", generator=g) * 0.01)
+            wb = weight_bytes(model)
+            for engine in args.engines:
+                slow = engine != "qerl"
+                for batch in (args.slow_batches if slow else args.batches):
+                    gen = args.slow_gen_len if slow else args.gen_len
+                    row = {"device": device, "model": m, "base": base, "engine": engine, "batch": batch,
+                           "prompt_len": args.prompt_len}
+                    try:
+                        r = run_one(model, lm, tok, engine, batch, args.prompt_len, gen)
+                    except torch.cuda.OutOfMemoryError as e:
+                        r = {"tok_s": float("nan"), "ms_per_step": float("nan"), "gen_len": gen, "peak_gb": float("nan"),
+                             "note": f"OOM: {str(e).splitlines()[0][:120]}"}
+                        torch.cuda.empty_cache()
+                    if slow:
+                        r["note"] = (r["note"] + f"; {gen} generated tokens").lstrip("; ")
+                    fl = floor_ms(wb, lm, batch, args.prompt_len, r["gen_len"], bw)
+                    row.update(r, floor_ms=fl, frac_of_floor=r["ms_per_step"] / fl)
+                    rows.append(row)
+                    print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+                    write(rows, Path(args.output), device, bw)
+            eng = model.__dict__.pop("_qerl_engine", None)
+            if eng is not None:
+                eng.release()
+            del model, lm, eng
+            gc.collect()
+            torch.cuda.empty_cache()
+    return rows
+
+
+def write(rows: list[dict], out: Path, device: str, copy_gbps: float) -> Path:
+    """CSV + Markdown (+ PNG when matplotlib imports), written atomically."""
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / device.replace(" ", "_")
+    tmp = stem.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in COLUMNS})
+    tmp.replace(stem.with_suffix(".csv"))
+    lines = [f"# Rollout throughput on {device}", "",
+             f"Copy bandwidth {copy_gbps:.0f} GB/s; LoRA rank 32 on all seven projections; EOS ignored. "
+             "`tok_s` = generated tokens / (prefill + decode) seconds (graph capture excluded, see note).", "",
+             "| model | base | engine | batch | prompt | gen | tok/s | ms/step | floor ms | × floor | peak GB | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['base']} | {r['engine']} | {r['batch']} | {r['prompt_len']} | {r['gen_len']} | "
+                     f"{r['tok_s']:.0f} | {r['ms_per_step']:.2f} | {r['floor_ms']:.2f} | {r['frac_of_floor']:.2f} | "
+                     f"{r['peak_gb']:.1f} | {r['note']} |")
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    plot(rows, stem.with_suffix(".png"), device)
+    return stem.with_suffix(".csv")
+
+
+def plot(rows: list[dict], path: Path, device: str) -> Path | None:
+    """tok/s vs batch, one panel per base, a line per (model, engine)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    bases = sorted({r["base"] for r in rows})
+    fig, axes = plt.subplots(1, len(bases), figsize=(5 * len(bases), 4), squeeze=False)
+    for ax, base in zip(axes[0], bases):
+        for key in sorted({(r["model"], r["engine"]) for r in rows if r["base"] == base}):
+            pts = sorted((r["batch"], r["tok_s"]) for r in rows if r["base"] == base and (r["model"], r["engine"]) == key)
+            ax.plot(*zip(*pts), marker="o", label=f"{key[0]} {key[1]}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch (sequences)")
+        ax.set_ylabel("generated tokens / s")
+        ax.set_title(f"{base} + LoRA-32")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"Rollout throughput, {device}")
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="qerl bench rollout", description=__doc__.split("\n\n")[0])
+    p.add_argument("--output", default="reports/rollout")
+    p.add_argument("--models", nargs="+", default=["7B", "14B", "32B"], choices=["7B", "14B", "32B"])
+    p.add_argument("--bases", nargs="+", default=["bf16", "nvfp4", "nf4"], choices=["bf16", "nvfp4", "nf4"])
+    p.add_argument("--engines", nargs="+", default=["qerl", "reference", "transformers"],
+                   choices=["qerl", "reference", "transformers"])
+    p.add_argument("--batches", nargs="+", type=int, default=[1, 8, 64, 256])
+    p.add_argument("--slow-batches", nargs="+", type=int, default=[8], help="batches of the reference / transformers")
+    p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--gen-len", type=int, default=1024)
+    p.add_argument("--slow-gen-len", type=int, default=64, help="generated tokens of the reference / transformers")
+    p.add_argument("--plot", metavar="CSV", help="only redraw the figure of a written CSV (no GPU)")
+    a = p.parse_args(argv)
+    if a.plot:
+        with open(a.plot) as f:
+            rows = [{**r, "batch": int(r["batch"]), "tok_s": float(r["tok_s"])} for r in csv.DictReader(f)]
+        print(plot(rows, Path(a.plot).with_suffix(".png"), rows[0]["device"]))
+        return 0
+    if not torch.cuda.is_available():
+        raise SystemExit("qerl bench rollout needs a CUDA GPU (use --plot CSV to redraw a figure)")
+    bench(a)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
