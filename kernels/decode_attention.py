@@ -48,7 +48,8 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, len_ptr, m_ptr, l_ptr, acc_pt
                     scale, CHUNK,
                     sq_b, sq_h, sk_s, sk_t, sk_h, sv_s, sv_t, sv_h,
                     Hq, SPLITS,
-                    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, FP32_DOT: tl.constexpr):
+                    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, FP32_DOT: tl.constexpr,
+                    IEEE: tl.constexpr):
     b = tl.program_id(0)
     hk = tl.program_id(1)
     sp = tl.program_id(2)
@@ -81,13 +82,19 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, len_ptr, m_ptr, l_ptr, acc_pt
         if FP32_DOT:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k)) * scale  # [GP, BN] fp32
+        if IEEE:  # fp32 activations: full-precision products (no TF32), as torch's fp32 attention
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [GP, BN] fp32
+        else:
+            s = tl.dot(q, tl.trans(k)) * scale
         s = tl.where(tmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
         l = l * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
     tl.store(m_ptr + out_row, m, mask=gmask)
     tl.store(l_ptr + out_row, l, mask=gmask)
@@ -145,7 +152,8 @@ def decode_attention(q, k_cache, v_cache, slot, lengths, scale: float, splits: i
         q, k_cache, v_cache, slot, lengths, m, l, acc, scale, chunk,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), Hq, splits,
-        G=G, GP=max(16, triton.next_power_of_2(G)), D=D, BN=block, FP32_DOT=interp, num_warps=4)
+        G=G, GP=max(16, triton.next_power_of_2(G)), D=D, BN=block, FP32_DOT=interp,
+        IEEE=q.dtype == torch.float32 or interp, num_warps=4)
     _combine_kernel[(B, Hq)](m, l, acc, out, splits, out.stride(0), out.stride(1), Hq,
                              SP=max(2, triton.next_power_of_2(splits)), D=D, num_warps=1)
     return out

@@ -122,8 +122,9 @@ class ModelView:
 
     @property
     def graphable(self) -> bool:
-        """CUDA graphs need every projection on plain tensors (no module calls such as bitsandbytes')."""
-        return all(p.kind != "module" for p in self.projs)
+        """CUDA graphs need every projection on plain tensors (no module calls such as bitsandbytes') and, for
+        NVFP4, on the kernels (bf16 / fp16 activations; fp32 runs the reference, which validates on the host)."""
+        return all(p.kind == "dense" or (p.kind == "nvfp4" and self.dtype != torch.float32) for p in self.projs)
 
 
 def _unwrap_causal_lm(model: nn.Module) -> nn.Module:
