@@ -36,7 +36,7 @@ def build(model: str, base: str, device="cuda", dtype: torch.dtype = torch.bfloa
 
     cfg = qwen_config(model, dtype)
     with torch.device("meta"):
-        lm = Qwen2ForCausalLM(cfg)
+        lm = Qwen2ForCausalLM(cfg).to(dtype)  # (the constructor makes fp32 parameters; on meta .to is free)
     g = torch.Generator(device=device).manual_seed(seed)
     lm.to_empty(device=device) if base == "bf16" else None
     for name, mod in list(lm.named_modules()):

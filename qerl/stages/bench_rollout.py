@@ -104,6 +104,49 @@ def run_one(model, lm, tok, engine: str, batch: int, prompt_len: int, gen_len: i
             "peak_gb": torch.cuda.max_memory_allocated() / 1e9, "note": note}
 
 
+def step_split(eng, batch: int, prompt_len: int, gen_len: int) -> dict:
+    """Milliseconds of one decode step's parts at ``batch`` rows, each timed as its own CUDA graph: all
+    projections (base + LoRA), all attention calls (KV at the average length), lm_head + sampling; ``other``
+    = the captured full step minus those (norms, rotary, residuals, cache writes, embedding)."""
+    from qerl.rollout import SamplingSettings
+    from qerl.rollout.engine import forward as fw
+    from qerl.rollout.engine.sampling import sample
+    from qerl.stages.bench_kernels import _graph_times
+
+    v, dev = eng.view, eng.device
+    inter = v.layers[0].down.module.in_features if hasattr(v.layers[0].down.module, "in_features") else None
+    x = torch.randn(batch, v.hidden, device=dev, dtype=v.dtype)
+    xa = torch.randn(batch, v.heads * v.head_dim, device=dev, dtype=v.dtype)
+    xi = torch.randn(batch, inter, device=dev, dtype=v.dtype)
+    q = torch.randn(batch, v.heads, v.head_dim, device=dev, dtype=v.dtype)
+    slot = torch.arange(batch, device=dev) % (eng.kc[0].shape[0] - 1)
+    lengths = torch.full((batch,), prompt_len + gen_len // 2, device=dev)
+    seed, step = torch.arange(batch, device=dev), torch.zeros((), dtype=torch.long, device=dev)
+    s = SamplingSettings(temperature=1.0)
+    projs = [lambda L=L: (L.q(x), L.k(x), L.v(x), L.o(xa), L.gate(x), L.up(x), L.down(xi)) for L in v.layers]
+    attn = [lambda i=i: eng.attention(q, eng.kc[i], eng.vc[i], slot, lengths, v.head_dim ** -0.5)
+            for i in range(len(v.layers))]
+    head = [lambda: sample(v.lm_head(fw.norm(v.final_norm, x, False)).float(), s, seed, step)]
+    b = next(bb for key, bb in eng._buckets.items() if key[0] == batch and bb.graph is not None)
+    b.pos.fill_(prompt_len + gen_len // 2)
+    b.slot.copy_(slot)
+    t = _graph_times({"projections": projs, "attention": attn, "head_sampling": head}, reps=10)
+    full = []
+    for _ in range(10):
+        a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        eng.step.zero_()
+        b.pos.fill_(prompt_len + gen_len // 2)
+        a.record()
+        b.graph.replay()
+        z.record()
+        torch.cuda.synchronize()
+        full.append(a.elapsed_time(z))
+    out = {k: 1e3 * val for k, val in t.items()}
+    out["step"] = sorted(full)[len(full) // 2]
+    out["other"] = out["step"] - out["projections"] - out["attention"] - out["head_sampling"]
+    return {k: round(val, 3) for k, val in out.items()}
+
+
 def bench(args) -> list[dict]:
     from qerl.lora import LoraSettings, apply_lora
     from qerl.stages.bench_kernels import copy_bandwidth
@@ -142,6 +185,9 @@ def bench(args) -> list[dict]:
                         torch.cuda.empty_cache()
                     if slow:
                         r["note"] = (r["note"] + f"; {gen} generated tokens").lstrip("; ")
+                    if engine == "qerl" and batch in args.split_batches and r["tok_s"] == r["tok_s"]:
+                        sp = step_split(model.__dict__["_qerl_engine"], batch, args.prompt_len, gen)
+                        r["note"] += "; step split ms: " + ", ".join(f"{k} {val}" for k, val in sp.items())
                     fl = floor_ms(wb, lm, batch, args.prompt_len, r["gen_len"], bw)
                     row.update(r, floor_ms=fl, frac_of_floor=r["ms_per_step"] / fl)
                     rows.append(row)
@@ -224,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--gen-len", type=int, default=1024)
     p.add_argument("--slow-gen-len", type=int, default=64, help="generated tokens of the reference / transformers")
+    p.add_argument("--split-batches", nargs="*", type=int, default=[8], help="batches whose step is split into parts")
     p.add_argument("--plot", metavar="CSV", help="only redraw the figure of a written CSV (no GPU)")
     a = p.parse_args(argv)
     if a.plot:
