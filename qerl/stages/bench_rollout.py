@@ -130,7 +130,10 @@ def step_split(eng, batch: int, prompt_len: int, gen_len: int) -> dict:
     b = next(bb for key, bb in eng._buckets.items() if key[0] == batch and bb.graph is not None)
     b.pos.fill_(prompt_len + gen_len // 2)
     b.slot.copy_(slot)
-    t = _graph_times({"projections": projs, "attention": attn, "head_sampling": head}, reps=10)
+    from qerl.rollout.engine.runner import _launch_mode
+
+    with _launch_mode("graph"):
+        t = _graph_times({"projections": projs, "attention": attn, "head_sampling": head}, reps=10)
     full = []
     for _ in range(10):
         a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
