@@ -39,9 +39,9 @@ def build(model: str, base: str, device="cuda", dtype: torch.dtype = torch.bfloa
         lm = Qwen2ForCausalLM(cfg).to(dtype)  # (the constructor makes fp32 parameters; on meta .to is free)
     g = torch.Generator(device=device).manual_seed(seed)
     lm.to_empty(device=device) if base == "bf16" else None
-    for name, mod in list(lm.named_modules()):
-        if not isinstance(mod, nn.Linear) or ".layers." not in name:
-            continue
+    linears = [(n, m) for n, m in lm.named_modules() if isinstance(m, nn.Linear) and ".layers." in n]
+    shared: dict = {}  # (layer, group) -> global scale: q/k/v and gate/up share one, as NVFP4 checkpoints do
+    for name, mod in linears:
         parent, _, leaf = name.rpartition(".")
         w = torch.randn(mod.out_features, mod.in_features, device=device, dtype=dtype, generator=g) * 0.02
         b = torch.zeros(mod.out_features, device=device, dtype=dtype) if mod.bias is not None else None
@@ -51,8 +51,12 @@ def build(model: str, base: str, device="cuda", dtype: torch.dtype = torch.bfloa
                 mod.bias.copy_(b)
             continue
         if base == "nvfp4":
+            group = (parent.rpartition(".")[0], "qkv" if leaf in ("q_proj", "k_proj", "v_proj") else
+                     "gate_up" if leaf in ("gate_proj", "up_proj") else leaf)
+            if group not in shared:  # random weights: the first member's scale with a margin serves the group
+                shared[group] = nvfp4.compute_global_scale(w) * 0.8
             new = NVFP4Linear(mod.in_features, mod.out_features, b is not None, device=device, dtype=dtype)
-            new.load_packed(*nvfp4.quantize(w), b)
+            new.load_packed(*nvfp4.quantize(w, global_scale=shared[group]), b)
         elif base == "nf4":
             import bitsandbytes as bnb
 

@@ -123,7 +123,10 @@ def step_split(eng, batch: int, prompt_len: int, gen_len: int) -> dict:
     lengths = torch.full((batch,), prompt_len + gen_len // 2, device=dev)
     seed, step = torch.arange(batch, device=dev), torch.zeros((), dtype=torch.long, device=dev)
     s = SamplingSettings(temperature=1.0)
-    projs = [lambda L=L: (L.q(x), L.k(x), L.v(x), L.o(xa), L.gate(x), L.up(x), L.down(xi)) for L in v.layers]
+    from qerl.rollout.engine.forward import _qkv
+
+    projs = [lambda L=L: (_qkv(L, x), L.o(xa), L.gate_up(x) if L.gate_up else (L.gate(x), L.up(x)), L.down(xi))
+             for L in v.layers]
     attn = [lambda i=i: eng.attention(q, eng.kc[i], eng.vc[i], slot, lengths, v.head_dim ** -0.5)
             for i in range(len(v.layers))]
     head = [lambda: sample(v.lm_head(fw.norm(v.final_norm, x, False)).float(), s, seed, step)]

@@ -209,3 +209,31 @@ print("ok")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-3000:]
+
+
+def test_fused_siblings_are_views_of_one_buffer(quantized_dirs, tok):
+    """q/k/v and gate/up run as one projection each; their modules then hold views of the one fused buffer (no
+    second copy) and the trainer's own forward is bit-identical; fused and unfused engines agree."""
+    model = _lora(load_policy(quantized_dirs["qwen2"], dtype=torch.float32))
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        before = model(**enc).logits
+    s = SamplingSettings(temperature=0.7, max_new_tokens=10)
+    fused = RolloutEngine(model, tok)
+    assert all(layer.qkv is not None and layer.gate_up is not None for layer in fused.view.layers)
+    attn = model.get_base_model().model.layers[0].self_attn
+    q, k, v = (getattr(attn, n).base_layer for n in ("q_proj", "k_proj", "v_proj"))
+    assert q.weight_packed.untyped_storage().data_ptr() == v.weight_packed.untyped_storage().data_ptr()
+    assert q.weight_packed.untyped_storage().nbytes() == sum(m.weight_packed.numel() for m in (q, k, v))
+    with torch.no_grad():
+        assert torch.equal(model(**enc).logits, before)
+    a = fused.generate(PROMPTS, s, seed=2, num_samples=2)
+    b = RolloutEngine(model, tok, fuse=False).generate(PROMPTS, s, seed=2, num_samples=2)
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
+def test_gpu_check_runs_on_cpu():
+    """``python -m qerl.rollout.engine.check`` (run on the GPU for the closing note) passes on the CPU too."""
+    from qerl.rollout.engine import check
+
+    assert check.main(device="cpu") == 0

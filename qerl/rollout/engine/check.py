@@ -33,11 +33,16 @@ def _model(base: str, dtype, device, layers: int = 3, lora: bool = True, seed: i
         for p in lm.parameters():
             if p.dim() == 2:
                 p.normal_(0, 0.05)
-    if base == "nvfp4":
-        for name, mod in list(lm.named_modules()):
-            if isinstance(mod, torch.nn.Linear) and ".layers." in name:
-                parent, _, leaf = name.rpartition(".")
-                setattr(lm.get_submodule(parent), leaf, NVFP4Linear.from_linear(mod))
+    if base == "nvfp4":  # q/k/v and gate/up share a global scale (the minimum), as NVFP4 checkpoints do
+        from qerl.quant import nvfp4
+
+        for layer in lm.model.layers:
+            for parent, group in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
+                                  (layer.mlp, ("gate_proj", "up_proj", "down_proj"))):
+                fused = group[:-1]
+                gs = min(float(nvfp4.compute_global_scale(getattr(parent, n).weight.detach())) for n in fused)
+                for n in group:
+                    setattr(parent, n, NVFP4Linear.from_linear(getattr(parent, n), torch.tensor([gs]) if n in fused else None))
     if not lora:
         return lm
     model = apply_lora(lm, LoraSettings(r=8, alpha=16))

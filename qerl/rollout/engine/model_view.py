@@ -26,53 +26,76 @@ class EngineUnsupported(ValueError):
 
 @dataclass
 class Proj:
-    """One projection ``y = base(x) + s · (x · Aᵀ) · Bᵀ``.
+    """One projection ``y = x · Wᵀ + bias + s · (x · Aᵀ) · Bᵀ``, or several sibling projections fused along N
+    (q/k/v, gate/up) whose base tensors are views of one buffer (:func:`fuse`).
 
-    kind: ``nvfp4`` (packed buffers through :func:`qerl.ops.nvfp4_lora_linear`), ``dense`` (``weight``
-    through ``F.linear``) or ``module`` (the base module's own forward, e.g. bitsandbytes NF4; eager only).
-    ``lora_a [R, K]`` / ``lora_b [N, R]`` are the trainer's parameters (fp32 masters); ``a`` / ``b`` are the
-    engine's activation-dtype copies (static addresses, so CUDA graphs read the current adapters)."""
+    kind: ``nvfp4`` (``packed`` / ``scale`` / ``gscale`` through :func:`qerl.ops.nvfp4_lora_linear`), ``dense``
+    (``weight`` through ``F.linear``) or ``module`` (the base module's own forward, e.g. bitsandbytes NF4;
+    eager only). ``loras``: the PEFT LoRA layers of the parts (rows ``N`` each, in order; None where a part
+    has no adapter). ``a [R, K]`` / ``b [N, R]`` are the engine's activation-dtype copies of the adapters —
+    stacked A, block-diagonal B, rank zero-padded to a power of two >= 16 — at fixed addresses, so CUDA
+    graphs read the current adapters; ``scale`` is folded into ``b`` when the parts' scalings differ."""
 
     kind: str
-    module: nn.Module
+    module: nn.Module | None = None
     weight: torch.Tensor | None = None
     bias: torch.Tensor | None = None
-    lora: nn.Module | None = None  # the PEFT LoRA layer (for its active adapter / disable state)
+    packed: torch.Tensor | None = None
+    scale: torch.Tensor | None = None
+    gscale: torch.Tensor | None = None
+    loras: list = field(default_factory=list)
+    rows: list = field(default_factory=list)
     a: torch.Tensor | None = None
     b: torch.Tensor | None = None
-    scale: float = 0.0
+    lora_scale: float = 0.0
 
     def sync(self, dtype: torch.dtype) -> None:
-        """Copy the active adapter into the engine's buffers (zeros when adapters are disabled)."""
-        if self.lora is None:
+        """Copy the parts' active adapters into the engine's buffers (zeros where adapters are disabled)."""
+        if not any(self.loras):
             return
-        name = self.lora.active_adapters[0]
-        la, lb = self.lora.lora_A[name].weight, self.lora.lora_B[name].weight
-        if self.a is None or self.a.shape != la.shape or self.a.dtype != dtype or self.a.device != la.device:
-            self.a = torch.empty(la.shape, dtype=dtype, device=la.device)
-            self.b = torch.empty(lb.shape, dtype=dtype, device=lb.device)
-        self.scale = float(self.lora.scaling[name])
+        parts = []
+        for lora in self.loras:
+            if lora is None:
+                parts.append(None)
+                continue
+            name = lora.active_adapters[0]
+            off = lora.disable_adapters or lora.merged
+            parts.append((lora.lora_A[name].weight, lora.lora_B[name].weight, float(lora.scaling[name]), off))
+        r_sum = sum(p[0].shape[0] for p in parts if p)
+        R = max(16, 1 << (r_sum - 1).bit_length())
+        K = next(p[0].shape[1] for p in parts if p)
+        dev = next(p[0].device for p in parts if p)
+        N = sum(self.rows)
+        if self.a is None or self.a.shape != (R, K) or self.a.dtype != dtype:
+            self.a = torch.zeros(R, K, dtype=dtype, device=dev)
+            self.b = torch.zeros(N, R, dtype=dtype, device=dev)
+        scales = {p[2] for p in parts if p}
+        fold = len(scales) > 1  # different scalings: fold each into its block of B
+        self.lora_scale = 1.0 if fold else scales.pop()
+        r0 = n0 = 0
         with torch.no_grad():
-            self.a.copy_(la)
-            if self.lora.disable_adapters or self.lora.merged:
-                self.b.zero_()
-            else:
-                self.b.copy_(lb)
+            for n, p in zip(self.rows, parts):
+                if p is not None:
+                    la, lb, s, off = p
+                    r = la.shape[0]
+                    self.a[r0:r0 + r].copy_(la)
+                    blk = self.b[n0:n0 + n, r0:r0 + r]
+                    blk.zero_() if off else blk.copy_(lb * s if fold else lb)
+                    r0 += r
+                n0 += n
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         from qerl.ops import nvfp4_linear, nvfp4_lora_linear
 
-        m = self.module
+        bias = None if self.bias is None else self.bias.to(x.dtype)
         if self.kind == "nvfp4":
-            bias = None if m.bias is None else m.bias.to(x.dtype)
             if self.a is None:
-                return nvfp4_linear(x, m.weight_packed, m.weight_scale, m.weight_global_scale, bias)
-            return nvfp4_lora_linear(x, m.weight_packed, m.weight_scale, m.weight_global_scale, bias,
-                                     self.a, self.b, self.scale)
-        y = F.linear(x, self.weight, self.bias) if self.kind == "dense" else m(x)
+                return nvfp4_linear(x, self.packed, self.scale, self.gscale, bias)
+            return nvfp4_lora_linear(x, self.packed, self.scale, self.gscale, bias, self.a, self.b, self.lora_scale)
+        y = F.linear(x, self.weight, bias) if self.kind == "dense" else self.module(x)
         if self.a is None:
             return y
-        return y + F.linear(F.linear(x, self.a), self.b) * self.scale
+        return y + F.linear(F.linear(x, self.a), self.b) * self.lora_scale
 
 
 @dataclass
@@ -100,6 +123,8 @@ class Layer:
     gate: Proj
     up: Proj
     down: Proj
+    qkv: Proj | None = None  # q/k/v fused (fuse=True and fusable), else None
+    gate_up: Proj | None = None
 
 
 @dataclass
@@ -151,15 +176,73 @@ def _proj(mod: nn.Module, where: str) -> Proj:
         name = lora.active_adapters[0]
         if lora.use_dora.get(name, False) or lora.lora_bias.get(name, False):
             raise EngineUnsupported(f"{where}: DoRA / LoRA bias adapters are not supported by the engine")
+        if name not in lora.lora_A:  # this projection is not targeted by the adapter
+            lora = None
+    n = mod.out_features
     if isinstance(mod, NVFP4Linear):
-        p = Proj("nvfp4", mod, lora=lora)
-    elif type(mod) is nn.Linear:
-        p = Proj("dense", mod, weight=mod.weight, bias=mod.bias, lora=lora)
-    elif type(mod).__name__ in ("Linear4bit", "Linear8bitLt"):
-        p = Proj("module", mod, lora=lora)
+        return Proj("nvfp4", mod, bias=mod.bias, packed=mod.weight_packed, scale=mod.weight_scale,
+                    gscale=mod.weight_global_scale, loras=[lora], rows=[n])
+    if type(mod) is nn.Linear:
+        return Proj("dense", mod, weight=mod.weight, bias=mod.bias, loras=[lora], rows=[n])
+    if type(mod).__name__ in ("Linear4bit", "Linear8bitLt"):
+        return Proj("module", mod, loras=[lora], rows=[n])
+    raise EngineUnsupported(f"{where}: module type {type(mod).__name__} is not supported by the engine")
+
+
+def _fusable(ps: list[Proj]) -> bool:
+    p0 = ps[0]
+    if any(p.kind != p0.kind for p in ps) or p0.kind not in ("nvfp4", "dense"):
+        return False
+    if any((p.bias is None) != (p0.bias is None) for p in ps):
+        return False
+    if p0.kind == "dense":
+        return all(not p.weight.requires_grad and p.weight.dtype == p0.weight.dtype for p in ps)
+    return all(p.packed.shape[1] == p0.packed.shape[1] and torch.equal(p.gscale, p0.gscale) for p in ps)
+
+
+def _rehome(mods: list[nn.Module], name: str, fused: torch.Tensor) -> torch.Tensor:
+    """Copy ``mod.<name>`` of each module into ``fused`` (rows stacked) and make each a view of it."""
+    n0 = 0
+    for m in mods:
+        old = getattr(m, name)
+        n = old.shape[0]
+        fused[n0:n0 + n].copy_(old)
+        view = fused[n0:n0 + n]
+        if isinstance(old, nn.Parameter):
+            setattr(m, name, nn.Parameter(view, requires_grad=old.requires_grad))
+        else:
+            setattr(m, name, view)
+        n0 += n
+    return fused
+
+
+@torch.no_grad()
+def fuse(ps: list[Proj]) -> Proj | None:
+    """One projection for siblings that read the same input (q/k/v, gate/up): their base tensors move into one
+    buffer each (packed, scales, bias / weight, bias) and the modules keep *views* of it — still one copy of the
+    weights, which the trainer's own forward keeps using unchanged. NVFP4 parts must share the global scale (as
+    NVFP4 checkpoints do for these groups, vLLM's fusion). None when the parts cannot be fused."""
+    if not _fusable(ps):
+        return None
+    mods = [p.module for p in ps]
+    rows = [p.rows[0] for p in ps]
+    N, dev = sum(rows), mods[0].bias.device if mods[0].bias is not None else None
+    out = Proj(ps[0].kind, None, loras=[p.loras[0] for p in ps], rows=rows)
+    if ps[0].bias is not None:
+        b = ps[0].bias
+        out.bias = _rehome(mods, "bias", torch.empty(N, dtype=b.dtype, device=b.device))
+    if out.kind == "nvfp4":
+        p0 = ps[0]
+        out.packed = _rehome(mods, "weight_packed", torch.empty(N, p0.packed.shape[1], dtype=p0.packed.dtype,
+                                                               device=p0.packed.device))
+        out.scale = _rehome(mods, "weight_scale", torch.empty(N, p0.scale.shape[1], dtype=p0.scale.dtype,
+                                                             device=p0.scale.device))
+        out.gscale = p0.gscale
     else:
-        raise EngineUnsupported(f"{where}: module type {type(mod).__name__} is not supported by the engine")
-    return p
+        w = ps[0].weight
+        out.weight = _rehome(mods, "weight", torch.empty(N, w.shape[1], dtype=w.dtype, device=w.device))
+    del dev
+    return out
 
 
 def _norm(mod: nn.Module, where: str) -> Norm:
@@ -169,9 +252,9 @@ def _norm(mod: nn.Module, where: str) -> Norm:
     return Norm(mod, float(getattr(mod, "variance_epsilon", getattr(mod, "eps", 1e-6))))
 
 
-def view_model(model: nn.Module) -> ModelView:
+def view_model(model: nn.Module, fuse_siblings: bool = False) -> ModelView:
     """The engine's view of ``model`` (see module docstring); raises :class:`EngineUnsupported` naming the
-    part it cannot run."""
+    part it cannot run. ``fuse_siblings``: q/k/v and gate/up as one projection each (:func:`fuse`)."""
     lm = _unwrap_causal_lm(model)
     cfg = getattr(lm, "config", None)
     arch = getattr(cfg, "model_type", None)
@@ -195,9 +278,14 @@ def view_model(model: nn.Module) -> ModelView:
         where = f"model.layers.{i}"
         ps = {n: _proj(getattr(at if n in ("q", "k", "v", "o") else mlp, f"{n}_proj"), f"{where}.{n}_proj")
               for n in ("q", "k", "v", "o", "gate", "up", "down")}
-        projs += ps.values()
-        layers.append(Layer(_norm(layer.input_layernorm, f"{where}.input_layernorm"),
-                            _norm(layer.post_attention_layernorm, f"{where}.post_attention_layernorm"), **ps))
+        lay = Layer(_norm(layer.input_layernorm, f"{where}.input_layernorm"),
+                    _norm(layer.post_attention_layernorm, f"{where}.post_attention_layernorm"), **ps)
+        if fuse_siblings:
+            lay.qkv, lay.gate_up = fuse([ps["q"], ps["k"], ps["v"]]), fuse([ps["gate"], ps["up"]])
+        used = [ps["o"], ps["down"]] + ([lay.qkv] if lay.qkv else [ps["q"], ps["k"], ps["v"]]) + (
+            [lay.gate_up] if lay.gate_up else [ps["gate"], ps["up"]])
+        projs += used
+        layers.append(lay)
     emb = base.embed_tokens
     return ModelView(arch, layers, emb, _norm(base.norm, "model.norm"), lm.lm_head, rot.inv_freq,
                      float(getattr(rot, "attention_scaling", 1.0)), cfg.hidden_size, heads, kv, head_dim,

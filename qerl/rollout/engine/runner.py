@@ -72,12 +72,15 @@ class RolloutEngine:
     """See module docstring. ``attention``: ``auto`` (Triton on CUDA, torch elsewhere) | ``triton`` |
     ``torch``. ``graphs``: capture decode steps in CUDA graphs (default: on CUDA when every projection runs
     on plain tensors; NF4 through bitsandbytes runs eagerly). ``check_every``: decode steps between host
-    syncs. ``max_slots``: cap on rows decoded together (default: what free memory allows)."""
+    syncs. ``max_slots``: cap on rows decoded together (default: what free memory allows). ``fuse``: run
+    q/k/v and gate/up as one projection each (their base tensors moved into one buffer that the modules view:
+    :func:`~qerl.rollout.engine.model_view.fuse`). ``compile``: RMSNorm and rotary through ``torch.compile``
+    (:class:`~qerl.rollout.engine.forward.Elementwise`; default: when CUDA graphs are used)."""
 
     def __init__(self, model, tokenizer, attention: str = "auto", graphs: bool | None = None,
-                 check_every: int = 16, max_slots: int | None = None):
+                 check_every: int = 16, max_slots: int | None = None, fuse: bool = True, compile: bool | None = None):
         self.model, self.tokenizer = model, tokenizer
-        self.view = view_model(model)
+        self.view = view_model(model, fuse_siblings=fuse)
         self.device = self.view.device
         cuda = self.device.type == "cuda"
         if attention not in ("auto", "triton", "torch"):
@@ -87,6 +90,7 @@ class RolloutEngine:
         self.use_graphs = (cuda and self.view.graphable) if graphs is None else bool(graphs)
         if self.use_graphs and not (cuda and self.view.graphable):
             raise EngineUnsupported("CUDA graphs need a CUDA model whose projections are all NVFP4 or dense")
+        self.ew = fw.Elementwise(self.use_graphs if compile is None else bool(compile))
         if check_every < 1:
             raise ValueError(f"check_every must be >= 1, got {check_every}")
         self.check_every, self.max_slots = check_every, max_slots
@@ -161,7 +165,7 @@ class RolloutEngine:
     # -- one decode step, eager or as a CUDA graph ---------------------------------------------------------
     def _step(self, b: _Bucket, s: SamplingSettings, noisy: bool) -> None:
         logits = fw.decode_step(self.view, self.kc, self.vc, self.cos, self.sin, b.tok, b.pos, b.slot, noisy,
-                                self.attention)
+                                self.attention, self.ew)
         tok, lp = sample(logits, s, b.seed, self.step)
         col = self.step.expand(b.size)
         self.gen_tok.index_put_((b.slot, col), tok)
@@ -279,7 +283,8 @@ class RolloutEngine:
             sl = slice(c0, min(nb, c0 + chunk))
             ids = right[r[sl]].to(dev)
             P = int(plen[r[sl]].max())
-            logits = fw.prefill(self.view, self.kc, self.vc, self.cos, self.sin, ids[:, :P], plen_d[sl], slot_of[sl], noisy)
+            logits = fw.prefill(self.view, self.kc, self.vc, self.cos, self.sin, ids[:, :P], plen_d[sl], slot_of[sl], noisy,
+                                self.ew)
             tok, lp = sample(logits, s, seed_d[sl], self.step)
             self.gen_tok[slot_of[sl], 0] = tok
             self.gen_lp[slot_of[sl], 0] = lp
