@@ -225,6 +225,8 @@ def test_fused_siblings_are_views_of_one_buffer(quantized_dirs, tok):
     q, k, v = (getattr(attn, n).base_layer for n in ("q_proj", "k_proj", "v_proj"))
     assert q.weight_packed.untyped_storage().data_ptr() == v.weight_packed.untyped_storage().data_ptr()
     assert q.weight_packed.untyped_storage().nbytes() == sum(m.weight_packed.numel() for m in (q, k, v))
+    part = fused.view.layers[0].k  # the unfused Proj objects read the views as well (old buffers freed)
+    assert part.packed.untyped_storage().data_ptr() == q.weight_packed.untyped_storage().data_ptr()
     with torch.no_grad():
         assert torch.equal(model(**enc).logits, before)
     a = fused.generate(PROMPTS, s, seed=2, num_samples=2)

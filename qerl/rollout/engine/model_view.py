@@ -241,6 +241,12 @@ def fuse(ps: list[Proj]) -> Proj | None:
     else:
         w = ps[0].weight
         out.weight = _rehome(mods, "weight", torch.empty(N, w.shape[1], dtype=w.dtype, device=w.device))
+    for p, m in zip(ps, mods):  # the parts now read the views too: no Proj keeps the old buffers alive
+        p.bias = m.bias
+        if out.kind == "nvfp4":
+            p.packed, p.scale = m.weight_packed, m.weight_scale
+        else:
+            p.weight = m.weight
     del dev
     return out
 
