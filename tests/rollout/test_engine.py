@@ -76,6 +76,8 @@ def test_logprobs_match_teacher_forcing_and_seeding(quantized_dirs, tok):
     other = generate(model, tok, PROMPTS, s, seed=4, num_samples=4)
     assert torch.equal(r.completion_ids, again.completion_ids) and not torch.equal(r.completion_ids, other.completion_ids)
     assert len({tuple(x) for x in r.completion_ids[:4].tolist()}) > 1  # a group's samples differ
+    big = generate(model, tok, PROMPTS[:1], s, seed=2 ** 63 + 12345)  # the trainer derives 64-bit seeds
+    assert big.completion_ids.shape[0] == 1
 
 
 def test_compaction_and_waves_change_nothing(warm_model):

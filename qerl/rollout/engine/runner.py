@@ -248,7 +248,8 @@ class RolloutEngine:
         right = torch.full((n, P), pad, dtype=torch.long)
         for i in range(n):  # right-padded copy: row i's prompt at positions 0 .. plen_i - 1
             right[i, : plen[i]] = ids[i, P - plen[i]:]
-        seeds = (torch.tensor([seed * 0x9E3779B1 + 0x7F4A7C15], dtype=torch.long) + torch.arange(n) * 0x632BE5AB) & 0xFFFFFFFF
+        base = ((int(seed) & 0xFFFFFFFFFFFFFFFF) * 0x9E3779B1 + 0x7F4A7C15) & 0xFFFFFFFF  # any Python int seed
+        seeds = (base + torch.arange(n, dtype=torch.long) * 0x632BE5AB) & 0xFFFFFFFF
         comp_tok = torch.full((n, G), pad, dtype=torch.long)
         comp_lp = torch.zeros(n, G)
         ends = torch.full((n,), G, dtype=torch.long)  # generated length per row
