@@ -90,6 +90,21 @@ def _sample(logits: torch.Tensor, s: SamplingSettings, gen: torch.Generator):
     return tok, scaled.log_softmax(-1).gather(-1, tok[:, None])[:, 0]
 
 
+def encode_prompts(tokenizer, prompts: list[str], num_samples: int):
+    """``(eos id, pad id, ids [N, P], mask [N, P])``: the prompts left-padded, each repeated ``num_samples``
+    times in a row (groups contiguous), on the CPU. Shared by this sampler and the engine."""
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    old_side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    try:
+        enc = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
+    finally:
+        tokenizer.padding_side = old_side
+    return (eos, pad, enc.input_ids.repeat_interleave(num_samples, 0),
+            enc.attention_mask.repeat_interleave(num_samples, 0))
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], settings: SamplingSettings, seed: int = 0,
              num_samples: int = 1) -> Rollout:
@@ -97,14 +112,8 @@ def generate(model, tokenizer, prompts: list[str], settings: SamplingSettings, s
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
-    eos = tokenizer.eos_token_id
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    old_side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    enc = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
-    tokenizer.padding_side = old_side
-    ids = enc.input_ids.repeat_interleave(num_samples, 0).to(device)
-    mask = enc.attention_mask.repeat_interleave(num_samples, 0).to(device)
+    eos, pad, ids, mask = encode_prompts(tokenizer, prompts, num_samples)
+    ids, mask = ids.to(device), mask.to(device)
     n = ids.shape[0]
     gen = torch.Generator(device=device).manual_seed(seed)
     cache = DynamicCache()

@@ -226,7 +226,7 @@ def fuse(ps: list[Proj]) -> Proj | None:
         return None
     mods = [p.module for p in ps]
     rows = [p.rows[0] for p in ps]
-    N, dev = sum(rows), mods[0].bias.device if mods[0].bias is not None else None
+    N = sum(rows)
     out = Proj(ps[0].kind, None, loras=[p.loras[0] for p in ps], rows=rows)
     if ps[0].bias is not None:
         b = ps[0].bias
@@ -247,7 +247,6 @@ def fuse(ps: list[Proj]) -> Proj | None:
             p.packed, p.scale = m.weight_packed, m.weight_scale
         else:
             p.weight = m.weight
-    del dev
     return out
 
 

@@ -28,7 +28,7 @@ import torch
 from qerl.rollout.engine import forward as fw
 from qerl.rollout.engine.model_view import EngineUnsupported, view_model
 from qerl.rollout.engine.sampling import sample
-from qerl.rollout.sampler import Rollout, SamplingSettings
+from qerl.rollout.sampler import Rollout, SamplingSettings, encode_prompts
 
 log = logging.getLogger(__name__)
 
@@ -218,14 +218,7 @@ class RolloutEngine:
     @torch.no_grad()
     def generate(self, prompts: list[str], settings: SamplingSettings, seed: int = 0, num_samples: int = 1) -> Rollout:
         tk = self.tokenizer
-        eos = tk.eos_token_id
-        pad = tk.pad_token_id if tk.pad_token_id is not None else eos
-        old_side = tk.padding_side
-        tk.padding_side = "left"
-        enc = tk(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
-        tk.padding_side = old_side
-        ids = enc.input_ids.repeat_interleave(num_samples, 0)
-        mask = enc.attention_mask.repeat_interleave(num_samples, 0)
+        eos, pad, ids, mask = encode_prompts(tk, prompts, num_samples)
         n, P = ids.shape
         plen = mask.sum(1)
         if int(plen.min()) < 1:
