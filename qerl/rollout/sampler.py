@@ -111,6 +111,8 @@ def generate(model, tokenizer, prompts: list[str], settings: SamplingSettings, s
     """Sample ``num_samples`` completions per prompt (see module docstring)."""
     from transformers import DynamicCache
 
+    from qerl.ops.logits import head_logits
+
     device = next(model.parameters()).device
     eos, pad, ids, mask = encode_prompts(tokenizer, prompts, num_samples)
     ids, mask = ids.to(device), mask.to(device)
@@ -119,8 +121,9 @@ def generate(model, tokenizer, prompts: list[str], settings: SamplingSettings, s
     cache = DynamicCache()
     attn = mask.clone()
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True)
-    logits = out.logits[:, -1, :].float()
+    decoder = model.get_decoder()
+    out = decoder(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True)
+    logits = head_logits(model, out.last_hidden_state[:, -1, :])
     next_pos = pos[:, -1] + 1
     tokens, logps, alive_cols = [], [], []
     finished = torch.zeros(n, dtype=torch.bool, device=device)
@@ -143,9 +146,9 @@ def generate(model, tokenizer, prompts: list[str], settings: SamplingSettings, s
         if bool(finished.all()) or step == settings.max_new_tokens - 1:
             break
         attn = torch.cat([attn, alive.to(attn.dtype)[:, None]], dim=1)
-        out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
-                    past_key_values=cache, use_cache=True)
-        logits = out.logits[:, -1, :].float()
+        out = decoder(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
+                      past_key_values=cache, use_cache=True)
+        logits = head_logits(model, out.last_hidden_state[:, -1, :])
         next_pos = next_pos + 1
     comp = torch.stack(tokens, 1)
     cmask = torch.stack(alive_cols, 1).to(torch.long)
@@ -157,23 +160,23 @@ def generate(model, tokenizer, prompts: list[str], settings: SamplingSettings, s
 def sequence_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                       temperature: float = 1.0, with_entropy: bool = False, chunk: int = 256):
     """Teacher-forced per-token log-probs ``[N, T]`` (fp32) of the completion tokens under
-    ``model`` (and per-token entropies if asked). Same temperature scaling as :func:`generate`.
-    Differentiable; log-softmax runs in chunks of ``chunk`` positions to bound fp32 memory."""
+    ``model`` (and per-token entropies if asked). Same temperature scaling and fp32 lm_head as
+    :func:`generate`. Differentiable; the logits exist only ``chunk`` positions at a time, forward and
+    backward (:func:`qerl.ops.logits.token_logprobs`)."""
+    from qerl.ops.logits import head_of, token_logprobs
+
     ids = torch.cat([prompt_ids, completion_ids], 1)
     attn = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], 1)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     p = prompt_ids.shape[1]
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
-    logits = logits[:, p - 1 : -1, :]
-    t = temperature if temperature > 0 else 1.0
-    logps, ents = [], []
-    for s in range(0, logits.shape[1], chunk):
-        lg = logits[:, s : s + chunk].float() / t
-        lsm = lg.log_softmax(-1)
-        logps.append(lsm.gather(-1, completion_ids[:, s : s + chunk, None])[..., 0])
-        if with_entropy:
-            ents.append(-(lsm.exp() * lsm).sum(-1).detach())
-    logp = torch.cat(logps, 1) * completion_mask
+    hidden = model.get_decoder()(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
+    head = head_of(model)
+    if type(head) is not torch.nn.Linear:
+        raise ValueError(f"sequence_logprobs needs a plain nn.Linear lm_head, got {type(head).__name__} "
+                         "(an adapter on the lm_head is not supported)")
+    logp, ent = token_logprobs(hidden[:, p - 1: -1], head.weight, completion_ids, temperature, head.bias,
+                               with_entropy, chunk)
+    logp = logp * completion_mask
     if with_entropy:
-        return logp, torch.cat(ents, 1) * completion_mask
+        return logp, ent * completion_mask
     return logp

@@ -22,6 +22,7 @@ SHAPES = {  # model: (hidden, intermediate, heads, kv heads); head_dim 128
     "32B": (5120, 27648, 40, 8),
 }
 MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 2048, 8192)
+GEMLITE_MAX_M = 512  # the peer is a W4A16 decode / small-batch kernel; larger M go to the DQ path + cuBLAS
 
 
 def projections(model: str) -> dict[str, tuple[int, int]]:
@@ -106,7 +107,39 @@ def _weights(N: int, K: int, copies: int):
     return out
 
 
-def bench_shape(model: str, proj: str, N: int, K: int, ms, lora_rank: int = 32) -> list[dict]:
+def _gemlite_modules(ws) -> list | None:
+    """gemlite ``A16W4_NVFP`` modules on each weight copy's packed tensors, or None when it will not build."""
+    from qerl.stages import gemlite_peer
+
+    try:
+        return [gemlite_peer.linear(p, s, g) for _, p, s, g in ws]
+    except Exception as e:  # a peer that fails is reported, never fatal for our own rows
+        print(f"gemlite: cannot build A16W4_NVFP ({type(e).__name__}: {e}); column left empty")
+        return None
+
+
+def _gemlite_times(mods, x, ws) -> dict:
+    """gemlite forward on ``x``: seconds per call (CUDA graph, or eager launches when its path cannot be
+    captured: ``timing`` says which), µs, and relative error against our reference forward."""
+    from qerl.ops.linear import reference_forward
+    from qerl.stages import gemlite_peer
+
+    _, p, s, g = ws[0]
+    try:
+        err = gemlite_peer.relative_error(mods[0](x), reference_forward(x, p, s, g, None))
+    except Exception as e:
+        print(f"gemlite: forward failed at M={x.shape[0]} ({type(e).__name__}: {e})")
+        return {}
+    calls = [lambda m=m: m(x) for m in mods]
+    try:
+        sec, timing = _graph_times({"g": calls})["g"], "graph"
+    except Exception:  # e.g. a host-side step in its launcher
+        torch.cuda.synchronize()
+        sec, timing = _eager_time(calls), "eager"
+    return {"s": sec, "us": sec * 1e6, "rel_err": err, "timing": timing}
+
+
+def bench_shape(model: str, proj: str, N: int, K: int, ms, lora_rank: int = 32, gemlite: bool = False) -> list[dict]:
     from qerl.ops.linear import reference_backward_input, reference_forward
     from qerl_kernels.ops import nvfp4_matmul, nvfp4_matmul_t
 
@@ -116,6 +149,7 @@ def bench_shape(model: str, proj: str, N: int, K: int, ms, lora_rank: int = 32) 
     la = torch.randn(lora_rank, K, device="cuda", dtype=torch.bfloat16) * 0.01
     lb = torch.randn(N, lora_rank, device="cuda", dtype=torch.bfloat16) * 0.01
     rows = []
+    peers = _gemlite_modules(ws) if gemlite else None
     for M in ms:
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
@@ -137,6 +171,7 @@ def bench_shape(model: str, proj: str, N: int, K: int, ms, lora_rank: int = 32) 
             "bwd_reference": _eager_time([lambda p=p, s=s, g=g: reference_backward_input(dy, p, s, g)
                                           for _, p, s, g in ws[:2]]),
         }
+        peer = _gemlite_times(peers, x, ws) if peers and M <= GEMLITE_MAX_M else {}
         q_bytes = N * K // 2 + N * K // 16
         for kind in ("fwd", "bwd"):
             io = M * K * 2 + M * N * 2
@@ -148,6 +183,11 @@ def bench_shape(model: str, proj: str, N: int, K: int, ms, lora_rank: int = 32) 
                 "GBps": (q_bytes + io) / sec / 1e9, "cublas_GBps": (bf16_bytes + io) / t[f"{kind}_cublas"] / 1e9,
                 "TFLOPs": 2 * M * N * K / sec / 1e12,
                 "lora32_overhead": (t["fwd_lora"] / t["fwd"] - 1) if kind == "fwd" and "fwd_lora" in t else None,
+                **({} if not gemlite else {  # gemlite A16W4_NVFP on the same packed weights (forward only)
+                    "gemlite_us": peer.get("us") if kind == "fwd" else None,
+                    "gemlite_speedup": t["fwd_cublas"] / peer["s"] if kind == "fwd" and peer.get("s") else None,
+                    "gemlite_rel_err": peer.get("rel_err") if kind == "fwd" else None,
+                    "gemlite_timing": peer.get("timing") if kind == "fwd" else None}),
             })
     del ws
     torch.cuda.empty_cache()
@@ -182,7 +222,9 @@ def _write_csv(rows: list[dict], device: str, path: Path) -> Path:
     return path
 
 
-def write_reports(rows: list[dict], copy_gbps: float, device: str, out_dir: Path) -> tuple[Path, Path]:
+def write_reports(rows: list[dict], copy_gbps: float, device: str, out_dir: Path,
+                  peer: str | None = None) -> tuple[Path, Path]:
+    """``<device>.csv`` and ``.md``; ``peer`` (gemlite's version) adds its columns to the Markdown."""
     import csv
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -198,14 +240,23 @@ def write_reports(rows: list[dict], copy_gbps: float, device: str, out_dir: Path
              "over rotating weight copies. speed-up = cuBLAS time / ours.", "",
              "reference = the seam's pure-torch path (dequantize, then cuBLAS), i.e. what runs without the kernels.", "",
              "| model | proj | N | K | M | kind | ours µs | cuBLAS µs | speed-up | reference µs | vs reference | GB/s | "
-             "% copy BW | TFLOP/s | LoRA-32 overhead |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "% copy BW | TFLOP/s | LoRA-32 overhead |" + (" gemlite µs | gemlite speed-up | gemlite rel. err |" if peer else ""),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if peer else "")]
+    if peer:
+        lines[2:2] = [f"gemlite = `gemlite.helper.A16W4_NVFP` ({peer}) on the same packed weights, forward only, M ≤ "
+                      f"{GEMLITE_MAX_M}; speed-up = cuBLAS time / gemlite's; rel. err = ‖y − reference‖ / ‖reference‖ "
+                      "(ours: bf16 rounding, ~3e-3); a time marked * could not be captured in a CUDA graph (eager).", ""]
     for r in rows:
         lo = "" if r["lora32_overhead"] is None else f"{100 * r['lora32_overhead']:.0f}%"
+        gl = ""
+        if peer:
+            gl = " | | |" if r.get("gemlite_us") is None else (
+                f" {r['gemlite_us']:.1f}{'*' if r['gemlite_timing'] == 'eager' else ''} | {r['gemlite_speedup']:.2f}x | "
+                f"{r['gemlite_rel_err']:.1e} |")
         lines.append(f"| {r['model']} | {r['proj']} | {r['N']} | {r['K']} | {r['M']} | {r['kind']} | {r['us']:.1f} | "
                      f"{r['cublas_us']:.1f} | {r['speedup']:.2f}x | {r.get('reference_us', float('nan')):.1f} | "
                      f"{r.get('vs_reference', float('nan')):.2f}x | {r['GBps']:.0f} | {100 * r['GBps'] / copy_gbps:.0f}% | "
-                     f"{r['TFLOPs']:.1f} | {lo} |")
+                     f"{r['TFLOPs']:.1f} | {lo} |" + gl)
     md_path.write_text("\n".join(lines) + "\n")
     return csv_path, md_path
 
@@ -227,7 +278,7 @@ def precompile_jobs(models, ms, device) -> list[tuple]:
 
 
 def run(out_dir: Path, models=("7B", "14B", "32B"), ms=MS, tune: bool = False, progress: bool = True,
-        workers: int = 0) -> dict:
+        workers: int = 0, gemlite: bool | None = None) -> dict:
     """Benchmark (and with ``tune`` first search) every projection at every M; the kernels' configs are
     those of ``launch_mode("graph")`` (the times are CUDA-graph replays)."""
     if not torch.cuda.is_available():
@@ -235,10 +286,12 @@ def run(out_dir: Path, models=("7B", "14B", "32B"), ms=MS, tune: bool = False, p
     from qerl_kernels import ops
 
     with ops.launch_mode("graph"):  # every time below is a CUDA-graph replay: the configs tuned for that
-        return _run(out_dir, models, ms, tune, progress, workers)
+        return _run(out_dir, models, ms, tune, progress, workers, gemlite)
 
 
-def _run(out_dir: Path, models, ms, tune: bool, progress: bool, workers: int) -> dict:
+def _run(out_dir: Path, models, ms, tune: bool, progress: bool, workers: int, gemlite: bool | None) -> dict:
+    from qerl.stages import gemlite_peer
+
     from tqdm.auto import tqdm
 
     device = torch.cuda.get_device_name()
@@ -250,17 +303,22 @@ def _run(out_dir: Path, models, ms, tune: bool, progress: bool, workers: int) ->
         from qerl_kernels.tune import precompile
 
         precompile(precompile_jobs(models, ms, torch.device("cuda")), workers, progress)
+    if gemlite is None:
+        gemlite = gemlite_peer.available()
+    elif gemlite and not gemlite_peer.available():
+        raise ValueError("--gemlite: the gemlite package is not importable here (pip install gemlite)")
     bw = copy_bandwidth()
     rows = []
     jobs = [(m, p, nk) for m in models for p, nk in projections(m).items()]
     dq = []
     for m, p, (N, K) in tqdm(jobs, desc="bench", disable=not progress):
-        rows += bench_shape(m, p, N, K, ms)
+        rows += bench_shape(m, p, N, K, ms, gemlite=gemlite)
         dq.append(bench_dequant(m, p, N, K, bw))
-    csv_path, md_path = write_reports(rows, bw, device, out_dir)
+    peer = f"gemlite {gemlite_peer.version()}" if gemlite else None
+    csv_path, md_path = write_reports(rows, bw, device, out_dir, peer)
     dq_path = _write_csv(dq, device, out_dir / f"{device.replace(' ', '_')}_dequant.csv")
     res = {"device": device, "copy_GBps": bw, "csv": str(csv_path), "md": str(md_path), "rows": len(rows),
-           "dequant_csv": str(dq_path), "dequant_min_pct_copy_bw": min(r["pct_copy_bw"] for r in dq)}
+           "dequant_csv": str(dq_path), "dequant_min_pct_copy_bw": min(r["pct_copy_bw"] for r in dq), "peer": peer}
     try:
         from qerl.stages.bench_plot import plot
 
@@ -280,6 +338,9 @@ def main(argv=None) -> int:
     p.add_argument("--tune", action="store_true", help="search tile configs first (writes kernels/tuned/<device>.json)")
     p.add_argument("--workers", type=int, default=0,
                    help="compile the kernels in this many processes first (0/1: compile while measuring)")
+    p.add_argument("--gemlite", dest="gemlite", action="store_true", default=None,
+                   help="time gemlite's A16W4_NVFP beside ours (default: when gemlite is importable)")
+    p.add_argument("--no-gemlite", dest="gemlite", action="store_false", help="leave the gemlite columns out")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--plot", metavar="CSV", default=None,
                    help="only draw the figure of an existing benchmark CSV (no GPU needed) and exit")
@@ -304,7 +365,7 @@ def main(argv=None) -> int:
         print(json.dumps({"png": str(plot(Path(a.plot)))}))
         return 0
     res = run(Path(a.output), models=tuple(a.models), ms=tuple(a.ms), tune=a.tune, progress=not a.no_progress,
-              workers=a.workers)
+              workers=a.workers, gemlite=a.gemlite)
     print(json.dumps(res))
     return 0
 

@@ -101,3 +101,39 @@ def test_targets_recomputed_from_the_committed_runs(tmp_path, capsys):
     bad.write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="x.csv: not a `qerl bench kernels` CSV"):
         bt.read_csv(bad)
+
+
+def test_gemlite_peer_columns_in_markdown(tmp_path):
+    """`qerl bench kernels` with gemlite importable: its µs / speed-up / error columns in the Markdown, an
+    eager-timed row marked, backward rows left blank; without it the table has no such columns."""
+    base = dict(model="7B", proj="o", N=64, K=128, M=8, us=2.0, cublas_us=3.0, speedup=1.5, reference_us=9.0,
+                vs_reference=4.5, GBps=100.0, cublas_GBps=90.0, TFLOPs=0.1, lora32_overhead=None)
+    rows = [{**base, "kind": "fwd", "gemlite_us": 2.5, "gemlite_speedup": 1.2, "gemlite_rel_err": 3e-3,
+             "gemlite_timing": "eager"},
+            {**base, "kind": "bwd", "gemlite_us": None, "gemlite_speedup": None, "gemlite_rel_err": None,
+             "gemlite_timing": None}]
+    _, md = bench_kernels.write_reports(rows, 3000.0, "Test GPU", tmp_path, peer="gemlite 0.6.0")
+    lines = md.read_text().splitlines()
+    head = next(x for x in lines if x.startswith("| model"))
+    assert head.endswith("gemlite µs | gemlite speed-up | gemlite rel. err |")
+    fwd = next(x for x in lines if "| fwd |" in x)
+    bwd = next(x for x in lines if "| bwd |" in x)
+    assert fwd.endswith("| 2.5* | 1.20x | 3.0e-03 |") and bwd.endswith("| | |")
+    assert all(x.count("|") == head.count("|") for x in lines if x.startswith("| 7B"))
+    assert "gemlite 0.6.0" in md.read_text()
+    _, md = bench_kernels.write_reports([{**base, "kind": "fwd"}], 3000.0, "Test GPU", tmp_path)
+    assert "gemlite" not in md.read_text()
+
+
+def test_gemlite_peer_checks_shapes_before_importing():
+    import torch
+
+    from qerl.stages import gemlite_peer
+
+    with pytest.raises(ValueError, match="packed must be a 2-D uint8"):
+        gemlite_peer.linear(torch.zeros(4, 8), torch.zeros(4, 1), torch.ones(()))
+    with pytest.raises(ValueError, match=r"scales must be \[4, 1\]"):
+        gemlite_peer.linear(torch.zeros(4, 8, dtype=torch.uint8), torch.zeros(4, 2), torch.ones(()))
+    y = torch.ones(3, 4)
+    assert gemlite_peer.relative_error(y, y) == 0.0
+    assert abs(gemlite_peer.relative_error(1.01 * y, y) - 0.01) < 1e-6

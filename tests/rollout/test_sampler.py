@@ -50,17 +50,13 @@ def test_seeded_and_groups(quantized_dirs, tok):
 
 def test_eos_and_truncation(quantized_dirs, tok):
     model = load_policy(quantized_dirs["qwen2"])
-    bias = {"v": 100.0}
-
-    def hook(mod, inp, out):
-        out[..., tok.eos_token_id] += bias["v"]
-        return out
-
-    model.lm_head.register_forward_hook(hook)  # force (then forbid) EOS
+    head = model.lm_head  # a bias on the EOS logit forces (then forbids) EOS
+    head.bias = torch.nn.Parameter(torch.zeros(head.out_features, dtype=head.weight.dtype), requires_grad=False)
+    head.bias.data[tok.eos_token_id] = 100.0
     r = generate(model, tok, PROMPTS, SamplingSettings(temperature=0, max_new_tokens=6))
     assert r.completion_ids[:, 0].tolist() == [tok.eos_token_id] * 3
     assert r.completion_mask.sum(1).tolist() == [1, 1, 1] and not r.truncated.any()
-    bias["v"] = -100.0
+    head.bias.data[tok.eos_token_id] = -100.0
     r = generate(model, tok, PROMPTS, SamplingSettings(temperature=1.0, max_new_tokens=5))
     assert r.truncated.all() and r.completion_mask.sum(1).tolist() == [5, 5, 5]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from qerl.ops.logits import logits_fp32
 from qerl.rollout.engine.model_view import ModelView, Norm
 
 
@@ -86,6 +87,15 @@ def _qkv(layer, x: torch.Tensor):
     return layer.q(x), layer.k(x), layer.v(x)
 
 
+def _head(view: ModelView, h: torch.Tensor) -> torch.Tensor:
+    """fp32 logits ``[B, V]``: the lm_head GEMM with fp32 output, as the trainer's recomputation computes
+    them (:func:`qerl.ops.logits.logits_fp32`), so the two log-probs differ only by the layers' rounding."""
+    head = view.lm_head
+    if type(head) is torch.nn.Linear:
+        return logits_fp32(h, head.weight, head.bias)
+    return head(h).float()
+
+
 def prefill(view: ModelView, kc: list, vc: list, cos, sin, ids: torch.Tensor, lengths: torch.Tensor,
             slots: torch.Tensor, noisy: bool, ew: Elementwise = EAGER) -> torch.Tensor:
     """``ids [B, P]`` right-padded prompts (row b real for ``lengths[b]`` tokens) into ``slots [B]``;
@@ -106,7 +116,7 @@ def prefill(view: ModelView, kc: list, vc: list, cos, sin, ids: torch.Tensor, le
         h = h + layer.o(a.transpose(1, 2).reshape(B, P, Hq * D))
         h = h + _mlp(layer, norm(layer.post_norm, h, noisy, ew))
     last = h[torch.arange(B, device=h.device), lengths - 1]
-    return view.lm_head(norm(view.final_norm, last, noisy, ew)).float()
+    return _head(view, norm(view.final_norm, last, noisy, ew))
 
 
 def decode_step(view: ModelView, kc: list, vc: list, cos, sin, tok: torch.Tensor, pos: torch.Tensor,
@@ -130,4 +140,4 @@ def decode_step(view: ModelView, kc: list, vc: list, cos, sin, tok: torch.Tensor
         a = attention(q, kc[i], vc[i], slot, lengths, D ** -0.5)
         h = h + layer.o(a.reshape(B, Hq * D))
         h = h + _mlp(layer, norm(layer.post_norm, h, noisy, ew))
-    return view.lm_head(norm(view.final_norm, h, noisy, ew)).float()
+    return _head(view, norm(view.final_norm, h, noisy, ew))
