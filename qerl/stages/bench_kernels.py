@@ -127,9 +127,10 @@ def _gemlite_times(mods, x, ws) -> dict:
     _, p, s, g = ws[0]
     try:
         err = gemlite_peer.relative_error(mods[0](x), reference_forward(x, p, s, g, None))
-    except Exception as e:
-        print(f"gemlite: forward failed at M={x.shape[0]} ({type(e).__name__}: {e})")
-        return {}
+    except Exception as e:  # e.g. gemlite 0.6 + Triton 3.6 on sm_90: its tl.dot_scaled path does not compile
+        msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        print(f"gemlite: forward failed at M={x.shape[0]} ({msg})")
+        return {"error": msg}
     calls = [lambda m=m: m(x) for m in mods]
     try:
         sec, timing = _graph_times({"g": calls})["g"], "graph"
@@ -187,7 +188,8 @@ def bench_shape(model: str, proj: str, N: int, K: int, ms, lora_rank: int = 32, 
                     "gemlite_us": peer.get("us") if kind == "fwd" else None,
                     "gemlite_speedup": t["fwd_cublas"] / peer["s"] if kind == "fwd" and peer.get("s") else None,
                     "gemlite_rel_err": peer.get("rel_err") if kind == "fwd" else None,
-                    "gemlite_timing": peer.get("timing") if kind == "fwd" else None}),
+                    "gemlite_timing": peer.get("timing") if kind == "fwd" else None,
+                    "gemlite_error": peer.get("error") if kind == "fwd" else None}),
             })
     del ws
     torch.cuda.empty_cache()
@@ -246,11 +248,16 @@ def write_reports(rows: list[dict], copy_gbps: float, device: str, out_dir: Path
         lines[2:2] = [f"gemlite = `gemlite.helper.A16W4_NVFP` ({peer}) on the same packed weights, forward only, M ≤ "
                       f"{GEMLITE_MAX_M}; speed-up = cuBLAS time / gemlite's; rel. err = ‖y − reference‖ / ‖reference‖ "
                       "(ours: bf16 rounding, ~3e-3); a time marked * could not be captured in a CUDA graph (eager).", ""]
+        errors = sorted({r["gemlite_error"] for r in rows if r.get("gemlite_error")})
+        if errors:
+            failed = sum(1 for r in rows if r.get("gemlite_error"))
+            lines[4:4] = [f"gemlite failed on {failed} of {sum(r['kind'] == 'fwd' for r in rows)} forward rows: "
+                          + "; ".join(f"`{e}`" for e in errors[:3]), ""]
     for r in rows:
         lo = "" if r["lora32_overhead"] is None else f"{100 * r['lora32_overhead']:.0f}%"
         gl = ""
         if peer:
-            gl = " | | |" if r.get("gemlite_us") is None else (
+            gl = (" failed | | |" if r.get("gemlite_error") else " | | |") if r.get("gemlite_us") is None else (
                 f" {r['gemlite_us']:.1f}{'*' if r['gemlite_timing'] == 'eager' else ''} | {r['gemlite_speedup']:.2f}x | "
                 f"{r['gemlite_rel_err']:.1e} |")
         lines.append(f"| {r['model']} | {r['proj']} | {r['N']} | {r['K']} | {r['M']} | {r['kind']} | {r['us']:.1f} | "

@@ -121,6 +121,12 @@ def test_gemlite_peer_columns_in_markdown(tmp_path):
     assert fwd.endswith("| 2.5* | 1.20x | 3.0e-03 |") and bwd.endswith("| | |")
     assert all(x.count("|") == head.count("|") for x in lines if x.startswith("| 7B"))
     assert "gemlite 0.6.0" in md.read_text()
+    bad = {**rows[0], "gemlite_us": None, "gemlite_speedup": None, "gemlite_rel_err": None, "gemlite_timing": None,
+           "gemlite_error": "RuntimeError: PassManager::run failed"}
+    _, md = bench_kernels.write_reports([bad, rows[1]], 3000.0, "Test GPU", tmp_path, peer="gemlite 0.6.0")
+    text = md.read_text()
+    assert "gemlite failed on 1 of 1 forward rows: `RuntimeError: PassManager::run failed`" in text
+    assert next(x for x in text.splitlines() if "| fwd |" in x).endswith("| failed | | |")
     _, md = bench_kernels.write_reports([{**base, "kind": "fwd"}], 3000.0, "Test GPU", tmp_path)
     assert "gemlite" not in md.read_text()
 
