@@ -80,7 +80,8 @@ def build(model: str, base: str, device="cuda", dtype: torch.dtype = torch.bfloa
             p.fill_(1.0)
         elif p.dim() == 2 and ".layers." not in name:
             p.copy_(torch.randn(p.shape, device=device, dtype=dtype, generator=g) * 0.02)
-    lm.model.rotary_emb = Qwen2RotaryEmbedding(cfg, device=device)
+    with torch.device(device):  # (the `device=` argument is gone from newer transformers)
+        lm.model.rotary_emb = Qwen2RotaryEmbedding(cfg)
     lm.requires_grad_(False)
     return lm.eval()
 

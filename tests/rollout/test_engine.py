@@ -241,3 +241,31 @@ def test_gpu_check_runs_on_cpu():
     from qerl.rollout.engine import check
 
     assert check.main(device="cpu") == 0
+
+
+def test_mismatch_budget_on_a_small_random_nvfp4_model(monkeypatch):
+    """`python -m qerl.rollout.engine.check --budget 7B` logic on CPU with the 7B entry shrunk: the engine vs the
+    trainer's bf16 recomputation and both against the fp32 forward of the same (packed) weights."""
+    from qerl.rollout.engine import check
+    from qerl.stages import bench_models
+
+    monkeypatch.setitem(bench_models.SHAPES, "7B", (128, 256, 4, 2))
+    monkeypatch.setitem(bench_models.LAYERS, "7B", 2)
+    monkeypatch.setattr(bench_models, "VOCAB", 512)
+    res = check.mismatch_budget("7B", batch=2, prompt_len=5, gen_len=6, device="cpu")
+    assert res["tokens"] == 12 and 0 < res["entropy_mean"] <= torch.log(torch.tensor(512.0)).item() + 1e-4
+    for k in ("engine_vs_trainer", "engine_vs_fp32", "trainer_bf16_vs_fp32"):
+        assert 0 <= res[k] < 1e-2, (k, res[k])
+    assert res["engine_vs_fp32"] > 0 and res["trainer_bf16_vs_fp32"] > 0  # bf16 vs fp32: not identical
+
+
+def test_to_fp32_keeps_packed_codes_and_fp8_scales():
+    from qerl.models.nvfp4_linear import NVFP4Linear
+    from qerl.rollout.engine.check import _to_fp32_
+
+    lin = NVFP4Linear.from_linear(torch.nn.Linear(32, 16).bfloat16())
+    dtypes = {n: t.dtype for n, t in lin.named_buffers()}
+    _to_fp32_(lin)
+    for n, t in lin.named_buffers():
+        assert t.dtype == (torch.float32 if dtypes[n] == torch.bfloat16 else dtypes[n]), n
+    assert lin.bias.dtype == torch.float32

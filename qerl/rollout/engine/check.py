@@ -10,6 +10,9 @@ On a random-weight Qwen2 model (a few layers, real head sizes) with LoRA rank 8 
 * seeded sampling reproducible; compaction (check_every 1 vs 32) leaves every row's tokens unchanged.
 
 Writes the results as JSON and exits 1 if a check fails. Runs on CPU too (no graphs).
+
+``--budget 7B``: instead, where the rollout-vs-trainer mismatch of a random-weight Qwen2.5-7B NVFP4 policy comes
+from (:func:`mismatch_budget`: the engine and the trainer's bf16 forward each against the fp32 forward).
 """
 from __future__ import annotations
 
@@ -123,5 +126,66 @@ def main(out: str | None = None, device: str | None = None) -> int:
     return 0 if ok else 1
 
 
+def _to_fp32_(model) -> None:
+    """Cast the bf16 / fp16 parameters and buffers of ``model`` to fp32 in place; NVFP4's packed codes and
+    float8 scales stay as they are (``nn.Module.float`` would cast the float8 scales too)."""
+    for mod in model.modules():
+        for name, t in list(mod.named_parameters(recurse=False)) + list(mod.named_buffers(recurse=False)):
+            if t.dtype in (torch.bfloat16, torch.float16):
+                t.data = t.data.float()
+
+
+@torch.no_grad()
+def mismatch_budget(model: str = "7B", batch: int = 8, prompt_len: int = 64, gen_len: int = 64, seed: int = 0,
+                    device: str = "cuda") -> dict:
+    """Where the rollout-vs-trainer mismatch of a random-weight Qwen2.5 ``model`` NVFP4 policy comes from.
+
+    The engine samples ``gen_len`` tokens per row at T = 1 (bf16); then the trainer's teacher-forced
+    recomputation scores them in bf16 and, after casting the model's bf16 tensors to fp32 (the packed base
+    unchanged), in fp32. k3 estimates over the sampled tokens: ``engine_vs_trainer`` (what ``qerl train``
+    reports as ``mismatch_kl``), and each bf16 path against the fp32 forward of the same weights: if the
+    engine is no further from fp32 than the trainer's own bf16 forward, the mismatch is two independent bf16
+    roundings, not an engine error."""
+    from qerl.rollout import SamplingSettings, sampler
+    from qerl.rollout.engine import RolloutEngine
+    from qerl.stages.bench_models import VOCAB, build
+    from qerl.stages.bench_rollout import CountTokenizer, prompts
+
+    def k3(d):
+        return float((torch.exp(d) - d - 1).mean())
+
+    lm = build(model, "nvfp4", device=device)
+    tok = CountTokenizer()
+    r = RolloutEngine(lm, tok).generate(prompts(batch, prompt_len, VOCAB, seed=1),
+                                        SamplingSettings(temperature=1.0, max_new_tokens=gen_len, engine="engine"),
+                                        seed=seed)
+    args = (r.prompt_ids.to(device), r.prompt_mask.to(device), r.completion_ids.to(device),
+            r.completion_mask.to(device))
+    tf16, ent = sampler.sequence_logprobs(lm, *args, 1.0, with_entropy=True)
+    _to_fp32_(lm)
+    tf32 = sampler.sequence_logprobs(lm, *args, 1.0)
+    m = r.completion_mask.bool().to(device)
+    eng = r.logprobs.to(device)
+    return {"model": model, "base": "nvfp4", "tokens": int(m.sum()), "entropy_mean": float(ent[m].mean()),
+            "engine_vs_trainer": k3((tf16 - eng)[m]), "engine_vs_fp32": k3((tf32 - eng)[m]),
+            "trainer_bf16_vs_fp32": k3((tf32 - tf16)[m]),
+            "max_abs_engine_vs_trainer": float((tf16 - eng)[m].abs().max())}
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else None))
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m qerl.rollout.engine.check", description=__doc__.splitlines()[0])
+    ap.add_argument("out", nargs="?", help="JSON file for the results")
+    ap.add_argument("--device", default=None, help="cuda (default when visible) or cpu")
+    ap.add_argument("--budget", metavar="MODEL", choices=("7B", "14B", "32B"), default=None,
+                    help="only the mismatch budget of a random-weight Qwen2.5 MODEL NVFP4 policy (GPU)")
+    a = ap.parse_args()
+    if a.budget:
+        res = mismatch_budget(a.budget, device=a.device or "cuda")
+        print(json.dumps(res, indent=1))
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump(res, f, indent=1)
+        sys.exit(0)
+    sys.exit(main(a.out, a.device))

@@ -52,16 +52,31 @@ def _rope_qk(q, k, cos, sin):
     return rope(q, cos, sin), rope(k, cos, sin)
 
 
+def _add_rms(h: torch.Tensor, d: torch.Tensor, w: torch.Tensor, eps: float):
+    """Residual add then RMSNorm: ``(h + d, rms(h + d))`` (one kernel when compiled)."""
+    s = h + d
+    return s, _rms(w, s, eps)
+
+
+def _add_rms_noisy(h: torch.Tensor, d: torch.Tensor, w: torch.Tensor, z: torch.Tensor, eps: float):
+    s = h + d
+    return s, _rms_noisy(w, z, s, eps)
+
+
+def _silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    return F.silu(g) * u
+
+
 class Elementwise:
-    """The elementwise parts of a layer (RMSNorm, rotary embedding): eager torch (several kernels each), or
-    the same functions through ``torch.compile`` (one fused Triton kernel each: on CUDA a decode step is ~30
-    kernels per layer shorter). ``compiled=None`` compiles on CUDA only."""
+    """The elementwise parts of a layer (RMSNorm, residual add + RMSNorm, rotary embedding, SiLU gate): eager
+    torch (several kernels each), or the same functions through ``torch.compile`` (one fused Triton kernel
+    each: on CUDA a decode step is ~35 kernels per layer shorter)."""
 
     def __init__(self, compiled: bool = False):
-        fns = (_rms, _rms_noisy, _rope_qk)
+        fns = (_rms, _rms_noisy, _rope_qk, _add_rms, _add_rms_noisy, _silu_mul)
         if compiled:
             fns = tuple(torch.compile(f, dynamic=True, fullgraph=True) for f in fns)
-        self.rms, self.rms_noisy, self.rope_qk = fns
+        self.rms, self.rms_noisy, self.rope_qk, self.add_rms, self.add_rms_noisy, self.silu_mul = fns
         self.compiled = compiled
 
 
@@ -74,11 +89,18 @@ def norm(n: Norm, h: torch.Tensor, noisy: bool, ew: Elementwise = EAGER) -> torc
     return ew.rms(n.weight, h, n.eps)
 
 
-def _mlp(layer, x: torch.Tensor) -> torch.Tensor:
+def add_norm(n: Norm, h: torch.Tensor, d: torch.Tensor, noisy: bool, ew: Elementwise = EAGER):
+    """``(h + d, norm(h + d))``: the residual add fused with the next norm."""
+    if noisy and n.noise is not None:
+        return ew.add_rms_noisy(h, d, n.weight, n.noise, n.eps)
+    return ew.add_rms(h, d, n.weight, n.eps)
+
+
+def _mlp(layer, x: torch.Tensor, ew: Elementwise = EAGER) -> torch.Tensor:
     if layer.gate_up is not None:
         g, u = layer.gate_up(x).split(layer.gate_up.rows, -1)
-        return layer.down(F.silu(g) * u)
-    return layer.down(F.silu(layer.gate(x)) * layer.up(x))
+        return layer.down(ew.silu_mul(g, u))
+    return layer.down(ew.silu_mul(layer.gate(x), layer.up(x)))
 
 
 def _qkv(layer, x: torch.Tensor):
@@ -114,7 +136,7 @@ def prefill(view: ModelView, kc: list, vc: list, cos, sin, ids: torch.Tensor, le
         a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
                                            scale=D ** -0.5, enable_gqa=Hq != Hkv)
         h = h + layer.o(a.transpose(1, 2).reshape(B, P, Hq * D))
-        h = h + _mlp(layer, norm(layer.post_norm, h, noisy, ew))
+        h = h + _mlp(layer, norm(layer.post_norm, h, noisy, ew), ew)
     last = h[torch.arange(B, device=h.device), lengths - 1]
     return _head(view, norm(view.final_norm, last, noisy, ew))
 
@@ -129,8 +151,10 @@ def decode_step(view: ModelView, kc: list, vc: list, cos, sin, tok: torch.Tensor
     h = view.embed(tok)
     c, s = cos[pos][:, None, :], sin[pos][:, None, :]
     lengths = pos + 1
-    for i, layer in enumerate(view.layers):
-        q, k, v = _qkv(layer, norm(layer.input_norm, h, noisy, ew))
+    layers = view.layers
+    x = norm(layers[0].input_norm, h, noisy, ew)
+    for i, layer in enumerate(layers):
+        q, k, v = _qkv(layer, x)
         q, k = ew.rope_qk(q.reshape(B, Hq, D), k.reshape(B, Hkv, D), c, s)
         v = v.reshape(B, Hkv, D)
         T = kc[i].shape[1]
@@ -138,6 +162,7 @@ def decode_step(view: ModelView, kc: list, vc: list, cos, sin, tok: torch.Tensor
         kc[i].view(-1, Hkv, D).index_copy_(0, flat, k)
         vc[i].view(-1, Hkv, D).index_copy_(0, flat, v)
         a = attention(q, kc[i], vc[i], slot, lengths, D ** -0.5)
-        h = h + layer.o(a.reshape(B, Hq * D))
-        h = h + _mlp(layer, norm(layer.post_norm, h, noisy, ew))
-    return _head(view, norm(view.final_norm, h, noisy, ew))
+        h, x = add_norm(layer.post_norm, h, layer.o(a.reshape(B, Hq * D)), noisy, ew)
+        nxt = layers[i + 1].input_norm if i + 1 < len(layers) else view.final_norm
+        h, x = add_norm(nxt, h, _mlp(layer, x, ew), noisy, ew)
+    return _head(view, x)

@@ -95,7 +95,9 @@ class Proj:
         y = F.linear(x, self.weight, bias) if self.kind == "dense" else self.module(x)
         if self.a is None:
             return y
-        return y + F.linear(F.linear(x, self.a), self.b) * self.lora_scale
+        x2, y2 = x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1])
+        # y + s · (x·Aᵀ)·Bᵀ with the add in the GEMM's epilogue (one launch, no rounded temporary)
+        return torch.addmm(y2, F.linear(x2, self.a), self.b.t(), alpha=self.lora_scale).view(y.shape)
 
 
 @dataclass
