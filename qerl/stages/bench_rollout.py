@@ -19,6 +19,7 @@ import argparse
 import csv
 import gc
 import json
+import re
 import time
 from pathlib import Path
 
@@ -154,6 +155,14 @@ def step_split(eng, batch: int, prompt_len: int, gen_len: int) -> dict:
     return {k: round(val, 3) for k, val in out.items()}
 
 
+def _release(model) -> None:
+    eng = model.__dict__.pop("_qerl_engine", None)
+    if eng is not None:
+        eng.release()
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 def bench(args) -> list[dict]:
     from qerl.lora import LoraSettings, apply_lora
     from qerl.stages.bench_kernels import copy_bandwidth
@@ -180,6 +189,8 @@ def bench(args) -> list[dict]:
             wb = weight_bytes(model)
             for engine in args.engines:
                 slow = engine != "qerl"
+                if slow:  # the engine's KV cache and graphs go first: the slow rows' peak_gb is theirs alone
+                    _release(model)
                 for batch in (args.slow_batches if slow else args.batches):
                     gen = args.slow_gen_len if slow else args.gen_len
                     row = {"device": device, "model": m, "base": base, "engine": engine, "batch": batch,
@@ -200,10 +211,8 @@ def bench(args) -> list[dict]:
                     rows.append(row)
                     print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
                     write(rows, Path(args.output), device, bw)
-            eng = model.__dict__.pop("_qerl_engine", None)
-            if eng is not None:
-                eng.release()
-            del model, lm, eng
+            _release(model)
+            del model, lm
             gc.collect()
             torch.cuda.empty_cache()
     return rows
@@ -265,6 +274,35 @@ def plot(rows: list[dict], path: Path, device: str) -> Path | None:
     return path
 
 
+def read(path: Path) -> list[dict]:
+    """Rows of a written CSV with their numeric columns typed."""
+    ints, floats = ("batch", "prompt_len", "gen_len"), ("tok_s", "ms_per_step", "floor_ms", "frac_of_floor", "peak_gb")
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    if not rows or set(COLUMNS) - set(rows[0]):
+        raise ValueError(f"{path}: not a `qerl bench rollout` CSV (expected columns {', '.join(COLUMNS)})")
+    return [{**r, **{k: int(r[k]) for k in ints}, **{k: float(r[k]) for k in floats}} for r in rows]
+
+
+def merge(paths: list[Path], out: Path) -> Path:
+    """One file set from several runs on one device (e.g. 7B, then 14B + 32B in a second process): a later
+    file's row replaces an earlier one with the same (model, base, engine, batch)."""
+    rows: dict = {}
+    devices = set()
+    for path in paths:
+        for r in read(path):
+            devices.add(r["device"])
+            rows[(r["model"], r["base"], r["engine"], r["batch"])] = r
+    if len(devices) != 1:
+        raise ValueError(f"--merge: the CSVs come from different devices {sorted(devices)}; merge one device's runs")
+    order = {"7B": 0, "14B": 1, "32B": 2}
+    merged = sorted(rows.values(), key=lambda r: (r["base"] != "nvfp4", order.get(r["model"], 9), r["engine"], r["batch"]))
+    device = devices.pop()
+    m = re.search(r"Copy bandwidth (\d+) GB/s", (paths[-1].with_suffix(".md")).read_text()) \
+        if paths[-1].with_suffix(".md").exists() else None
+    return write(merged, out, device, float(m.group(1)) if m else float("nan"))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="qerl bench rollout", description=__doc__.split("\n\n")[0])
     p.add_argument("--output", default="reports/rollout")
@@ -279,7 +317,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slow-gen-len", type=int, default=64, help="generated tokens of the reference / transformers")
     p.add_argument("--split-batches", nargs="*", type=int, default=[8], help="batches whose step is split into parts")
     p.add_argument("--plot", metavar="CSV", help="only redraw the figure of a written CSV (no GPU)")
+    p.add_argument("--merge", nargs="+", metavar="CSV", type=Path,
+                   help="only merge runs of one device into --output's file set (later files win; no GPU)")
     a = p.parse_args(argv)
+    if a.merge:
+        print(merge(a.merge, Path(a.output)))
+        return 0
     if a.plot:
         with open(a.plot) as f:
             rows = [{**r, "batch": int(r["batch"]), "tok_s": float(r["tok_s"])} for r in csv.DictReader(f)]

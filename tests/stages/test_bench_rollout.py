@@ -1,0 +1,35 @@
+"""`qerl bench rollout` file handling on CPU: write, read back, merge two runs of one device, --plot."""
+import pytest
+
+from qerl.stages import bench_rollout as br
+
+
+def _row(model, batch, tok_s, device="Test GPU", base="nvfp4", engine="qerl"):
+    return dict(device=device, model=model, base=base, engine=engine, batch=batch, prompt_len=256, gen_len=1024,
+                tok_s=tok_s, ms_per_step=1e3 * batch / tok_s, floor_ms=1.0, frac_of_floor=2.0, peak_gb=5.0, note="n")
+
+
+def test_write_read_merge(tmp_path):
+    a, b, out = tmp_path / "a", tmp_path / "b", tmp_path / "out"
+    br.write([_row("7B", 8, 1000.0), _row("32B", 8, 300.0)], a, "Test GPU", 3000.0)
+    br.write([_row("32B", 8, 500.0), _row("32B", 64, 2000.0)], b, "Test GPU", 3010.0)
+    rows = br.read(a / "Test_GPU.csv")
+    assert rows[0]["batch"] == 8 and rows[0]["tok_s"] == 1000.0
+    path = br.merge([a / "Test_GPU.csv", b / "Test_GPU.csv"], out)
+    merged = br.read(path)
+    assert [(r["model"], r["batch"], r["tok_s"]) for r in merged] == [("7B", 8, 1000.0), ("32B", 8, 500.0),
+                                                                      ("32B", 64, 2000.0)]
+    md = (out / "Test_GPU.md").read_text()
+    assert "Copy bandwidth 3010 GB/s" in md and md.count("| 32B |") == 2
+    assert (out / "Test_GPU.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_merge_refuses_two_devices_and_foreign_csvs(tmp_path):
+    br.write([_row("7B", 8, 1000.0)], tmp_path / "a", "GPU A", 3000.0)
+    br.write([_row("7B", 8, 1000.0, device="GPU B")], tmp_path / "b", "GPU B", 3000.0)
+    with pytest.raises(ValueError, match="different devices"):
+        br.merge([tmp_path / "a" / "GPU_A.csv", tmp_path / "b" / "GPU_B.csv"], tmp_path / "out")
+    other = tmp_path / "x.csv"
+    other.write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="not a `qerl bench rollout` CSV"):
+        br.read(other)
