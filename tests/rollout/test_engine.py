@@ -269,3 +269,17 @@ def test_to_fp32_keeps_packed_codes_and_fp8_scales():
     for n, t in lin.named_buffers():
         assert t.dtype == (torch.float32 if dtypes[n] == torch.bfloat16 else dtypes[n]), n
     assert lin.bias.dtype == torch.float32
+
+
+def test_nf4_base_runs_through_bitsandbytes(tiny_dirs, tok):
+    """An NF4 base (bitsandbytes `Linear4bit`, the QLoRA baseline) with LoRA: the engine calls the module
+    (kind `module`, eager) and its greedy tokens and log-probs equal the reference sampler's."""
+    model = _lora(load_policy(tiny_dirs["qwen2"], base="nf4", dtype=torch.float32))
+    from qerl.rollout.engine.model_view import view_model
+
+    assert {p.kind for layer in view_model(model).layers for p in (layer.q, layer.down)} == {"module"}
+    s = SamplingSettings(temperature=0, max_new_tokens=12, engine="engine")
+    r = generate(model, tok, PROMPTS, s)
+    ref = generate(model, tok, PROMPTS, SamplingSettings(temperature=0, max_new_tokens=12, engine="reference"))
+    assert torch.equal(r.completion_ids, ref.completion_ids)
+    torch.testing.assert_close(r.logprobs, ref.logprobs, rtol=0, atol=1e-5)
