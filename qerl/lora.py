@@ -6,6 +6,10 @@ PEFT ``lora.Linear`` registered for :class:`NVFP4Linear` through PEFT's custom-m
 save as ``adapter_config.json`` + ``adapter_model.safetensors`` with PEFT's key names, so
 ``peft.PeftModel.from_pretrained`` on the bf16 (or dequantized) base reproduces our logits.
 
+Training compute (:func:`lean_lora_delta`): the fp32 master adapters are applied in the activation dtype, so a
+bf16 model keeps no fp32 copy of any projection input for the backward (PEFT's forward casts ``x`` to the
+adapters' fp32); dense LoRA layers get the same forward through :func:`make_lean`.
+
 Paper: rank 32 on the seven projections; reference code: rank 16, alpha 16, and it also trains the
 RMSNorm weights (``train_norms``, off by default).
 """
@@ -15,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 import qerl.ops
 from qerl.models.arch import PROJECTIONS
@@ -71,6 +76,57 @@ def _watch_optimizer_steps() -> None:
 _CAST_DEVICES = {"cuda"}
 
 
+def _lean_adapter(layer, x: torch.Tensor, args, kwargs):
+    """``(A, B, dropout, scaling)`` of ``layer``'s one active plain adapter when its fp32 master weights should
+    be applied in the activation dtype (bf16 / fp16 ``x``), else None (PEFT's own forward then runs)."""
+    if args or kwargs or layer.disable_adapters or layer.merged or len(layer.active_adapters) != 1:
+        return None
+    name = layer.active_adapters[0]
+    if (name not in layer.lora_A or layer.use_dora.get(name, False) or layer.lora_bias.get(name, False)
+            or name in getattr(layer, "lora_variant", {})):
+        return None
+    a, b = layer.lora_A[name].weight, layer.lora_B[name].weight
+    if x.dtype not in (torch.bfloat16, torch.float16) or a.dtype == x.dtype:
+        return None
+    return a, b, layer.lora_dropout[name], layer.scaling[name]
+
+
+def lean_lora_delta(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dropout, scaling: float) -> torch.Tensor:
+    """``s · (drop(x) · Aᵀ) · Bᵀ`` with fp32 masters ``A [r, K]``, ``B [N, r]`` cast to ``x.dtype`` (differentiably:
+    their gradients arrive in fp32). PEFT instead casts ``x`` to fp32, so autograd keeps an fp32 copy of every
+    projection's input (q, k and v each their own) and runs the adapters' GEMMs in fp32; here the saved input is
+    the bf16 ``x`` the base layer already holds, and ``x · Aᵀ`` (``[.., r]``) is the only new activation."""
+    return F.linear(F.linear(dropout(x), a.to(x.dtype)), b.to(x.dtype)) * scaling
+
+
+def _lean_dense_cls():
+    from peft.tuners.lora.layer import Linear as PeftLoraLinear
+
+    class LeanLoraLinear(PeftLoraLinear):
+        """PEFT's LoRA ``Linear`` over a dense base whose fp32 adapters compute in the activation dtype
+        (:func:`lean_lora_delta`); any other case is PEFT's ``forward``. Same parameters and state dict."""
+
+        def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+            lean = _lean_adapter(self, x, args, kwargs)
+            if lean is None:
+                return super().forward(x, *args, **kwargs)
+            return self.base_layer(x) + lean_lora_delta(x, *lean)
+
+    return LeanLoraLinear
+
+
+def make_lean(peft_model):
+    """Switch PEFT's plain dense LoRA layers (exactly ``peft.tuners.lora.layer.Linear``, not its bitsandbytes
+    or other subclasses) to :func:`_lean_dense_cls` in place; NVFP4 layers are lean already. Returns the model."""
+    from peft.tuners.lora.layer import Linear as PeftLoraLinear
+
+    lean = _lean_dense_cls()
+    for mod in peft_model.modules():
+        if type(mod) is PeftLoraLinear:
+            mod.__class__ = lean
+    return peft_model
+
+
 def _lora_linear_cls():
     from peft.tuners.lora.layer import Linear as PeftLoraLinear
 
@@ -88,6 +144,9 @@ def _lora_linear_cls():
         def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
             fused = None if args or kwargs.get("adapter_names") is not None else self._fused_adapter(x)
             if fused is None:
+                lean = _lean_adapter(self, x, args, kwargs)
+                if lean is not None:  # training: base through the seam (fwd + bwd kernels), adapters in bf16
+                    return self.base_layer(x) + lean_lora_delta(x, *lean)
                 return super().forward(x, *args, **kwargs)
             base = self.get_base_layer()
             a, b, s = fused
@@ -147,7 +206,7 @@ def apply_lora(model, settings: LoraSettings = LoraSettings()):
 
     config = lora_config(settings, getattr(model.config, "_name_or_path", None))
     peft_model = get_peft_model(model, config)
-    return peft_model
+    return make_lean(peft_model)
 
 
 def load_adapter(model, adapter_dir: str | Path, is_trainable: bool = False):
@@ -159,7 +218,7 @@ def load_adapter(model, adapter_dir: str | Path, is_trainable: bool = False):
         raise FileNotFoundError(f"{adapter_dir}: no adapter_config.json (not a PEFT adapter directory)")
     config = LoraConfig.from_pretrained(str(adapter_dir))
     config._register_custom_module({NVFP4Linear: _lora_linear_cls()})
-    return PeftModel.from_pretrained(model, str(adapter_dir), config=config, is_trainable=is_trainable)
+    return make_lean(PeftModel.from_pretrained(model, str(adapter_dir), config=config, is_trainable=is_trainable))
 
 
 def save_adapter(peft_model, output: str | Path) -> Path:

@@ -1,9 +1,11 @@
 """LoRA on NVFP4 / bf16 / NF4 bases: gradients, frozen base, PEFT-format round trips, merging."""
 import json
+import types
 
 import pytest
 import torch
 
+import qerl.lora
 from qerl.lora import LoraSettings, apply_lora, export_merged, load_adapter, save_adapter
 from qerl.models import NVFP4Linear, load_policy
 
@@ -159,6 +161,7 @@ def test_no_grad_lora_forward_is_one_seam_call_and_equals_peft(quantized_dirs, m
     assert len(calls) == 7 * pm.config.num_hidden_layers and all(s[0] == 8 for s in calls)
     layer_cls = type(next(m for m in pm.modules() if type(m).__name__ == "LoraNVFP4Linear"))
     monkeypatch.setattr(layer_cls, "_fused_adapter", lambda self, x: None)  # PEFT's forward everywhere
+    monkeypatch.setattr(qerl.lora, "_lean_adapter", lambda *a: None)
     with torch.no_grad():
         peft = pm(input_ids=X).logits
     assert len(calls) == 7 * pm.config.num_hidden_layers  # no further seam calls
@@ -245,3 +248,60 @@ def test_fused_layers_bf16_adapter_copies_follow_every_update(quantized_dirs, mo
         layer.lora_B["default"].weight.mul_(2)  # in place, no optimizer
         _, b4, _ = layer._fused_adapter(x)
     assert torch.equal(b4, layer.lora_B["default"].weight.bfloat16())
+
+
+def _saved_bytes(fn):
+    """Bytes of the tensors autograd saves for the backward while ``fn()`` runs (distinct storages)."""
+    seen = {}
+
+    def pack(t):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, sum(seen.values())
+
+
+@pytest.mark.parametrize("base", ["bf16", "nvfp4"])
+def test_lean_lora_in_bf16_matches_peft_and_saves_no_fp32_activations(base, tiny_dirs, quantized_dirs):
+    """Training forward of a bf16 policy: the fp32 adapters are applied in bf16 (lean) — output and gradients
+    within bf16 rounding of PEFT's fp32-adapter forward, gradients land on the fp32 masters, and autograd keeps
+    fewer bytes (PEFT keeps an fp32 copy of every projection's input)."""
+    from peft.tuners.lora.layer import Linear as PeftLoraLinear
+
+    from qerl.lora import LoraSettings, apply_lora
+    from qerl.models import load_policy
+
+    src = quantized_dirs["qwen2"] if base == "nvfp4" else tiny_dirs["qwen2"]
+    model = apply_lora(load_policy(src, base=base, dtype=torch.bfloat16), LoraSettings(r=8, alpha=16))
+    g = torch.Generator().manual_seed(0)
+    for n, p in model.named_parameters():
+        if "lora_B" in n:
+            p.data.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    layers = [m for m in model.modules() if isinstance(m, PeftLoraLinear)]
+    assert layers and all(m.lora_A["default"].weight.dtype == torch.float32 for m in layers)
+    assert all(type(m).__name__ in ("LeanLoraLinear", "LoraNVFP4Linear") for m in layers)
+    ids = torch.randint(3, 200, (2, 12), generator=g)
+
+    def run():
+        model.zero_grad(set_to_none=True)
+        out, saved = _saved_bytes(lambda: model(input_ids=ids).logits.float())
+        (out.square().mean()).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+        return out.detach(), saved, grads
+
+    lean_out, lean_saved, lean_grads = run()
+    for m in layers:  # PEFT's own forward on the same layers and weights
+        m.forward = types.MethodType(PeftLoraLinear.forward, m)
+    try:
+        peft_out, peft_saved, peft_grads = run()
+    finally:
+        for m in layers:
+            del m.forward
+    torch.testing.assert_close(lean_out, peft_out, rtol=0.05, atol=0.05)
+    for n, gr in lean_grads.items():
+        assert gr.dtype == torch.float32, n
+        cos = torch.nn.functional.cosine_similarity(gr.flatten(), peft_grads[n].flatten(), dim=0)
+        assert cos > 0.99, (n, float(cos))
+    assert lean_saved < 0.8 * peft_saved, (lean_saved, peft_saved)
