@@ -9,6 +9,8 @@ Verbs (each has ``--help``):
   evaluate       pass@1 over k samples on a benchmark
   report         paper-shaped tables, figures and index.md from results/
   download       hub snapshot at a pinned revision
+  plan           estimate a training config's peak GPU memory (before loading anything)
+  bench          GPU benchmarks: kernels, rollout, step
   resolve-config / mlflow-init   workflow helpers
 Heavy imports happen inside each verb so ``qerl --help`` stays fast.
 """
@@ -55,17 +57,22 @@ def _cmd_export_merged(args) -> int:
     return 0
 
 
+def _overrides(items) -> dict:
+    """``--set KEY=VALUE`` items as a dict, each value parsed as YAML."""
+    import yaml
+
+    overrides = {}
+    for item in items or []:
+        key, _, value = item.partition("=")
+        overrides[key] = yaml.safe_load(value)
+    return overrides
+
+
 def _cmd_train(args) -> int:
     from qerl.train.config import load_config
     from qerl.train.loop import train
 
-    overrides = {}
-    for item in args.set or []:
-        key, _, value = item.partition("=")
-        import yaml
-
-        overrides[key] = yaml.safe_load(value)
-    cfg = load_config(args.config, overrides)
+    cfg = load_config(args.config, _overrides(args.set))
     resume = args.resume
     if args.auto_resume:
         from qerl.train.state import CHECKPOINT
@@ -194,9 +201,23 @@ def _cmd_bench(args) -> int:
         from qerl.stages import bench_rollout
 
         return bench_rollout.main(args.rest)
+    if args.what == "step":
+        from qerl.stages import bench_step
+
+        return bench_step.main(args.rest)
     from qerl.stages import bench_kernels
 
     return bench_kernels.main(args.rest)
+
+
+def _cmd_plan(args) -> int:
+    from qerl.train.config import load_config
+    from qerl.train.plan import plan_config
+
+    cfg = load_config(args.config, _overrides(args.set))
+    res = plan_config(cfg, shape=args.shape, available=None if args.gpu_gb is None else args.gpu_gb * 1e9)
+    print(json.dumps(res, default=float) if args.json else res["markdown"], end="\n" if args.json else "")
+    return 0 if res["fits"] else 3
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -331,16 +352,31 @@ def build_parser() -> argparse.ArgumentParser:
     mi.add_argument("--output", required=True, help="marker JSON written on success")
     mi.set_defaults(func=_cmd_mlflow_init)
 
-    bk = sub.add_parser("bench", help="benchmarks: `qerl bench kernels | rollout` (GPU)",
+    bk = sub.add_parser("bench", help="benchmarks: `qerl bench kernels | rollout | step` (GPU)",
                         description="Benchmarks. `qerl bench kernels [--output DIR] [--models 7B 14B 32B] [--ms ...] "
                                     "[--tune]` times the NVFP4 Triton kernels against cuBLAS bf16 on Qwen2.5 "
                                     "projection shapes and writes <device>.csv / .md (needs a CUDA GPU). "
                                     "`qerl bench rollout [--models ...] [--bases ...] [--batches ...]` measures "
                                     "rollout tokens/s of the engine, the reference sampler and transformers "
-                                    "(reports/rollout/<device>.csv / .md / .png).")
-    bk.add_argument("what", choices=["kernels", "rollout"])
-    bk.add_argument("rest", nargs=argparse.REMAINDER, help="options of the benchmark (see `qerl bench kernels --help`, `qerl bench rollout --help`)")
+                                    "(reports/rollout/<device>.csv / .md / .png). `qerl bench step [--models ...] "
+                                    "[--methods lora qlora qerl] [--batches 2 8] [--gen-lens 1024 2048]` times full "
+                                    "GRPO steps and their peak memory (reports/step/<device>.csv / .md).")
+    bk.add_argument("what", choices=["kernels", "rollout", "step"])
+    bk.add_argument("rest", nargs=argparse.REMAINDER,
+                    help="options of the benchmark (see `qerl bench kernels|rollout|step --help`)")
     bk.set_defaults(func=_cmd_bench)
+
+    pl = sub.add_parser("plan", help="estimate a training config's peak GPU memory before loading anything",
+                        description="Estimate the peak GPU memory of `qerl train --config FILE` (weights, LoRA and "
+                                    "optimizer states, rollout KV cache, update activations; qerl.train.plan) from "
+                                    "the model's config.json (or --shape for a Qwen2.5 size) and say whether it fits.")
+    pl.add_argument("--config", required=True, type=Path, help="YAML training config")
+    pl.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (as in train)")
+    pl.add_argument("--shape", choices=["7B", "14B", "32B"], default=None,
+                    help="use Qwen2.5 shapes instead of reading model.path's config.json")
+    pl.add_argument("--gpu-gb", type=float, default=None, help="memory to plan for (default: this GPU, else 80)")
+    pl.add_argument("--json", action="store_true", help="JSON instead of Markdown")
+    pl.set_defaults(func=_cmd_plan)
 
     _add_tracking(q)
     return p

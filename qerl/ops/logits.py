@@ -6,7 +6,7 @@ function of the hidden state: the lm_head product accumulated in fp32 *and kept 
 of magnitude 4–8 is rounded to 1/32–1/16, which shows up directly as a log-prob difference).
 
 :func:`token_logprobs` is the trainer's path (paper Eq. 1–3 consume ``log π(o_t | q, o_<t)``): positions
-in chunks of ``chunk``, each chunk's ``[chunk, V]`` fp32 logits recomputed in the backward
+in blocks of about ``chunk`` tokens, each block's fp32 logits recomputed in the backward
 (``torch.utils.checkpoint``), so the memory per token is the hidden state, not ``V`` floats.
 """
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+CHUNK_TOKENS = 1024  # tokens per logits block: [1024, 152064] fp32 = 0.62 GB
 _MM_OUT_DTYPE: dict[int, bool] = {}
 
 
@@ -89,19 +90,20 @@ def _chunk_logprobs(h, weight, bias, targets, inv_t: float, with_entropy: bool):
 
 
 def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-                   bias: torch.Tensor | None = None, with_entropy: bool = False, chunk: int = 256):
-    """Per-token ``log softmax(h·Wᵀ / T)[target]`` (and entropies) from hidden states, in position chunks.
+                   bias: torch.Tensor | None = None, with_entropy: bool = False, chunk: int = CHUNK_TOKENS):
+    """Per-token ``log softmax(h·Wᵀ / T)[target]`` (and entropies) from hidden states, in blocks of positions.
 
     hidden ``[N, T, H]`` (the final norm applied), weight ``[V, H]``, targets ``[N, T]`` int64 ->
     (log-probs ``[N, T]`` fp32, entropies ``[N, T]`` fp32 detached, or None). Differentiable in ``hidden``
-    (and ``weight`` if it requires grad); under autograd each chunk's logits are recomputed in the backward,
-    so the peak is one ``[N, chunk, V]`` fp32 block instead of ``[N, T, V]``.
+    (and ``weight`` if it requires grad); under autograd each block's logits are recomputed in the backward,
+    so the peak is one ``[N, chunk / N, V]`` fp32 block (about ``chunk`` tokens) instead of ``[N, T, V]``.
     """
     inv_t = 1.0 / (temperature if temperature > 0 else 1.0)
     grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    step = max(1, chunk // max(1, hidden.shape[0]))
     lps, ents = [], []
-    for s in range(0, hidden.shape[1], chunk):
-        args = (hidden[:, s:s + chunk], weight, bias, targets[:, s:s + chunk], inv_t, with_entropy)
+    for s in range(0, hidden.shape[1], step):
+        args = (hidden[:, s:s + step], weight, bias, targets[:, s:s + step], inv_t, with_entropy)
         if grad:
             lp, ent = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
         else:

@@ -25,7 +25,8 @@ class SamplingSettings:
     (0 = off), max_new_tokens, stop strings (generation ends once one appears; it is kept).
     engine: ``auto`` (the rollout engine, :mod:`qerl.rollout.engine`, on CUDA for models it runs; this
     reference sampler otherwise), ``engine`` (always the engine; on CPU without CUDA graphs) or
-    ``reference``."""
+    ``reference``. release_cache (training): free the engine's KV cache and graphs after each rollout so
+    the update has that memory (they are captured again at the next rollout, ~0.2–0.7 s)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -33,6 +34,7 @@ class SamplingSettings:
     max_new_tokens: int = 256
     stop: tuple[str, ...] = ()
     engine: str = "auto"
+    release_cache: bool = True
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -158,10 +160,10 @@ def generate(model, tokenizer, prompts: list[str], settings: SamplingSettings, s
 
 
 def sequence_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                      temperature: float = 1.0, with_entropy: bool = False, chunk: int = 256):
+                      temperature: float = 1.0, with_entropy: bool = False, chunk: int = 1024):
     """Teacher-forced per-token log-probs ``[N, T]`` (fp32) of the completion tokens under
     ``model`` (and per-token entropies if asked). Same temperature scaling and fp32 lm_head as
-    :func:`generate`. Differentiable; the logits exist only ``chunk`` positions at a time, forward and
+    :func:`generate`. Differentiable; the logits exist only about ``chunk`` tokens at a time, forward and
     backward (:func:`qerl.ops.logits.token_logprobs`)."""
     from qerl.ops.logits import head_of, token_logprobs
 

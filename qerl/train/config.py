@@ -117,7 +117,7 @@ class TrainConfig:
     prompts_per_step: int = 16
     micro_batch_size: int = 64
     seed: int = 0
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool | str = "auto"  # true | false | auto (qerl.train.plan: on from 14B or when needed)
     checkpoint_every: int = 10
     device: str = "auto"
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -216,6 +216,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             raise ConfigError(f"config.{name}: must be >= 1, got {getattr(cfg, name)}")
     if cfg.optim.lr <= 0:
         raise ConfigError(f"config.optim.lr: must be > 0, got {cfg.optim.lr}")
+    if cfg.gradient_checkpointing not in (True, False, "auto"):
+        raise ConfigError(f"config.gradient_checkpointing: true, false or auto, got {cfg.gradient_checkpointing!r}")
     if cfg.optim.eight_bit not in ("auto", "true", "false"):
         raise ConfigError("config.optim.eight_bit: one of 'auto', 'true', 'false'")
     if cfg.model.dtype not in ("bfloat16", "float16", "float32"):

@@ -19,6 +19,7 @@ from qerl.rewards.registry import build_reward
 from qerl.rl.advantages import group_advantages
 from qerl.rl.aqn import AQN, sigma_at
 from qerl.rl.losses import LossSettings, mismatch_stats, policy_loss, truncated_is_weights
+from qerl.rollout.engine import release_engine
 from qerl.rollout.sampler import sequence_logprobs
 from qerl.train.config import TrainConfig, to_dict
 from qerl.train.methods import METHODS, build_policy, resolve_device
@@ -46,7 +47,9 @@ def train(cfg: TrainConfig, resume: bool = False, tracker=None, progress: bool =
     a = cfg.algorithm
     loss_settings = LossSettings(a.name, a.clip_low, a.clip_high, a.kl_coef, cfg.rollout.max_new_tokens)
 
-    # model & method
+    # model & method (on a GPU, a configuration that cannot fit is refused before anything loads)
+    if device.type == "cuda" and method.lora:
+        _check_memory(cfg)
     policy, tokenizer = build_policy(cfg, device)
     aqn = AQN(policy, cfg.aqn) if method.aqn else None
 
@@ -79,6 +82,8 @@ def train(cfg: TrainConfig, resume: bool = False, tracker=None, progress: bool =
             policy.eval()
             t0 = time.time()
             batch, rewards, stats = collect_rollouts(policy, tokenizer, stream, cfg, step, reward, aqn, sigma)
+            if cfg.rollout.release_cache:
+                release_engine(policy)
             t_roll = time.time() - t0
             t1 = time.time()
             info = _update(policy, batch, rewards, cfg, loss_settings, aqn, sigma, step, optimizer) if batch else {}
@@ -104,6 +109,15 @@ def train(cfg: TrainConfig, resume: bool = False, tracker=None, progress: bool =
         bar.close()
         reward.close()
     return out
+
+
+def _check_memory(cfg: TrainConfig) -> None:
+    """The memory planner's verdict for a local model directory (a hub id is planned after download only)."""
+    from qerl.train.plan import check_fits
+
+    path = Path(cfg.model.path) / "config.json"
+    if path.exists():
+        check_fits(cfg, path)
 
 
 def _update(policy, batch, rewards, cfg, loss_settings, aqn, sigma, step, optimizer) -> dict:

@@ -50,8 +50,20 @@ def build_policy(cfg, device: torch.device):
         model = apply_lora(model, cfg.lora)
     else:
         model.requires_grad_(True)
-    if cfg.gradient_checkpointing:
+    if checkpointing_on(cfg, model.config, method, device):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if hasattr(model, "enable_input_require_grads"):
             model.enable_input_require_grads()
     return model, tokenizer
+
+
+def checkpointing_on(cfg, hf_config, method: Method, device: torch.device) -> bool:
+    """``gradient_checkpointing`` resolved: ``auto`` asks the memory planner (:mod:`qerl.train.plan`): on from
+    14B shapes, or when the update would not fit the device without it; off on the CPU."""
+    from qerl.train.plan import resolve_checkpointing
+
+    if cfg.gradient_checkpointing == "auto" and device.type != "cuda":
+        return False
+    rows = cfg.prompts_per_step * cfg.algorithm.group_size
+    return resolve_checkpointing(cfg.gradient_checkpointing, hf_config, method.base, rows,
+                                 256 + cfg.rollout.max_new_tokens, cfg.micro_batch_size)

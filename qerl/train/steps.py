@@ -164,8 +164,17 @@ def warmup_cosine(optimizer, warmup: int, total: int, min_ratio: float):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def _has_bitsandbytes() -> bool:
+    import importlib.util
+
+    if importlib.util.find_spec("bitsandbytes") is None:
+        print("optim.eight_bit=auto: bitsandbytes is not installed; using torch AdamW (fp32 states)")
+        return False
+    return True
+
+
 def make_optimizer(params, o, device: torch.device):
-    eight = o.eight_bit == "true" or (o.eight_bit == "auto" and device.type == "cuda")
+    eight = o.eight_bit == "true" or (o.eight_bit == "auto" and device.type == "cuda" and _has_bitsandbytes())
     if eight:
         import bitsandbytes as bnb
 

@@ -16,4 +16,14 @@ def engine_for(model, tokenizer, **kwargs) -> RolloutEngine:
     return eng
 
 
-__all__ = ["EngineUnsupported", "RolloutEngine", "engine_for", "view_model"]
+def release_engine(model) -> bool:
+    """Free the KV cache and graphs of the engine attached to ``model`` (kept: the engine, its model view and
+    compiled kernels). Returns whether there was one."""
+    eng = model.__dict__.get("_qerl_engine")
+    if eng is None:
+        return False
+    eng.release()
+    return True
+
+
+__all__ = ["EngineUnsupported", "RolloutEngine", "engine_for", "release_engine", "view_model"]

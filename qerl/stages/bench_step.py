@@ -1,0 +1,238 @@
+"""``qerl bench step``: full GRPO steps (rollout + old log-probs + update) of bf16 LoRA, QLoRA and QeRL.
+
+Random-weight Qwen2.5 7B / 14B / 32B shapes built on the GPU layer by layer (:mod:`qerl.stages.bench_models`),
+LoRA rank 32 on the seven projections. One step, as ``qerl train`` runs it (:mod:`qerl.train.loop`):
+
+1. **rollout** — ``batch`` sequences of ``prompt_len`` random tokens, ``gen_len`` sampled tokens each (EOS never
+   sampled) through :func:`qerl.rollout.generate` (the engine on CUDA); QeRL with AQN noise (σ = 0.01) written
+   into the norms for the rollout; the engine's KV cache is then released (``rollout.release_cache``);
+2. **logprob** — the old policy's teacher-forced log-probs (no grad, micro-batches);
+3. **update** — GRPO loss on random advantages, backward per micro-batch (gradient checkpointing as
+   configured), gradient clipping, one AdamW step (bitsandbytes 8-bit when importable, else torch AdamW).
+
+Each configuration runs two steps; the second (graphs and kernels warm) is reported, with the first step's total
+in the note. Peak memory = ``torch.cuda.max_memory_allocated`` over the measured step. On a card larger than
+``--cap-gb`` the process is capped there (``torch.cuda.set_per_process_memory_fraction``), so an H200 answers
+"does it fit in 80 GB". An OOM is a row with ``status = oom``.
+
+Columns: ``device, model, method, batch, prompt_len, gen_len, status, rollout_s, logprob_s, update_s, total_s,
+tokens_per_s, peak_gb, checkpointing, micro_batch, optimizer, note``. Writes ``<device>.csv / .md`` under
+``--output``; the Markdown puts the paper's numbers (Tables 3, 5–8) beside ours.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import gc
+import json
+import time
+from pathlib import Path
+
+import torch
+
+COLUMNS = ["device", "model", "method", "batch", "prompt_len", "gen_len", "status", "rollout_s", "logprob_s",
+           "update_s", "total_s", "tokens_per_s", "peak_gb", "checkpointing", "micro_batch", "optimizer", "note"]
+BASE = {"lora": "bf16", "qlora": "nf4", "qerl": "nvfp4"}
+#: the paper's one-H100 efficiency numbers (docs/paper.md): rollout tok/s at batch 8 / 2, weight GB, step s.
+PAPER = {
+    ("7B", "lora"): "rollout 1,641 tok/s (b8), 115 (b2); weights 15.2 GB", ("7B", "qlora"): "rollout 1,362 tok/s (b8); 5.7 GB",
+    ("7B", "qerl"): "rollout 2,092 tok/s (b8), 152 (b2); 5.9 GB; step ×1.2–1.5 vs LoRA",
+    ("14B", "lora"): "rollout 737 tok/s (b8), 65 (b2); 29.6 GB", ("14B", "qlora"): "rollout 45 tok/s (b2); 10.2 GB",
+    ("14B", "qerl"): "rollout 1,091 tok/s (b8), 95 (b2); 10.6 GB; step ×1.2–1.4 vs LoRA",
+    ("32B", "lora"): "OOM on one H100; 62.3 GB", ("32B", "qlora"): "rollout 25 tok/s (b2)",
+    ("32B", "qerl"): "10.6 s/step (b2), 12.2 s/step (b8); rollout 688 tok/s (b8); 20.7 GB",
+}
+
+
+def cap_memory(cap_gb: float) -> float | None:
+    """Cap this process at ``cap_gb`` GB on a larger card; returns the fraction set (None: card ≤ cap)."""
+    total = torch.cuda.get_device_properties(0).total_memory
+    if total <= cap_gb * 1e9 * 1.01:
+        return None
+    frac = cap_gb * 1e9 / total
+    torch.cuda.set_per_process_memory_fraction(frac)
+    return frac
+
+
+def _sync_time() -> float:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro: int, optimizer, seed: int) -> dict:
+    """One GRPO step; seconds of its three phases (CUDA-synchronised) and the generated tokens."""
+    from qerl.rl.losses import LossSettings, policy_loss
+    from qerl.rollout import SamplingSettings, generate
+    from qerl.rollout.engine import release_engine
+    from qerl.rollout.sampler import sequence_logprobs
+    from qerl.stages.bench_rollout import prompts
+    from qerl.train.steps import logprobs_no_grad, micro_batches
+
+    ps = prompts(batch, prompt_len, policy.config.vocab_size, seed=seed)
+    s = SamplingSettings(temperature=1.0, max_new_tokens=gen_len)
+    t0 = _sync_time()
+    policy.eval()
+    with aqn.noise(0.01, seed) if aqn is not None else contextlib.nullcontext():
+        r = generate(policy, tok, ps, s, seed=seed)
+    release_engine(policy)
+    t1 = _sync_time()
+    old = logprobs_no_grad(policy, r, 1.0, micro)
+    t2 = _sync_time()
+    policy.train()
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    adv = torch.randn(batch, generator=g).to(old.device)
+    mask = r.completion_mask.float()
+    settings = LossSettings("grpo", 0.2, 0.2, 0.0, gen_len)
+    for m in micro_batches(batch, micro):
+        logp = sequence_logprobs(policy, r.prompt_ids[m], r.prompt_mask[m], r.completion_ids[m], r.completion_mask[m])
+        loss, _ = policy_loss(logp, old[m], adv[m], mask[m], settings)
+        (loss * (m.stop - m.start) / batch).backward()
+    params = [p for p in policy.parameters() if p.requires_grad]
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    policy.eval()
+    t3 = _sync_time()
+    return {"rollout_s": t1 - t0, "logprob_s": t2 - t1, "update_s": t3 - t2, "total_s": t3 - t0,
+            "tokens": int(r.completion_mask.sum())}
+
+
+def _optimizer(params, lr: float = 1e-5):
+    try:
+        import bitsandbytes as bnb
+
+        return bnb.optim.AdamW8bit(params, lr=lr), "adamw8bit"
+    except ImportError:
+        return torch.optim.AdamW(params, lr=lr, fused=True), "adamw (fp32 states; bitsandbytes not importable)"
+
+
+def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micro: int, checkpointing: str,
+               device: str, progress=print) -> list[dict]:
+    """Every (batch, gen_len) of one (model, method): the model is built once."""
+    from qerl.lora import LoraSettings, apply_lora
+    from qerl.rl.aqn import AQN, AQNSettings
+    from qerl.stages.bench_models import build
+    from qerl.stages.bench_rollout import CountTokenizer
+    from qerl.train.plan import resolve_checkpointing
+
+    rows = []
+    base = {"device": device, "model": model, "method": method, "prompt_len": prompt_len, "micro_batch": micro}
+    try:
+        lm = build(model, BASE[method])
+    except torch.cuda.OutOfMemoryError as e:
+        torch.cuda.empty_cache()
+        return [{**base, "batch": b, "gen_len": g, "status": "oom", "note": f"building the model: {_first(e)}"}
+                for b in batches for g in gen_lens]
+    policy = apply_lora(lm, LoraSettings(r=32, alpha=32))
+    aqn = AQN(policy, AQNSettings()) if method == "qerl" else None
+    opt, opt_name = _optimizer([p for p in policy.parameters() if p.requires_grad])
+    tok = CountTokenizer()
+    for b in batches:
+        for g in gen_lens:
+            ckpt = resolve_checkpointing(checkpointing, lm.config, BASE[method], b, prompt_len + g, micro)
+            _set_checkpointing(policy, ckpt)
+            row = {**base, "batch": b, "gen_len": g, "checkpointing": ckpt, "optimizer": opt_name}
+            try:
+                first = one_step(policy, tok, aqn, b, prompt_len, g, micro, opt, seed=1)
+                torch.cuda.reset_peak_memory_stats()
+                st = one_step(policy, tok, aqn, b, prompt_len, g, micro, opt, seed=2)
+                row.update(status="ok", **{k: round(v, 3) for k, v in st.items() if k != "tokens"},
+                           tokens_per_s=round(st["tokens"] / st["total_s"], 1),
+                           peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2),
+                           note=f"first step {first['total_s']:.1f} s (graph capture, compilation)")
+            except torch.cuda.OutOfMemoryError as e:
+                row.update(status="oom", peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2), note=_first(e))
+            finally:
+                opt.zero_grad(set_to_none=True)
+                from qerl.rollout.engine import release_engine
+
+                release_engine(policy)
+                gc.collect()
+                torch.cuda.empty_cache()
+            rows.append(row)
+            progress(json.dumps(row))
+    del policy, lm, opt
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rows
+
+
+def _first(e: BaseException) -> str:
+    return str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+
+
+def _set_checkpointing(policy, on: bool) -> None:
+    if on:
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif getattr(policy, "is_gradient_checkpointing", False):
+        policy.gradient_checkpointing_disable()
+
+
+def write(rows: list[dict], out: Path, device: str) -> tuple[Path, Path]:
+    """``<device>.csv`` and ``.md`` (atomic), the paper's numbers beside each (model, method)."""
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / device.replace(" ", "_")
+    tmp = stem.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows({k: r.get(k, "") for k in COLUMNS} for r in rows)
+    tmp.replace(stem.with_suffix(".csv"))
+    lines = [f"# GRPO step on {device}", "",
+             "One step = rollout (engine, fixed-length completions) + old log-probs + update (GRPO loss, backward, "
+             "AdamW). LoRA rank 32 on the seven projections; `batch` = sequences per step; times of the second "
+             "step; peak = max allocated.", "",
+             "| model | method | batch | prompt | gen | status | rollout s | logprob s | update s | total s | tok/s | "
+             "peak GB | ckpt | paper (one H100) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        def f(k):
+            v = r.get(k, "")
+            return "" if v in ("", None) else (f"{v:.2f}" if isinstance(v, float) else str(v))
+        lines.append(f"| {r['model']} | {r['method']} | {r['batch']} | {r['prompt_len']} | {r['gen_len']} | "
+                     f"{r['status']} | {f('rollout_s')} | {f('logprob_s')} | {f('update_s')} | {f('total_s')} | "
+                     f"{f('tokens_per_s')} | {f('peak_gb')} | {f('checkpointing')} | "
+                     f"{PAPER.get((r['model'], r['method']), '')} |")
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    return stem.with_suffix(".csv"), stem.with_suffix(".md")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="qerl bench step", description=__doc__.split("\n\n")[0])
+    p.add_argument("--output", default="reports/step")
+    p.add_argument("--models", nargs="+", default=["7B", "14B", "32B"], choices=["7B", "14B", "32B"])
+    p.add_argument("--methods", nargs="+", default=["lora", "qlora", "qerl"], choices=list(BASE))
+    p.add_argument("--batches", nargs="+", type=int, default=[2, 8])
+    p.add_argument("--gen-lens", nargs="+", type=int, default=[1024, 2048])
+    p.add_argument("--long-gen", type=int, default=4096, help="extra completion length for 32B QeRL (0: none)")
+    p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--micro-batch", type=int, default=2, help="sequences per forward/backward of the update")
+    p.add_argument("--checkpointing", choices=["auto", "on", "off"], default="auto",
+                   help="gradient checkpointing (auto: the memory planner decides)")
+    p.add_argument("--cap-gb", type=float, default=80.0, help="cap the process's GPU memory on a larger card")
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("qerl bench step needs a CUDA GPU")
+    device = torch.cuda.get_device_name()
+    frac = cap_memory(a.cap_gb)
+    print(json.dumps({"device": device, "memory_fraction": frac}), flush=True)
+    rows = []
+    for m in a.models:
+        for method in a.methods:
+            if method == "qlora":
+                try:
+                    import bitsandbytes  # noqa: F401
+                except ImportError:
+                    print(json.dumps({"skip": f"{m} qlora: bitsandbytes is not importable"}), flush=True)
+                    continue
+            gens = list(a.gen_lens) + ([a.long_gen] if a.long_gen and m == "32B" and method == "qerl" else [])
+            rows += run_config(m, method, a.batches, gens, a.prompt_len, a.micro_batch, a.checkpointing, device,
+                               progress=lambda s: print(s, flush=True))
+            write(rows, Path(a.output), device)
+    print(json.dumps({"csv": str(Path(a.output) / (device.replace(' ', '_') + '.csv'))}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

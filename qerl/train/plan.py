@@ -1,0 +1,234 @@
+"""Memory planner: the peak GPU memory of a training configuration, estimated before anything loads.
+
+``estimate(shape, base, rows, prompt_len, gen_len, micro, rank, checkpointing, eight_bit, release_cache)``
+returns the parts (bytes) of the three phases of a step and their peak; ``qerl plan --config FILE`` prints it;
+``qerl train`` refuses a configuration whose estimate exceeds the card (with the parts and what to change).
+
+The model (bf16 activations, LoRA applied in bf16 through :func:`qerl.lora.lean_lora_delta`, SDPA attention,
+log-probs in ~1024-token blocks through :func:`qerl.ops.logits.token_logprobs`):
+
+* weights: decoder linears at 2 B (bf16), 0.5625 B (NVFP4: e2m1 codes + e4m3 scale per 16) or 0.5625 B (NF4:
+  codes + fp32 absmax per 64) per parameter; embeddings and lm_head in bf16; norms.
+* LoRA: ``r · (K + N)`` per projection; fp32 master + fp32 grad + AdamW states (8 B fp32, 2 B 8-bit) + the bf16
+  copies the fused rollout kernels read.
+* rollout: KV cache ``2 · layers · kv_heads · head_dim · 2 B`` per position and row, the prefill's activations
+  and the sampler's fp32 vocabulary rows.
+* update, per micro-batch of ``micro`` sequences of ``T = prompt + gen`` tokens: without checkpointing every
+  layer keeps ``ACT_H · H + ACT_I · I + ACT_A · heads · head_dim`` bytes per token for the backward; with
+  checkpointing a layer keeps its 2H-byte input and one layer is recomputed at a time; plus the lm_head block
+  (``LOGIT_COPIES`` fp32 copies of a ``[~1024 tokens, V]`` block).
+
+The coefficients were counted from the saved tensors of transformers' Qwen2 layer and checked against the
+measured peaks of ``qerl bench step`` (``reports/step``; a test compares them with the committed CSV).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GiB = 1024 ** 3
+# bytes per token per layer kept for the backward (bf16): norms keep fp32 inputs and bf16 outputs (2 × 10 H),
+# the MLP keeps gate, up, silu(gate) and their product (8 I), attention q/k/v, rotary outputs and SDPA's output
+# (~10 · heads · head_dim)
+ACT_H, ACT_I, ACT_A = 20, 8, 10
+LOGIT_COPIES = 4  # fp32 logits, log-softmax, its exp / the gradient: live together in a chunk's backward
+CHUNK_TOKENS = 1024  # qerl.ops.logits.CHUNK_TOKENS
+PACKED_BYTES = {"bf16": 2.0, "nvfp4": 0.5 + 1 / 16, "nf4": 0.5 + 4 / 64}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The sizes that set memory: hidden H, intermediate I, layers L, heads, kv heads, head dim D, vocab V."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool = False
+
+    @classmethod
+    def from_config(cls, cfg) -> "Shape":
+        """From a transformers config object or a ``config.json`` dict."""
+        g = cfg.get if isinstance(cfg, dict) else (lambda k, d=None: getattr(cfg, k, d))
+        heads = g("num_attention_heads")
+        return cls(g("hidden_size"), g("intermediate_size"), g("num_hidden_layers"), heads,
+                   g("num_key_value_heads") or heads, g("head_dim") or g("hidden_size") // heads, g("vocab_size"),
+                   bool(g("tie_word_embeddings", False)))
+
+    def projections(self) -> dict[str, tuple[int, int]]:
+        """(K, N) of the seven projections of one layer."""
+        H, I, q, kv = self.hidden, self.intermediate, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return {"q": (H, q), "k": (H, kv), "v": (H, kv), "o": (q, H), "gate": (H, I), "up": (H, I), "down": (I, H)}
+
+
+def weight_bytes(s: Shape, base: str) -> dict[str, float]:
+    lin = s.layers * sum(k * n for k, n in s.projections().values())
+    emb = s.vocab * s.hidden * 2 * (1 if s.tied else 2)
+    return {"linears": lin * PACKED_BYTES[base], "embeddings+lm_head": emb, "norms": (2 * s.layers + 1) * s.hidden * 2}
+
+
+def lora_bytes(s: Shape, rank: int, eight_bit: bool) -> dict[str, float]:
+    n = s.layers * rank * sum(k + n for k, n in s.projections().values())
+    return {"lora master+grad": 8 * n, "optimizer states": (2 if eight_bit else 8) * n, "lora bf16 copies": 2 * n}
+
+
+def kv_bytes(s: Shape, rows: int, positions: int) -> float:
+    return 2 * s.layers * s.kv_heads * s.head_dim * 2 * rows * positions
+
+
+def layer_act_bytes(s: Shape) -> float:
+    """Bytes per token one layer keeps for its backward (no checkpointing)."""
+    return ACT_H * s.hidden + ACT_I * s.intermediate + ACT_A * s.heads * s.head_dim
+
+
+def estimate(s: Shape, base: str, rows: int, prompt_len: int, gen_len: int, micro: int, rank: int = 32,
+             checkpointing: bool = True, eight_bit: bool = True, release_cache: bool = True) -> dict:
+    """Peak bytes of one training step and its parts (see the module docstring). ``rows``: sequences per step."""
+    T = prompt_len + gen_len
+    micro = max(1, min(micro, rows))
+    static = {**weight_bytes(s, base), **lora_bytes(s, rank, eight_bit)}
+    kv = kv_bytes(s, rows, T)
+    rollout = {"kv cache": kv,
+               "prefill": rows * prompt_len * (4 * s.hidden + 6 * s.intermediate) * 2,
+               "sampler": 6 * rows * s.vocab * 4}
+    n = micro * T
+    lm = LOGIT_COPIES * min(CHUNK_TOKENS, micro * T) * s.vocab * 4
+    if checkpointing:
+        act = s.layers * n * 2 * s.hidden + n * layer_act_bytes(s)
+    else:
+        act = s.layers * n * layer_act_bytes(s)
+    update = {"activations": act, "lm_head block": lm, "hidden states+grads": 3 * n * s.hidden * 2}
+    if not release_cache:
+        update["kv cache (kept)"] = kv
+    logprob = {"forward transients": n * (4 * s.hidden + 6 * s.intermediate) * 2, "lm_head block": lm / 2}
+    phases = {"rollout": sum(rollout.values()), "logprob": sum(logprob.values()), "update": sum(update.values())}
+    total_static = sum(static.values())
+    peak_phase = max(phases, key=phases.get)
+    return {"static": static, "rollout": rollout, "logprob": logprob, "update": update, "phases": phases,
+            "peak_phase": peak_phase, "peak_bytes": total_static + phases[peak_phase],
+            "peak_gb": (total_static + phases[peak_phase]) / 1e9}
+
+
+def resolve_checkpointing(mode, hf_config, base: str, rows: int, seq_len: int, micro: int,
+                          budget_bytes: float | None = None) -> bool:
+    """``on``/``off``/bool as given; ``auto``: on from 14B shapes (hidden ≥ 5120) or when the estimate without it
+    exceeds ``budget_bytes`` (default: 90% of the current CUDA device, or 80 GB without one)."""
+    if mode in (True, False):
+        return bool(mode)
+    if mode in ("on", "true"):
+        return True
+    if mode in ("off", "false"):
+        return False
+    s = Shape.from_config(hf_config)
+    if s.hidden >= 5120:
+        return True
+    if budget_bytes is None:
+        budget_bytes = 0.9 * device_bytes()
+    est = estimate(s, base, rows, seq_len // 2, seq_len - seq_len // 2, micro, checkpointing=False)
+    return est["peak_bytes"] > budget_bytes
+
+
+def device_bytes() -> float:
+    """The current CUDA device's memory (bytes), or 80 GB when there is none (the planning default)."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return float(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+    except Exception:  # a broken driver is not the planner's business
+        pass
+    return 80e9
+
+
+def markdown(est: dict, title: str, available: float | None = None) -> str:
+    """The estimate as a small report: parts per phase (GB), the peak, and the verdict against ``available``."""
+    lines = [f"# Memory plan: {title}", "", "| part | GB |", "|---|---|"]
+    for group in ("static", "rollout", "logprob", "update"):
+        for k, v in est[group].items():
+            lines.append(f"| {group}: {k} | {v / 1e9:.2f} |")
+    lines.append(f"| **peak ({est['peak_phase']} phase)** | **{est['peak_gb']:.2f}** |")
+    if available is not None:
+        verdict = "fits" if est["peak_bytes"] <= available else "does NOT fit"
+        lines += ["", f"{verdict} in {available / 1e9:.1f} GB"]
+    return "\n".join(lines) + "\n"
+
+
+def advice(est: dict, available: float, checkpointing: bool, micro: int) -> list[str]:
+    """What would bring a configuration that does not fit under ``available``."""
+    out = []
+    if not checkpointing and est["phases"]["update"] > est["phases"]["rollout"]:
+        out.append("enable gradient checkpointing (gradient_checkpointing: true)")
+    if micro > 1 and est["peak_phase"] in ("update", "logprob"):
+        out.append(f"lower micro_batch_size (now {micro})")
+    if est["peak_phase"] == "rollout":
+        out.append("fewer sequences per step (prompts_per_step × group_size) or a shorter rollout.max_new_tokens")
+    if "kv cache (kept)" in est["update"]:
+        out.append("release the engine's KV cache between rollout and update (rollout.release_cache: true)")
+    out.append("a smaller model or a quantized base (method: qerl)")
+    return out
+
+
+PROMPT_TOKENS = 256  # prompt length assumed by the plan (the data is not read before loading)
+QWEN25 = {"7B": Shape(3584, 18944, 28, 28, 4, 128, 152064), "14B": Shape(5120, 13824, 48, 40, 8, 128, 152064),
+          "32B": Shape(5120, 27648, 64, 40, 8, 128, 152064)}
+
+
+def plan_config(cfg, shape: str | None = None, available: float | None = None) -> dict:
+    """The estimate for a :class:`~qerl.train.config.TrainConfig` (``shape``: a Qwen2.5 size instead of the
+    model's ``config.json``): ``{"estimate", "fits", "available", "advice", "markdown"}``."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from qerl.train.config import ConfigError
+    from qerl.train.methods import METHODS
+
+    if shape is not None:
+        s = QWEN25[shape]
+    else:
+        path = Path(cfg.model.path) / "config.json"
+        if not path.exists():
+            raise ConfigError(f"{path}: no config.json to plan from (a local model directory is needed; "
+                              "or pass --shape 7B|14B|32B)")
+        s = Shape.from_config(json.loads(path.read_text()))
+    method = METHODS[cfg.method]
+    if not method.lora:
+        raise ConfigError(f"config.method: {cfg.method!r}: the planner covers the LoRA methods (lora, qlora, "
+                          "nvfp4_lora, qerl)")
+    rows = cfg.prompts_per_step * cfg.algorithm.group_size
+    gen = cfg.rollout.max_new_tokens
+    eight = cfg.optim.eight_bit == "true" or (
+        cfg.optim.eight_bit == "auto" and importlib.util.find_spec("bitsandbytes") is not None)
+    available = device_bytes() if available is None else available
+    mode = cfg.gradient_checkpointing
+    ckpt = mode is True or (mode == "auto" and (s.hidden >= 5120 or estimate(
+        s, method.base, rows, PROMPT_TOKENS, gen, cfg.micro_batch_size, cfg.lora.r, False, eight,
+        cfg.rollout.release_cache)["peak_bytes"] > 0.9 * available))
+    est = estimate(s, method.base, rows, PROMPT_TOKENS, gen, cfg.micro_batch_size, cfg.lora.r, ckpt, eight,
+                   cfg.rollout.release_cache)
+    fits = est["peak_bytes"] <= available
+    title = (f"{cfg.method}, {rows} sequences × ({PROMPT_TOKENS} + {gen}) tokens, micro-batch "
+             f"{cfg.micro_batch_size}, LoRA r={cfg.lora.r}, checkpointing {'on' if ckpt else 'off'}, "
+             f"{'8-bit' if eight else 'fp32'} AdamW")
+    md = markdown(est, title, available)
+    tips = [] if fits else advice(est, available, ckpt, cfg.micro_batch_size)
+    if tips:
+        md += "\nTo fit: " + "; ".join(tips) + ".\n"
+    return {"estimate": est, "fits": fits, "available": available, "checkpointing": ckpt, "advice": tips,
+            "markdown": md}
+
+
+def check_fits(cfg, hf_config_path, available: float | None = None) -> None:
+    """Raise :class:`~qerl.train.config.ConfigError` with the estimate's parts when ``cfg`` cannot fit the
+    current CUDA device (called by ``qerl train`` before loading the model)."""
+    from qerl.train.config import ConfigError
+
+    res = plan_config(cfg, available=available)
+    if not res["fits"]:
+        e = res["estimate"]
+        parts = ", ".join(f"{k} {v / 1e9:.1f}" for g in ("static", e["peak_phase"]) for k, v in e[g].items() if v > 1e8)
+        raise ConfigError(f"{hf_config_path}: this configuration needs ~{e['peak_gb']:.1f} GB at its "
+                          f"{e['peak_phase']} phase (GB: {parts}); the GPU has {res['available'] / 1e9:.1f} GB. "
+                          f"To fit: {'; '.join(res['advice'])} (estimate: `qerl plan --config ...`)")

@@ -1,0 +1,101 @@
+"""The memory planner (qerl.train.plan, `qerl plan`) and a GRPO step of `qerl bench step` on CPU."""
+import json
+
+import pytest
+import torch
+
+from qerl.cli import main as cli
+from qerl.train import plan
+from qerl.train.config import ConfigError, load_config
+
+S = plan.Shape(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, head_dim=16, vocab=100)
+
+
+def test_parts_by_hand():
+    # per layer: q 64·64, k 64·32, v 64·32, o 64·64, gate/up 64·128 each, down 128·64 -> 36864 weights
+    w = plan.weight_bytes(S, "nvfp4")
+    assert w["linears"] == 2 * 36864 * 0.5625 and w["embeddings+lm_head"] == 2 * 100 * 64 * 2
+    assert plan.weight_bytes(S, "bf16")["linears"] == 2 * 36864 * 2
+    # LoRA r=4: sum(K + N) = 128 + 96 + 96 + 128 + 192 + 192 + 192 = 1024 per layer
+    lo = plan.lora_bytes(S, 4, eight_bit=False)
+    n = 2 * 4 * 1024
+    assert lo == {"lora master+grad": 8 * n, "optimizer states": 8 * n, "lora bf16 copies": 2 * n}
+    assert plan.lora_bytes(S, 4, eight_bit=True)["optimizer states"] == 2 * n
+    assert plan.kv_bytes(S, rows=3, positions=10) == 2 * 2 * 2 * 16 * 2 * 3 * 10
+
+
+def test_checkpointing_and_release_lower_the_update_peak():
+    kw = dict(rows=8, prompt_len=256, gen_len=2048, micro=2)
+    s7 = plan.QWEN25["7B"]
+    on, off = plan.estimate(s7, "nvfp4", **kw, checkpointing=True), plan.estimate(s7, "nvfp4", **kw, checkpointing=False)
+    assert on["phases"]["update"] < off["phases"]["update"] / 5
+    kept = plan.estimate(s7, "nvfp4", **kw, release_cache=False)
+    assert kept["phases"]["update"] - on["phases"]["update"] == pytest.approx(plan.kv_bytes(s7, 8, 2304))
+    assert plan.estimate(s7, "bf16", **kw)["peak_bytes"] > on["peak_bytes"] + 9e9  # bf16 weights: +~9 GB
+    # auto: on from 14B, and at 7B when the update would not fit without it
+    assert plan.resolve_checkpointing("auto", {"hidden_size": 5120, "intermediate_size": 13824,
+                                               "num_hidden_layers": 48, "num_attention_heads": 40,
+                                               "num_key_value_heads": 8, "vocab_size": 152064}, "nvfp4", 2, 512, 1)
+    cfg7 = {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+            "num_key_value_heads": 4, "vocab_size": 152064}
+    assert plan.resolve_checkpointing("auto", cfg7, "nvfp4", 8, 2304, 8, budget_bytes=80e9)
+    assert not plan.resolve_checkpointing("auto", cfg7, "nvfp4", 2, 300, 1, budget_bytes=80e9)
+    assert plan.resolve_checkpointing("off", cfg7, "nvfp4", 8, 2304, 8) is False
+
+
+def test_qerl_plan_cli_and_refusal(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("method: qerl\nmodel: {path: none}\nprompts_per_step: 8\nmicro_batch_size: 4\n"
+                   "rollout: {max_new_tokens: 2048}\n")
+    assert cli(["plan", "--config", str(cfg), "--shape", "7B", "--gpu-gb", "80"]) == 0
+    out = capsys.readouterr().out
+    assert "| **peak (" in out and "fits in 80.0 GB" in out
+    assert cli(["plan", "--config", str(cfg), "--shape", "32B", "--gpu-gb", "10", "--json"]) == 3
+    res = json.loads(capsys.readouterr().out)
+    assert not res["fits"] and res["advice"] and res["estimate"]["peak_gb"] > 10
+    c = load_config(cfg, {"model.path": str(tmp_path)})
+    with pytest.raises(ConfigError, match="no config.json to plan from"):
+        plan.plan_config(c)
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 5120, "intermediate_size": 27648,
+                                                      "num_hidden_layers": 64, "num_attention_heads": 40,
+                                                      "num_key_value_heads": 8, "vocab_size": 152064}))
+    with pytest.raises(ConfigError, match=r"needs ~\d+\.\d GB at its .* phase .* the GPU has 20\.0 GB\. To fit:"):
+        plan.check_fits(c, tmp_path / "config.json", available=20e9)
+
+
+def test_bench_step_one_grpo_step_on_cpu(tiny_dirs):
+    """`qerl bench step`'s step on a tiny NVFP4 policy on CPU: rollout, old log-probs, update; the LoRA
+    weights move and every phase is timed; the report files carry the paper's column."""
+    from transformers import AutoTokenizer
+
+    from qerl.lora import LoraSettings, apply_lora
+    from qerl.models import load_policy
+    from qerl.rl.aqn import AQN, AQNSettings
+    from qerl.stages import bench_step
+    from qerl.stages.bench_rollout import CountTokenizer
+
+    policy = apply_lora(load_policy(tiny_dirs["qwen2"], base="nvfp4", dtype=torch.float32), LoraSettings(r=4))
+    params = [p for p in policy.parameters() if p.requires_grad]
+    before = [p.detach().clone() for p in params]
+    opt = torch.optim.AdamW(params, lr=1e-2)
+    st = bench_step.one_step(policy, CountTokenizer(), AQN(policy, AQNSettings()), batch=3, prompt_len=5, gen_len=4,
+                             micro=2, optimizer=opt, seed=1)
+    assert st["tokens"] == 12 and all(st[k] > 0 for k in ("rollout_s", "logprob_s", "update_s"))
+    assert st["total_s"] == pytest.approx(st["rollout_s"] + st["logprob_s"] + st["update_s"])
+    assert any(not torch.equal(a, p) for a, p in zip(before, params))
+    assert AutoTokenizer  # (the tokenizer used is CountTokenizer: random-token prompts, EOS never sampled)
+
+
+def test_bench_step_report_files(tmp_path):
+    from qerl.stages import bench_step
+
+    rows = [dict(device="GPU X", model="32B", method="qerl", batch=8, prompt_len=256, gen_len=2048, status="ok",
+                 rollout_s=30.0, logprob_s=2.0, update_s=5.0, total_s=37.0, tokens_per_s=442.8, peak_gb=40.1,
+                 checkpointing=True, micro_batch=2, optimizer="adamw", note=""),
+            dict(device="GPU X", model="32B", method="lora", batch=8, prompt_len=256, gen_len=2048, status="oom",
+                 note="CUDA out of memory")]
+    csv_path, md = bench_step.write(rows, tmp_path, "GPU X")
+    text = md.read_text()
+    assert "| 32B | qerl | 8 | 256 | 2048 | ok | 30.00 |" in text and "12.2 s/step (b8)" in text
+    assert "| 32B | lora | 8 | 256 | 2048 | oom |" in text
+    assert csv_path.read_text().splitlines()[0].split(",") == bench_step.COLUMNS
