@@ -10,8 +10,8 @@ LoRA rank 32 on the seven projections. One step, as ``qerl train`` runs it (:mod
 3. **update** — GRPO loss on random advantages, backward per micro-batch (gradient checkpointing as
    configured), gradient clipping, one AdamW step (bitsandbytes 8-bit when importable, else torch AdamW).
 
-Each configuration runs two steps; the second (graphs and kernels warm) is reported, with the first step's total
-in the note. Peak memory = ``torch.cuda.max_memory_allocated`` over the measured step. On a card larger than
+Each configuration runs a short warm-up step (``--warmup-gen`` tokens: compilation, autotuning), then the
+measured step (which captures its own decode graphs, as every training step does once the cache is released). Peak memory = ``torch.cuda.max_memory_allocated`` over the measured step. On a card larger than
 ``--cap-gb`` the process is capped there (``torch.cuda.set_per_process_memory_fraction``), so an H200 answers
 "does it fit in 80 GB". An OOM is a row with ``status = oom``.
 
@@ -108,9 +108,27 @@ def _optimizer(params, lr: float = 1e-5):
         return torch.optim.AdamW(params, lr=lr, fused=True), "adamw (fp32 states; bitsandbytes not importable)"
 
 
+def _profile(policy, tok, aqn, batch, prompt_len, gen_len, micro, opt, out: Path, name: str) -> Path:
+    """One more step under ``torch.profiler``: the ops by total CUDA time and by CPU time, as text."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        st = one_step(policy, tok, aqn, batch, prompt_len, gen_len, micro, opt, seed=3)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"profile_{name}.txt"
+    ka = prof.key_averages()
+    path.write_text(f"{name}: {json.dumps({k: round(v, 3) for k, v in st.items()})}\n\n"
+                    + ka.table(sort_by="cuda_time_total", row_limit=40) + "\n\n"
+                    + ka.table(sort_by="cpu_time_total", row_limit=40) + "\n")
+    return path
+
+
 def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micro: int, checkpointing: str,
-               device: str, progress=print) -> list[dict]:
-    """Every (batch, gen_len) of one (model, method): the model is built once."""
+               device: str, progress=print, warmup_gen: int = 16, profile: Path | None = None) -> list[dict]:
+    """Every (batch, gen_len) of one (model, method): the model is built once; each configuration runs a
+    ``warmup_gen``-token step first (compilation, autotuning), then the measured step; ``profile``: one
+    profiled step of the first configuration written there."""
+    profiled: list = []
     from qerl.lora import LoraSettings, apply_lora
     from qerl.rl.aqn import AQN, AQNSettings
     from qerl.stages.bench_models import build
@@ -135,13 +153,16 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
             _set_checkpointing(policy, ckpt)
             row = {**base, "batch": b, "gen_len": g, "checkpointing": ckpt, "optimizer": opt_name}
             try:
-                first = one_step(policy, tok, aqn, b, prompt_len, g, micro, opt, seed=1)
+                first = one_step(policy, tok, aqn, b, prompt_len, warmup_gen, micro, opt, seed=1)
                 torch.cuda.reset_peak_memory_stats()
                 st = one_step(policy, tok, aqn, b, prompt_len, g, micro, opt, seed=2)
                 row.update(status="ok", **{k: round(v, 3) for k, v in st.items() if k != "tokens"},
                            tokens_per_s=round(st["tokens"] / st["total_s"], 1),
                            peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2),
-                           note=f"first step {first['total_s']:.1f} s (graph capture, compilation)")
+                           note=f"after a {warmup_gen}-token warm-up step of {first['total_s']:.1f} s (compilation)")
+                if profile is not None and not profiled:
+                    profiled.append(_profile(policy, tok, aqn, b, prompt_len, g, micro, opt, profile,
+                                             f"{model}_{method}_b{b}_g{g}"))
             except torch.cuda.OutOfMemoryError as e:
                 row.update(status="oom", peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2), note=_first(e))
             finally:
@@ -211,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpointing", choices=["auto", "on", "off"], default="auto",
                    help="gradient checkpointing (auto: the memory planner decides)")
     p.add_argument("--cap-gb", type=float, default=80.0, help="cap the process's GPU memory on a larger card")
+    p.add_argument("--warmup-gen", type=int, default=16, help="completion tokens of the warm-up step")
+    p.add_argument("--profile", type=Path, default=None,
+                   help="also write a torch.profiler table of one step per (model, method) here")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("qerl bench step needs a CUDA GPU")
@@ -228,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
             gens = list(a.gen_lens) + ([a.long_gen] if a.long_gen and m == "32B" and method == "qerl" else [])
             rows += run_config(m, method, a.batches, gens, a.prompt_len, a.micro_batch, a.checkpointing, device,
-                               progress=lambda s: print(s, flush=True))
+                               progress=lambda s: print(s, flush=True), warmup_gen=a.warmup_gen, profile=a.profile)
             write(rows, Path(a.output), device)
     print(json.dumps({"csv": str(Path(a.output) / (device.replace(' ', '_') + '.csv'))}))
     return 0
