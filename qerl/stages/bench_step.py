@@ -10,8 +10,8 @@ LoRA rank 32 on the seven projections. One step, as ``qerl train`` runs it (:mod
 3. **update** — GRPO loss on random advantages, backward per micro-batch (gradient checkpointing as
    configured), gradient clipping, one AdamW step (bitsandbytes 8-bit when importable, else torch AdamW).
 
-Each configuration runs a short warm-up step (``--warmup-gen`` tokens: compilation, autotuning), then the
-measured step (which captures its own decode graphs, as every training step does once the cache is released). Peak memory = ``torch.cuda.max_memory_allocated`` over the measured step. On a card larger than
+Each configuration runs a warm-up step (``--warmup-gen`` sampled tokens, the completions padded with random
+tokens to the measured length, so its update compiles and tunes for the same shapes), then the measured step (which captures its own decode graphs, as every training step does once the cache is released). Peak memory = ``torch.cuda.max_memory_allocated`` over the measured step. On a card larger than
 ``--cap-gb`` the process is capped there (``torch.cuda.set_per_process_memory_fraction``), so an H200 answers
 "does it fit in 80 GB". An OOM is a row with ``status = oom``.
 
@@ -61,8 +61,13 @@ def _sync_time() -> float:
     return time.perf_counter()
 
 
-def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro: int, optimizer, seed: int) -> dict:
-    """One GRPO step; seconds of its three phases (CUDA-synchronised) and the generated tokens."""
+def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro: int, optimizer, seed: int,
+             pad_to: int | None = None) -> dict:
+    """One GRPO step; seconds of its three phases (CUDA-synchronised, each a ``torch.profiler`` range
+    ``step:<phase>``) and the generated tokens. ``pad_to``: extend the completions with random tokens to that
+    length before the update (a warm-up step whose update has the measured step's shapes, cheaply)."""
+    from torch.profiler import record_function
+
     from qerl.rl.losses import LossSettings, policy_loss
     from qerl.rollout import SamplingSettings, generate
     from qerl.rollout.engine import release_engine
@@ -74,17 +79,25 @@ def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro:
     s = SamplingSettings(temperature=1.0, max_new_tokens=gen_len)
     t0 = _sync_time()
     policy.eval()
-    with aqn.noise(0.01, seed) if aqn is not None else contextlib.nullcontext():
+    with record_function("step:rollout"), (aqn.noise(0.01, seed) if aqn is not None else contextlib.nullcontext()):
         r = generate(policy, tok, ps, s, seed=seed)
-    release_engine(policy)
+        release_engine(policy)
+    if pad_to is not None and pad_to > gen_len:
+        extra = torch.randint(100, policy.config.vocab_size - 100, (batch, pad_to - gen_len), device=r.completion_ids.device)
+        r.completion_ids = torch.cat([r.completion_ids, extra], 1)
+        r.completion_mask = torch.cat([r.completion_mask, torch.ones_like(extra)], 1)
+        r.logprobs = torch.cat([r.logprobs, torch.zeros(extra.shape, device=extra.device)], 1)
     t1 = _sync_time()
-    old = logprobs_no_grad(policy, r, 1.0, micro)
+    with record_function("step:logprob"):
+        old = logprobs_no_grad(policy, r, 1.0, micro)
     t2 = _sync_time()
+    ctx = record_function("step:update")
+    ctx.__enter__()
     policy.train()
     g = torch.Generator(device="cpu").manual_seed(seed)
     adv = torch.randn(batch, generator=g).to(old.device)
     mask = r.completion_mask.float()
-    settings = LossSettings("grpo", 0.2, 0.2, 0.0, gen_len)
+    settings = LossSettings("grpo", 0.2, 0.2, 0.0, r.completion_ids.shape[1])
     for m in micro_batches(batch, micro):
         logp = sequence_logprobs(policy, r.prompt_ids[m], r.prompt_mask[m], r.completion_ids[m], r.completion_mask[m])
         loss, _ = policy_loss(logp, old[m], adv[m], mask[m], settings)
@@ -94,6 +107,7 @@ def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro:
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     policy.eval()
+    ctx.__exit__(None, None, None)
     t3 = _sync_time()
     return {"rollout_s": t1 - t0, "logprob_s": t2 - t1, "update_s": t3 - t2, "total_s": t3 - t0,
             "tokens": int(r.completion_mask.sum())}
@@ -117,7 +131,10 @@ def _profile(policy, tok, aqn, batch, prompt_len, gen_len, micro, opt, out: Path
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"profile_{name}.txt"
     ka = prof.key_averages()
-    path.write_text(f"{name}: {json.dumps({k: round(v, 3) for k, v in st.items()})}\n\n"
+    phases = {e.key: (e.cpu_time_total / 1e3, e.device_time_total / 1e3) for e in ka if e.key.startswith("step:")}
+    split = "\n".join(f"{k}: host {c:.1f} ms, device {d:.1f} ms (device work issued inside the range)"
+                      for k, (c, d) in sorted(phases.items()))
+    path.write_text(f"{name}: {json.dumps({k: round(v, 3) for k, v in st.items()})}\n{split}\n\n"
                     + ka.table(sort_by="cuda_time_total", row_limit=40) + "\n\n"
                     + ka.table(sort_by="cpu_time_total", row_limit=40) + "\n")
     return path
@@ -153,7 +170,7 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
             _set_checkpointing(policy, ckpt)
             row = {**base, "batch": b, "gen_len": g, "checkpointing": ckpt, "optimizer": opt_name}
             try:
-                first = one_step(policy, tok, aqn, b, prompt_len, warmup_gen, micro, opt, seed=1)
+                first = one_step(policy, tok, aqn, b, prompt_len, min(warmup_gen, g), micro, opt, seed=1, pad_to=g)
                 torch.cuda.reset_peak_memory_stats()
                 st = one_step(policy, tok, aqn, b, prompt_len, g, micro, opt, seed=2)
                 row.update(status="ok", **{k: round(v, 3) for k, v in st.items() if k != "tokens"},
