@@ -99,3 +99,27 @@ def test_bench_step_report_files(tmp_path):
     assert "| 32B | qerl | 8 | 256 | 2048 | ok | 30.00 |" in text and "12.2 s/step (b8)" in text
     assert "| 32B | lora | 8 | 256 | 2048 | oom |" in text
     assert csv_path.read_text().splitlines()[0].split(",") == bench_step.COLUMNS
+
+
+def test_estimates_within_15_percent_of_the_measured_peaks():
+    """The planner against every measured `qerl bench step` peak committed under reports/step."""
+    import csv
+    from pathlib import Path
+
+    from qerl.stages.bench_step import BASE
+
+    files = sorted((Path(__file__).parents[2] / "reports" / "step").glob("*.csv"))
+    assert files, "reports/step has no benchmark CSV"
+    n = 0
+    for f in files:
+        for r in csv.DictReader(open(f)):
+            if r["status"] != "ok":
+                continue
+            est = plan.estimate(plan.QWEN25[r["model"]], BASE[r["method"]], int(r["batch"]), int(r["prompt_len"]),
+                                int(r["gen_len"]), int(r["micro_batch"]), 32, r["checkpointing"] == "True",
+                                eight_bit="8bit" in r["optimizer"])
+            measured = float(r["peak_gb"])
+            assert abs(est["peak_gb"] / measured - 1) <= 0.15, (f.name, r["model"], r["method"], r["batch"],
+                                                                r["gen_len"], est["peak_gb"], measured)
+            n += 1
+    assert n >= 10
