@@ -62,10 +62,11 @@ def _sync_time() -> float:
 
 
 def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro: int, optimizer, seed: int,
-             pad_to: int | None = None) -> dict:
+             pad_to: int | None = None, prof=None) -> dict:
     """One GRPO step; seconds of its three phases (CUDA-synchronised, each a ``torch.profiler`` range
     ``step:<phase>``) and the generated tokens. ``pad_to``: extend the completions with random tokens to that
-    length before the update (a warm-up step whose update has the measured step's shapes, cheaply)."""
+    length before the update (a warm-up step whose update has the measured step's shapes, cheaply). ``prof``: a
+    ``torch.profiler.profile`` started for the logprob and update phases only."""
     from torch.profiler import record_function
 
     from qerl.rl.losses import LossSettings, policy_loss
@@ -87,6 +88,8 @@ def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro:
         r.completion_ids = torch.cat([r.completion_ids, extra], 1)
         r.completion_mask = torch.cat([r.completion_mask, torch.ones_like(extra)], 1)
         r.logprobs = torch.cat([r.logprobs, torch.zeros(extra.shape, device=extra.device)], 1)
+    if prof is not None:
+        prof.start()
     t1 = _sync_time()
     with record_function("step:logprob"):
         old = logprobs_no_grad(policy, r, 1.0, micro)
@@ -109,6 +112,8 @@ def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro:
     policy.eval()
     ctx.__exit__(None, None, None)
     t3 = _sync_time()
+    if prof is not None:
+        prof.stop()
     return {"rollout_s": t1 - t0, "logprob_s": t2 - t1, "update_s": t3 - t2, "total_s": t3 - t0,
             "tokens": int(r.completion_mask.sum())}
 
@@ -123,11 +128,12 @@ def _optimizer(params, lr: float = 1e-5):
 
 
 def _profile(policy, tok, aqn, batch, prompt_len, gen_len, micro, opt, out: Path, name: str) -> Path:
-    """One more step under ``torch.profiler``: the ops by total CUDA time and by CPU time, as text."""
+    """One more step with its logprob and update phases under ``torch.profiler`` (the rollout is split in
+    ``reports/rollout``): the ops by total CUDA time and by CPU time, as text."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        st = one_step(policy, tok, aqn, batch, prompt_len, gen_len, micro, opt, seed=3)
+    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    st = one_step(policy, tok, aqn, batch, prompt_len, gen_len, micro, opt, seed=3, prof=prof)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"profile_{name}.txt"
     ka = prof.key_averages()
