@@ -223,14 +223,17 @@ def _gluon_ok() -> bool:
 _RESOLVED: dict = {}
 
 
+_RESOLVED_MAX = 4096
+
+
 def _resolved_config(kind: str, M: int, N: int, K: int, x2, packed, scale, interpret: bool) -> dict:
-    """``_runnable(config_for(...))``, memoised for decode-sized M (<= 256: a bounded set of keys; prefill and
-    training Ms vary per batch) on everything either reads (shape, dtype, device, the alignments
-    ``_runnable`` checks, ``QERL_KERNEL_CONFIG``): the host-side cost of a decode call is what a token
-    costs in an eager rollout. Returns a fresh copy (callers pop keys)."""
-    if M > 256:
-        return _runnable(kind, _for_launch_mode(config_for(kind, M, N, K, x2.device)), M, K, x2, packed, scale,
-                         interpret)
+    """``_runnable(config_for(...))``, memoised on everything either reads (shape, dtype, device, the
+    alignments ``_runnable`` checks, ``QERL_KERNEL_CONFIG``): the host-side cost of a decode call is what a
+    token costs in an eager rollout, and a training micro-batch repeats each (M, N, K) for every layer, forward
+    and backward. Training Ms vary per batch: the memo is cleared past ``_RESOLVED_MAX`` keys. Returns a fresh
+    copy (callers pop keys)."""
+    if len(_RESOLVED) > _RESOLVED_MAX:
+        _RESOLVED.clear()
     key = (kind, M, N, K, x2.dtype, x2.device, interpret, packed.data_ptr() % 16, packed.stride(0) % 16,
            x2.data_ptr() % 16, x2.stride(0) % 8, scale.data_ptr() % 4, scale.stride(0) % 4,
            os.environ.get("QERL_KERNEL_CONFIG"), _MODE[0])
