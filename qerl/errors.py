@@ -1,9 +1,16 @@
-"""The error types a user can cause (bad files, bad settings), reported without a traceback."""
+"""The error types a user can cause (bad files, bad settings, a run that cannot continue), reported without a
+traceback."""
 from qerl.checkpoint import CheckpointError
 from qerl.data.tasks import DataError
 from qerl.models.arch import UnsupportedArchitectureError
 from qerl.quant.format import CheckpointFormatError
 from qerl.quant.nvfp4 import NVFP4Error
 
-USER_ERRORS = (CheckpointError, DataError, CheckpointFormatError, NVFP4Error, UnsupportedArchitectureError,
+
+
+class TrainingError(RuntimeError):
+    """Training cannot continue (non-finite loss / reward, out of GPU memory); the last checkpoint is intact."""
+
+
+USER_ERRORS = (TrainingError, CheckpointError, DataError, CheckpointFormatError, NVFP4Error, UnsupportedArchitectureError,
                FileNotFoundError, ValueError)

@@ -81,12 +81,19 @@ def train(cfg: TrainConfig, resume: bool = False, tracker=None, progress: bool =
             sigma = sigma_at(step, cfg.steps, cfg.aqn) if aqn else 0.0
             policy.eval()
             t0 = time.time()
-            batch, rewards, stats = collect_rollouts(policy, tokenizer, stream, cfg, step, reward, aqn, sigma)
+            try:
+                batch, rewards, stats = collect_rollouts(policy, tokenizer, stream, cfg, step, reward, aqn, sigma)
+            except torch.cuda.OutOfMemoryError as e:
+                raise _oom_error(cfg, step, "rollout", device, out, None, e) from None
             if cfg.rollout.release_cache:
                 release_engine(policy)
             t_roll = time.time() - t0
             t1 = time.time()
-            info = _update(policy, batch, rewards, cfg, loss_settings, aqn, sigma, step, optimizer) if batch else {}
+            try:
+                info = _update(policy, batch, rewards, cfg, loss_settings, aqn, sigma, step, optimizer) if batch else {}
+            except torch.cuda.OutOfMemoryError as e:
+                optimizer.zero_grad(set_to_none=True)
+                raise _oom_error(cfg, step, "update", device, out, batch, e) from None
             scheduler.step()
             state.step, state.data_pos = step + 1, stream.pos
             metrics = {"step": step + 1, **stats, **info, "sigma": sigma, "lr": scheduler.get_last_lr()[0],
@@ -109,6 +116,26 @@ def train(cfg: TrainConfig, resume: bool = False, tracker=None, progress: bool =
         bar.close()
         reward.close()
     return out
+
+
+def _oom_error(cfg: TrainConfig, step: int, phase: str, device, out: Path, batch, err) -> TrainingError:
+    """An out-of-memory as a message with the sizes and what to do (the last checkpoint is intact)."""
+    rows = cfg.prompts_per_step * cfg.algorithm.group_size
+    sizes = f"{rows} sequences, completions up to {cfg.rollout.max_new_tokens} tokens"
+    if batch is not None:
+        sizes = (f"{len(batch.texts)} sequences, prompts {batch.prompt_ids.shape[1]} + completions "
+                 f"{batch.completion_ids.shape[1]} tokens, micro-batch {cfg.micro_batch_size}")
+    mem = ""
+    if device.type == "cuda":
+        mem = (f"; peak {torch.cuda.max_memory_allocated(device) / 1e9:.1f} GB of "
+               f"{torch.cuda.get_device_properties(device).total_memory / 1e9:.1f} GB")
+    first = str(err).splitlines()[0] if str(err) else type(err).__name__
+    ts = out / "checkpoint" / "trainer_state.json"
+    last = f"step {json.loads(ts.read_text())['step']}" if ts.exists() else "none yet"
+    return TrainingError(
+        f"step {step + 1}: out of GPU memory in the {phase} phase ({sizes}{mem}: {first}). The last checkpoint "
+        f"({out / 'checkpoint'}, {last}) is intact: lower micro_batch_size or rollout.max_new_tokens, or set "
+        "gradient_checkpointing: true (`qerl plan --config ...` estimates it), then rerun with --resume.")
 
 
 def _check_memory(cfg: TrainConfig) -> None:

@@ -13,8 +13,7 @@ from qerl.rl.advantages import informative_groups, overlong_penalty
 from qerl.rollout import Rollout, generate, sequence_logprobs
 
 
-class TrainingError(RuntimeError):
-    """Training cannot continue (non-finite loss/reward); the last checkpoint is intact."""
+from qerl.errors import TrainingError  # re-exported: qerl.train.steps.TrainingError
 
 
 def derive_seed(*parts) -> int:

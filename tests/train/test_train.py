@@ -212,3 +212,33 @@ def test_gradient_checkpointing_and_8bit_adamw_switches(warm_model, tmp_path):
     blob = torch.load(out / "checkpoint" / "trainer_state.pt", weights_only=False)
     # bitsandbytes optimizer state (tensors this small stay 32-bit inside it: min_8bit_size = 4096)
     assert all("__bnb_optimizer_quant_state__" in s for s in blob["optimizer"]["state"].values())
+
+
+def test_out_of_memory_stops_with_sizes_and_resume_finishes_the_run(warm_model, tmp_path, monkeypatch):
+    """An OOM in the update of step 3 (an unexpectedly long batch): a TrainingError naming the step, the phase and
+    the sizes; the step-2 checkpoint intact; `--resume` then reproduces the uninterrupted run's metrics."""
+    from qerl.train import loop
+    from qerl.train.steps import TrainingError
+
+    ref = rows(train(make_cfg(warm_model, tmp_path / "ref", steps=4), tracker=NullTracker(), progress=False))
+    out = tmp_path / "oom"
+    real, calls = loop._update, []
+
+    def update(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return real(*a, **k)
+
+    monkeypatch.setattr(loop, "_update", update)
+    with pytest.raises(TrainingError, match=r"step 3: out of GPU memory in the update phase \(16 sequences, prompts "
+                                            r"\d+ \+ completions \d+ tokens, micro-batch 16: CUDA out of memory.*"
+                                            r"checkpoint .*step 2\) is intact.*--resume"):
+        train(make_cfg(warm_model, out, steps=4), tracker=NullTracker(), progress=False)
+    assert json.loads((out / "checkpoint" / "trainer_state.json").read_text())["step"] == 2
+    assert len(rows(out)) == 2
+    monkeypatch.setattr(loop, "_update", real)
+    got = rows(train(make_cfg(warm_model, out, steps=4), resume=True, tracker=NullTracker(), progress=False))
+    keys = ("reward_mean", "loss", "grad_norm", "mismatch_kl")
+    flat = [r[k] for r in got for k in keys]
+    assert flat == pytest.approx([r[k] for r in ref for k in keys], rel=1e-5, abs=1e-7)
