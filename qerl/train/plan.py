@@ -115,7 +115,8 @@ def estimate(s: Shape, base: str, rows: int, prompt_len: int, gen_len: int, micr
 def resolve_checkpointing(mode, hf_config, base: str, rows: int, seq_len: int, micro: int,
                           budget_bytes: float | None = None) -> bool:
     """``on``/``off``/bool as given; ``auto``: on from 14B shapes (hidden ≥ 5120) or when the estimate without it
-    exceeds ``budget_bytes`` (default: 90% of the current CUDA device, or 80 GB without one)."""
+    exceeds ``budget_bytes`` (default: 90% of the current CUDA device, or 80 GB without one). ``seq_len``: prompt +
+    completion tokens per sequence (the prompt taken as :data:`PROMPT_TOKENS`, at most half of it)."""
     if mode in (True, False):
         return bool(mode)
     if mode in ("on", "true"):
@@ -127,7 +128,8 @@ def resolve_checkpointing(mode, hf_config, base: str, rows: int, seq_len: int, m
         return True
     if budget_bytes is None:
         budget_bytes = 0.9 * device_bytes()
-    est = estimate(s, base, rows, seq_len // 2, seq_len - seq_len // 2, micro, checkpointing=False)
+    prompt = min(PROMPT_TOKENS, seq_len // 2)
+    est = estimate(s, base, rows, prompt, seq_len - prompt, micro, checkpointing=False)
     return est["peak_bytes"] > budget_bytes
 
 
