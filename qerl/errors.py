@@ -7,7 +7,6 @@ from qerl.quant.format import CheckpointFormatError
 from qerl.quant.nvfp4 import NVFP4Error
 
 
-
 class TrainingError(RuntimeError):
     """Training cannot continue (non-finite loss / reward, out of GPU memory); the last checkpoint is intact."""
 

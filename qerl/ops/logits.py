@@ -71,13 +71,17 @@ def head_of(model) -> nn.Module:
     return head
 
 
-def head_logits(model, h: torch.Tensor) -> torch.Tensor:
-    """fp32 logits of the hidden states ``h [..., H]`` through ``model``'s lm_head (:func:`logits_fp32` when it
-    is a plain linear; a wrapped head, e.g. with an adapter, is called as a module and upcast)."""
-    head = head_of(model)
+def module_logits(head: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """fp32 logits of ``h [..., H]`` through the lm_head module ``head``: :func:`logits_fp32` when it is a plain
+    linear; a wrapped head (e.g. with an adapter) is called as a module and upcast."""
     if type(head) is nn.Linear:
         return logits_fp32(h, head.weight, head.bias)
     return head(h).float()
+
+
+def head_logits(model, h: torch.Tensor) -> torch.Tensor:
+    """fp32 logits of the hidden states ``h [..., H]`` through ``model``'s lm_head (:func:`module_logits`)."""
+    return module_logits(head_of(model), h)
 
 
 def _chunk_logprobs(h, weight, bias, targets, inv_t: float, with_entropy: bool):

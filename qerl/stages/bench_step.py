@@ -154,6 +154,7 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
     profiled: list = []
     from qerl.lora import LoraSettings, apply_lora
     from qerl.rl.aqn import AQN, AQNSettings
+    from qerl.rollout.engine import release_engine
     from qerl.stages.bench_models import build
     from qerl.stages.bench_rollout import CountTokenizer
     from qerl.train.plan import resolve_checkpointing
@@ -190,8 +191,6 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
                 row.update(status="oom", peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2), note=_first(e))
             finally:
                 opt.zero_grad(set_to_none=True)
-                from qerl.rollout.engine import release_engine
-
                 release_engine(policy)
                 gc.collect()
                 torch.cuda.empty_cache()

@@ -64,6 +64,11 @@ class Shape:
         return {"q": (H, q), "k": (H, kv), "v": (H, kv), "o": (q, H), "gate": (H, I), "up": (H, I), "down": (I, H)}
 
 
+PROMPT_TOKENS = 256  # prompt length assumed by the plan (the data is not read before loading)
+QWEN25 = {"7B": Shape(3584, 18944, 28, 28, 4, 128, 152064), "14B": Shape(5120, 13824, 48, 40, 8, 128, 152064),
+          "32B": Shape(5120, 27648, 64, 40, 8, 128, 152064)}
+
+
 def weight_bytes(s: Shape, base: str) -> dict[str, float]:
     lin = s.layers * sum(k * n for k, n in s.projections().values())
     emb = s.vocab * s.hidden * 2 * (1 if s.tied else 2)
@@ -172,10 +177,6 @@ def advice(est: dict, available: float, checkpointing: bool, micro: int) -> list
     out.append("a smaller model or a quantized base (method: qerl)")
     return out
 
-
-PROMPT_TOKENS = 256  # prompt length assumed by the plan (the data is not read before loading)
-QWEN25 = {"7B": Shape(3584, 18944, 28, 28, 4, 128, 152064), "14B": Shape(5120, 13824, 48, 40, 8, 128, 152064),
-          "32B": Shape(5120, 27648, 64, 40, 8, 128, 152064)}
 
 
 def plan_config(cfg, shape: str | None = None, available: float | None = None) -> dict:

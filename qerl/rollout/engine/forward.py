@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from qerl.ops.logits import logits_fp32
+from qerl.ops.logits import module_logits
 from qerl.rollout.engine.model_view import ModelView, Norm
 
 
@@ -111,11 +111,8 @@ def _qkv(layer, x: torch.Tensor):
 
 def _head(view: ModelView, h: torch.Tensor) -> torch.Tensor:
     """fp32 logits ``[B, V]``: the lm_head GEMM with fp32 output, as the trainer's recomputation computes
-    them (:func:`qerl.ops.logits.logits_fp32`), so the two log-probs differ only by the layers' rounding."""
-    head = view.lm_head
-    if type(head) is torch.nn.Linear:
-        return logits_fp32(h, head.weight, head.bias)
-    return head(h).float()
+    them (:func:`qerl.ops.logits.module_logits`), so the two log-probs differ only by the layers' rounding."""
+    return module_logits(view.lm_head, h)
 
 
 def prefill(view: ModelView, kc: list, vc: list, cos, sin, ids: torch.Tensor, lengths: torch.Tensor,
