@@ -270,9 +270,18 @@ def launch_mode(mode: str):
 
 
 def _for_launch_mode(cfg: dict) -> dict:
-    """The config for the current :func:`launch_mode`: a tuned entry's ``EAGER`` config in eager mode."""
+    """The config for the current :func:`launch_mode`: in eager mode a tuned entry's ``EAGER`` config, and a
+    dequantize + cuBLAS config in one window (``CHUNK`` 0: up to ``MAX_WINDOW`` weights, 256 MiB of scratch).
+    The tuned ``CHUNK`` was timed in CUDA graphs, where windows cost nothing on the host; called eagerly from
+    a training step (M = 2-5 k rows) each window is a dequantize launch, a GEMM and views (~50 µs of host
+    time), and the step was host-bound on them (reports/step/README.md)."""
     eager = cfg.pop("EAGER", None)
-    return dict(eager) if eager is not None and _MODE[0] == "eager" else cfg
+    if _MODE[0] != "eager":
+        return cfg
+    if eager is not None:
+        return dict(eager)
+    forced = json.loads(os.environ.get("QERL_KERNEL_CONFIG", "{}"))  # a forced CHUNK stays (tests, experiments)
+    return {**cfg, "CHUNK": 0} if cfg.get("DQ") and "CHUNK" not in forced else cfg
 
 
 XA_PRODUCERS = (16, 64)  # programs computing x · lora_aᵀ in a fused decode launch: ~256 K each, within these
@@ -570,4 +579,6 @@ def register() -> None:
         "triton-nvfp4", supports, lambda x, p, s, g, b: nvfp4_matmul(x, p, s, g, b),
         lambda dy, p, s, g: nvfp4_matmul_t(dy, p, s, g),
         lambda x, p, s, g, b, la, lb, sc: nvfp4_matmul(x, p, s, g, b, None, lb, sc, lora_a=la),
+        forward_xa=lambda x, p, s, g, b, xa, lb, sc: nvfp4_matmul(x, p, s, g, b, xa, lb, sc),
+        backward_input_lora=lambda dy, p, s, g, dyb, la, sc: nvfp4_matmul_t(dy, p, s, g, dyb, la, sc),
     ))

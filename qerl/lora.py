@@ -139,14 +139,22 @@ def _lora_linear_cls():
         LoRA bias, no dropout in effect, no per-row ``adapter_names``), ``forward`` is one call of
         :func:`qerl.ops.nvfp4_lora_linear`: on the GPU one kernel launch for base + LoRA instead of
         PEFT's four (base, A, B, add), with bf16 copies of the fp32 adapters cached until the optimizer
-        changes them. Everything else is PEFT's own ``forward``."""
+        changes them. With autograd (training) and fp32 masters on bf16/fp16 activations, no dropout in effect:
+        one :func:`qerl.ops.nvfp4_lora_train` node (base + LoRA forward in one backend call, ``dX`` with its LoRA
+        term in one). Everything else is PEFT's own ``forward``."""
 
         def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
             fused = None if args or kwargs.get("adapter_names") is not None else self._fused_adapter(x)
             if fused is None:
                 lean = _lean_adapter(self, x, args, kwargs)
-                if lean is not None:  # training: base through the seam (fwd + bwd kernels), adapters in bf16
-                    return self.base_layer(x) + lean_lora_delta(x, *lean)
+                if lean is not None:  # training: adapters in bf16 from fp32 masters
+                    a, b, dropout, scaling = lean
+                    if isinstance(dropout, torch.nn.Identity) or not self.training:  # one autograd node
+                        base = self.get_base_layer()
+                        return qerl.ops.nvfp4_lora_train(
+                            x, base.weight_packed, base.weight_scale, base.weight_global_scale, base.bias, a, b,
+                            scaling)
+                    return self.base_layer(x) + lean_lora_delta(x, *lean)  # base through the seam, dropout
                 return super().forward(x, *args, **kwargs)
             base = self.get_base_layer()
             a, b, s = fused

@@ -292,6 +292,16 @@ def test_lean_lora_in_bf16_matches_peft_and_saves_no_fp32_activations(base, tiny
         return out.detach(), saved, grads
 
     lean_out, lean_saved, lean_grads = run()
+    if base == "nvfp4":  # each NVFP4 projection is one autograd node (qerl.ops.lora_train)
+        seen, todo, names = set(), [model(input_ids=ids).logits.grad_fn], []
+        while todo:
+            fn = todo.pop()
+            if fn is None or fn in seen:
+                continue
+            seen.add(fn)
+            names.append(type(fn).__name__)
+            todo.extend(nxt for nxt, _ in fn.next_functions)
+        assert names.count("_NVFP4LoraFnBackward") == len(layers), names
     for m in layers:  # PEFT's own forward on the same layers and weights
         m.forward = types.MethodType(PeftLoraLinear.forward, m)
     try:

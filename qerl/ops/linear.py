@@ -32,13 +32,18 @@ from qerl.quant.nvfp4 import dequantize
 class Backend:
     """A fast implementation: ``supports(x, packed)`` gates it; ``forward``/``backward_input``/
     ``forward_lora`` have the signatures of :func:`reference_forward` / :func:`reference_backward_input`
-    / :func:`reference_lora_forward` (``forward_lora`` optional: base + LoRA in one call, no autograd)."""
+    / :func:`reference_lora_forward` (``forward_lora`` optional: base + LoRA in one call, no autograd).
+    Optional, for :mod:`qerl.ops.lora_train`: ``forward_xa(x, packed, scale, gs, bias, xa, lora_b, s)`` =
+    ``x · Ŵᵀ + bias + s · xa · lora_bᵀ`` and ``backward_input_lora(dy, packed, scale, gs, dyb, lora_a, s)`` =
+    ``dy · Ŵ + s · dyb · lora_a`` (``xa``/``dyb`` ``[M, R]``, 2-D ``x``/``dy``)."""
 
     name: str
     supports: Callable[[torch.Tensor, torch.Tensor], bool]
     forward: Callable[..., torch.Tensor]
     backward_input: Callable[..., torch.Tensor]
     forward_lora: Callable[..., torch.Tensor] | None = None
+    forward_xa: Callable[..., torch.Tensor] | None = None
+    backward_input_lora: Callable[..., torch.Tensor] | None = None
 
 
 _BACKENDS: list[Backend] = []

@@ -241,6 +241,35 @@ def write(rows: list[dict], out: Path, device: str) -> tuple[Path, Path]:
     return stem.with_suffix(".csv"), stem.with_suffix(".md")
 
 
+def _typed(r: dict) -> dict:
+    """A CSV row back to numbers (the Markdown formats floats)."""
+    out = {}
+    for k, v in r.items():
+        try:
+            out[k] = int(v) if k in ("batch", "prompt_len", "gen_len", "micro_batch") else (
+                float(v) if k.endswith(("_s", "_gb")) else v)
+        except ValueError:
+            out[k] = v
+    return out
+
+
+def merge(paths: list[Path], out: Path) -> tuple[Path, Path]:
+    """One file set from several runs on one device (e.g. 7B, then 14B + 32B in a second process): a later
+    file's row replaces an earlier one with the same (model, method, batch, prompt_len, gen_len)."""
+    rows: dict = {}
+    devices = set()
+    for path in paths:
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                devices.add(r["device"])
+                rows[(r["model"], r["method"], r["batch"], r["prompt_len"], r["gen_len"])] = _typed(r)
+    if len(devices) != 1:
+        raise ValueError(f"--merge: the CSVs come from different devices {sorted(devices)}; merge one device's runs")
+    order = {"7B": 0, "14B": 1, "32B": 2}
+    merged = sorted(rows.values(), key=lambda r: (order.get(r["model"], 9), r["method"], -r["batch"], r["gen_len"]))
+    return write(merged, out, devices.pop())
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="qerl bench step", description=__doc__.split("\n\n")[0])
     p.add_argument("--output", default="reports/step")
@@ -257,9 +286,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-gen", type=int, default=16, help="completion tokens of the warm-up step")
     p.add_argument("--profile", type=Path, default=None,
                    help="also write a torch.profiler table of one step per (model, method) here")
+    p.add_argument("--merge", nargs="+", metavar="CSV", type=Path,
+                   help="only merge runs of one device into --output's file set (later files win; no GPU)")
     a = p.parse_args(argv)
+    if a.merge:
+        print(merge(a.merge, Path(a.output)))
+        return 0
     if not torch.cuda.is_available():
-        raise SystemExit("qerl bench step needs a CUDA GPU")
+        raise SystemExit("qerl bench step needs a CUDA GPU (use --merge CSV... to combine runs)")
     device = torch.cuda.get_device_name()
     frac = cap_memory(a.cap_gb)
     print(json.dumps({"device": device, "memory_fraction": frac}), flush=True)

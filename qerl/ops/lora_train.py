@@ -1,0 +1,99 @@
+"""NVFP4 base + LoRA for training, as one autograd node.
+
+``nvfp4_lora_train(x, packed, scale, global_scale, bias, lora_a, lora_b, lora_scale)`` computes
+
+    y = x · Ŵᵀ + bias + s · (x · Aᵀ) · Bᵀ          (QeRL's LoRA layer on the frozen NVFP4 base Ŵ, paper Eq. 1)
+
+with ``x [..., K]`` bf16/fp16, ``packed uint8 [N, K/2]``, ``scale float8_e4m3fn [N, K/16]``, ``global_scale
+float32 [1]``, ``lora_a [R, K]`` and ``lora_b [N, R]`` the trainable masters in any dtype (fp32 for the
+optimizer): they are applied in ``x.dtype`` and their gradients arrive in their own dtype. Returns ``y [..., N]``
+in ``x.dtype``.
+
+Why one node: the readable definition, :func:`reference_lora_train` (the base through
+:func:`qerl.ops.nvfp4_linear`, the adapters through two ``F.linear`` on bf16 casts of the masters), records seven
+autograd nodes and ~26 launches per projection in forward + backward; at training micro-batches (M ≈ 2-5 k
+rows) the step is then bound by host time, not by the GPU (reports/step/README.md). Here the forward is one
+backend call that adds ``s · xa · Bᵀ`` to the base product (the dequantize + cuBLAS path adds it with one
+``addmm_``), and the backward
+
+    dX = dY · Ŵ + (s · dY · B) · A        dA = (s · dY · B)ᵀ · X        dB = dYᵀ · (s · X · Aᵀ)
+
+is one backend call for ``dX`` (with the LoRA term) and two small GEMMs. Saved for backward: ``x`` (which the
+adapters' ``F.linear`` saves in the reference as well) and ``xa = x · Aᵀ`` ``[..., R]``; never a copy of Ŵ.
+Rounding: each product is rounded to ``x.dtype`` once where the reference rounds the base, the delta and
+their sum separately, so the two agree to bf16 rounding, not bit for bit (tests/ops/test_lora_train.py).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from qerl.ops.linear import (nvfp4_linear, reference_backward_input, reference_forward, select_backend)
+
+
+def reference_lora_train(x, packed, scale, global_scale, bias, lora_a, lora_b, lora_scale):
+    """The definition: ``nvfp4_linear(x) + s · (x · A'ᵀ) · B'ᵀ`` with ``A' = A.to(x.dtype)``, ``B'`` likewise,
+    all differentiable (PEFT's LoRA layer with its adapters cast to the activation dtype)."""
+    base = nvfp4_linear(x, packed, scale, global_scale, bias)
+    return base + F.linear(F.linear(x, lora_a.to(x.dtype)), lora_b.to(x.dtype)) * lora_scale
+
+
+def _forward_xa(x2, packed, scale, gs, bias, xa, b, s):
+    """``x2 · Ŵᵀ + bias + s · xa · bᵀ`` (``x2 [M, K]``, ``xa [M, R]``) on the backend, or the reference."""
+    backend = select_backend(x2, packed)
+    if backend is not None and backend.forward_xa is not None:
+        return backend.forward_xa(x2, packed, scale, gs, bias, xa, b, s)
+    return torch.addmm(reference_forward(x2, packed, scale, gs, bias), xa, b.t(), alpha=s)
+
+
+def _backward_lora(d2, packed, scale, gs, dyb, a):
+    """``d2 · Ŵ + dyb · a`` (``d2 [M, N]``, ``dyb [M, R]`` already scaled by s) on the backend, or the reference."""
+    backend = select_backend(d2, packed)
+    if backend is not None and backend.backward_input_lora is not None:
+        return backend.backward_input_lora(d2, packed, scale, gs, dyb, a, 1.0)
+    return torch.addmm(reference_backward_input(d2, packed, scale, gs), dyb, a)
+
+
+class _NVFP4LoraFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, packed, scale, gs, bias, lora_a, lora_b, lora_scale):
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        a, b = lora_a.to(x.dtype), lora_b.to(x.dtype)
+        xa = x2 @ a.t()  # [M, R]
+        y = _forward_xa(x2, packed, scale, gs, None if bias is None else bias.to(x.dtype), xa, b, lora_scale)
+        ctx.save_for_backward(x2, xa, a, b, packed, scale, gs)
+        ctx.lora_scale, ctx.shape = lora_scale, shape
+        ctx.dtypes = (lora_a.dtype, lora_b.dtype)
+        return y.reshape(*shape[:-1], packed.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, xa, a, b, packed, scale, gs = ctx.saved_tensors
+        s = ctx.lora_scale
+        d2 = dy.reshape(-1, dy.shape[-1]).contiguous()
+        dyb = (d2 @ b).mul_(s)  # [M, R]: s · dY · B
+        grad_x = grad_a = grad_b = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _backward_lora(d2, packed, scale, gs, dyb, a).reshape(ctx.shape)
+        if ctx.needs_input_grad[4]:  # a bias is frozen in every method, but stay correct if not
+            grad_bias = d2.sum(0)
+        if ctx.needs_input_grad[5]:
+            grad_a = (dyb.t() @ x2).to(ctx.dtypes[0])  # [R, K]
+        if ctx.needs_input_grad[6]:
+            grad_b = (d2.t() @ (xa * s)).to(ctx.dtypes[1])  # [N, R]
+        return grad_x, None, None, None, grad_bias, grad_a, grad_b, None
+
+
+def nvfp4_lora_train(x, packed, scale, global_scale, bias, lora_a, lora_b, lora_scale: float) -> torch.Tensor:
+    """``x · Ŵᵀ + bias + s · (x · Aᵀ) · Bᵀ`` as one autograd node (module docstring: shapes, dtypes, the
+    backward). Falls back to :func:`reference_lora_train` for fp32 activations (CPU training), where the
+    one-node path has nothing to save."""
+    if x.shape[-1] != packed.shape[1] * 2 or lora_a.shape[-1] != x.shape[-1] or tuple(lora_b.shape) != (
+            packed.shape[0], lora_a.shape[0]):
+        raise ValueError(
+            f"nvfp4_lora_train: input K = {x.shape[-1]}, packed weight {tuple(packed.shape)}, lora_a "
+            f"{tuple(lora_a.shape)}, lora_b {tuple(lora_b.shape)}: expected lora_a [R, K] and lora_b [N, R]")
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        return reference_lora_train(x, packed, scale, global_scale, bias, lora_a, lora_b, lora_scale)
+    return _NVFP4LoraFn.apply(x, packed, scale, global_scale, bias, lora_a, lora_b, float(lora_scale))

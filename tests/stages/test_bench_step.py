@@ -1,0 +1,33 @@
+"""`qerl bench step --merge`: combining runs of one device (no GPU)."""
+import csv
+
+import pytest
+
+from qerl.stages import bench_step
+
+
+def _row(model, method, batch, gen, total, device="GPU X"):
+    return {"device": device, "model": model, "method": method, "batch": batch, "prompt_len": 256, "gen_len": gen,
+            "status": "ok", "rollout_s": total - 1.0, "logprob_s": 0.25, "update_s": 0.75, "total_s": total,
+            "tokens_per_s": 100.0, "peak_gb": 30.0, "checkpointing": False, "micro_batch": 2}
+
+
+def test_merge_later_rows_win_and_order(tmp_path):
+    a, _ = bench_step.write([_row("7B", "qerl", 8, 1024, 7.0), _row("32B", "qerl", 8, 2048, 45.0)],
+                            tmp_path / "a", "GPU X")
+    b, _ = bench_step.write([_row("7B", "qerl", 8, 1024, 6.5), _row("14B", "lora", 8, 2048, 37.0)],
+                            tmp_path / "b", "GPU X")
+    assert bench_step.main(["--merge", str(a), str(b), "--output", str(tmp_path / "m")]) == 0
+    csv_path, md = tmp_path / "m" / "GPU_X.csv", tmp_path / "m" / "GPU_X.md"
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["model"], r["method"], r["total_s"]) for r in rows] == [
+        ("7B", "qerl", "6.5"), ("14B", "lora", "37.0"), ("32B", "qerl", "45.0")]
+    assert "| 7B | qerl | 8 | 256 | 1024 | ok | 5.50 | 0.25 | 0.75 | 6.50 |" in md.read_text()
+
+
+def test_merge_refuses_two_devices(tmp_path):
+    a, _ = bench_step.write([_row("7B", "qerl", 8, 1024, 7.0)], tmp_path / "a", "GPU X")
+    b, _ = bench_step.write([_row("7B", "qerl", 8, 1024, 7.0, device="GPU Y")], tmp_path / "b", "GPU Y")
+    with pytest.raises(ValueError, match="different devices"):
+        bench_step.merge([a, b], tmp_path / "m")
