@@ -81,17 +81,6 @@ def _filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return logits
 
 
-def _sample(logits: torch.Tensor, s: SamplingSettings, gen: torch.Generator):
-    """``logits [B, V]`` fp32 -> (tokens [B], log-probs [B])."""
-    if s.temperature == 0:
-        tok = logits.argmax(-1)
-        return tok, logits.log_softmax(-1).gather(-1, tok[:, None])[:, 0]
-    scaled = logits / s.temperature
-    probs = _filter(scaled, s.top_k, s.top_p).softmax(-1)
-    tok = torch.multinomial(probs, 1, generator=gen)[:, 0]
-    return tok, scaled.log_softmax(-1).gather(-1, tok[:, None])[:, 0]
-
-
 def encode_prompts(tokenizer, prompts: list[str], num_samples: int):
     """``(eos id, pad id, ids [N, P], mask [N, P])``: the prompts left-padded, each repeated ``num_samples``
     times in a row (groups contiguous), on the CPU. Shared by this sampler and the engine."""
@@ -109,17 +98,20 @@ def encode_prompts(tokenizer, prompts: list[str], num_samples: int):
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], settings: SamplingSettings, seed: int = 0,
-             num_samples: int = 1) -> Rollout:
-    """Sample ``num_samples`` completions per prompt (see module docstring)."""
+             num_samples: int = 1, first_row: int = 0) -> Rollout:
+    """Sample ``num_samples`` completions per prompt (see module docstring). Row ``i`` draws with the seed of
+    global row ``first_row + i`` (:func:`qerl.rollout.engine.sampling.row_seeds`: Gumbel-max on counter-based
+    uniforms, the engine's draw), so a row's tokens do not depend on which other rows share the call."""
     from transformers import DynamicCache
 
     from qerl.ops.logits import head_logits
+    from qerl.rollout.engine.sampling import row_seeds, sample
 
     device = next(model.parameters()).device
     eos, pad, ids, mask = encode_prompts(tokenizer, prompts, num_samples)
     ids, mask = ids.to(device), mask.to(device)
     n = ids.shape[0]
-    gen = torch.Generator(device=device).manual_seed(seed)
+    seeds = row_seeds(seed, first_row, n).to(device)
     cache = DynamicCache()
     attn = mask.clone()
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
@@ -132,7 +124,7 @@ def generate(model, tokenizer, prompts: list[str], settings: SamplingSettings, s
     stop_hit = torch.zeros(n, dtype=torch.bool, device=device)
     max_stop = max((len(tokenizer.encode(x, add_special_tokens=False)) for x in settings.stop), default=0)
     for step in range(settings.max_new_tokens):
-        tok, lp = _sample(logits, settings, gen)
+        tok, lp = sample(logits, settings, seeds, torch.tensor(step, device=device))
         alive = ~finished
         tok = torch.where(alive, tok, torch.full_like(tok, pad))
         tokens.append(tok)

@@ -197,7 +197,7 @@ def test_mlflow_tracking(warm_model, tmp_path):
 def test_learning_raises_reward(method, warm_model, tmp_path):
     cfg = make_cfg(warm_model, tmp_path / method, method=method, steps=50, prompts_per_step=16, checkpoint_every=50,
                    **{"algorithm.group_size": 8, "rollout.max_new_tokens": 6, "lora.r": 16, "lora.alpha": 32,
-                      "aqn.stages": 3, "optim.lr": 0.004, "micro_batch_size": 128})
+                      "aqn.stages": 3, "optim.lr": 0.002, "micro_batch_size": 128})
     m = rows(train(cfg, tracker=NullTracker(), progress=False))
     first = sum(r["reward_mean"] for r in m[:5]) / 5
     last = sum(r["reward_mean"] for r in m[-10:]) / 10

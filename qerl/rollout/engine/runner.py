@@ -27,7 +27,7 @@ import torch
 
 from qerl.rollout.engine import forward as fw
 from qerl.rollout.engine.model_view import EngineUnsupported, view_model
-from qerl.rollout.engine.sampling import sample
+from qerl.rollout.engine.sampling import row_seeds, sample
 from qerl.rollout.sampler import Rollout, SamplingSettings, encode_prompts
 
 log = logging.getLogger(__name__)
@@ -216,7 +216,8 @@ class RolloutEngine:
 
     # -- generate -------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def generate(self, prompts: list[str], settings: SamplingSettings, seed: int = 0, num_samples: int = 1) -> Rollout:
+    def generate(self, prompts: list[str], settings: SamplingSettings, seed: int = 0, num_samples: int = 1,
+                 first_row: int = 0) -> Rollout:
         tk = self.tokenizer
         eos, pad, ids, mask = encode_prompts(tk, prompts, num_samples)
         n, P = ids.shape
@@ -241,8 +242,7 @@ class RolloutEngine:
         right = torch.full((n, P), pad, dtype=torch.long)
         for i in range(n):  # right-padded copy: row i's prompt at positions 0 .. plen_i - 1
             right[i, : plen[i]] = ids[i, P - plen[i]:]
-        base = ((int(seed) & 0xFFFFFFFFFFFFFFFF) * 0x9E3779B1 + 0x7F4A7C15) & 0xFFFFFFFF  # any Python int seed
-        seeds = (base + torch.arange(n, dtype=torch.long) * 0x632BE5AB) & 0xFFFFFFFF
+        seeds = row_seeds(seed, first_row, n)
         comp_tok = torch.full((n, G), pad, dtype=torch.long)
         comp_lp = torch.zeros(n, G)
         ends = torch.full((n,), G, dtype=torch.long)  # generated length per row

@@ -39,6 +39,15 @@ def uniform(seed: torch.Tensor, step: torch.Tensor, vocab: int) -> torch.Tensor:
     return (x.to(torch.float32) + 0.5) * (1.0 / 4294967296.0)  # (0, 1): never 0 or 1
 
 
+def row_seeds(seed: int, first_row: int, n: int) -> torch.Tensor:
+    """``[n]`` int64 per-row seeds of rows ``first_row .. first_row + n - 1`` of a rollout seeded ``seed`` (any
+    Python int). A row's seed depends on its global index only, so a rollout split over calls (DAPO refills
+    aside) or over ranks (``qerl train`` under torchrun: each rank generates its share) draws the same tokens
+    as one call over all rows; the engine and the reference sampler use the same seeds."""
+    base = ((int(seed) & 0xFFFFFFFFFFFFFFFF) * 0x9E3779B1 + 0x7F4A7C15) & _MASK
+    return (base + torch.arange(first_row, first_row + n, dtype=torch.long) * 0x632BE5AB) & _MASK
+
+
 def sample(logits: torch.Tensor, s: SamplingSettings, seed: torch.Tensor, step: torch.Tensor):
     """``logits [B, V]`` fp32 -> (tokens [B] int64, log-probs [B] fp32); see module docstring."""
     if s.temperature == 0:
