@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -72,6 +73,15 @@ def _cmd_train(args) -> int:
     from qerl.train.config import load_config
     from qerl.train.loop import train
 
+    if (args.nproc > 1 or args.nnodes > 1 or args.dry_run) and "WORLD_SIZE" not in os.environ:
+        from qerl.train.launch import launch, strip_launch_args
+
+        cfg = load_config(args.config, _overrides(args.set))  # a bad config fails here, before any process starts
+        from qerl.train.dist import Dist, check_divisible
+
+        check_divisible(cfg.prompts_per_step, Dist(world=args.nproc * args.nnodes))
+        train_args = strip_launch_args(args.argv[args.argv.index("train") + 1:])
+        return launch(args.nproc, args.nnodes, train_args, args.dry_run)
     cfg = load_config(args.config, _overrides(args.set))
     resume = args.resume
     if args.auto_resume:
@@ -81,7 +91,8 @@ def _cmd_train(args) -> int:
         if resume:
             print(f"resuming from {Path(cfg.output_dir) / CHECKPOINT}")
     out = train(cfg, resume=resume, progress=not args.no_progress)
-    print(f"done: metrics in {out / 'metrics.jsonl'}, final weights in {out / 'final'}")
+    if os.environ.get("RANK", "0") == "0":
+        print(f"done: metrics in {out / 'metrics.jsonl'}, final weights in {out / 'final'}")
     return 0
 
 
@@ -274,6 +285,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a config value, e.g. --set steps=10 --set algorithm.name=dapo")
     r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--nproc", type=int, default=1,
+                   help="data-parallel processes (one per GPU): relaunches itself under torchrun; each rank "
+                        "generates and trains on its share of every step's prompts")
+    r.add_argument("--nnodes", type=int, default=1,
+                   help="nodes of a SLURM allocation (srun + torchrun, --nproc per node)")
+    r.add_argument("--dry-run", action="store_true", help="print the torchrun / srun command instead of running it")
     r.set_defaults(func=_cmd_train)
 
     f = sub.add_parser("sft", help="supervised warm-start on the synthetic arithmetic task",
@@ -384,7 +401,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    args.argv = argv
     from qerl.errors import USER_ERRORS
 
     try:

@@ -1,7 +1,8 @@
 """``qerl train``: the RL loop, straight-line (config & seed -> tracker -> model & method -> data &
 rollout -> optimizer -> for each step: rollout -> reward -> advantage -> loss -> step -> log ->
 checkpoint). One copy of the model: the KL reference is the base with adapters disabled, and
-AQN noise lives in the norms' forward (see :mod:`qerl.rl.aqn`)."""
+AQN noise lives in the norms' forward (see :mod:`qerl.rl.aqn`). Under ``torchrun`` the same loop runs on
+every rank, each with its share of the rollouts and of the update (:mod:`qerl.train.dist`)."""
 from __future__ import annotations
 
 import contextlib
@@ -21,12 +22,13 @@ from qerl.rl.aqn import AQN, sigma_at
 from qerl.rl.losses import LossSettings, mismatch_stats, policy_loss, truncated_is_weights
 from qerl.rollout.engine import release_engine
 from qerl.rollout.sampler import sequence_logprobs
+from qerl.train import dist
 from qerl.train.config import TrainConfig, to_dict
 from qerl.train.methods import METHODS, build_policy, resolve_device
 from qerl.train.state import TrainState, load_checkpoint, save_checkpoint
 from qerl.train.steps import (
-    PromptStream, TrainingError, collect_rollouts, derive_seed, logprobs_no_grad, make_optimizer,
-    micro_batches, micro_weight, peak_memory_gb, warmup_cosine,
+    PromptStream, TrainingError, collect_rollouts, derive_seed, logprobs_no_grad, make_optimizer, micro_weight,
+    peak_memory_gb, warmup_cosine,
 )
 
 DETERMINISTIC_METRICS = ("reward_mean", "reward_std", "accuracy", "entropy", "kl", "clip_frac", "loss",
@@ -37,12 +39,25 @@ def train(cfg: TrainConfig, resume: bool = False, tracker=None, progress: bool =
     """Run RL training; returns the output directory (metrics.jsonl, checkpoint/, final/)."""
     from tqdm.auto import tqdm
 
-    # config & seed
+    # config & seed; the process group under torchrun (rank 0 writes every file)
     out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
-    random.seed(cfg.seed), np.random.seed(cfg.seed % 2**32), torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.device)
+    d = dist.from_env(device)
+    try:
+        return _train(cfg, resume, tracker, progress, out, dist.rank_device(device, d), d)
+    finally:
+        dist.close(d)
+
+
+def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, device, d: dist.Dist) -> Path:
+    from tqdm.auto import tqdm
+
+    dist.check_divisible(cfg.prompts_per_step, d)
+    dist.check_same_config(d, to_dict(cfg))
+    out.mkdir(parents=True, exist_ok=True)
+    if d.main:
+        (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+    random.seed(cfg.seed), np.random.seed(cfg.seed % 2**32), torch.manual_seed(cfg.seed)
     method = METHODS[cfg.method]
     a = cfg.algorithm
     loss_settings = LossSettings(a.name, a.clip_low, a.clip_high, a.kl_coef, cfg.rollout.max_new_tokens)
@@ -52,6 +67,7 @@ def train(cfg: TrainConfig, resume: bool = False, tracker=None, progress: bool =
         _check_memory(cfg)
     policy, tokenizer = build_policy(cfg, device)
     aqn = AQN(policy, cfg.aqn) if method.aqn else None
+    scorer = LogprobModule(policy)  # DDP-wrapped under torchrun (below): the update's forward goes through it
 
     # data & reward
     stream = PromptStream(load_train_records(cfg.data, cfg.seed), cfg.seed)
@@ -61,28 +77,38 @@ def train(cfg: TrainConfig, resume: bool = False, tracker=None, progress: bool =
     params = [p for p in policy.parameters() if p.requires_grad]
     optimizer = make_optimizer(params, cfg.optim, device)
     scheduler = warmup_cosine(optimizer, cfg.optim.warmup_steps, cfg.steps, cfg.optim.min_lr_ratio)
-    state = TrainState()
+    state = TrainState(world_size=d.world)
     if resume:
         state = load_checkpoint(out, policy, optimizer, scheduler)
+        if state.world_size != d.world:
+            raise TrainingError(
+                f"{out / 'checkpoint'} was written by a run on {state.world_size} process(es); this one has {d.world}: "
+                f"resume with --nproc {state.world_size} (or start a new output_dir)")
         stream.pos = state.data_pos
+    dist.check_same_weights(d, policy)
+    scorer = dist.wrap(scorer, d, device)
     metrics_path = out / "metrics.jsonl"
-    _truncate_metrics(metrics_path, state.step)
+    if d.main:
+        _truncate_metrics(metrics_path, state.step)
 
-    # tracker
+    # tracker (rank 0)
     if tracker is None:
         from qerl.train.tracking_setup import make_tracker
+        from qerl.tracking import NullTracker
 
-        tracker = make_tracker(cfg, out, state.run_id)
+        tracker = make_tracker(cfg, out, state.run_id) if d.main else NullTracker()
     state.run_id = tracker.run_id
 
-    bar = tqdm(total=cfg.steps, initial=state.step, desc=f"train {cfg.method}/{a.name}", disable=not progress)
+    bar = tqdm(total=cfg.steps, initial=state.step, desc=f"train {cfg.method}/{a.name}",
+               disable=not (progress and d.main))
     try:
         for step in range(state.step, cfg.steps):
+            dist.maybe_fault(d, step + 1)
             sigma = sigma_at(step, cfg.steps, cfg.aqn) if aqn else 0.0
             policy.eval()
             t0 = time.time()
             try:
-                batch, rewards, stats = collect_rollouts(policy, tokenizer, stream, cfg, step, reward, aqn, sigma)
+                batch, rewards, stats = collect_rollouts(policy, tokenizer, stream, cfg, step, reward, aqn, sigma, d)
             except torch.cuda.OutOfMemoryError as e:
                 raise _oom_error(cfg, step, "rollout", device, out, None, e) from None
             if cfg.rollout.release_cache:
@@ -90,7 +116,8 @@ def train(cfg: TrainConfig, resume: bool = False, tracker=None, progress: bool =
             t_roll = time.time() - t0
             t1 = time.time()
             try:
-                info = _update(policy, batch, rewards, cfg, loss_settings, aqn, sigma, step, optimizer) if batch else {}
+                info = _update(policy, scorer, batch, rewards, cfg, loss_settings, aqn, sigma, step, optimizer, d) \
+                    if batch else {}
             except torch.cuda.OutOfMemoryError as e:
                 optimizer.zero_grad(set_to_none=True)
                 raise _oom_error(cfg, step, "update", device, out, batch, e) from None
@@ -100,14 +127,18 @@ def train(cfg: TrainConfig, resume: bool = False, tracker=None, progress: bool =
                        "rollout_seconds": t_roll, "train_seconds": time.time() - t1,
                        "tokens_per_second": stats["generated_tokens"] / max(t_roll, 1e-9),
                        "peak_memory_gb": peak_memory_gb(device)}
-            _append_jsonl(metrics_path, metrics)
-            tracker.log_metrics(metrics, step=step + 1)
+            if d.main:
+                _append_jsonl(metrics_path, metrics)
+                tracker.log_metrics(metrics, step=step + 1)
             bar.update(1)
             bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", acc=f"{stats['accuracy']:.2f}")
             if state.step % cfg.checkpoint_every == 0 or state.step == cfg.steps:
-                save_checkpoint(out, policy, optimizer, scheduler, state, method.lora)
-        _save_final(out, policy, tokenizer, method)
-        _write_summary(out, metrics_path, cfg)
+                if d.main:
+                    save_checkpoint(out, policy, optimizer, scheduler, state, method.lora)
+                dist.barrier(d, f"writing the checkpoint of step {state.step}")
+        if d.main:
+            _save_final(out, policy, tokenizer, method)
+            _write_summary(out, metrics_path, cfg)
         tracker.close("FINISHED")
     except BaseException:
         tracker.close("FAILED")
@@ -147,8 +178,46 @@ def _check_memory(cfg: TrainConfig) -> None:
         check_fits(cfg, path)
 
 
-def _update(policy, batch, rewards, cfg, loss_settings, aqn, sigma, step, optimizer) -> dict:
-    """Advantages, old/ref log-probs, μ policy updates over micro-batches. Returns diagnostics."""
+class LogprobModule(torch.nn.Module):
+    """The update's forward as a module (what DDP wraps under torchrun): teacher-forced log-probs and entropies
+    of completions under ``policy`` (:func:`qerl.rollout.sequence_logprobs`)."""
+
+    def __init__(self, policy):
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature: float):
+        return sequence_logprobs(self.policy, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature,
+                                 with_entropy=True)
+
+
+def _rank_micro_batches(n: int, G: int, mb: int, d: dist.Dist) -> list[tuple[slice, bool]]:
+    """This rank's micro-batches of the global batch's ``n`` rows: ``(rows, real)``. Every rank runs the same
+    number (DDP all-reduces at the last one): a rank with fewer rows (DAPO kept a group count that does not
+    divide) repeats a micro-batch with ``real = False`` (its loss weighted 0)."""
+    groups = n // G
+    mine = dist.share(groups, d)
+    lo, hi = mine.start * G, mine.stop * G
+    own = [slice(s, min(hi, s + mb)) for s in range(lo, hi, mb)]
+    most = -(-(-(-groups // d.world) * G) // mb)
+    filler = own[0] if own else slice(0, min(n, mb))
+    return [(m, True) for m in own] + [(filler, False)] * (most - len(own))
+
+
+def _logprobs_global(policy, batch, T: float, micro: list, d: dist.Dist, what: str) -> torch.Tensor:
+    """Log-probs ``[n, T]`` of the whole batch without grad, each rank computing its own rows' micro-batches."""
+    own = [m for m, real in micro if real]
+    part = logprobs_no_grad(policy, batch, T, 0, own) if own else None
+    if not d.on:
+        return part
+    parts = dist.gather(d, None if part is None else part.cpu(), what)
+    return torch.cat([p for p in parts if p is not None]).to(batch.logprobs.device)
+
+
+def _update(policy, scorer, batch, rewards, cfg, loss_settings, aqn, sigma, step, optimizer, d: dist.Dist) -> dict:
+    """Advantages, old/ref log-probs, μ policy updates over micro-batches. Returns diagnostics. Under torchrun
+    each rank runs its share of the micro-batches (``scorer`` is DDP-wrapped: one gradient all-reduce per
+    optimizer step) and the diagnostics are summed over ranks."""
     a = cfg.algorithm
     T = cfg.rollout.temperature
     adv = group_advantages(rewards, a.group_size, a.adv_scale).to(batch.logprobs.device)
@@ -158,32 +227,35 @@ def _update(policy, batch, rewards, cfg, loss_settings, aqn, sigma, step, optimi
     train_noise = aqn is not None and cfg.aqn.apply_to == "rollout+train" and sigma > 0
     ctx = aqn.noise(sigma, derive_seed(cfg.seed, step, 0, "aqn")) if train_noise else contextlib.nullcontext()
     n, mb = len(batch.texts), cfg.micro_batch_size
+    micro = _rank_micro_batches(n, a.group_size, mb, d)
     with ctx:
-        old_logp = logprobs_no_grad(policy, batch, T, mb)
+        old_logp = _logprobs_global(policy, batch, T, micro, d, f"gathering the old log-probs of step {step + 1}")
         mismatch = mismatch_stats(old_logp, batch.logprobs, mask)
         ref_logp = None
         if a.kl_coef > 0:
             with policy.disable_adapter():
-                ref_logp = logprobs_no_grad(policy, batch, T, mb)
+                ref_logp = _logprobs_global(policy, batch, T, micro, d, f"gathering the reference log-probs of step {step + 1}")
         is_w = truncated_is_weights(old_logp, batch.logprobs, a.tis_cap) if a.tis_cap else None
         policy.train()
         sums: dict[str, float] = {}
         for update in range(a.updates_per_batch):
             total = 0.0
-            for m in micro_batches(n, mb):
-                logp, ent = sequence_logprobs(policy, batch.prompt_ids[m], batch.prompt_mask[m], batch.completion_ids[m],
-                                              batch.completion_mask[m], T, with_entropy=True)
-                loss, info = policy_loss(logp, old_logp[m], adv[m], mask[m], loss_settings,
-                                         None if ref_logp is None else ref_logp[m],
-                                         None if is_w is None else is_w[m], ent)
-                w = micro_weight(a.name, mask, m)
-                if not torch.isfinite(loss):
-                    raise TrainingError(f"step {step}: loss is {float(loss)}; stopping (the last checkpoint is intact)")
-                (loss * w).backward()
+            for k, (m, real) in enumerate(micro):
+                sync = k == len(micro) - 1 or not d.on
+                with contextlib.nullcontext() if sync else scorer.no_sync():
+                    logp, ent = scorer(batch.prompt_ids[m], batch.prompt_mask[m], batch.completion_ids[m],
+                                       batch.completion_mask[m], T)
+                    loss, info = policy_loss(logp, old_logp[m], adv[m], mask[m], loss_settings,
+                                             None if ref_logp is None else ref_logp[m],
+                                             None if is_w is None else is_w[m], ent)
+                    w = micro_weight(a.name, mask, m) if real else 0.0
+                    if not torch.isfinite(loss):
+                        raise TrainingError(f"step {step}: loss is {float(loss)}; stopping (the last checkpoint is intact)")
+                    (loss * (w * d.world)).backward()  # DDP averages over ranks: x world = the one-process sum
                 total += loss.item() * w
                 if update == 0:
-                    for k, v in info.items():
-                        sums[k] = sums.get(k, 0.0) + v * w
+                    for key, v in info.items():
+                        sums[key] = sums.get(key, 0.0) + v * w
             params = [p for p in policy.parameters() if p.requires_grad]
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
             if not torch.isfinite(grad_norm):
@@ -191,7 +263,8 @@ def _update(policy, batch, rewards, cfg, loss_settings, aqn, sigma, step, optimi
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
     policy.eval()
-    return {**sums, "loss": total, "grad_norm": float(grad_norm), **mismatch}
+    summed = dist.all_sum(d, {**sums, "loss": total}, f"summing the loss diagnostics of step {step + 1}")
+    return {**summed, "grad_norm": float(grad_norm), **mismatch}
 
 
 def _write_summary(out: Path, metrics_path: Path, cfg: TrainConfig) -> None:

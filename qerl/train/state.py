@@ -26,6 +26,7 @@ class TrainState:
     step: int = 0  # optimizer steps completed
     data_pos: int = 0  # prompts consumed from the data stream
     run_id: str | None = None
+    world_size: int = 1  # processes of the run that wrote it (a resume must use as many)
 
 
 def _trainable_state(model) -> dict[str, torch.Tensor]:

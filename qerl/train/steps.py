@@ -5,12 +5,14 @@ import contextlib
 import hashlib
 import math
 import random
+import time
 
 import torch
 
 from qerl.data.tasks import format_prompt
 from qerl.rl.advantages import informative_groups, overlong_penalty
 from qerl.rollout import Rollout, generate, sequence_logprobs
+from qerl.train.dist import Dist, gather, share
 
 
 from qerl.errors import TrainingError  # re-exported: qerl.train.steps.TrainingError
@@ -71,25 +73,53 @@ def select(r: Rollout, rows: torch.Tensor) -> Rollout:
                    r.logprobs[rows], r.truncated[rows], [r.texts[i] for i in rows.tolist()])
 
 
-def collect_rollouts(policy, tokenizer, stream: PromptStream, cfg, step: int, reward, aqn, sigma: float):
+def rollout_to(r: Rollout, device) -> Rollout:
+    return Rollout(r.prompt_ids.to(device), r.prompt_mask.to(device), r.completion_ids.to(device),
+                   r.completion_mask.to(device), r.logprobs.to(device), r.truncated.to(device), list(r.texts))
+
+
+def _generate_share(policy, tokenizer, records, cfg, step, rounds, reward, aqn, sigma, d: Dist):
+    """This rank's groups of one round (all of them on one process), generated and scored, then every rank's
+    gathered in rank order: ``(rollout of the round's groups, [(reward, correct)] per row, generation seconds
+    per rank)``. Rows draw with their global rows' seeds, so the result does not depend on the world size."""
+    G = cfg.algorithm.group_size
+    mine = share(len(records), d)
+    seed = derive_seed(cfg.seed, step, rounds, "rollout")
+    t0 = time.perf_counter()
+    ro, scores = None, []
+    if len(mine):
+        prompts = [format_prompt(records[i]["prompt"], tokenizer, cfg.data.template) for i in mine]
+        noise = aqn.noise(sigma, derive_seed(cfg.seed, step, rounds, "aqn")) if aqn else contextlib.nullcontext()
+        with noise:
+            ro = generate(policy, tokenizer, prompts, cfg.rollout, seed=seed, num_samples=G, first_row=mine.start * G)
+        scores = [reward.score(text, records[mine.start + i // G]["answer"]) for i, text in enumerate(ro.texts)]
+    seconds = time.perf_counter() - t0
+    if not d.on:
+        return ro, scores, [seconds]
+    device = next(policy.parameters()).device
+    parts = gather(d, (None if ro is None else rollout_to(ro, "cpu"), scores, seconds),
+                   f"gathering the rollouts of step {step + 1}")
+    ro = merge([rollout_to(p[0], device) for p in parts if p[0] is not None], tokenizer.pad_token_id)
+    return ro, [sc for p in parts for sc in p[1]], [p[2] for p in parts]
+
+
+def collect_rollouts(policy, tokenizer, stream: PromptStream, cfg, step: int, reward, aqn, sigma: float,
+                     d: Dist = Dist()):
     """Generate G completions for ``prompts_per_step`` prompts, score them, and (DAPO dynamic
     sampling) drop groups whose rewards are all equal, refilling with fresh prompts for up to
     ``max_refill_rounds`` extra rounds. Returns ``(rollout, rewards, stats)``; ``stats`` covers
-    every sample generated this step."""
+    every sample generated this step. Under torchrun each rank generates its share of every round's groups
+    and all ranks continue on the gathered round (:mod:`qerl.train.dist`): the same batch on every rank."""
     a = cfg.algorithm
     G, want = a.group_size, cfg.prompts_per_step
     kept, kept_rewards = [], []
     all_rewards, all_correct, all_len, all_trunc = [], [], [], []
-    rounds, groups_seen = 0, 0
+    rounds, groups_seen, gen_max, idle = 0, 0, 0.0, 0.0
     while True:
         n_prompts = want - sum(len(k.texts) // G for k in kept) if rounds else want
         records = stream.take(n_prompts)
-        prompts = [format_prompt(r["prompt"], tokenizer, cfg.data.template) for r in records]
-        seed = derive_seed(cfg.seed, step, rounds, "rollout")
-        noise = aqn.noise(sigma, derive_seed(cfg.seed, step, rounds, "aqn")) if aqn else contextlib.nullcontext()
-        with noise:
-            ro = generate(policy, tokenizer, prompts, cfg.rollout, seed=seed, num_samples=G)
-        scores = [reward.score(text, records[i // G]["answer"]) for i, text in enumerate(ro.texts)]
+        ro, scores, seconds = _generate_share(policy, tokenizer, records, cfg, step, rounds, reward, aqn, sigma, d)
+        gen_max, idle = gen_max + max(seconds), idle + max(seconds) - min(seconds)
         rewards = torch.tensor([s[0] for s in scores], dtype=torch.float32)
         if a.overlong_penalty:
             rewards = rewards + overlong_penalty(ro.lengths.cpu(), cfg.rollout.max_new_tokens, a.overlong_cache)
@@ -120,6 +150,8 @@ def collect_rollouts(policy, tokenizer, stream: PromptStream, cfg, step: int, re
         "groups_generated": groups_seen,
         "rollout_rounds": rounds,
         "generated_tokens": int(torch.cat(all_len).sum()),
+        "rollout_gen_seconds": gen_max,  # the slowest rank's generation + scoring, summed over rounds
+        "rank_idle_seconds": idle,  # the fastest rank's wait for the slowest (0 on one process)
     }
     if not kept:
         stats["groups_kept"] = 0
@@ -138,9 +170,13 @@ def micro_batches(n: int, size: int):
 
 
 @torch.no_grad()
-def logprobs_no_grad(model, batch: Rollout, temperature: float, micro: int) -> torch.Tensor:
+def logprobs_no_grad(model, batch: Rollout, temperature: float, micro: int, rows: list[slice] | None = None
+                     ) -> torch.Tensor:
+    """Log-probs ``[rows, T]`` of ``batch``'s completions in micro-batches of ``micro`` rows (or of the given
+    row slices, concatenated in order)."""
+    rows = list(micro_batches(len(batch.texts), micro)) if rows is None else rows
     return torch.cat([sequence_logprobs(model, batch.prompt_ids[m], batch.prompt_mask[m], batch.completion_ids[m],
-                                        batch.completion_mask[m], temperature) for m in micro_batches(len(batch.texts), micro)])
+                                        batch.completion_mask[m], temperature) for m in rows])
 
 
 def micro_weight(algorithm: str, mask: torch.Tensor, m: slice) -> float:

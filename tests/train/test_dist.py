@@ -1,0 +1,135 @@
+"""Data-parallel `qerl train` (torchrun, gloo on CPU): a two-process run gives the one-process metrics; a
+killed rank stops the run with the checkpoint intact and --resume reproduces it; bad launches are refused.
+
+Tolerance: GRPO with shares that are whole micro-batches is bit-identical (the all-reduce of two partial
+gradients, scaled by 2 then averaged, is the one-process sum exactly); DAPO with uneven shares (micro-batch
+boundaries differ, so the forward runs on other batch shapes) agrees to 1e-5 relative / 1e-6 absolute."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from qerl.train import dist
+from qerl.train.loop import DETERMINISTIC_METRICS, _rank_micro_batches
+
+ROOT = Path(__file__).resolve().parents[2]
+KEYS = DETERMINISTIC_METRICS + ("grad_norm", "groups_generated", "generated_tokens")
+
+
+def _config(tmp_path, model, name, **over) -> Path:
+    cfg = {"method": "qerl", "output_dir": str(tmp_path / name), "steps": 4, "prompts_per_step": 4,
+           "micro_batch_size": 8, "seed": 0, "checkpoint_every": 2, "device": "cpu",
+           "model": {"path": str(model), "dtype": "float32"}, "data": {"task": "synthetic"},
+           "rollout": {"temperature": 1.0, "max_new_tokens": 5}, "algorithm": {"name": "grpo", "group_size": 4},
+           "lora": {"r": 8, "alpha": 16}, "aqn": {"sigma_start": 0.05, "sigma_end": 0.01, "stages": 1},
+           "reward": {"correctness": "exact"}, "optim": {"lr": 0.003}, "tracking": {"backend": "none"}}
+    for k, v in over.items():
+        node = cfg
+        *parents, leaf = k.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = v
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _train(cfg: Path, *args, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "qerl", "train", "--config", str(cfg), "--no-progress", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
+
+
+def _rows(cfg: Path) -> list[dict]:
+    out = Path(yaml.safe_load(cfg.read_text())["output_dir"])
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _assert_same(a: list[dict], b: list[dict], rel: float = 0.0, abs_: float = 0.0):
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for ra, rb in zip(a, b):
+        for k in KEYS:
+            if k in ra:
+                assert abs(ra[k] - rb[k]) <= max(rel * abs(ra[k]), abs_), (ra["step"], k, ra[k], rb[k])
+
+
+def test_shares_are_whole_groups_and_every_rank_runs_as_many_micro_batches():
+    assert [list(dist.share(5, dist.Dist(r, 2))) for r in range(2)] == [[0, 1, 2], [3, 4]]
+    assert [list(dist.share(1, dist.Dist(r, 3))) for r in range(3)] == [[0], [], []]
+    # 3 groups of 4 rows, micro-batches of 4, two ranks: rank 1 repeats one micro-batch with weight 0
+    m0 = _rank_micro_batches(12, 4, 4, dist.Dist(0, 2))
+    m1 = _rank_micro_batches(12, 4, 4, dist.Dist(1, 2))
+    assert m0 == [(slice(0, 4), True), (slice(4, 8), True)]
+    assert m1 == [(slice(8, 12), True), (slice(8, 12), False)]
+    assert _rank_micro_batches(4, 4, 8, dist.Dist(1, 2)) == [(slice(0, 4), False)]  # no group: a filler only
+
+
+def test_two_processes_equal_one_and_a_killed_rank_resumes(warm_model, tmp_path):
+    one, two = _config(tmp_path, warm_model, "one"), _config(tmp_path, warm_model, "two")
+    for cfg, n in ((one, "1"), (two, "2")):
+        r = _train(cfg, "--nproc", n)
+        assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("done: metrics") == 1  # rank 0 alone reports (and writes)
+    _assert_same(_rows(one), _rows(two))
+    idle = [row["rank_idle_seconds"] for row in _rows(two)]
+    assert all(v >= 0 for v in idle) and all(row["rank_idle_seconds"] == 0 for row in _rows(one))
+
+    # rank 1 is killed (SIGKILL) as step 3 starts: torchrun stops rank 0, the step-2 checkpoint is intact
+    kill = _config(tmp_path, warm_model, "kill")
+    r = _train(kill, "--nproc", "2", env={"QERL_FAULT_KILL": "1:3"})
+    assert r.returncode != 0
+    state = json.loads((tmp_path / "kill" / "checkpoint" / "trainer_state.json").read_text())
+    assert state["step"] == 2 and state["world_size"] == 2 and len(_rows(kill)) == 2
+    r = _train(kill, "--resume")  # another world size: refused, nothing touched
+    assert r.returncode == 2 and "written by a run on 2 process(es); this one has 1" in r.stderr
+    assert len(_rows(kill)) == 2
+    r = _train(kill, "--resume", "--nproc", "2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    _assert_same(_rows(two), _rows(kill))
+
+
+def test_dapo_with_uneven_shares_equals_one_process(warm_model, tmp_path):
+    """DAPO's filter without refills keeps 2-4 groups per step: shares of 1-2 groups, micro-batches of one group,
+    so a rank pads its micro-batches with weight-0 repeats; the kept groups and metrics match one process."""
+    over = {"algorithm.name": "dapo", "algorithm.max_refill_rounds": 0, "micro_batch_size": 4, "steps": 5}
+    one, two = _config(tmp_path, warm_model, "one", **over), _config(tmp_path, warm_model, "two", **over)
+    for cfg, n in ((one, "1"), (two, "2")):
+        r = _train(cfg, "--nproc", n)
+        assert r.returncode == 0, r.stderr[-3000:]
+    assert any(row["groups_kept"] % 2 for row in _rows(one))  # an odd number of groups: uneven shares happened
+    _assert_same(_rows(one), _rows(two), rel=1e-5, abs_=1e-6)
+
+
+def test_bad_launches_are_refused(warm_model, tmp_path):
+    cfg = _config(tmp_path, warm_model, "bad")
+    r = _train(cfg, "--nproc", "3")
+    assert r.returncode == 2 and "prompts_per_step = 4 does not split over 3 processes" in r.stderr
+    assert not (tmp_path / "bad").exists()  # refused before any process started
+    r = _train(cfg, "--nproc", "2", "--dry-run")
+    assert r.returncode == 0 and "torch.distributed.run --standalone --nproc-per-node=2 -m qerl train" in r.stdout
+    assert "--nproc" not in r.stdout.split("qerl train", 1)[1]
+    r = _train(cfg, "--nproc", "4", "--nnodes", "2", "--dry-run", "--set", "prompts_per_step=8")
+    assert r.returncode == 0
+    line = r.stdout.strip()
+    assert line.startswith("srun --nodes=2 --ntasks-per-node=1 --gpus-per-node=4 --kill-on-bad-exit=1 bash -c")
+    assert "--nnodes=2 --nproc-per-node=4 --rdzv-backend=c10d" in line and "$SLURM_JOB_ID" in line
+    assert "--set prompts_per_step=8" in line and "--nnodes 2" not in line
+    r = _train(cfg, "--nproc", "4", "--nnodes", "2", "--set", "prompts_per_step=8")  # not inside an allocation
+    assert r.returncode == 2 and "inside an allocation" in r.stderr
+
+
+def test_ranks_with_other_configs_or_weights_are_refused(monkeypatch):
+    from qerl.errors import TrainingError
+
+    d = dist.Dist(0, 2)
+    monkeypatch.setattr(dist, "gather", lambda d, obj, what: [obj, "0123456789abcdef"])
+    with pytest.raises(TrainingError, match="different configurations.*rank 1 0123456789abcdef"):
+        dist.check_same_config(d, {"seed": 0})
+    import torch
+
+    monkeypatch.setattr(dist, "gather", lambda d, obj, what: [obj, [x + 1 for x in obj]])
+    with pytest.raises(TrainingError, match=r"ranks \[1\] start from other trainable weights"):
+        dist.check_same_weights(d, torch.nn.Linear(2, 2))
