@@ -15,8 +15,14 @@ tokens to the measured length, so its update compiles and tunes for the same sha
 ``--cap-gb`` the process is capped there (``torch.cuda.set_per_process_memory_fraction``), so an H200 answers
 "does it fit in 80 GB". An OOM is a row with ``status = oom``.
 
-Columns: ``device, model, method, batch, prompt_len, gen_len, status, rollout_s, logprob_s, update_s, total_s,
-tokens_per_s, peak_gb, checkpointing, micro_batch, optimizer, note``. Writes ``<device>.csv / .md`` under
+``--nproc N`` (N GPUs of one machine; relaunches itself under torchrun, NCCL): data parallel as ``qerl train
+--nproc`` runs it — each rank generates ``batch / N`` sequences with its own engine, computes their log-probs and
+runs their micro-batches through DDP (one gradient all-reduce), then every rank steps; ``rollout_s`` is the
+slowest rank's, ``rank_idle_s`` how long the fastest rank waited for it. Rows of 1 and N GPUs of one
+configuration give the scaling table of the Markdown (speed-up, efficiency = speed-up / N, idle share).
+
+Columns: ``device, model, method, batch, prompt_len, gen_len, nproc, status, rollout_s, logprob_s, update_s,
+total_s, tokens_per_s, peak_gb, rank_idle_s, checkpointing, micro_batch, optimizer, note``. Writes ``<device>.csv / .md`` under
 ``--output``; the Markdown puts the paper's numbers (Tables 3, 5–8) beside ours.
 """
 from __future__ import annotations
@@ -26,13 +32,15 @@ import contextlib
 import csv
 import gc
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-COLUMNS = ["device", "model", "method", "batch", "prompt_len", "gen_len", "status", "rollout_s", "logprob_s",
-           "update_s", "total_s", "tokens_per_s", "peak_gb", "checkpointing", "micro_batch", "optimizer", "note"]
+COLUMNS = ["device", "model", "method", "batch", "prompt_len", "gen_len", "nproc", "status", "rollout_s", "logprob_s",
+           "update_s", "total_s", "tokens_per_s", "peak_gb", "rank_idle_s", "checkpointing", "micro_batch",
+           "optimizer", "note"]
 BASE = {"lora": "bf16", "qlora": "nf4", "qerl": "nvfp4"}
 #: the paper's one-H100 efficiency numbers (docs/paper.md): rollout tok/s at batch 8 / 2, weight GB, step s.
 PAPER = {
@@ -62,20 +70,27 @@ def _sync_time() -> float:
 
 
 def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro: int, optimizer, seed: int,
-             pad_to: int | None = None, prof=None) -> dict:
+             pad_to: int | None = None, prof=None, d=None, scorer=None) -> dict:
     """One GRPO step; seconds of its three phases (CUDA-synchronised, each a ``torch.profiler`` range
     ``step:<phase>``) and the generated tokens. ``pad_to``: extend the completions with random tokens to that
     length before the update (a warm-up step whose update has the measured step's shapes, cheaply). ``prof``: a
-    ``torch.profiler.profile`` started for the logprob and update phases only."""
+    ``torch.profiler.profile`` started for the logprob and update phases only. ``d`` / ``scorer``: this rank of a
+    data-parallel step (``batch`` is the global batch) and the DDP-wrapped log-prob module; the phases are then
+    the slowest rank's, ``rank_idle_s`` the fastest rank's wait at the end of the rollout."""
     from torch.profiler import record_function
 
     from qerl.rl.losses import LossSettings, policy_loss
     from qerl.rollout import SamplingSettings, generate
     from qerl.rollout.engine import release_engine
-    from qerl.rollout.sampler import sequence_logprobs
     from qerl.stages.bench_rollout import prompts
+    from qerl.train import dist
+    from qerl.train.loop import LogprobModule
     from qerl.train.steps import logprobs_no_grad, micro_batches
 
+    d = d or dist.Dist()
+    scorer = scorer if scorer is not None else LogprobModule(policy, with_entropy=False)
+    batch //= d.world  # this rank's sequences
+    seed = seed * 1000 + d.rank
     ps = prompts(batch, prompt_len, policy.config.vocab_size, seed=seed)
     s = SamplingSettings(temperature=1.0, max_new_tokens=gen_len)
     t0 = _sync_time()
@@ -101,10 +116,13 @@ def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro:
     adv = torch.randn(batch, generator=g).to(old.device)
     mask = r.completion_mask.float()
     settings = LossSettings("grpo", 0.2, 0.2, 0.0, r.completion_ids.shape[1])
-    for m in micro_batches(batch, micro):
-        logp = sequence_logprobs(policy, r.prompt_ids[m], r.prompt_mask[m], r.completion_ids[m], r.completion_mask[m])
-        loss, _ = policy_loss(logp, old[m], adv[m], mask[m], settings)
-        (loss * (m.stop - m.start) / batch).backward()
+    micro_list = list(micro_batches(batch, micro))
+    for k, m in enumerate(micro_list):
+        last = k == len(micro_list) - 1
+        with contextlib.nullcontext() if last or not d.on else scorer.no_sync():  # one all-reduce, at the last
+            logp = scorer(r.prompt_ids[m], r.prompt_mask[m], r.completion_ids[m], r.completion_mask[m])
+            loss, _ = policy_loss(logp, old[m], adv[m], mask[m], settings)
+            (loss * (m.stop - m.start) / batch).backward()
     params = [p for p in policy.parameters() if p.requires_grad]
     torch.nn.utils.clip_grad_norm_(params, 1.0)
     optimizer.step()
@@ -114,8 +132,15 @@ def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro:
     t3 = _sync_time()
     if prof is not None:
         prof.stop()
-    return {"rollout_s": t1 - t0, "logprob_s": t2 - t1, "update_s": t3 - t2, "total_s": t3 - t0,
-            "tokens": int(r.completion_mask.sum())}
+    st = {"rollout_s": t1 - t0, "logprob_s": t2 - t1, "update_s": t3 - t2, "total_s": t3 - t0,
+          "tokens": int(r.completion_mask.sum())}
+    if not d.on:
+        return {**st, "rank_idle_s": 0.0}
+    parts = dist.gather(d, st, "timing the step")
+    roll = [p["rollout_s"] for p in parts]
+    return {"rollout_s": max(roll), "logprob_s": max(p["logprob_s"] for p in parts),
+            "update_s": max(p["update_s"] for p in parts), "total_s": max(p["total_s"] for p in parts),
+            "tokens": sum(p["tokens"] for p in parts), "rank_idle_s": max(roll) - min(roll)}
 
 
 def _optimizer(params, lr: float = 1e-5):
@@ -147,7 +172,7 @@ def _profile(policy, tok, aqn, batch, prompt_len, gen_len, micro, opt, out: Path
 
 
 def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micro: int, checkpointing: str,
-               device: str, progress=print, warmup_gen: int = 16, profile: Path | None = None) -> list[dict]:
+               device: str, progress=print, warmup_gen: int = 16, profile: Path | None = None, d=None) -> list[dict]:
     """Every (batch, gen_len) of one (model, method): the model is built once; each configuration runs a
     ``warmup_gen``-token step first (compilation, autotuning), then the measured step; ``profile``: one
     profiled step of the first configuration written there."""
@@ -157,10 +182,14 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
     from qerl.rollout.engine import release_engine
     from qerl.stages.bench_models import build
     from qerl.stages.bench_rollout import CountTokenizer
+    from qerl.train import dist
+    from qerl.train.loop import LogprobModule
     from qerl.train.plan import resolve_checkpointing
 
+    d = d or dist.Dist()
     rows = []
-    base = {"device": device, "model": model, "method": method, "prompt_len": prompt_len, "micro_batch": micro}
+    base = {"device": device, "model": model, "method": method, "prompt_len": prompt_len, "micro_batch": micro,
+            "nproc": d.world}
     try:
         lm = build(model, BASE[method])
     except torch.cuda.OutOfMemoryError as e:
@@ -170,16 +199,20 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
     policy = apply_lora(lm, LoraSettings(r=32, alpha=32))
     aqn = AQN(policy, AQNSettings()) if method == "qerl" else None
     opt, opt_name = _optimizer([p for p in policy.parameters() if p.requires_grad])
+    scorer = dist.wrap(LogprobModule(policy, with_entropy=False), d, torch.device("cuda", torch.cuda.current_device()))
     tok = CountTokenizer()
     for b in batches:
         for g in gen_lens:
-            ckpt = resolve_checkpointing(checkpointing, lm.config, BASE[method], b, prompt_len + g, micro)
+            if b % d.world:
+                raise ValueError(f"--batches {b}: not divisible by --nproc {d.world}")
+            ckpt = resolve_checkpointing(checkpointing, lm.config, BASE[method], b // d.world, prompt_len + g, micro)
             _set_checkpointing(policy, ckpt)
             row = {**base, "batch": b, "gen_len": g, "checkpointing": ckpt, "optimizer": opt_name}
             try:
-                first = one_step(policy, tok, aqn, b, prompt_len, min(warmup_gen, g), micro, opt, seed=1, pad_to=g)
+                first = one_step(policy, tok, aqn, b, prompt_len, min(warmup_gen, g), micro, opt, seed=1, pad_to=g,
+                                 d=d, scorer=scorer)
                 torch.cuda.reset_peak_memory_stats()
-                st = one_step(policy, tok, aqn, b, prompt_len, g, micro, opt, seed=2)
+                st = one_step(policy, tok, aqn, b, prompt_len, g, micro, opt, seed=2, d=d, scorer=scorer)
                 row.update(status="ok", **{k: round(v, 3) for k, v in st.items() if k != "tokens"},
                            tokens_per_s=round(st["tokens"] / st["total_s"], 1),
                            peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2),
@@ -196,7 +229,7 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
                 torch.cuda.empty_cache()
             rows.append(row)
             progress(json.dumps(row))
-    del policy, lm, opt
+    del policy, lm, opt, scorer
     gc.collect()
     torch.cuda.empty_cache()
     return rows
@@ -227,18 +260,42 @@ def write(rows: list[dict], out: Path, device: str) -> tuple[Path, Path]:
              "One step = rollout (engine, fixed-length completions) + old log-probs + update (GRPO loss, backward, "
              "AdamW). LoRA rank 32 on the seven projections; `batch` = sequences per step; times of the second "
              "step; peak = max allocated.", "",
-             "| model | method | batch | prompt | gen | status | rollout s | logprob s | update s | total s | tok/s | "
-             "peak GB | ckpt | paper (one H100) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | method | batch | prompt | gen | GPUs | status | rollout s | logprob s | update s | total s | "
+             "tok/s | peak GB | ckpt | paper (one H100) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def f(r, k):
+        v = r.get(k, "")
+        return "" if v in ("", None) else (f"{v:.2f}" if isinstance(v, float) else str(v))
+
     for r in rows:
-        def f(k):
-            v = r.get(k, "")
-            return "" if v in ("", None) else (f"{v:.2f}" if isinstance(v, float) else str(v))
         lines.append(f"| {r['model']} | {r['method']} | {r['batch']} | {r['prompt_len']} | {r['gen_len']} | "
-                     f"{r['status']} | {f('rollout_s')} | {f('logprob_s')} | {f('update_s')} | {f('total_s')} | "
-                     f"{f('tokens_per_s')} | {f('peak_gb')} | {f('checkpointing')} | "
-                     f"{PAPER.get((r['model'], r['method']), '')} |")
+                     f"{r.get('nproc') or 1} | {r['status']} | {f(r, 'rollout_s')} | {f(r, 'logprob_s')} | "
+                     f"{f(r, 'update_s')} | {f(r, 'total_s')} | {f(r, 'tokens_per_s')} | {f(r, 'peak_gb')} | "
+                     f"{f(r, 'checkpointing')} | {PAPER.get((r['model'], r['method']), '')} |")
+    lines += scaling_lines(rows)
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return stem.with_suffix(".csv"), stem.with_suffix(".md")
+
+
+def scaling_lines(rows: list[dict]) -> list[str]:
+    """Markdown: for each configuration measured on 1 and on N GPUs, the step speed-up, the scaling efficiency
+    (speed-up / N) and the share of the N-GPU step the fastest rank waited for the slowest one's rollout."""
+    one = {(r["model"], r["method"], r["batch"], r["prompt_len"], r["gen_len"]): r for r in rows
+           if (r.get("nproc") or 1) == 1 and r["status"] == "ok"}
+    out = []
+    for r in rows:
+        n = r.get("nproc") or 1
+        base = one.get((r["model"], r["method"], r["batch"], r["prompt_len"], r["gen_len"]))
+        if n > 1 and r["status"] == "ok" and base is not None:
+            up = base["total_s"] / r["total_s"]
+            out.append(f"| {r['model']} | {r['method']} | {r['batch']} | {r['gen_len']} | {n} | {base['total_s']:.2f} | "
+                       f"{r['total_s']:.2f} | {up:.2f}× | {up / n:.0%} | {r.get('rank_idle_s') or 0.0:.2f} s "
+                       f"({(r.get('rank_idle_s') or 0.0) / r['total_s']:.1%}) |")
+    if not out:
+        return []
+    return ["", "## Data-parallel scaling (same batch per step, split over the GPUs)", "",
+            "| model | method | batch | gen | GPUs | 1-GPU step s | N-GPU step s | speed-up | efficiency | "
+            "fastest rank's rollout wait |", "|---|---|---|---|---|---|---|---|---|---|", *out]
 
 
 def _typed(r: dict) -> dict:
@@ -246,7 +303,7 @@ def _typed(r: dict) -> dict:
     out = {}
     for k, v in r.items():
         try:
-            out[k] = int(v) if k in ("batch", "prompt_len", "gen_len", "micro_batch") else (
+            out[k] = int(v) if k in ("batch", "prompt_len", "gen_len", "micro_batch", "nproc") else (
                 float(v) if k.endswith(("_s", "_gb")) else v)
         except ValueError:
             out[k] = v
@@ -262,11 +319,13 @@ def merge(paths: list[Path], out: Path) -> tuple[Path, Path]:
         with open(path, newline="") as f:
             for r in csv.DictReader(f):
                 devices.add(r["device"])
-                rows[(r["model"], r["method"], r["batch"], r["prompt_len"], r["gen_len"])] = _typed(r)
+                rows[(r["model"], r["method"], r["batch"], r["prompt_len"], r["gen_len"], r.get("nproc") or "1")] = \
+                    _typed(r)
     if len(devices) != 1:
         raise ValueError(f"--merge: the CSVs come from different devices {sorted(devices)}; merge one device's runs")
     order = {"7B": 0, "14B": 1, "32B": 2}
-    merged = sorted(rows.values(), key=lambda r: (order.get(r["model"], 9), r["method"], -r["batch"], r["gen_len"]))
+    merged = sorted(rows.values(), key=lambda r: (order.get(r["model"], 9), r["method"], -r["batch"], r["gen_len"],
+                                                  r.get("nproc") or 1))
     return write(merged, out, devices.pop())
 
 
@@ -286,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-gen", type=int, default=16, help="completion tokens of the warm-up step")
     p.add_argument("--profile", type=Path, default=None,
                    help="also write a torch.profiler table of one step per (model, method) here")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="GPUs of this machine, data parallel (relaunches itself under torchrun; batches divisible)")
     p.add_argument("--merge", nargs="+", metavar="CSV", type=Path,
                    help="only merge runs of one device into --output's file set (later files win; no GPU)")
     a = p.parse_args(argv)
@@ -294,9 +355,27 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not torch.cuda.is_available():
         raise SystemExit("qerl bench step needs a CUDA GPU (use --merge CSV... to combine runs)")
+    import os
+
+    from qerl.train import dist
+
+    if a.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        import subprocess
+
+        from qerl.train.launch import strip_launch_args, torchrun_argv
+
+        if torch.cuda.device_count() < a.nproc:
+            raise SystemExit(f"--nproc {a.nproc}: this machine has {torch.cuda.device_count()} GPU(s)")
+        bad = [b for b in a.batches if b % a.nproc]
+        if bad:
+            raise SystemExit(f"--batches {bad}: not divisible by --nproc {a.nproc}")
+        return subprocess.call(torchrun_argv(a.nproc, strip_launch_args(list(argv if argv is not None else
+                                                                             sys.argv[1:])), command=("bench", "step")))
+    d = dist.from_env(torch.device("cuda"))
     device = torch.cuda.get_device_name()
     frac = cap_memory(a.cap_gb)
-    print(json.dumps({"device": device, "memory_fraction": frac}), flush=True)
+    if d.main:
+        print(json.dumps({"device": device, "memory_fraction": frac, "nproc": d.world}), flush=True)
     rows = []
     for m in a.models:
         for method in a.methods:
@@ -308,9 +387,13 @@ def main(argv: list[str] | None = None) -> int:
                     continue
             gens = list(a.gen_lens) + ([a.long_gen] if a.long_gen and m == "32B" and method == "qerl" else [])
             rows += run_config(m, method, a.batches, gens, a.prompt_len, a.micro_batch, a.checkpointing, device,
-                               progress=lambda s: print(s, flush=True), warmup_gen=a.warmup_gen, profile=a.profile)
-            write(rows, Path(a.output), device)
-    print(json.dumps({"csv": str(Path(a.output) / (device.replace(' ', '_') + '.csv'))}))
+                               progress=lambda s: print(s, flush=True) if d.main else None, warmup_gen=a.warmup_gen,
+                               profile=a.profile if not d.on else None, d=d)
+            if d.main:
+                write(rows, Path(a.output), device)
+    if d.main:
+        print(json.dumps({"csv": str(Path(a.output) / (device.replace(' ', '_') + '.csv'))}))
+    dist.close(d)
     return 0
 
 

@@ -62,16 +62,20 @@ def from_env(device: torch.device) -> Dist:
         return Dist()
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if not tdist.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
+        # QERL_DIST_BACKEND=gloo: e.g. several ranks sharing one GPU in a smoke test (NCCL needs a GPU per rank)
+        backend = os.environ.get("QERL_DIST_BACKEND") or ("nccl" if device.type == "cuda" else "gloo")
         if device.type == "cuda":
-            torch.cuda.set_device(local)
+            torch.cuda.set_device(local % torch.cuda.device_count())
         tdist.init_process_group(backend, timeout=datetime.timedelta(seconds=TIMEOUT_S))
     return Dist(rank, world, local)
 
 
 def rank_device(device: torch.device, d: Dist) -> torch.device:
-    """``cuda`` -> ``cuda:LOCAL_RANK`` under torchrun; anything else unchanged."""
-    return torch.device("cuda", d.local_rank) if device.type == "cuda" and d.on and device.index is None else device
+    """``cuda`` -> ``cuda:LOCAL_RANK`` under torchrun (``cuda:LOCAL_RANK % GPUs`` where ranks share GPUs, see
+    ``QERL_DIST_BACKEND``); anything else unchanged."""
+    if device.type != "cuda" or not d.on or device.index is not None:
+        return device
+    return torch.device("cuda", d.local_rank % torch.cuda.device_count())
 
 
 def share(n: int, d: Dist) -> range:

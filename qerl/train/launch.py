@@ -26,10 +26,12 @@ def strip_launch_args(argv: list[str]) -> list[str]:
     return out
 
 
-def torchrun_argv(nproc: int, train_args: list[str], python: str = sys.executable) -> list[str]:
-    """One machine: ``python -m torch.distributed.run --standalone --nproc-per-node N -m qerl train ...``."""
+def torchrun_argv(nproc: int, train_args: list[str], python: str = sys.executable,
+                  command: tuple[str, ...] = ("train",)) -> list[str]:
+    """One machine: ``python -m torch.distributed.run --standalone --nproc-per-node N -m qerl train ...``
+    (``command``: another ``qerl`` subcommand, e.g. ``("bench", "step")``)."""
     return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "qerl", "train", *train_args]
+            "-m", "qerl", *command, *train_args]
 
 
 def slurm_command(nnodes: int, nproc: int, train_args: list[str], python: str = "python", port: int = 29500) -> str:

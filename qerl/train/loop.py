@@ -182,13 +182,13 @@ class LogprobModule(torch.nn.Module):
     """The update's forward as a module (what DDP wraps under torchrun): teacher-forced log-probs and entropies
     of completions under ``policy`` (:func:`qerl.rollout.sequence_logprobs`)."""
 
-    def __init__(self, policy):
+    def __init__(self, policy, with_entropy: bool = True):
         super().__init__()
-        self.policy = policy
+        self.policy, self.with_entropy = policy, with_entropy
 
-    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature: float):
+    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature: float = 1.0):
         return sequence_logprobs(self.policy, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature,
-                                 with_entropy=True)
+                                 with_entropy=self.with_entropy)
 
 
 def _rank_micro_batches(n: int, G: int, mb: int, d: dist.Dist) -> list[tuple[slice, bool]]:

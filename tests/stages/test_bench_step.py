@@ -23,7 +23,7 @@ def test_merge_later_rows_win_and_order(tmp_path):
         rows = list(csv.DictReader(f))
     assert [(r["model"], r["method"], r["total_s"]) for r in rows] == [
         ("7B", "qerl", "6.5"), ("14B", "lora", "37.0"), ("32B", "qerl", "45.0")]
-    assert "| 7B | qerl | 8 | 256 | 1024 | ok | 5.50 | 0.25 | 0.75 | 6.50 |" in md.read_text()
+    assert "| 7B | qerl | 8 | 256 | 1024 | 1 | ok | 5.50 | 0.25 | 0.75 | 6.50 |" in md.read_text()
 
 
 def test_merge_refuses_two_devices(tmp_path):
@@ -31,3 +31,13 @@ def test_merge_refuses_two_devices(tmp_path):
     b, _ = bench_step.write([_row("7B", "qerl", 8, 1024, 7.0, device="GPU Y")], tmp_path / "b", "GPU Y")
     with pytest.raises(ValueError, match="different devices"):
         bench_step.merge([a, b], tmp_path / "m")
+
+
+def test_scaling_table_from_one_and_two_gpu_rows(tmp_path):
+    one = _row("7B", "qerl", 16, 1024, 10.0)
+    two = {**_row("7B", "qerl", 16, 1024, 5.5), "nproc": 2, "rank_idle_s": 0.22}
+    _, md = bench_step.write([one, two], tmp_path, "GPU X")
+    text = md.read_text()
+    assert "| 7B | qerl | 16 | 256 | 1024 | 2 | ok |" in text
+    assert "| 7B | qerl | 16 | 1024 | 2 | 10.00 | 5.50 | 1.82× | 91% | 0.22 s (4.0%) |" in text
+    assert bench_step.scaling_lines([one]) == []  # nothing to compare

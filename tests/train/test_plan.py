@@ -96,8 +96,8 @@ def test_bench_step_report_files(tmp_path):
                  note="CUDA out of memory")]
     csv_path, md = bench_step.write(rows, tmp_path, "GPU X")
     text = md.read_text()
-    assert "| 32B | qerl | 8 | 256 | 2048 | ok | 30.00 |" in text and "12.2 s/step (b8)" in text
-    assert "| 32B | lora | 8 | 256 | 2048 | oom |" in text
+    assert "| 32B | qerl | 8 | 256 | 2048 | 1 | ok | 30.00 |" in text and "12.2 s/step (b8)" in text
+    assert "| 32B | lora | 8 | 256 | 2048 | 1 | oom |" in text
     assert csv_path.read_text().splitlines()[0].split(",") == bench_step.COLUMNS
 
 

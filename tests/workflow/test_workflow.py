@@ -60,6 +60,19 @@ def test_paper_config_dag_resolves_offline(tmp_path):
                                       str(tmp_path), "-n", "-p", "--forcerun", "evaluate_trained").stdout
 
 
+def test_multi_gpu_training_launches_through_torchrun(tmp_path):
+    """resources.train.gpu > 1: the train jobs run `qerl train --nproc <gpu>` (one process per GPU); 1: plain."""
+    edit = tmp_path / "gpus.yaml"
+    edit.write_text("resources:\n  train: {gpu: 8, mem_mb: 120000, runtime: 2880}\n")
+    args = ("--configfile", str(ROOT / "config/paper.yaml"), str(edit), "--cores", "4", "--directory", str(tmp_path),
+            "-n", "-p", "--forcerun", "train")
+    shells = [ln for ln in snakemake(*args).stdout.splitlines() if "qerl train --config" in ln]
+    assert shells and all("--auto-resume --no-progress --nproc 8 >" in ln for ln in shells)
+    one = snakemake("--configfile", str(ROOT / "config/paper.yaml"), "--cores", "4", "--directory", str(tmp_path),
+                    "-n", "-p", "--forcerun", "train").stdout
+    assert "--nproc" not in one and "qerl train --config" in one
+
+
 @pytest.mark.parametrize("ablation", sorted(p.name for p in (ROOT / "config/ablations").glob("*.yaml")))
 def test_ablations_are_config_only(tmp_path, ablation):
     out = snakemake("--configfile", str(ROOT / "config/config.yaml"), str(ROOT / "config/ablations" / ablation),

@@ -67,6 +67,13 @@ def resources(kind, key, default):
     return config.get("resources", {}).get(kind, {}).get(key, default)
 
 
+def train_launch():
+    """`--nproc N` for `qerl train` when the config gives training N > 1 GPUs (one data-parallel process per
+    GPU, through torchrun; qerl.train.launch), else nothing."""
+    gpus = int(resources("train", "gpu", 0))
+    return f" --nproc {gpus}" if gpus > 1 else ""
+
+
 def model_source(model):
     return config["models"][model]["source"]
 

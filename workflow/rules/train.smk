@@ -24,10 +24,12 @@ rule train:
         gpu=resources("train", "gpu", 0),
         mem_mb=resources("train", "mem_mb", 8000),
         runtime=resources("train", "runtime", 120),
+    params:
+        launch=train_launch(),  # resources.train.gpu > 1: data-parallel over that many GPUs (torchrun)
     log:
         "logs/train/{model}/{method}/{algo}/{dataset}/seed{seed}.log",
     conda:
         "../envs/qerl.yaml"
     shell:
         # --auto-resume: a job killed mid-run continues from its last checkpoint when rerun
-        "qerl train --config {input.cfg} --auto-resume --no-progress > {log} 2>&1"
+        "qerl train --config {input.cfg} --auto-resume --no-progress{params.launch} > {log} 2>&1"
