@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from qerl.train.launch import strip_launch_args, torchrun_argv
 
-        if torch.cuda.device_count() < a.nproc:
+        if torch.cuda.device_count() < a.nproc and not os.environ.get("QERL_DIST_BACKEND"):  # (gloo: may share)
             raise SystemExit(f"--nproc {a.nproc}: this machine has {torch.cuda.device_count()} GPU(s)")
         bad = [b for b in a.batches if b % a.nproc]
         if bad:
