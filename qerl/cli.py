@@ -80,6 +80,12 @@ def _cmd_train(args) -> int:
         from qerl.train.dist import Dist, check_divisible
 
         check_divisible(cfg.prompts_per_step, Dist(world=args.nproc * args.nnodes))
+        import torch
+
+        if (cfg.device != "cpu" and args.nnodes == 1 and torch.cuda.is_available()
+                and torch.cuda.device_count() < args.nproc and not os.environ.get("QERL_DIST_BACKEND")):
+            raise ValueError(f"--nproc {args.nproc}: this machine has {torch.cuda.device_count()} GPU(s) (one process "
+                             "per GPU; set device: cpu to run the processes on the CPU)")
         train_args = strip_launch_args(args.argv[args.argv.index("train") + 1:])
         return launch(args.nproc, args.nnodes, train_args, args.dry_run)
     cfg = load_config(args.config, _overrides(args.set))
@@ -226,7 +232,8 @@ def _cmd_plan(args) -> int:
     from qerl.train.plan import plan_config
 
     cfg = load_config(args.config, _overrides(args.set))
-    res = plan_config(cfg, shape=args.shape, available=None if args.gpu_gb is None else args.gpu_gb * 1e9)
+    res = plan_config(cfg, shape=args.shape, available=None if args.gpu_gb is None else args.gpu_gb * 1e9,
+                      world=args.nproc)
     print(json.dumps(res, default=float) if args.json else res["markdown"], end="\n" if args.json else "")
     return 0 if res["fits"] else 3
 
@@ -393,6 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="use Qwen2.5 shapes instead of reading model.path's config.json")
     pl.add_argument("--gpu-gb", type=float, default=None, help="memory to plan for (default: this GPU, else 80)")
     pl.add_argument("--json", action="store_true", help="JSON instead of Markdown")
+    pl.add_argument("--nproc", type=int, default=1, help="data-parallel processes sharing each step (per-process plan)")
     pl.set_defaults(func=_cmd_plan)
 
     _add_tracking(q)

@@ -37,8 +37,6 @@ DETERMINISTIC_METRICS = ("reward_mean", "reward_std", "accuracy", "entropy", "kl
 
 def train(cfg: TrainConfig, resume: bool = False, tracker=None, progress: bool = True) -> Path:
     """Run RL training; returns the output directory (metrics.jsonl, checkpoint/, final/)."""
-    from tqdm.auto import tqdm
-
     # config & seed; the process group under torchrun (rank 0 writes every file)
     out = Path(cfg.output_dir)
     device = resolve_device(cfg.device)
@@ -64,7 +62,7 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
 
     # model & method (on a GPU, a configuration that cannot fit is refused before anything loads)
     if device.type == "cuda" and method.lora:
-        _check_memory(cfg)
+        _check_memory(cfg, d.world)
     policy, tokenizer = build_policy(cfg, device)
     aqn = AQN(policy, cfg.aqn) if method.aqn else None
     scorer = LogprobModule(policy)  # DDP-wrapped under torchrun (below): the update's forward goes through it
@@ -169,13 +167,13 @@ def _oom_error(cfg: TrainConfig, step: int, phase: str, device, out: Path, batch
         "gradient_checkpointing: true (`qerl plan --config ...` estimates it), then rerun with --resume.")
 
 
-def _check_memory(cfg: TrainConfig) -> None:
+def _check_memory(cfg: TrainConfig, world: int) -> None:
     """The memory planner's verdict for a local model directory (a hub id is planned after download only)."""
     from qerl.train.plan import check_fits
 
     path = Path(cfg.model.path) / "config.json"
     if path.exists():
-        check_fits(cfg, path)
+        check_fits(cfg, path, world=world)
 
 
 class LogprobModule(torch.nn.Module):

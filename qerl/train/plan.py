@@ -179,9 +179,10 @@ def advice(est: dict, available: float, checkpointing: bool, micro: int) -> list
 
 
 
-def plan_config(cfg, shape: str | None = None, available: float | None = None) -> dict:
+def plan_config(cfg, shape: str | None = None, available: float | None = None, world: int = 1) -> dict:
     """The estimate for a :class:`~qerl.train.config.TrainConfig` (``shape``: a Qwen2.5 size instead of the
-    model's ``config.json``): ``{"estimate", "fits", "available", "advice", "markdown"}``."""
+    model's ``config.json``; ``world``: data-parallel processes, each holding ``1/world`` of a step's sequences):
+    ``{"estimate", "fits", "available", "advice", "markdown"}`` for one process."""
     import importlib.util
     import json
     from pathlib import Path
@@ -201,7 +202,7 @@ def plan_config(cfg, shape: str | None = None, available: float | None = None) -
     if not method.lora:
         raise ConfigError(f"config.method: {cfg.method!r}: the planner covers the LoRA methods (lora, qlora, "
                           "nvfp4_lora, qerl)")
-    rows = cfg.prompts_per_step * cfg.algorithm.group_size
+    rows = cfg.prompts_per_step * cfg.algorithm.group_size // max(1, world)
     gen = cfg.rollout.max_new_tokens
     eight = cfg.optim.eight_bit == "true" or (
         cfg.optim.eight_bit == "auto" and importlib.util.find_spec("bitsandbytes") is not None)
@@ -213,7 +214,8 @@ def plan_config(cfg, shape: str | None = None, available: float | None = None) -
     est = estimate(s, method.base, rows, PROMPT_TOKENS, gen, cfg.micro_batch_size, cfg.lora.r, ckpt, eight,
                    cfg.rollout.release_cache)
     fits = est["peak_bytes"] <= available
-    title = (f"{cfg.method}, {rows} sequences × ({PROMPT_TOKENS} + {gen}) tokens, micro-batch "
+    title = (f"{cfg.method}, {rows} sequences{f' per process ({world} processes)' if world > 1 else ''} × "
+             f"({PROMPT_TOKENS} + {gen}) tokens, micro-batch "
              f"{cfg.micro_batch_size}, LoRA r={cfg.lora.r}, checkpointing {'on' if ckpt else 'off'}, "
              f"{'8-bit' if eight else 'fp32'} AdamW")
     md = markdown(est, title, available)
@@ -224,12 +226,12 @@ def plan_config(cfg, shape: str | None = None, available: float | None = None) -
             "markdown": md}
 
 
-def check_fits(cfg, hf_config_path, available: float | None = None) -> None:
+def check_fits(cfg, hf_config_path, available: float | None = None, world: int = 1) -> None:
     """Raise :class:`~qerl.train.config.ConfigError` with the estimate's parts when ``cfg`` cannot fit the
-    current CUDA device (called by ``qerl train`` before loading the model)."""
+    current CUDA device (called by ``qerl train`` before loading the model; ``world`` processes share a step)."""
     from qerl.train.config import ConfigError
 
-    res = plan_config(cfg, available=available)
+    res = plan_config(cfg, available=available, world=world)
     if not res["fits"]:
         e = res["estimate"]
         parts = ", ".join(f"{k} {v / 1e9:.1f}" for g in ("static", e["peak_phase"]) for k, v in e[g].items() if v > 1e8)

@@ -1,5 +1,6 @@
 """The memory planner (qerl.train.plan, `qerl plan`) and a GRPO step of `qerl bench step` on CPU."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -123,3 +124,15 @@ def test_estimates_within_15_percent_of_the_measured_peaks():
                                                                 r["gen_len"], est["peak_gb"], measured)
             n += 1
     assert n >= 10
+
+
+def test_plan_per_process_under_data_parallelism():
+    """`--nproc N`: each process holds 1/N of a step's sequences (its rollout KV cache and activations)."""
+    from qerl.train.config import load_config
+
+    cfg = load_config(Path(__file__).parents[2] / "config/train/tiny.yaml",
+                      {"prompts_per_step": 16, "rollout.max_new_tokens": 2048, "gradient_checkpointing": True,
+                       "micro_batch_size": 2})
+    one, two = (plan.plan_config(cfg, shape="32B", available=80e9, world=w) for w in (1, 2))
+    assert two["estimate"]["peak_gb"] < one["estimate"]["peak_gb"]
+    assert "64 sequences per process (2 processes)" in two["markdown"]
