@@ -153,7 +153,7 @@ def _lora_linear_cls():
                         base = self.get_base_layer()
                         return qerl.ops.nvfp4_lora_train(
                             x, base.weight_packed, base.weight_scale, base.weight_global_scale, base.bias, a, b,
-                            scaling)
+                            scaling, casts=self._cast(self.active_adapters[0], a, b, x.dtype))
                     return self.base_layer(x) + lean_lora_delta(x, *lean)  # base through the seam, dropout
                 return super().forward(x, *args, **kwargs)
             base = self.get_base_layer()
@@ -175,11 +175,16 @@ def _lora_linear_cls():
             a, b = self.lora_A[name].weight, self.lora_B[name].weight
             if x.device.type not in _CAST_DEVICES or a.dtype == x.dtype:
                 return a, b, self.scaling[name]
-            key = (_OPTIMIZER_STEPS[0], a._version, b._version, a.data_ptr(), b.data_ptr(), x.dtype)
+            return *self._cast(name, a, b, x.dtype), self.scaling[name]
+
+        def _cast(self, name: str, a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype):
+            """``(A, B)`` of adapter ``name`` in ``dtype`` (detached), cast again only after an optimizer step or an
+            in-place change of the parameters (version counter): once per step, not per call and micro-batch."""
+            key = (_OPTIMIZER_STEPS[0], a._version, b._version, a.data_ptr(), b.data_ptr(), dtype)
             cache = self.__dict__.setdefault("_qerl_lora_cast", {})
             if name not in cache or cache[name][0] != key:
-                cache[name] = (key, a.detach().to(x.dtype), b.detach().to(x.dtype))
-            return cache[name][1], cache[name][2], self.scaling[name]
+                cache[name] = (key, a.detach().to(dtype), b.detach().to(dtype))
+            return cache[name][1], cache[name][2]
 
         def _get_in_out_features(self, module):
             return module.in_features, module.out_features

@@ -46,20 +46,20 @@ def _forward_xa(x2, packed, scale, gs, bias, xa, b, s):
     return torch.addmm(reference_forward(x2, packed, scale, gs, bias), xa, b.t(), alpha=s)
 
 
-def _backward_lora(d2, packed, scale, gs, dyb, a):
-    """``d2 · Ŵ + dyb · a`` (``d2 [M, N]``, ``dyb [M, R]`` already scaled by s) on the backend, or the reference."""
+def _backward_lora(d2, packed, scale, gs, dyb, a, s):
+    """``d2 · Ŵ + s · dyb · a`` (``d2 [M, N]``, ``dyb [M, R]``) on the backend, or the reference."""
     backend = select_backend(d2, packed)
     if backend is not None and backend.backward_input_lora is not None:
-        return backend.backward_input_lora(d2, packed, scale, gs, dyb, a, 1.0)
-    return torch.addmm(reference_backward_input(d2, packed, scale, gs), dyb, a)
+        return backend.backward_input_lora(d2, packed, scale, gs, dyb, a, s)
+    return torch.addmm(reference_backward_input(d2, packed, scale, gs), dyb, a, alpha=s)
 
 
 class _NVFP4LoraFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, packed, scale, gs, bias, lora_a, lora_b, lora_scale):
+    def forward(ctx, x, packed, scale, gs, bias, lora_a, lora_b, lora_scale, casts=None):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        a, b = lora_a.to(x.dtype), lora_b.to(x.dtype)
+        a, b = casts if casts is not None else (lora_a.to(x.dtype), lora_b.to(x.dtype))
         xa = x2 @ a.t()  # [M, R]
         y = _forward_xa(x2, packed, scale, gs, None if bias is None else bias.to(x.dtype), xa, b, lora_scale)
         ctx.save_for_backward(x2, xa, a, b, packed, scale, gs)
@@ -72,23 +72,26 @@ class _NVFP4LoraFn(torch.autograd.Function):
         x2, xa, a, b, packed, scale, gs = ctx.saved_tensors
         s = ctx.lora_scale
         d2 = dy.reshape(-1, dy.shape[-1]).contiguous()
-        dyb = (d2 @ b).mul_(s)  # [M, R]: s · dY · B
+        dyb = d2 @ b  # [M, R]: dY · B
         grad_x = grad_a = grad_b = grad_bias = None
         if ctx.needs_input_grad[0]:
-            grad_x = _backward_lora(d2, packed, scale, gs, dyb, a).reshape(ctx.shape)
+            grad_x = _backward_lora(d2, packed, scale, gs, dyb, a, s).reshape(ctx.shape)
         if ctx.needs_input_grad[4]:  # a bias is frozen in every method, but stay correct if not
             grad_bias = d2.sum(0)
+        # s folded into the GEMMs (beta = 0: the first operand only gives shape and dtype)
         if ctx.needs_input_grad[5]:
-            grad_a = (dyb.t() @ x2).to(ctx.dtypes[0])  # [R, K]
+            grad_a = torch.addmm(a, dyb.t(), x2, beta=0, alpha=s).to(ctx.dtypes[0])  # [R, K] = s · (dY·B)ᵀ · X
         if ctx.needs_input_grad[6]:
-            grad_b = (d2.t() @ (xa * s)).to(ctx.dtypes[1])  # [N, R]
-        return grad_x, None, None, None, grad_bias, grad_a, grad_b, None
+            grad_b = torch.addmm(b, d2.t(), xa, beta=0, alpha=s).to(ctx.dtypes[1])  # [N, R] = s · dYᵀ · (X·Aᵀ)
+        return grad_x, None, None, None, grad_bias, grad_a, grad_b, None, None
 
 
-def nvfp4_lora_train(x, packed, scale, global_scale, bias, lora_a, lora_b, lora_scale: float) -> torch.Tensor:
+def nvfp4_lora_train(x, packed, scale, global_scale, bias, lora_a, lora_b, lora_scale: float,
+                     casts: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """``x · Ŵᵀ + bias + s · (x · Aᵀ) · Bᵀ`` as one autograd node (module docstring: shapes, dtypes, the
-    backward). Falls back to :func:`reference_lora_train` for fp32 activations (CPU training), where the
-    one-node path has nothing to save."""
+    backward). ``casts``: ``(A, B)`` already in ``x.dtype`` (detached; the LoRA layer keeps them for a whole
+    optimizer step), else cast here on every call. Falls back to :func:`reference_lora_train` for fp32
+    activations (CPU training), where the one-node path has nothing to save."""
     if x.shape[-1] != packed.shape[1] * 2 or lora_a.shape[-1] != x.shape[-1] or tuple(lora_b.shape) != (
             packed.shape[0], lora_a.shape[0]):
         raise ValueError(
@@ -96,4 +99,4 @@ def nvfp4_lora_train(x, packed, scale, global_scale, bias, lora_a, lora_b, lora_
             f"{tuple(lora_a.shape)}, lora_b {tuple(lora_b.shape)}: expected lora_a [R, K] and lora_b [N, R]")
     if x.dtype not in (torch.bfloat16, torch.float16):
         return reference_lora_train(x, packed, scale, global_scale, bias, lora_a, lora_b, lora_scale)
-    return _NVFP4LoraFn.apply(x, packed, scale, global_scale, bias, lora_a, lora_b, float(lora_scale))
+    return _NVFP4LoraFn.apply(x, packed, scale, global_scale, bias, lora_a, lora_b, float(lora_scale), casts)
