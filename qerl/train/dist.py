@@ -172,13 +172,19 @@ def check_same_weights(d: Dist, module: torch.nn.Module) -> None:
 
 
 def maybe_fault(d: Dist, step: int) -> None:
-    """Test hook: ``QERL_FAULT_KILL=RANK:STEP`` kills rank RANK (SIGKILL, no cleanup) as step STEP (1-based)
-    starts — how tests/train/test_dist.py checks that the other ranks stop and that --resume reproduces."""
-    spec = os.environ.get("QERL_FAULT_KILL")
-    if spec:
-        rank, at = (int(v) for v in spec.split(":"))
-        if d.rank == rank and step == at:
-            os.kill(os.getpid(), signal.SIGKILL)
+    """Test hooks: ``QERL_FAULT_KILL=RANK:STEP`` kills rank RANK (SIGKILL, no cleanup) as step STEP (1-based)
+    starts, ``QERL_FAULT_HANG=RANK:STEP`` makes it stall there — how tests/train/test_dist.py checks that the
+    other ranks stop (torchrun's teardown / the collectives' timeout) and that --resume reproduces."""
+    for var in ("QERL_FAULT_KILL", "QERL_FAULT_HANG"):
+        spec = os.environ.get(var)
+        if spec:
+            rank, at = (int(v) for v in spec.split(":"))
+            if d.rank == rank and step == at:
+                if var == "QERL_FAULT_KILL":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                import time
+
+                time.sleep(3600)
 
 
 def close(d: Dist) -> None:

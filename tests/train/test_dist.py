@@ -133,3 +133,14 @@ def test_ranks_with_other_configs_or_weights_are_refused(monkeypatch):
     monkeypatch.setattr(dist, "gather", lambda d, obj, what: [obj, [x + 1 for x in obj]])
     with pytest.raises(TrainingError, match=r"ranks \[1\] start from other trainable weights"):
         dist.check_same_weights(d, torch.nn.Linear(2, 2))
+
+
+def test_a_stalled_rank_stops_the_run_within_the_timeout(warm_model, tmp_path):
+    """Rank 1 stalls as step 3 starts: rank 0's next collective times out (QERL_DIST_TIMEOUT) with a message
+    naming the step, torchrun stops rank 1, and the step-2 checkpoint is intact."""
+    cfg = _config(tmp_path, warm_model, "hang")
+    r = _train(cfg, "--nproc", "2", env={"QERL_FAULT_HANG": "1:3", "QERL_DIST_TIMEOUT": "10"})
+    assert r.returncode != 0
+    assert "rank 0 of 2: another rank stopped or stalled while gathering the rollouts of step 3" in r.stderr
+    assert "rerun with --resume --nproc 2" in r.stderr
+    assert json.loads((tmp_path / "hang" / "checkpoint" / "trainer_state.json").read_text())["step"] == 2
