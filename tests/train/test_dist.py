@@ -95,12 +95,19 @@ def test_dapo_with_uneven_shares_equals_one_process(warm_model, tmp_path):
     """DAPO's filter without refills keeps 2-4 groups per step: shares of 1-2 groups, micro-batches of one group,
     so a rank pads its micro-batches with weight-0 repeats; the kept groups and metrics match one process."""
     over = {"algorithm.name": "dapo", "algorithm.max_refill_rounds": 0, "micro_batch_size": 4, "steps": 5}
-    one, two = _config(tmp_path, warm_model, "one", **over), _config(tmp_path, warm_model, "two", **over)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    one = _config(tmp_path, warm_model, "one", **over)
+    two = _config(tmp_path, warm_model, "two", **over, tracking={"backend": "mlflow", "tracking_uri": uri,
+                                                                 "experiment": "dp"})
     for cfg, n in ((one, "1"), (two, "2")):
         r = _train(cfg, "--nproc", n)
         assert r.returncode == 0, r.stderr[-3000:]
     assert any(row["groups_kept"] % 2 for row in _rows(one))  # an odd number of groups: uneven shares happened
     _assert_same(_rows(one), _rows(two), rel=1e-5, abs_=1e-6)
+    mlflow = pytest.importorskip("mlflow")
+    client = mlflow.tracking.MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("dp").experiment_id])  # rank 0 alone logs
+    assert len(client.get_metric_history(run.info.run_id, "reward_mean")) == 5
 
 
 def test_bad_launches_are_refused(warm_model, tmp_path):
