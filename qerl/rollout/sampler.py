@@ -25,8 +25,10 @@ class SamplingSettings:
     (0 = off), max_new_tokens, stop strings (generation ends once one appears; it is kept).
     engine: ``auto`` (the rollout engine, :mod:`qerl.rollout.engine`, on CUDA for models it runs; this
     reference sampler otherwise), ``engine`` (always the engine; on CPU without CUDA graphs) or
-    ``reference``. release_cache (training): free the engine's KV cache and graphs after each rollout so
-    the update has that memory (they are captured again at the next rollout, ~0.2–0.7 s)."""
+    ``reference``. release_cache (training): ``true`` frees the engine's KV cache and graphs after each rollout
+    so the update has that memory (they are captured again at the next rollout, ~0.2–0.7 s); ``false`` keeps
+    them; ``auto`` keeps them when the memory planner says the update fits beside them
+    (:func:`qerl.train.plan.keep_engine_cache`)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -34,7 +36,7 @@ class SamplingSettings:
     max_new_tokens: int = 256
     stop: tuple[str, ...] = ()
     engine: str = "auto"
-    release_cache: bool = True
+    release_cache: bool | str = "auto"
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -47,6 +49,8 @@ class SamplingSettings:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.release_cache not in (True, False, "auto"):
+            raise ValueError(f"release_cache must be true, false or auto, got {self.release_cache!r}")
 
 
 @dataclass

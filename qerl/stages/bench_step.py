@@ -70,13 +70,14 @@ def _sync_time() -> float:
 
 
 def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro: int, optimizer, seed: int,
-             pad_to: int | None = None, prof=None, d=None, scorer=None) -> dict:
+             pad_to: int | None = None, prof=None, d=None, scorer=None, keep_cache: bool = False) -> dict:
     """One GRPO step; seconds of its three phases (CUDA-synchronised, each a ``torch.profiler`` range
     ``step:<phase>``) and the generated tokens. ``pad_to``: extend the completions with random tokens to that
     length before the update (a warm-up step whose update has the measured step's shapes, cheaply). ``prof``: a
     ``torch.profiler.profile`` started for the logprob and update phases only. ``d`` / ``scorer``: this rank of a
     data-parallel step (``batch`` is the global batch) and the DDP-wrapped log-prob module; the phases are then
-    the slowest rank's, ``rank_idle_s`` the fastest rank's wait at the end of the rollout."""
+    the slowest rank's, ``rank_idle_s`` the fastest rank's wait at the end of the rollout. ``keep_cache``: keep
+    the engine's KV cache and graphs for the next step (``rollout.release_cache: false``)."""
     from torch.profiler import record_function
 
     from qerl.rl.losses import LossSettings, policy_loss
@@ -97,7 +98,8 @@ def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro:
     policy.eval()
     with record_function("step:rollout"), (aqn.noise(0.01, seed) if aqn is not None else contextlib.nullcontext()):
         r = generate(policy, tok, ps, s, seed=seed)
-        release_engine(policy)
+        if not keep_cache:
+            release_engine(policy)
     if pad_to is not None and pad_to > gen_len:
         extra = torch.randint(100, policy.config.vocab_size - 100, (batch, pad_to - gen_len), device=r.completion_ids.device)
         r.completion_ids = torch.cat([r.completion_ids, extra], 1)
@@ -172,7 +174,8 @@ def _profile(policy, tok, aqn, batch, prompt_len, gen_len, micro, opt, out: Path
 
 
 def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micro: int, checkpointing: str,
-               device: str, progress=print, warmup_gen: int = 16, profile: Path | None = None, d=None) -> list[dict]:
+               device: str, progress=print, warmup_gen: int = 16, profile: Path | None = None, d=None,
+               keep_cache: bool = False) -> list[dict]:
     """Every (batch, gen_len) of one (model, method): the model is built once; each configuration runs a
     ``warmup_gen``-token step first (compilation, autotuning), then the measured step; ``profile``: one
     profiled step of the first configuration written there."""
@@ -211,12 +214,16 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
             try:
                 first = one_step(policy, tok, aqn, b, prompt_len, min(warmup_gen, g), micro, opt, seed=1, pad_to=g,
                                  d=d, scorer=scorer)
+                if keep_cache:  # a step whose rollout captures the graphs the measured one replays
+                    one_step(policy, tok, aqn, b, prompt_len, g, micro, opt, seed=3, d=d, scorer=scorer, keep_cache=True)
                 torch.cuda.reset_peak_memory_stats()
-                st = one_step(policy, tok, aqn, b, prompt_len, g, micro, opt, seed=2, d=d, scorer=scorer)
+                st = one_step(policy, tok, aqn, b, prompt_len, g, micro, opt, seed=2, d=d, scorer=scorer,
+                              keep_cache=keep_cache)
                 row.update(status="ok", **{k: round(v, 3) for k, v in st.items() if k != "tokens"},
                            tokens_per_s=round(st["tokens"] / st["total_s"], 1),
                            peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2),
-                           note=f"after a {warmup_gen}-token warm-up step of {first['total_s']:.1f} s (compilation)")
+                           note=f"after a {warmup_gen}-token warm-up step of {first['total_s']:.1f} s (compilation)"
+                                + ("; engine cache kept between steps (graphs replayed)" if keep_cache else ""))
                 if profile is not None and not profiled:
                     profiled.append(_profile(policy, tok, aqn, b, prompt_len, g, micro, opt, profile,
                                              f"{model}_{method}_b{b}_g{g}"))
@@ -345,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-gen", type=int, default=16, help="completion tokens of the warm-up step")
     p.add_argument("--profile", type=Path, default=None,
                    help="also write a torch.profiler table of one step per (model, method) here")
+    p.add_argument("--keep-cache", action="store_true",
+                   help="keep the engine's KV cache and graphs between steps (rollout.release_cache: false)")
     p.add_argument("--nproc", type=int, default=1,
                    help="GPUs of this machine, data parallel (relaunches itself under torchrun; batches divisible)")
     p.add_argument("--merge", nargs="+", metavar="CSV", type=Path,
@@ -388,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
             gens = list(a.gen_lens) + ([a.long_gen] if a.long_gen and m == "32B" and method == "qerl" else [])
             rows += run_config(m, method, a.batches, gens, a.prompt_len, a.micro_batch, a.checkpointing, device,
                                progress=lambda s: print(s, flush=True) if d.main else None, warmup_gen=a.warmup_gen,
-                               profile=a.profile if not d.on else None, d=d)
+                               profile=a.profile if not d.on else None, d=d, keep_cache=a.keep_cache)
             if d.main:
                 write(rows, Path(a.output), device)
     if d.main:

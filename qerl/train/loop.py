@@ -63,6 +63,7 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
     # model & method (on a GPU, a configuration that cannot fit is refused before anything loads)
     if device.type == "cuda" and method.lora:
         _check_memory(cfg, d.world)
+    keep_cache = device.type == "cuda" and _keep_engine_cache(cfg, d.world)  # rollout.release_cache
     policy, tokenizer = build_policy(cfg, device)
     aqn = AQN(policy, cfg.aqn) if method.aqn else None
     scorer = LogprobModule(policy)  # DDP-wrapped under torchrun (below): the update's forward goes through it
@@ -109,7 +110,7 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
                 batch, rewards, stats = collect_rollouts(policy, tokenizer, stream, cfg, step, reward, aqn, sigma, d)
             except torch.cuda.OutOfMemoryError as e:
                 raise _oom_error(cfg, step, "rollout", device, out, None, e) from None
-            if cfg.rollout.release_cache:
+            if not keep_cache:
                 release_engine(policy)
             t_roll = time.time() - t0
             t1 = time.time()
@@ -165,6 +166,12 @@ def _oom_error(cfg: TrainConfig, step: int, phase: str, device, out: Path, batch
         f"step {step + 1}: out of GPU memory in the {phase} phase ({sizes}{mem}: {first}). The last checkpoint "
         f"({out / 'checkpoint'}, {last}) is intact: lower micro_batch_size or rollout.max_new_tokens, or set "
         "gradient_checkpointing: true (`qerl plan --config ...` estimates it), then rerun with --resume.")
+
+
+def _keep_engine_cache(cfg: TrainConfig, world: int) -> bool:
+    from qerl.train.plan import keep_engine_cache
+
+    return keep_engine_cache(cfg, world)
 
 
 def _check_memory(cfg: TrainConfig, world: int) -> None:

@@ -210,20 +210,42 @@ def plan_config(cfg, shape: str | None = None, available: float | None = None, w
     mode = cfg.gradient_checkpointing
     ckpt = mode is True or (mode == "auto" and (s.hidden >= 5120 or estimate(
         s, method.base, rows, PROMPT_TOKENS, gen, cfg.micro_batch_size, cfg.lora.r, False, eight,
-        cfg.rollout.release_cache)["peak_bytes"] > 0.9 * available))
-    est = estimate(s, method.base, rows, PROMPT_TOKENS, gen, cfg.micro_batch_size, cfg.lora.r, ckpt, eight,
-                   cfg.rollout.release_cache)
+        cfg.rollout.release_cache is not False)["peak_bytes"] > 0.9 * available))
+    release = cfg.rollout.release_cache
+    if release == "auto":  # keep the engine's cache (no recapture per step) when the update fits beside it
+        release = estimate(s, method.base, rows, PROMPT_TOKENS, gen, cfg.micro_batch_size, cfg.lora.r, ckpt, eight,
+                           False)["peak_bytes"] > KEEP_CACHE_FRACTION * available
+    est = estimate(s, method.base, rows, PROMPT_TOKENS, gen, cfg.micro_batch_size, cfg.lora.r, ckpt, eight, release)
     fits = est["peak_bytes"] <= available
     title = (f"{cfg.method}, {rows} sequences{f' per process ({world} processes)' if world > 1 else ''} × "
              f"({PROMPT_TOKENS} + {gen}) tokens, micro-batch "
              f"{cfg.micro_batch_size}, LoRA r={cfg.lora.r}, checkpointing {'on' if ckpt else 'off'}, "
-             f"{'8-bit' if eight else 'fp32'} AdamW")
+             f"{'8-bit' if eight else 'fp32'} AdamW, engine cache {'released' if release else 'kept'} between steps")
     md = markdown(est, title, available)
     tips = [] if fits else advice(est, available, ckpt, cfg.micro_batch_size)
     if tips:
         md += "\nTo fit: " + "; ".join(tips) + ".\n"
     return {"estimate": est, "fits": fits, "available": available, "checkpointing": ckpt, "advice": tips,
-            "markdown": md}
+            "release_cache": release, "markdown": md}
+
+
+KEEP_CACHE_FRACTION = 0.85  # release_cache: auto keeps the cache when the planned peak with it stays below this
+
+
+def keep_engine_cache(cfg, world: int = 1) -> bool:
+    """``rollout.release_cache`` resolved for this run: ``false`` -> keep, ``true`` -> release; ``auto`` -> keep
+    when the planned peak with the cache kept stays below :data:`KEEP_CACHE_FRACTION` of the GPU (CUDA, a local
+    model with a ``config.json``, a LoRA method), else release (also when the planner cannot tell)."""
+    mode = cfg.rollout.release_cache
+    if mode in (True, False):
+        return not mode
+    from pathlib import Path
+
+    from qerl.train.methods import METHODS
+
+    if not METHODS[cfg.method].lora or not (Path(cfg.model.path) / "config.json").exists():
+        return False
+    return not plan_config(cfg, world=world)["release_cache"]
 
 
 def check_fits(cfg, hf_config_path, available: float | None = None, world: int = 1) -> None:

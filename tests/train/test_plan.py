@@ -136,3 +136,24 @@ def test_plan_per_process_under_data_parallelism():
     one, two = (plan.plan_config(cfg, shape="32B", available=80e9, world=w) for w in (1, 2))
     assert two["estimate"]["peak_gb"] < one["estimate"]["peak_gb"]
     assert "64 sequences per process (2 processes)" in two["markdown"]
+
+
+def test_release_cache_auto_keeps_the_engine_cache_when_it_fits(tmp_path, monkeypatch):
+    """rollout.release_cache: auto keeps the cache (no graph recapture per step) when the planned peak with it
+    stays under 85% of the GPU, else releases; true / false as given; a bad value names the field."""
+    (tmp_path / "config.json").write_text(json.dumps({
+        "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+        "num_key_value_heads": 4, "vocab_size": 152064}))
+    over = {"model.path": str(tmp_path), "prompts_per_step": 2, "rollout.max_new_tokens": 1024}
+    cfg = load_config(Path(__file__).parents[2] / "config/train/tiny.yaml", over)
+    assert cfg.rollout.release_cache == "auto"
+    monkeypatch.setattr(plan, "device_bytes", lambda: 80e9)
+    assert plan.keep_engine_cache(cfg) is True
+    assert "engine cache kept between steps" in plan.plan_config(cfg)["markdown"]
+    monkeypatch.setattr(plan, "device_bytes", lambda: 8e9)
+    assert plan.keep_engine_cache(cfg) is False
+    for value, keep in ((True, False), (False, True)):
+        assert plan.keep_engine_cache(load_config(Path(__file__).parents[2] / "config/train/tiny.yaml",
+                                                  {**over, "rollout.release_cache": value})) is keep
+    with pytest.raises((ConfigError, ValueError), match="release_cache"):
+        load_config(Path(__file__).parents[2] / "config/train/tiny.yaml", {**over, "rollout.release_cache": "sometimes"})
