@@ -16,8 +16,9 @@ One step on ``W`` processes (ranks) computes what one process computes on the sa
   checkpoints (atomically) and the final adapter.
 
 What differs from one process is the order of floating-point reductions (the all-reduce sums ranks' partial
-gradients; the rollout forward runs on different batch shapes): metrics agree to ~1e-6 relative on a tiny fp32
-model (tests/train/test_dist.py checks 1e-4).
+gradients; forwards run on other batch shapes when shares do not align with micro-batches): on a tiny fp32 model
+GRPO's metrics are bit-identical (two partial gradients, doubled then averaged, sum exactly) and DAPO's with uneven
+shares agree to 1e-5 relative (tests/train/test_dist.py).
 """
 from __future__ import annotations
 
