@@ -62,8 +62,7 @@ def test_paper_config_dag_resolves_offline(tmp_path):
 
 def test_multi_gpu_training_launches_through_torchrun(tmp_path):
     """resources.train.gpu > 1: the train jobs run `qerl train --nproc <gpu>` (one process per GPU); 1: plain."""
-    edit = tmp_path / "gpus.yaml"
-    edit.write_text("resources:\n  train: {gpu: 8, mem_mb: 120000, runtime: 2880}\n")
+    edit = ROOT / "config/resources/gpus8.yaml"  # the shipped 8-GPU overlay
     args = ("--configfile", str(ROOT / "config/paper.yaml"), str(edit), "--cores", "4", "--directory", str(tmp_path),
             "-n", "-p", "--forcerun", "train")
     shells = [ln for ln in snakemake(*args).stdout.splitlines() if "qerl train --config" in ln]
