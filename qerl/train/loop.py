@@ -125,7 +125,7 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
             metrics = {"step": step + 1, **stats, **info, "sigma": sigma, "lr": scheduler.get_last_lr()[0],
                        "rollout_seconds": t_roll, "train_seconds": time.time() - t1,
                        "tokens_per_second": stats["generated_tokens"] / max(t_roll, 1e-9),
-                       "peak_memory_gb": peak_memory_gb(device)}
+                       "peak_memory_gb": max(dist.gather(d, peak_memory_gb(device), "comparing peak memory"))}
             if d.main:
                 _append_jsonl(metrics_path, metrics)
                 tracker.log_metrics(metrics, step=step + 1)
