@@ -26,6 +26,15 @@ def qwen_config(model: str, dtype: torch.dtype = torch.bfloat16):
 
 
 @torch.no_grad()
+def nf4_available() -> bool:
+    """Whether the NF4 base (bitsandbytes) can be built: the package imports."""
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def build(model: str, base: str, device="cuda", dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> nn.Module:
     """A random ``Qwen2ForCausalLM`` of ``model``'s shapes with a ``base`` of ``bf16`` | ``nvfp4`` | ``nf4``."""
     from transformers import Qwen2ForCausalLM

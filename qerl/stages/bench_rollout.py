@@ -166,7 +166,7 @@ def _release(model) -> None:
 def bench(args) -> list[dict]:
     from qerl.lora import LoraSettings, apply_lora
     from qerl.stages.bench_kernels import copy_bandwidth
-    from qerl.stages.bench_models import build, weight_bytes
+    from qerl.stages.bench_models import build, nf4_available, weight_bytes
 
     device = torch.cuda.get_device_name()
     bw = copy_bandwidth()
@@ -175,11 +175,8 @@ def bench(args) -> list[dict]:
     rows = []
     for m in args.models:
         for base in args.bases:
-            if base == "nf4":
-                try:
-                    import bitsandbytes  # noqa: F401
-                except ImportError:
-                    continue
+            if base == "nf4" and not nf4_available():
+                continue
             lm = build(m, base)
             model = apply_lora(lm, LoraSettings(r=32, alpha=32))
             g = torch.Generator(device="cuda").manual_seed(1)

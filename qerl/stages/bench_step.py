@@ -22,7 +22,8 @@ slowest rank's, ``rank_idle_s`` how long the fastest rank waited for it. Rows of
 configuration give the scaling table of the Markdown (speed-up, efficiency = speed-up / N, idle share).
 
 Columns: ``device, model, method, batch, prompt_len, gen_len, nproc, status, rollout_s, logprob_s, update_s,
-total_s, tokens_per_s, peak_gb, rank_idle_s, checkpointing, micro_batch, optimizer, note``. Writes ``<device>.csv / .md`` under
+total_s, tokens_per_s, peak_gb, rank_idle_s, checkpointing, micro_batch, engine_cache (released | kept between
+steps, ``--keep-cache``), optimizer, note``. Writes ``<device>.csv / .md`` under
 ``--output``; the Markdown puts the paper's numbers (Tables 3, 5–8) beside ours.
 """
 from __future__ import annotations
@@ -40,7 +41,7 @@ import torch
 
 COLUMNS = ["device", "model", "method", "batch", "prompt_len", "gen_len", "nproc", "status", "rollout_s", "logprob_s",
            "update_s", "total_s", "tokens_per_s", "peak_gb", "rank_idle_s", "checkpointing", "micro_batch",
-           "optimizer", "note"]
+           "engine_cache", "optimizer", "note"]
 BASE = {"lora": "bf16", "qlora": "nf4", "qerl": "nvfp4"}
 #: the paper's one-H100 efficiency numbers (docs/paper.md): rollout tok/s at batch 8 / 2, weight GB, step s.
 PAPER = {
@@ -192,7 +193,7 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
     d = d or dist.Dist()
     rows = []
     base = {"device": device, "model": model, "method": method, "prompt_len": prompt_len, "micro_batch": micro,
-            "nproc": d.world}
+            "nproc": d.world, "engine_cache": "kept" if keep_cache else "released"}
     try:
         lm = build(model, BASE[method])
     except torch.cuda.OutOfMemoryError as e:
@@ -268,7 +269,8 @@ def write(rows: list[dict], out: Path, device: str) -> tuple[Path, Path]:
              "AdamW). LoRA rank 32 on the seven projections; `batch` = sequences per step; times of the second "
              "step; peak = max allocated.", "",
              "| model | method | batch | prompt | gen | GPUs | status | rollout s | logprob s | update s | total s | "
-             "tok/s | peak GB | ckpt | paper (one H100) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "tok/s | peak GB | ckpt | micro-batch | engine cache | paper (one H100) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(r, k):
         v = r.get(k, "")
@@ -278,7 +280,8 @@ def write(rows: list[dict], out: Path, device: str) -> tuple[Path, Path]:
         lines.append(f"| {r['model']} | {r['method']} | {r['batch']} | {r['prompt_len']} | {r['gen_len']} | "
                      f"{r.get('nproc') or 1} | {r['status']} | {f(r, 'rollout_s')} | {f(r, 'logprob_s')} | "
                      f"{f(r, 'update_s')} | {f(r, 'total_s')} | {f(r, 'tokens_per_s')} | {f(r, 'peak_gb')} | "
-                     f"{f(r, 'checkpointing')} | {PAPER.get((r['model'], r['method']), '')} |")
+                     f"{f(r, 'checkpointing')} | {f(r, 'micro_batch')} | {r.get('engine_cache') or 'released'} | "
+                     f"{PAPER.get((r['model'], r['method']), '')} |")
     lines += scaling_lines(rows)
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return stem.with_suffix(".csv"), stem.with_suffix(".md")
@@ -287,12 +290,15 @@ def write(rows: list[dict], out: Path, device: str) -> tuple[Path, Path]:
 def scaling_lines(rows: list[dict]) -> list[str]:
     """Markdown: for each configuration measured on 1 and on N GPUs, the step speed-up, the scaling efficiency
     (speed-up / N) and the share of the N-GPU step the fastest rank waited for the slowest one's rollout."""
-    one = {(r["model"], r["method"], r["batch"], r["prompt_len"], r["gen_len"]): r for r in rows
-           if (r.get("nproc") or 1) == 1 and r["status"] == "ok"}
+    def config(r):
+        return (r["model"], r["method"], r["batch"], r["prompt_len"], r["gen_len"], r.get("micro_batch"),
+                r.get("engine_cache") or "released")
+
+    one = {config(r): r for r in rows if (r.get("nproc") or 1) == 1 and r["status"] == "ok"}
     out = []
     for r in rows:
         n = r.get("nproc") or 1
-        base = one.get((r["model"], r["method"], r["batch"], r["prompt_len"], r["gen_len"]))
+        base = one.get(config(r))
         if n > 1 and r["status"] == "ok" and base is not None:
             up = base["total_s"] / r["total_s"]
             out.append(f"| {r['model']} | {r['method']} | {r['batch']} | {r['gen_len']} | {n} | {base['total_s']:.2f} | "
@@ -319,20 +325,23 @@ def _typed(r: dict) -> dict:
 
 def merge(paths: list[Path], out: Path) -> tuple[Path, Path]:
     """One file set from several runs on one device (e.g. 7B, then 14B + 32B in a second process): a later
-    file's row replaces an earlier one with the same (model, method, batch, prompt_len, gen_len)."""
+    file's row replaces an earlier one with the same (model, method, batch, prompt_len, gen_len, GPUs, micro-batch,
+    engine cache)."""
     rows: dict = {}
     devices = set()
     for path in paths:
         with open(path, newline="") as f:
             for r in csv.DictReader(f):
                 devices.add(r["device"])
-                rows[(r["model"], r["method"], r["batch"], r["prompt_len"], r["gen_len"], r.get("nproc") or "1")] = \
-                    _typed(r)
+                r.setdefault("engine_cache", "released")  # files written before the column: every step released it
+                r["engine_cache"] = r["engine_cache"] or "released"
+                rows[(r["model"], r["method"], r["batch"], r["prompt_len"], r["gen_len"], r.get("nproc") or "1",
+                      r["micro_batch"], r["engine_cache"])] = _typed(r)
     if len(devices) != 1:
         raise ValueError(f"--merge: the CSVs come from different devices {sorted(devices)}; merge one device's runs")
     order = {"7B": 0, "14B": 1, "32B": 2}
     merged = sorted(rows.values(), key=lambda r: (order.get(r["model"], 9), r["method"], -r["batch"], r["gen_len"],
-                                                  r.get("nproc") or 1))
+                                                  r.get("nproc") or 1, r["micro_batch"], r["engine_cache"] != "released"))
     return write(merged, out, devices.pop())
 
 
@@ -380,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--batches {bad}: not divisible by --nproc {a.nproc}")
         return subprocess.call(torchrun_argv(a.nproc, strip_launch_args(list(argv if argv is not None else
                                                                              sys.argv[1:])), command=("bench", "step")))
+    from qerl.stages.bench_models import nf4_available
+
     d = dist.from_env(torch.device("cuda"))
     device = torch.cuda.get_device_name()
     frac = cap_memory(a.cap_gb)
@@ -388,12 +399,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for m in a.models:
         for method in a.methods:
-            if method == "qlora":
-                try:
-                    import bitsandbytes  # noqa: F401
-                except ImportError:
-                    print(json.dumps({"skip": f"{m} qlora: bitsandbytes is not importable"}), flush=True)
-                    continue
+            if method == "qlora" and not nf4_available():
+                print(json.dumps({"skip": f"{m} qlora: bitsandbytes is not importable"}), flush=True)
+                continue
             gens = list(a.gen_lens) + ([a.long_gen] if a.long_gen and m == "32B" and method == "qerl" else [])
             rows += run_config(m, method, a.batches, gens, a.prompt_len, a.micro_batch, a.checkpointing, device,
                                progress=lambda s: print(s, flush=True) if d.main else None, warmup_gen=a.warmup_gen,

@@ -64,7 +64,7 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
     if device.type == "cuda" and method.lora:
         _check_memory(cfg, d.world)
     keep_cache = device.type == "cuda" and _keep_engine_cache(cfg, d.world)  # rollout.release_cache
-    policy, tokenizer = build_policy(cfg, device)
+    policy, tokenizer = build_policy(cfg, device, d.world)
     aqn = AQN(policy, cfg.aqn) if method.aqn else None
     scorer = LogprobModule(policy)  # DDP-wrapped under torchrun (below): the update's forward goes through it
 

@@ -32,7 +32,7 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def build_policy(cfg, device: torch.device):
+def build_policy(cfg, device: torch.device, world: int = 1):
     """Load the base in the method's format and wrap it for training. Returns ``(model, tokenizer)``."""
     from transformers import AutoTokenizer
 
@@ -50,20 +50,21 @@ def build_policy(cfg, device: torch.device):
         model = apply_lora(model, cfg.lora)
     else:
         model.requires_grad_(True)
-    if checkpointing_on(cfg, model.config, method, device):
+    if checkpointing_on(cfg, model.config, method, device, world):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if hasattr(model, "enable_input_require_grads"):
             model.enable_input_require_grads()
     return model, tokenizer
 
 
-def checkpointing_on(cfg, hf_config, method: Method, device: torch.device) -> bool:
+def checkpointing_on(cfg, hf_config, method: Method, device: torch.device, world: int = 1) -> bool:
     """``gradient_checkpointing`` resolved: ``auto`` asks the memory planner (:mod:`qerl.train.plan`): on from
-    14B shapes, or when the update would not fit the device without it; off on the CPU."""
-    from qerl.train.plan import resolve_checkpointing
+    14B shapes, or when the update would not fit the device without it (per process: ``world`` share a step);
+    off on the CPU."""
+    from qerl.train.plan import PROMPT_TOKENS, resolve_checkpointing
 
     if cfg.gradient_checkpointing == "auto" and device.type != "cuda":
         return False
-    rows = cfg.prompts_per_step * cfg.algorithm.group_size
+    rows = cfg.prompts_per_step * cfg.algorithm.group_size // max(1, world)
     return resolve_checkpointing(cfg.gradient_checkpointing, hf_config, method.base, rows,
-                                 256 + cfg.rollout.max_new_tokens, cfg.micro_batch_size)
+                                 PROMPT_TOKENS + cfg.rollout.max_new_tokens, cfg.micro_batch_size)

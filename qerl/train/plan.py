@@ -128,14 +128,20 @@ def resolve_checkpointing(mode, hf_config, base: str, rows: int, seq_len: int, m
         return True
     if mode in ("off", "false"):
         return False
-    s = Shape.from_config(hf_config)
+    prompt = min(PROMPT_TOKENS, seq_len // 2)
+    return needs_checkpointing(Shape.from_config(hf_config), base, rows, prompt, seq_len - prompt, micro,
+                               budget_bytes=budget_bytes)
+
+
+def needs_checkpointing(s: Shape, base: str, rows: int, prompt_len: int, gen_len: int, micro: int, rank: int = 32,
+                        eight_bit: bool = True, budget_bytes: float | None = None, release_cache: bool = True) -> bool:
+    """The ``auto`` rule: on from 14B shapes (hidden ≥ 5120), or when the step's estimate without it exceeds
+    ``budget_bytes`` (default: 90% of the current CUDA device, or of 80 GB without one)."""
     if s.hidden >= 5120:
         return True
-    if budget_bytes is None:
-        budget_bytes = 0.9 * device_bytes()
-    prompt = min(PROMPT_TOKENS, seq_len // 2)
-    est = estimate(s, base, rows, prompt, seq_len - prompt, micro, checkpointing=False)
-    return est["peak_bytes"] > budget_bytes
+    budget = 0.9 * device_bytes() if budget_bytes is None else budget_bytes
+    return estimate(s, base, rows, prompt_len, gen_len, micro, rank, False, eight_bit,
+                    release_cache)["peak_bytes"] > budget
 
 
 def device_bytes() -> float:
@@ -208,9 +214,9 @@ def plan_config(cfg, shape: str | None = None, available: float | None = None, w
         cfg.optim.eight_bit == "auto" and importlib.util.find_spec("bitsandbytes") is not None)
     available = device_bytes() if available is None else available
     mode = cfg.gradient_checkpointing
-    ckpt = mode is True or (mode == "auto" and (s.hidden >= 5120 or estimate(
-        s, method.base, rows, PROMPT_TOKENS, gen, cfg.micro_batch_size, cfg.lora.r, False, eight,
-        cfg.rollout.release_cache is not False)["peak_bytes"] > 0.9 * available))
+    ckpt = mode is True or (mode == "auto" and needs_checkpointing(
+        s, method.base, rows, PROMPT_TOKENS, gen, cfg.micro_batch_size, cfg.lora.r, eight, 0.9 * available,
+        cfg.rollout.release_cache is not False))
     release = cfg.rollout.release_cache
     if release == "auto":  # keep the engine's cache (no recapture per step) when the update fits beside it
         release = estimate(s, method.base, rows, PROMPT_TOKENS, gen, cfg.micro_batch_size, cfg.lora.r, ckpt, eight,

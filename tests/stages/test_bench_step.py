@@ -26,6 +26,20 @@ def test_merge_later_rows_win_and_order(tmp_path):
     assert "| 7B | qerl | 8 | 256 | 1024 | 1 | ok | 5.50 | 0.25 | 0.75 | 6.50 |" in md.read_text()
 
 
+def test_merge_keeps_other_micro_batches_and_engine_cache_apart(tmp_path):
+    base = _row("7B", "qerl", 8, 1024, 6.7)
+    kept = {**_row("7B", "qerl", 8, 1024, 6.4), "engine_cache": "kept"}
+    micro4 = {**_row("7B", "qerl", 8, 1024, 6.3), "micro_batch": 4}
+    a, _ = bench_step.write([base], tmp_path / "a", "GPU X")
+    b, _ = bench_step.write([kept, micro4], tmp_path / "b", "GPU X")
+    csv_path, md = bench_step.merge([a, b], tmp_path / "m")
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["total_s"], r["micro_batch"], r["engine_cache"]) for r in rows] == [
+        ("6.7", "2", "released"), ("6.4", "2", "kept"), ("6.3", "4", "released")]
+    assert "| False | 2 | kept |" in md.read_text()
+
+
 def test_merge_refuses_two_devices(tmp_path):
     a, _ = bench_step.write([_row("7B", "qerl", 8, 1024, 7.0)], tmp_path / "a", "GPU X")
     b, _ = bench_step.write([_row("7B", "qerl", 8, 1024, 7.0, device="GPU Y")], tmp_path / "b", "GPU Y")
