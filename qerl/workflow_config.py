@@ -97,6 +97,23 @@ def train_config(config: dict, run: Run, tracking_uri: str) -> dict:
     return cfg
 
 
+def check_train_configs(config: dict, source: str, tracking_uri: str = "sqlite:///mlflow.db") -> None:
+    """Validate every run's resolved ``qerl train`` config with ``qerl train``'s own checks, so that a bad
+    value under ``train`` / ``*_overrides`` / ``variants`` stops the workflow before any job runs (a job
+    failing on it would rerun, and snakemake would drop, that run's earlier outputs). Raises
+    :class:`qerl.train.config.ConfigError` naming ``source`` (the config files), the run and the field.
+    Imports torch (the settings dataclasses live beside their modules): call it only where qerl's
+    runtime is installed."""
+    from qerl.train.config import ConfigError, TrainConfig, from_dict, validate
+
+    for run in runs(config):
+        where_ = f"{source}: run {run.path} (train + overrides)"
+        try:
+            validate(from_dict(TrainConfig, train_config(config, run, tracking_uri), "config"))
+        except ConfigError as e:
+            raise ConfigError(f"{where_}: {e}") from None
+
+
 def eval_targets(config: dict) -> list[str]:
     """``results/eval/...json`` paths: every trained run on its block's benchmarks (default:
     ``evaluation.benchmarks``) plus the untrained bases of each model on the same benchmarks."""

@@ -85,6 +85,9 @@ def test_ablations_are_config_only(tmp_path, ablation):
     ("experiments:\n  - {models: [tiny-qwen2], datasets: [synthetic], methods: [qlora8], algorithms: [grpo]}\n", "qlora8"),
     ("evaluation: {benchmarks: [mmlu]}\n", "mmlu"),
     ("trian: {}\n", "trian"),
+    # the runs' qerl-train configs: a bad value, an unknown key (checked by `qerl train`'s own rules)
+    ("train: {algorithm: {group_size: eight}}\n", "algorithm.group_size: expected an integer, got 'eight'"),
+    ("method_overrides: {qerl: {aqn: {sigma_strat: 0.01}}}\n", "sigma_strat"),
 ])
 def test_bad_configs_fail_before_any_job(tmp_path, edit, culprit):
     bad = tmp_path / "bad.yaml"

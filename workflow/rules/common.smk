@@ -51,6 +51,11 @@ def _check_names():
 
 
 _check_names()
+if not _CONDA:  # every run's qerl-train config checked now (the field named), not inside its job
+    try:
+        wc.check_train_configs(config, " + ".join(map(str, workflow.configfiles)) or "config")
+    except ValueError as e:
+        raise WorkflowError(str(e)) from None
 
 
 TRAIN_METHODS = list(wc.METHODS) + list(config.get("variants", {}))
