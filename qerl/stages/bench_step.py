@@ -255,7 +255,8 @@ def _set_checkpointing(policy, on: bool) -> None:
 
 
 def write(rows: list[dict], out: Path, device: str) -> tuple[Path, Path]:
-    """``<device>.csv`` and ``.md`` (atomic), the paper's numbers beside each (model, method)."""
+    """``<device>.csv`` and ``.md`` (atomic), the paper's numbers beside each (model, method), and the
+    ``.png`` of the step splits (:mod:`qerl.stages.bench_step_plot`) where a row succeeded."""
     out.mkdir(parents=True, exist_ok=True)
     stem = out / device.replace(" ", "_")
     tmp = stem.with_suffix(".csv.tmp")
@@ -283,6 +284,11 @@ def write(rows: list[dict], out: Path, device: str) -> tuple[Path, Path]:
                      f"{f(r, 'checkpointing')} | {f(r, 'micro_batch')} | {r.get('engine_cache') or 'released'} | "
                      f"{PAPER.get((r['model'], r['method']), '')} |")
     lines += scaling_lines(rows)
+    if any(r.get("status") == "ok" for r in rows):
+        from qerl.stages.bench_step_plot import plot
+
+        plot(rows, stem.with_suffix(".png"), device)
+        lines[4:4] = [f"![step split]({stem.with_suffix('.png').name})", ""]
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return stem.with_suffix(".csv"), stem.with_suffix(".md")
 

@@ -38,6 +38,11 @@ def test_merge_keeps_other_micro_batches_and_engine_cache_apart(tmp_path):
     assert [(r["total_s"], r["micro_batch"], r["engine_cache"]) for r in rows] == [
         ("6.7", "2", "released"), ("6.4", "2", "kept"), ("6.3", "4", "released")]
     assert "| False | 2 | kept |" in md.read_text()
+    png = csv_path.with_suffix(".png")  # the step-split figure, linked from the Markdown
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({png.name})" in md.read_text()
+    from qerl.stages.bench_step_plot import _label
+    assert [_label(r) for r in (base, kept, micro4)] == [
+        "7B qerl b8 × 1024", "7B qerl b8 × 1024 [cache kept]", "7B qerl b8 × 1024 [μ4]"]
 
 
 def test_merge_refuses_two_devices(tmp_path):
