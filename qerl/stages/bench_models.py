@@ -25,7 +25,6 @@ def qwen_config(model: str, dtype: torch.dtype = torch.bfloat16):
                        rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False, torch_dtype=dtype)
 
 
-@torch.no_grad()
 def nf4_available() -> bool:
     """Whether the NF4 base (bitsandbytes) can be built: the package imports."""
     try:
@@ -35,6 +34,7 @@ def nf4_available() -> bool:
     return True
 
 
+@torch.no_grad()
 def build(model: str, base: str, device="cuda", dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> nn.Module:
     """A random ``Qwen2ForCausalLM`` of ``model``'s shapes with a ``base`` of ``bf16`` | ``nvfp4`` | ``nf4``."""
     from transformers import Qwen2ForCausalLM

@@ -1,7 +1,8 @@
-"""`qerl bench step --merge`: combining runs of one device (no GPU)."""
+"""`qerl bench step`: merging runs of one device, the figure, the random models it builds (no GPU)."""
 import csv
 
 import pytest
+import torch
 
 from qerl.stages import bench_step
 
@@ -60,3 +61,19 @@ def test_scaling_table_from_one_and_two_gpu_rows(tmp_path):
     assert "| 7B | qerl | 16 | 256 | 1024 | 2 | ok |" in text
     assert "| 7B | qerl | 16 | 1024 | 2 | 10.00 | 5.50 | 1.82× | 91% | 0.22 s (4.0%) |" in text
     assert bench_step.scaling_lines([one]) == []  # nothing to compare
+
+
+@pytest.mark.parametrize("base", ["bf16", "nvfp4"])
+def test_bench_models_build_with_grad_enabled(monkeypatch, base):
+    """The benches build one base after another with autograd on (a bf16 build after the QeRL one failed on the
+    GPU when `build` lost its no-grad decorator): weights filled in place, parameters still trainable leaves."""
+    from qerl.stages import bench_models
+
+    monkeypatch.setitem(bench_models.SHAPES, "7B", (64, 128, 4, 2))
+    monkeypatch.setitem(bench_models.LAYERS, "7B", 1)
+    monkeypatch.setattr(bench_models, "VOCAB", 256)
+    assert torch.is_grad_enabled()
+    lm = bench_models.build("7B", base, device="cpu")
+    w = lm.model.layers[0].self_attn.q_proj
+    assert (w.weight if base == "bf16" else w.dequantized_weight()).abs().sum() > 0
+    assert torch.is_grad_enabled()
