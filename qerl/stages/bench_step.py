@@ -310,11 +310,35 @@ def scaling_lines(rows: list[dict]) -> list[str]:
             out.append(f"| {r['model']} | {r['method']} | {r['batch']} | {r['gen_len']} | {n} | {base['total_s']:.2f} | "
                        f"{r['total_s']:.2f} | {up:.2f}× | {up / n:.0%} | {r.get('rank_idle_s') or 0.0:.2f} s "
                        f"({(r.get('rank_idle_s') or 0.0) / r['total_s']:.1%}) |")
+    measured = ["", "## Data-parallel scaling (same batch per step, split over the GPUs)", "",
+                "| model | method | batch | gen | GPUs | 1-GPU step s | N-GPU step s | speed-up | efficiency | "
+                "fastest rank's rollout wait |", "|---|---|---|---|---|---|---|---|---|---|", *out] if out else []
+    return measured + projected_scaling_lines(rows, config)
+
+
+def projected_scaling_lines(rows: list[dict], config, n: int = 2) -> list[str]:
+    """Markdown: the ``n``-GPU data-parallel speed-up that one-GPU rows imply. A rank of an ``n``-GPU step at batch
+    B does what one GPU does at B / n (its share of the rollouts, log-probs and micro-batches) plus an all-gather of
+    the rollouts and one all-reduce of the adapter gradients (overlapped with the last backward; not modelled),
+    so the bound is ``T₁(B) / T₁(B / n)``, for every B whose B / n was measured too. Equal-length completions:
+    no rank waits for another's rollout here (with EOS, the longest share sets the pace)."""
+    one = {config(r): r for r in rows if (r.get("nproc") or 1) == 1 and r["status"] == "ok"}
+    out = []
+    for key, r in one.items():
+        part = one.get((key[0], key[1], r["batch"] // n, *key[3:])) if r["batch"] % n == 0 else None
+        if part is not None:
+            up = r["total_s"] / part["total_s"]
+            out.append(f"| {r['model']} | {r['method']} | {r['batch']} | {r['gen_len']} | {r['total_s']:.2f} | "
+                       f"{part['total_s']:.2f} | {r['rollout_s'] / part['rollout_s']:.2f}× | {up:.2f}× | "
+                       f"{up / n:.0%} |")
     if not out:
         return []
-    return ["", "## Data-parallel scaling (same batch per step, split over the GPUs)", "",
-            "| model | method | batch | gen | GPUs | 1-GPU step s | N-GPU step s | speed-up | efficiency | "
-            "fastest rank's rollout wait |", "|---|---|---|---|---|---|---|---|---|---|", *out]
+    return ["", f"## Projected {n}-GPU data-parallel scaling, from the one-GPU rows (upper bound, not a {n}-GPU "
+            "measurement)", "",
+            f"A rank of a {n}-GPU step at batch B does the one-GPU step at B / {n}, plus collectives not modelled "
+            "here.", "",
+            f"| model | method | batch B | gen | 1-GPU step s at B | 1-GPU step s at B / {n} | rollout speed-up | "
+            "step speed-up | efficiency |", "|---|---|---|---|---|---|---|---|---|", *out]
 
 
 def _typed(r: dict) -> dict:

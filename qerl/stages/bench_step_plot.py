@@ -14,8 +14,8 @@ def _label(r: dict) -> str:
     extra = []
     if int(r.get("nproc") or 1) > 1:
         extra.append(f"{r['nproc']} GPUs")
-    if str(r.get("micro_batch")) not in ("", "2"):
-        extra.append(f"μ{r['micro_batch']}")
+    if str(r.get("micro_batch", "")) not in ("", "2", "None"):
+        extra.append(f"μ{r.get('micro_batch')}")
     if (r.get("engine_cache") or "released") != "released":
         extra.append("cache kept")
     tail = f" [{', '.join(extra)}]" if extra else ""

@@ -12,7 +12,7 @@ log-probs in ~1024-token blocks through :func:`qerl.ops.logits.token_logprobs`):
 * LoRA: ``r · (K + N)`` per projection; fp32 master + fp32 grad + AdamW states (8 B fp32, 2 B 8-bit) + the bf16
   copies the fused rollout kernels read.
 * rollout: KV cache ``2 · layers · kv_heads · head_dim · 2 B`` per position and row, the prefill's activations
-  and the sampler's fp32 vocabulary rows.
+  (one chunk of ``PREFILL_TOKENS`` prompt positions at a time) and the sampler's fp32 vocabulary rows.
 * update, per micro-batch of ``micro`` sequences of ``T = prompt + gen`` tokens: without checkpointing every
   layer keeps ``ACT_H · H + ACT_I · I + ACT_A · heads · head_dim`` bytes per token for the backward; with
   checkpointing a layer keeps its 2H-byte input and one layer is recomputed at a time; plus the lm_head block
@@ -33,6 +33,7 @@ GiB = 1024 ** 3
 ACT_H, ACT_I, ACT_A = 12, 7, 10
 LOGIT_COPIES = 4  # fp32 logits, log-softmax, its exp / the gradient: live together in a chunk's backward
 CHUNK_TOKENS = 1024  # qerl.ops.logits.CHUNK_TOKENS
+PREFILL_TOKENS = 8192  # qerl.rollout.engine.runner.PREFILL_TOKENS (the engine prefills rows in chunks of this)
 PACKED_BYTES = {"bf16": 2.0, "nvfp4": 0.5 + 1 / 16, "nf4": 0.5 + 4 / 64}
 
 
@@ -84,6 +85,11 @@ def kv_bytes(s: Shape, rows: int, positions: int) -> float:
     return 2 * s.layers * s.kv_heads * s.head_dim * 2 * rows * positions
 
 
+def prefill_rows(rows: int, prompt_len: int) -> int:
+    """Rows the engine prefills at once: as many prompts as fit ``PREFILL_TOKENS`` positions (at least one)."""
+    return min(rows, max(1, PREFILL_TOKENS // max(1, prompt_len)))
+
+
 def layer_act_bytes(s: Shape) -> float:
     """Bytes per token one layer keeps for its backward (no checkpointing)."""
     return ACT_H * s.hidden + ACT_I * s.intermediate + ACT_A * s.heads * s.head_dim
@@ -97,7 +103,7 @@ def estimate(s: Shape, base: str, rows: int, prompt_len: int, gen_len: int, micr
     static = {**weight_bytes(s, base), **lora_bytes(s, rank, eight_bit)}
     kv = kv_bytes(s, rows, T)
     rollout = {"kv cache": kv,
-               "prefill": rows * prompt_len * (4 * s.hidden + 6 * s.intermediate) * 2,
+               "prefill": prefill_rows(rows, prompt_len) * prompt_len * (4 * s.hidden + 6 * s.intermediate) * 2,
                "sampler": 6 * rows * s.vocab * 4}
     n = micro * T
     lm = LOGIT_COPIES * min(CHUNK_TOKENS, micro * T) * s.vocab * 4

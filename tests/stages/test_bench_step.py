@@ -63,6 +63,17 @@ def test_scaling_table_from_one_and_two_gpu_rows(tmp_path):
     assert bench_step.scaling_lines([one]) == []  # nothing to compare
 
 
+def test_projected_scaling_from_one_gpu_rows(tmp_path):
+    """T₁(B) / T₁(B/2): a rank of a 2-GPU step at batch 16 does the 1-GPU step at batch 8."""
+    rows = [_row("7B", "qerl", 16, 1024, 8.0), _row("7B", "qerl", 8, 1024, 6.4), _row("7B", "lora", 16, 1024, 9.0)]
+    _, md = bench_step.write(rows, tmp_path, "GPU X")
+    text = md.read_text()
+    assert "## Projected 2-GPU data-parallel scaling" in text
+    # rollout 7.0 / 5.4 s; step 8.0 / 6.4 s = 1.25x, 62% (lora has no batch-8 row: no line)
+    assert "| 7B | qerl | 16 | 1024 | 8.00 | 6.40 | 1.30× | 1.25× | 62% |" in text
+    assert "| 7B | lora | 16 |" not in text.split("## Projected")[1]
+
+
 @pytest.mark.parametrize("base", ["bf16", "nvfp4"])
 def test_bench_models_build_with_grad_enabled(monkeypatch, base):
     """The benches build one base after another with autograd on (a bf16 build after the QeRL one failed on the

@@ -157,3 +157,15 @@ def test_release_cache_auto_keeps_the_engine_cache_when_it_fits(tmp_path, monkey
                                                   {**over, "rollout.release_cache": value})) is keep
     with pytest.raises((ConfigError, ValueError), match="release_cache"):
         load_config(Path(__file__).parents[2] / "config/train/tiny.yaml", {**over, "rollout.release_cache": "sometimes"})
+
+
+def test_prefill_is_planned_per_engine_chunk():
+    """The engine prefills at most PREFILL_TOKENS prompt positions at once; the planner's prefill term follows it
+    (256 sequences of 256-token prompts: 32 rows per call, not 256 — the 7B QeRL b256 row measured 27.7 GB)."""
+    from qerl.rollout.engine import runner
+
+    assert plan.PREFILL_TOKENS == runner.PREFILL_TOKENS
+    assert plan.prefill_rows(256, 256) == 32 and plan.prefill_rows(8, 256) == 8 and plan.prefill_rows(4, 9000) == 1
+    s = plan.QWEN25["7B"]
+    big, small = (plan.estimate(s, "nvfp4", b, 256, 1024, 2, 32, False)["rollout"]["prefill"] for b in (256, 32))
+    assert big == small

@@ -30,6 +30,8 @@ from qerl.rollout.engine.model_view import EngineUnsupported, view_model
 from qerl.rollout.engine.sampling import row_seeds, sample
 from qerl.rollout.sampler import Rollout, SamplingSettings, encode_prompts
 
+PREFILL_TOKENS = 8192  # prompt positions per prefill call (rows chunked so the activations stay bounded)
+
 log = logging.getLogger(__name__)
 
 
@@ -272,7 +274,7 @@ class RolloutEngine:
         self.gen_tok.zero_()
         self.step.zero_()
         t0 = self._clock()
-        chunk = max(1, 8192 // right.shape[1])
+        chunk = max(1, PREFILL_TOKENS // right.shape[1])
         for c0 in range(0, nb, chunk):  # prefill in row chunks (bounded activations)
             sl = slice(c0, min(nb, c0 + chunk))
             ids = right[r[sl]].to(dev)
