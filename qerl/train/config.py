@@ -86,7 +86,9 @@ class AlgorithmConfig:
 @dataclass(frozen=True)
 class OptimConfig:
     """AdamW. lr: paper 1e-5 for NVFP4/NF4 LoRA, 5e-6 for bf16 LoRA. eight_bit: 'auto' uses
-    bitsandbytes AdamW8bit on CUDA and torch AdamW on CPU."""
+    bitsandbytes AdamW8bit on CUDA and torch AdamW on CPU. shard_states: under several processes, each keeps
+    the AdamW states of 1/W of the parameters (``torch.distributed.optim.ZeroRedundancyOptimizer``, ZeRO stage 1);
+    'auto' does so for the full method, whose states are 4x the bf16 weights (LoRA's are a few hundred MB)."""
 
     lr: float = 1e-5
     weight_decay: float = 0.0
@@ -95,7 +97,8 @@ class OptimConfig:
     warmup_steps: int = 0
     min_lr_ratio: float = 0.0
     grad_clip: float = 1.0
-    eight_bit: str = "auto"
+    eight_bit: str | bool = "auto"  # YAML true / false are taken as 'true' / 'false'
+    shard_states: str | bool = "auto"
 
 
 @dataclass(frozen=True)
@@ -218,8 +221,12 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(f"config.optim.lr: must be > 0, got {cfg.optim.lr}")
     if cfg.gradient_checkpointing not in (True, False, "auto"):
         raise ConfigError(f"config.gradient_checkpointing: true, false or auto, got {cfg.gradient_checkpointing!r}")
-    if cfg.optim.eight_bit not in ("auto", "true", "false"):
-        raise ConfigError("config.optim.eight_bit: one of 'auto', 'true', 'false'")
+    tri = {n: (str(v).lower() if isinstance(v, bool) else v) for n in ("eight_bit", "shard_states")
+           for v in [getattr(cfg.optim, n)]}
+    for name, v in tri.items():
+        if v not in ("auto", "true", "false"):
+            raise ConfigError(f"config.optim.{name}: one of 'auto', 'true', 'false', got {v!r}")
+    cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, **tri))
     if cfg.model.dtype not in ("bfloat16", "float16", "float32"):
         raise ConfigError(f"config.model.dtype: {cfg.model.dtype!r} is not bfloat16/float16/float32")
     if cfg.tracking.backend not in ("mlflow", "none"):

@@ -11,7 +11,10 @@ One step on ``W`` processes (ranks) computes what one process computes on the sa
 * the update: rank ``r`` runs the micro-batches of its share of the global batch; each micro-batch loss carries
   its global weight times ``W``, and DDP's gradient *average* (:class:`torch.nn.parallel.DistributedDataParallel`,
   one all-reduce per optimizer step) turns the ranks' sums into the one-process gradient; every rank then clips
-  and steps identically;
+  and steps identically — or, with ``optim.shard_states`` (the full method's default), each rank updates its
+  partition of the parameters and keeps only that partition's AdamW states
+  (:class:`torch.distributed.optim.ZeroRedundancyOptimizer`), broadcasting the new values; its checkpoint
+  gathers every rank's states on rank 0 first;
 * per-rank loss diagnostics are summed (:func:`all_sum`); rank 0 alone writes ``metrics.jsonl``, MLflow,
   checkpoints (atomically) and the final adapter.
 
@@ -104,6 +107,14 @@ def all_sum(d: Dist, values: dict[str, float], what: str) -> dict[str, float]:
     if not d.on:
         return values
     return {k: sum(part[k] for part in gather(d, values, what)) for k in values}
+
+
+def collective(d: Dist, fn, what: str):
+    """Run ``fn()`` (a collective every rank calls) with a lost peer reported as in :func:`gather`."""
+    try:
+        return fn()
+    except (RuntimeError, tdist.DistBackendError) as e:
+        raise lost_rank(d, what, e) from None
 
 
 def barrier(d: Dist, what: str) -> None:

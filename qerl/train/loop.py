@@ -74,7 +74,12 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
 
     # optimizer
     params = [p for p in policy.parameters() if p.requires_grad]
-    optimizer = make_optimizer(params, cfg.optim, device)
+    shard = d.on and (cfg.optim.shard_states == "true" or (cfg.optim.shard_states == "auto" and not method.lora))
+    optimizer = make_optimizer(params, cfg.optim, device, shard=shard)
+    if shard and d.main:
+        mine = sum(p.numel() for p in optimizer.optim.param_groups[0]["params"])
+        print(f"optimizer states sharded over {d.world} processes (ZeroRedundancyOptimizer, optim.shard_states): "
+              f"rank 0 keeps those of {mine:,} of {sum(p.numel() for p in params):,} parameters", flush=True)
     scheduler = warmup_cosine(optimizer, cfg.optim.warmup_steps, cfg.steps, cfg.optim.min_lr_ratio)
     state = TrainState(world_size=d.world)
     if resume:
@@ -132,6 +137,9 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
             bar.update(1)
             bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", acc=f"{stats['accuracy']:.2f}")
             if state.step % cfg.checkpoint_every == 0 or state.step == cfg.steps:
+                if shard:  # every rank sends its states' part to rank 0, which writes them all
+                    dist.collective(d, lambda: optimizer.consolidate_state_dict(to=0),
+                                    f"collecting the optimizer states of step {state.step}")
                 if d.main:
                     save_checkpoint(out, policy, optimizer, scheduler, state, method.lora)
                 dist.barrier(d, f"writing the checkpoint of step {state.step}")

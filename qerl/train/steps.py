@@ -208,13 +208,23 @@ def _has_bitsandbytes() -> bool:
     return True
 
 
-def make_optimizer(params, o, device: torch.device):
+def make_optimizer(params, o, device: torch.device, shard: bool = False):
+    """AdamW (bitsandbytes' 8-bit one where ``o.eight_bit`` says so). ``shard``: under torch.distributed, wrapped in
+    :class:`torch.distributed.optim.ZeroRedundancyOptimizer` — each rank keeps and updates the states of its
+    partition of ``params`` and broadcasts the updated values (the same step as one AdamW over all of them)."""
     eight = o.eight_bit == "true" or (o.eight_bit == "auto" and device.type == "cuda" and _has_bitsandbytes())
     if eight:
         import bitsandbytes as bnb
 
-        return bnb.optim.AdamW8bit(params, lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
-    return torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
+        cls = bnb.optim.AdamW8bit
+    else:
+        cls = torch.optim.AdamW
+    kw = dict(lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
+    if shard:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(list(params), optimizer_class=cls, **kw)
+    return cls(params, **kw)
 
 
 def peak_memory_gb(device: torch.device) -> float:
