@@ -167,7 +167,9 @@ def wrap(module: torch.nn.Module, d: Dist, device: torch.device):
     quiet = {"forward_sync_buffers": False} if "forward_sync_buffers" in names else {"broadcast_buffers": False}
     if "init_sync" in names:
         quiet["init_sync"] = False
-    return DistributedDataParallel(module, device_ids=ids, **quiet)
+    # gradient_as_bucket_view: the .grad tensors are views into the all-reduce buckets, not a second copy (for the
+    # full method that copy is the size of the bf16 weights)
+    return DistributedDataParallel(module, device_ids=ids, gradient_as_bucket_view=True, **quiet)
 
 
 def check_same_weights(d: Dist, module: torch.nn.Module) -> None:
