@@ -65,7 +65,7 @@ def load_checkpoint(out_dir: Path, model, optimizer, scheduler) -> TrainState:
         for n, t in weights.items():
             params[n].copy_(t)
     blob = torch.load(path / "trainer_state.pt", weights_only=False)
-    optimizer.load_state_dict(blob["optimizer"])
+    load_optimizer_state(optimizer, blob["optimizer"])
     scheduler.load_state_dict(blob["scheduler"])
     torch.set_rng_state(blob["torch_rng"])
     if blob["cuda_rng"] is not None and torch.cuda.is_available():
@@ -73,3 +73,19 @@ def load_checkpoint(out_dir: Path, model, optimizer, scheduler) -> TrainState:
     random.setstate(blob["python_rng"])
     np.random.set_state(blob["numpy_rng"])
     return TrainState(**json.loads((path / "trainer_state.json").read_text()))
+
+
+def load_optimizer_state(optimizer, state_dict: dict) -> None:
+    """``optimizer.load_state_dict``, also for a :class:`~torch.distributed.optim.ZeroRedundancyOptimizer` over
+    bitsandbytes' 8-bit AdamW: bitsandbytes' ``state_dict`` nests its quantized states under one key (for FSDP)
+    and only its own ``load_state_dict`` un-nests them, which ZeRO bypasses (it assigns each rank's states
+    directly), so they are un-nested here first."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    key = getattr(getattr(optimizer, "optim", None), "_FSDP_WRAPPED_QUANT_STATE_KEY", None)
+    if isinstance(optimizer, ZeroRedundancyOptimizer) and key:
+        state_dict = {**state_dict, "state": {
+            i: ({**{k: v for k, v in st.items() if k != key}, **st.get(key, {})} if isinstance(st, dict) else st)
+            for i, st in state_dict["state"].items()}}
+    optimizer.load_state_dict(state_dict)
+
