@@ -19,6 +19,7 @@ from qerl.rl.losses import ALGORITHMS
 from qerl.rollout.sampler import SamplingSettings
 
 METHOD_NAMES = ("full", "lora", "qlora", "nvfp4_lora", "qerl")
+SHARDING = ("auto", "none", "optimizer", "fsdp")
 
 
 class ConfigError(ValueError):
@@ -86,9 +87,7 @@ class AlgorithmConfig:
 @dataclass(frozen=True)
 class OptimConfig:
     """AdamW. lr: paper 1e-5 for NVFP4/NF4 LoRA, 5e-6 for bf16 LoRA. eight_bit: 'auto' uses
-    bitsandbytes AdamW8bit on CUDA and torch AdamW on CPU. shard_states: under several processes, each keeps
-    the AdamW states of 1/W of the parameters (``torch.distributed.optim.ZeroRedundancyOptimizer``, ZeRO stage 1);
-    'auto' does so for the full method, whose states are 4x the bf16 weights (LoRA's are a few hundred MB)."""
+    bitsandbytes AdamW8bit on CUDA and torch AdamW on CPU."""
 
     lr: float = 1e-5
     weight_decay: float = 0.0
@@ -98,7 +97,6 @@ class OptimConfig:
     min_lr_ratio: float = 0.0
     grad_clip: float = 1.0
     eight_bit: str | bool = "auto"  # YAML true / false are taken as 'true' / 'false'
-    shard_states: str | bool = "auto"
 
 
 @dataclass(frozen=True)
@@ -123,6 +121,10 @@ class TrainConfig:
     gradient_checkpointing: bool | str = "auto"  # true | false | auto (qerl.train.plan: on from 14B or when needed)
     checkpoint_every: int = 10
     device: str = "auto"
+    # under several processes (qerl.train.dist): none (DDP, every rank holds everything) | optimizer (DDP +
+    # ZeroRedundancyOptimizer: each rank keeps the AdamW states of 1/W of the weights) | fsdp (full method: FSDP2
+    # shards weights, gradients and states; qerl.train.fsdp) | auto (optimizer for the full method, else none)
+    sharding: str = "auto"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
@@ -221,7 +223,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(f"config.optim.lr: must be > 0, got {cfg.optim.lr}")
     if cfg.gradient_checkpointing not in (True, False, "auto"):
         raise ConfigError(f"config.gradient_checkpointing: true, false or auto, got {cfg.gradient_checkpointing!r}")
-    tri = {n: (str(v).lower() if isinstance(v, bool) else v) for n in ("eight_bit", "shard_states")
+    tri = {n: (str(v).lower() if isinstance(v, bool) else v) for n in ("eight_bit",)
            for v in [getattr(cfg.optim, n)]}
     for name, v in tri.items():
         if v not in ("auto", "true", "false"):
@@ -229,11 +231,25 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, **tri))
     if cfg.model.dtype not in ("bfloat16", "float16", "float32"):
         raise ConfigError(f"config.model.dtype: {cfg.model.dtype!r} is not bfloat16/float16/float32")
+    if cfg.sharding not in SHARDING:
+        raise ConfigError(f"config.sharding: one of {SHARDING}, got {cfg.sharding!r}")
+    if cfg.sharding == "fsdp" and cfg.method != "full":
+        raise ConfigError(f"config.sharding: fsdp shards the full method's weights; method {cfg.method!r} trains "
+                          "adapters on a frozen base (use none or optimizer)")
     if cfg.tracking.backend not in ("mlflow", "none"):
         raise ConfigError("config.tracking.backend: 'mlflow' or 'none'")
     if not cfg.model.path:
         raise ConfigError("config.model.path: required (a model directory or hub id)")
     return dataclasses.replace(cfg, algorithm=a.resolved())
+
+
+def resolve_sharding(cfg: TrainConfig, world: int) -> str:
+    """``sharding`` for ``world`` processes: ``none`` on one; ``auto`` is ``optimizer`` for the full method."""
+    if world <= 1:
+        return "none"
+    if cfg.sharding == "auto":
+        return "optimizer" if cfg.method == "full" else "none"
+    return cfg.sharding
 
 
 def load_config(path: str | Path, overrides: dict | None = None) -> TrainConfig:

@@ -22,8 +22,8 @@ from qerl.rl.aqn import AQN, sigma_at
 from qerl.rl.losses import LossSettings, mismatch_stats, policy_loss, truncated_is_weights
 from qerl.rollout.engine import release_engine
 from qerl.rollout.sampler import sequence_logprobs
-from qerl.train import dist
-from qerl.train.config import TrainConfig, to_dict
+from qerl.train import dist, fsdp
+from qerl.train.config import TrainConfig, resolve_sharding, to_dict
 from qerl.train.methods import METHODS, build_policy, resolve_device
 from qerl.train.state import TrainState, load_checkpoint, save_checkpoint
 from qerl.train.steps import (
@@ -63,7 +63,8 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
     # model & method (on a GPU, a configuration that cannot fit is refused before anything loads)
     if device.type == "cuda" and method.lora:
         _check_memory(cfg, d.world)
-    keep_cache = device.type == "cuda" and _keep_engine_cache(cfg, d.world)  # rollout.release_cache
+    sharding = resolve_sharding(cfg, d.world)  # none | optimizer (ZeRO-1) | fsdp (FSDP2), see TrainConfig.sharding
+    keep_cache = device.type == "cuda" and sharding != "fsdp" and _keep_engine_cache(cfg, d.world)
     policy, tokenizer = build_policy(cfg, device, d.world)
     aqn = AQN(policy, cfg.aqn) if method.aqn else None
     scorer = LogprobModule(policy)  # DDP-wrapped under torchrun (below): the update's forward goes through it
@@ -72,25 +73,25 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
     stream = PromptStream(load_train_records(cfg.data, cfg.seed), cfg.seed)
     reward = build_reward(cfg.reward)
 
-    # optimizer
+    # optimizer (after sharding: FSDP2 turns the weights into DTensor shards)
+    dist.check_same_weights(d, policy)
+    if sharding == "fsdp":
+        fsdp.shard(policy, device, d.world)
     params = [p for p in policy.parameters() if p.requires_grad]
-    shard = d.on and (cfg.optim.shard_states == "true" or (cfg.optim.shard_states == "auto" and not method.lora))
-    optimizer = make_optimizer(params, cfg.optim, device, shard=shard)
-    if shard and d.main:
-        mine = sum(p.numel() for p in optimizer.optim.param_groups[0]["params"])
-        print(f"optimizer states sharded over {d.world} processes (ZeroRedundancyOptimizer, optim.shard_states): "
-              f"rank 0 keeps those of {mine:,} of {sum(p.numel() for p in params):,} parameters", flush=True)
+    optimizer = make_optimizer(params, _optim_settings(cfg, sharding), device, shard=sharding == "optimizer")
+    if sharding != "none" and d.main:
+        print(_sharding_note(sharding, optimizer, params, d.world), flush=True)
     scheduler = warmup_cosine(optimizer, cfg.optim.warmup_steps, cfg.steps, cfg.optim.min_lr_ratio)
     state = TrainState(world_size=d.world)
     if resume:
-        state = load_checkpoint(out, policy, optimizer, scheduler)
+        state = load_checkpoint(out, policy, optimizer, scheduler, sharded=sharding == "fsdp")
         if state.world_size != d.world:
             raise TrainingError(
                 f"{out / 'checkpoint'} was written by a run on {state.world_size} process(es); this one has {d.world}: "
                 f"resume with --nproc {state.world_size} (or start a new output_dir)")
         stream.pos = state.data_pos
-    dist.check_same_weights(d, policy)
-    scorer = dist.wrap(scorer, d, device)
+    if sharding != "fsdp":  # (FSDP2's own hooks reduce the gradients)
+        scorer = dist.wrap(scorer, d, device)
     metrics_path = out / "metrics.jsonl"
     if d.main:
         _truncate_metrics(metrics_path, state.step)
@@ -112,16 +113,17 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
             policy.eval()
             t0 = time.time()
             try:
-                batch, rewards, stats = collect_rollouts(policy, tokenizer, stream, cfg, step, reward, aqn, sigma, d)
+                with fsdp.gathered(policy) if sharding == "fsdp" else contextlib.nullcontext():
+                    batch, rewards, stats = collect_rollouts(policy, tokenizer, stream, cfg, step, reward, aqn, sigma, d)
+                    if not keep_cache:
+                        release_engine(policy)  # (before FSDP reshards: the engine holds views of the weights)
             except torch.cuda.OutOfMemoryError as e:
                 raise _oom_error(cfg, step, "rollout", device, out, None, e) from None
-            if not keep_cache:
-                release_engine(policy)
             t_roll = time.time() - t0
             t1 = time.time()
             try:
-                info = _update(policy, scorer, batch, rewards, cfg, loss_settings, aqn, sigma, step, optimizer, d) \
-                    if batch else {}
+                info = _update(policy, scorer, batch, rewards, cfg, loss_settings, aqn, sigma, step, optimizer, d,
+                               sharding) if batch else {}
             except torch.cuda.OutOfMemoryError as e:
                 optimizer.zero_grad(set_to_none=True)
                 raise _oom_error(cfg, step, "update", device, out, batch, e) from None
@@ -137,14 +139,19 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
             bar.update(1)
             bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", acc=f"{stats['accuracy']:.2f}")
             if state.step % cfg.checkpoint_every == 0 or state.step == cfg.steps:
-                if shard:  # every rank sends its states' part to rank 0, which writes them all
+                full = None
+                if sharding == "optimizer":  # every rank sends its states' part to rank 0, which writes them all
                     dist.collective(d, lambda: optimizer.consolidate_state_dict(to=0),
                                     f"collecting the optimizer states of step {state.step}")
+                elif sharding == "fsdp":  # the full weights and states, gathered on rank 0
+                    full = dist.collective(d, lambda: fsdp.full_state(policy, optimizer),
+                                           f"gathering the checkpoint of step {state.step}")
                 if d.main:
-                    save_checkpoint(out, policy, optimizer, scheduler, state, method.lora)
+                    save_checkpoint(out, policy, optimizer, scheduler, state, method.lora, full=full)
                 dist.barrier(d, f"writing the checkpoint of step {state.step}")
+        weights = fsdp.full_weights(policy) if sharding == "fsdp" else None
         if d.main:
-            _save_final(out, policy, tokenizer, method)
+            _save_final(out, policy, tokenizer, method, weights)
             _write_summary(out, metrics_path, cfg)
         tracker.close("FINISHED")
     except BaseException:
@@ -174,6 +181,32 @@ def _oom_error(cfg: TrainConfig, step: int, phase: str, device, out: Path, batch
         f"step {step + 1}: out of GPU memory in the {phase} phase ({sizes}{mem}: {first}). The last checkpoint "
         f"({out / 'checkpoint'}, {last}) is intact: lower micro_batch_size or rollout.max_new_tokens, or set "
         "gradient_checkpointing: true (`qerl plan --config ...` estimates it), then rerun with --resume.")
+
+
+def _optim_settings(cfg: TrainConfig, sharding: str):
+    """``cfg.optim``, with 8-bit AdamW off under FSDP2 (bitsandbytes' kernels take whole tensors, not DTensor
+    shards; the fp32 states are sharded instead)."""
+    import dataclasses
+
+    if sharding != "fsdp" or cfg.optim.eight_bit == "false":
+        return cfg.optim
+    if cfg.optim.eight_bit == "true":
+        raise TrainingError("optim.eight_bit: true cannot shard with sharding: fsdp (bitsandbytes' 8-bit AdamW "
+                            "needs whole tensors); use eight_bit: auto/false, or sharding: optimizer")
+    return dataclasses.replace(cfg.optim, eight_bit="false")
+
+
+def _sharding_note(sharding: str, optimizer, params, world: int) -> str:
+    total = sum(p.numel() for p in params)
+    if sharding == "optimizer":
+        mine = sum(p.numel() for p in optimizer.optim.param_groups[0]["params"])
+        return (f"optimizer states sharded over {world} processes (ZeroRedundancyOptimizer, sharding: optimizer): "
+                f"rank 0 keeps those of {mine:,} of {total:,} parameters")
+    from torch.distributed.tensor import DTensor
+
+    local = sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in params)
+    return (f"weights, gradients and optimizer states sharded over {world} processes (FSDP2, sharding: fsdp): "
+            f"rank 0 holds {local:,} of {total:,} parameters (the lm_head whole)")
 
 
 def _keep_engine_cache(cfg: TrainConfig, world: int) -> bool:
@@ -217,20 +250,29 @@ def _rank_micro_batches(n: int, G: int, mb: int, d: dist.Dist) -> list[tuple[sli
     return [(m, True) for m in own] + [(filler, False)] * (most - len(own))
 
 
-def _logprobs_global(policy, batch, T: float, micro: list, d: dist.Dist, what: str) -> torch.Tensor:
-    """Log-probs ``[n, T]`` of the whole batch without grad, each rank computing its own rows' micro-batches."""
+def _logprobs_global(policy, batch, T: float, micro: list, d: dist.Dist, what: str, lockstep: bool = False
+                     ) -> torch.Tensor:
+    """Log-probs ``[n, T]`` of the whole batch without grad, each rank computing its own rows' micro-batches
+    (``lockstep``, under FSDP2 whose forwards all-gather: the fillers too, so every rank runs as many)."""
     own = [m for m, real in micro if real]
-    part = logprobs_no_grad(policy, batch, T, 0, own) if own else None
+    if lockstep:
+        parts = [(logprobs_no_grad(policy, batch, T, 0, [m]), real) for m, real in micro]
+        part = torch.cat([p for p, real in parts if real]) if own else None
+    else:
+        part = logprobs_no_grad(policy, batch, T, 0, own) if own else None
     if not d.on:
         return part
     parts = dist.gather(d, None if part is None else part.cpu(), what)
     return torch.cat([p for p in parts if p is not None]).to(batch.logprobs.device)
 
 
-def _update(policy, scorer, batch, rewards, cfg, loss_settings, aqn, sigma, step, optimizer, d: dist.Dist) -> dict:
+def _update(policy, scorer, batch, rewards, cfg, loss_settings, aqn, sigma, step, optimizer, d: dist.Dist,
+            sharding: str = "none") -> dict:
     """Advantages, old/ref log-probs, μ policy updates over micro-batches. Returns diagnostics. Under torchrun
     each rank runs its share of the micro-batches (``scorer`` is DDP-wrapped: one gradient all-reduce per
-    optimizer step) and the diagnostics are summed over ranks."""
+    optimizer step; under FSDP2 its hooks reduce-scatter at the last micro-batch) and the diagnostics are summed
+    over ranks."""
+    sharded = sharding == "fsdp"
     a = cfg.algorithm
     T = cfg.rollout.temperature
     adv = group_advantages(rewards, a.group_size, a.adv_scale).to(batch.logprobs.device)
@@ -242,7 +284,8 @@ def _update(policy, scorer, batch, rewards, cfg, loss_settings, aqn, sigma, step
     n, mb = len(batch.texts), cfg.micro_batch_size
     micro = _rank_micro_batches(n, a.group_size, mb, d)
     with ctx:
-        old_logp = _logprobs_global(policy, batch, T, micro, d, f"gathering the old log-probs of step {step + 1}")
+        old_logp = _logprobs_global(policy, batch, T, micro, d, f"gathering the old log-probs of step {step + 1}",
+                                    sharded)
         mismatch = mismatch_stats(old_logp, batch.logprobs, mask)
         ref_logp = None
         if a.kl_coef > 0:
@@ -255,7 +298,8 @@ def _update(policy, scorer, batch, rewards, cfg, loss_settings, aqn, sigma, step
             total = 0.0
             for k, (m, real) in enumerate(micro):
                 sync = k == len(micro) - 1 or not d.on
-                with contextlib.nullcontext() if sync else scorer.no_sync():
+                with contextlib.nullcontext() if sync else (
+                        fsdp.accumulating(policy) if sharded else scorer.no_sync()):
                     logp, ent = scorer(batch.prompt_ids[m], batch.prompt_mask[m], batch.completion_ids[m],
                                        batch.completion_mask[m], T)
                     loss, info = policy_loss(logp, old_logp[m], adv[m], mask[m], loss_settings,
@@ -270,7 +314,11 @@ def _update(policy, scorer, batch, rewards, cfg, loss_settings, aqn, sigma, step
                     for key, v in info.items():
                         sums[key] = sums.get(key, 0.0) + v * w
             params = [p for p in policy.parameters() if p.requires_grad]
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
+            if sharded:
+                fsdp.average_replicated_grads(policy, d.world)
+                grad_norm = fsdp.clip_grad_norm_(params, cfg.optim.grad_clip)
+            else:
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
             if not torch.isfinite(grad_norm):
                 raise TrainingError(f"step {step}: gradient norm is {float(grad_norm)}; stopping")
             optimizer.step()
@@ -310,10 +358,12 @@ def _truncate_metrics(path: Path, completed_steps: int) -> None:
     path.write_text("".join(r + "\n" for r in keep))
 
 
-def _save_final(out: Path, policy, tokenizer, method) -> None:
+def _save_final(out: Path, policy, tokenizer, method, weights: dict | None = None) -> None:
+    """``final/``: the PEFT adapter (LoRA methods) or the whole model (``weights``: its gathered state dict under
+    FSDP2)."""
     from qerl.checkpoint import atomic_directory
 
     with atomic_directory(out / "final", force=True) as tmp:
-        policy.save_pretrained(str(tmp))  # PEFT adapter for LoRA methods, full model for 'full'
+        policy.save_pretrained(str(tmp), **({"state_dict": weights} if weights is not None else {}))
         if not method.lora:
             tokenizer.save_pretrained(str(tmp))

@@ -33,14 +33,18 @@ def _trainable_state(model) -> dict[str, torch.Tensor]:
     return {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
 
 
-def save_checkpoint(out_dir: Path, model, optimizer, scheduler, state: TrainState, is_peft: bool) -> Path:
+def save_checkpoint(out_dir: Path, model, optimizer, scheduler, state: TrainState, is_peft: bool,
+                    full: tuple[dict, dict] | None = None) -> Path:
+    """Write ``<out_dir>/checkpoint`` atomically. ``full``: (trainable weights, optimizer state) already gathered
+    from FSDP2 shards (:func:`qerl.train.fsdp.full_state`; FQN-keyed optimizer state, marked ``fsdp``)."""
     path = Path(out_dir) / CHECKPOINT
     with atomic_directory(path, force=True) as tmp:
         if is_peft:
             model.save_pretrained(str(tmp / "adapter"))
-        save_file(_trainable_state(model), str(tmp / "trainable.safetensors"))
+        save_file(full[0] if full else _trainable_state(model), str(tmp / "trainable.safetensors"))
         torch.save({
-            "optimizer": optimizer.state_dict(),
+            "optimizer": full[1] if full else optimizer.state_dict(),
+            "optimizer_format": "fsdp" if full else "index",
             "scheduler": scheduler.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
@@ -51,12 +55,23 @@ def save_checkpoint(out_dir: Path, model, optimizer, scheduler, state: TrainStat
     return path
 
 
-def load_checkpoint(out_dir: Path, model, optimizer, scheduler) -> TrainState:
-    """Restore trainable weights, optimizer, scheduler and RNG states; return the saved state."""
+def load_checkpoint(out_dir: Path, model, optimizer, scheduler, sharded: bool = False) -> TrainState:
+    """Restore trainable weights, optimizer, scheduler and RNG states; return the saved state. ``sharded``: the
+    model is FSDP2-sharded (each rank takes its shards of the full checkpoint)."""
     path = Path(out_dir) / CHECKPOINT
     if not (path / "trainer_state.json").exists():
         raise FileNotFoundError(f"{path}: no checkpoint to resume from")
     weights = load_file(str(path / "trainable.safetensors"))
+    blob = torch.load(path / "trainer_state.pt", weights_only=False)
+    fmt = blob.get("optimizer_format", "index")
+    if fmt != ("fsdp" if sharded else "index"):
+        raise ValueError(f"{path}: written with sharding {'fsdp' if fmt == 'fsdp' else 'none/optimizer'}, this run "
+                         f"uses {'fsdp' if sharded else 'none/optimizer'}: resume with the same `sharding`")
+    if sharded:
+        from qerl.train.fsdp import load_full_state
+
+        load_full_state(model, optimizer, weights, blob["optimizer"])
+        return _restore_rest(path, blob, scheduler)
     params = dict(model.named_parameters())
     missing = [n for n in weights if n not in params]
     if missing:
@@ -64,8 +79,12 @@ def load_checkpoint(out_dir: Path, model, optimizer, scheduler) -> TrainState:
     with torch.no_grad():
         for n, t in weights.items():
             params[n].copy_(t)
-    blob = torch.load(path / "trainer_state.pt", weights_only=False)
     load_optimizer_state(optimizer, blob["optimizer"])
+    return _restore_rest(path, blob, scheduler)
+
+
+def _restore_rest(path: Path, blob: dict, scheduler) -> TrainState:
+    """Scheduler, RNG states and the saved :class:`TrainState`."""
     scheduler.load_state_dict(blob["scheduler"])
     torch.set_rng_state(blob["torch_rng"])
     if blob["cuda_rng"] is not None and torch.cuda.is_available():

@@ -19,7 +19,8 @@ def _write(tmp_path, text):
     ("aqn:\n  sigma_start: 0.001\n  sigma_end: 0.01\n", "sigma_end"),
     ("aqn:\n  stages: 0\n", "K"),
     ("steps: ten\n", "steps: expected an integer"),
-    ("optim:\n  shard_states: yes please\n", "optim.shard_states: one of .auto., .true., .false., got .yes please."),
+    ("sharding: zero3\n", "config.sharding: one of .*'fsdp'.*got 'zero3'"),
+    ("sharding: fsdp\n", "fsdp shards the full method's weights; method 'qerl'"),
     ("optim:\n  eight_bit: maybe\n", "optim.eight_bit: one of"),
     ("optim:\n  lr: 0\n", "optim.lr"),
     ("method: qlora8\n", "method.*qlora8"),
@@ -50,9 +51,8 @@ def test_the_shipped_config_loads():
     assert cfg.method == "qerl"
 
 
-def test_tri_state_optim_switches_take_yaml_booleans(tmp_path):
+def test_tri_state_optim_switch_takes_yaml_booleans(tmp_path):
     p = tmp_path / "c.yaml"
-    p.write_text("model: {path: m}\noptim: {shard_states: true, eight_bit: false}\n")
-    o = load_config(p).optim
-    assert (o.shard_states, o.eight_bit) == ("true", "false")
+    p.write_text("model: {path: m}\noptim: {eight_bit: false}\n")
+    assert load_config(p).optim.eight_bit == "false"
 
