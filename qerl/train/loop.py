@@ -78,7 +78,13 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
     if sharding == "fsdp":
         fsdp.shard(policy, device, d.world)
     params = [p for p in policy.parameters() if p.requires_grad]
-    optimizer = make_optimizer(params, _optim_settings(cfg, sharding), device, shard=sharding == "optimizer")
+    if sharding == "fsdp":  # DTensor shards and the whole lm_head in separate groups: a multi-tensor AdamW call
+        whole = fsdp.replicated_params(policy)  # cannot mix them (always multi-tensor, so CPU tests take GPU's path)
+        groups = [{"params": [p for p in params if all(p is not w for w in whole)]}, {"params": whole}]
+        optimizer = make_optimizer([g for g in groups if g["params"]], _optim_settings(cfg, sharding), device,
+                                   foreach=True)
+    else:
+        optimizer = make_optimizer(params, _optim_settings(cfg, sharding), device, shard=sharding == "optimizer")
     if sharding != "none" and d.main:
         print(_sharding_note(sharding, optimizer, params, d.world), flush=True)
     scheduler = warmup_cosine(optimizer, cfg.optim.warmup_steps, cfg.steps, cfg.optim.min_lr_ratio)

@@ -208,10 +208,11 @@ def _has_bitsandbytes() -> bool:
     return True
 
 
-def make_optimizer(params, o, device: torch.device, shard: bool = False):
-    """AdamW (bitsandbytes' 8-bit one where ``o.eight_bit`` says so). ``shard``: under torch.distributed, wrapped in
-    :class:`torch.distributed.optim.ZeroRedundancyOptimizer` — each rank keeps and updates the states of its
-    partition of ``params`` and broadcasts the updated values (the same step as one AdamW over all of them)."""
+def make_optimizer(params, o, device: torch.device, shard: bool = False, foreach: bool | None = None):
+    """AdamW (bitsandbytes' 8-bit one where ``o.eight_bit`` says so) over ``params`` (tensors, or param-group
+    dicts). ``shard``: under torch.distributed, wrapped in :class:`torch.distributed.optim.ZeroRedundancyOptimizer`
+    — each rank keeps and updates the states of its partition of ``params`` and broadcasts the updated values (the
+    same step as one AdamW over all of them). ``foreach``: torch AdamW's multi-tensor path (default: on CUDA)."""
     eight = o.eight_bit == "true" or (o.eight_bit == "auto" and device.type == "cuda" and _has_bitsandbytes())
     if eight:
         import bitsandbytes as bnb
@@ -220,6 +221,8 @@ def make_optimizer(params, o, device: torch.device, shard: bool = False):
     else:
         cls = torch.optim.AdamW
     kw = dict(lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
+    if foreach is not None and not eight:
+        kw["foreach"] = foreach
     if shard:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
