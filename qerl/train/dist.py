@@ -11,10 +11,11 @@ One step on ``W`` processes (ranks) computes what one process computes on the sa
 * the update: rank ``r`` runs the micro-batches of its share of the global batch; each micro-batch loss carries
   its global weight times ``W``, and DDP's gradient *average* (:class:`torch.nn.parallel.DistributedDataParallel`,
   one all-reduce per optimizer step) turns the ranks' sums into the one-process gradient; every rank then clips
-  and steps identically — or, with ``optim.shard_states`` (the full method's default), each rank updates its
+  and steps identically — or, with ``sharding: optimizer`` (the full method's default), each rank updates its
   partition of the parameters and keeps only that partition's AdamW states
   (:class:`torch.distributed.optim.ZeroRedundancyOptimizer`), broadcasting the new values; its checkpoint
-  gathers every rank's states on rank 0 first;
+  gathers every rank's states on rank 0 first; ``sharding: fsdp`` (full method) replaces DDP by FSDP2
+  (:mod:`qerl.train.fsdp`);
 * per-rank loss diagnostics are summed (:func:`all_sum`); rank 0 alone writes ``metrics.jsonl``, MLflow,
   checkpoints (atomically) and the final adapter.
 

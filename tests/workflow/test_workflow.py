@@ -67,6 +67,16 @@ def test_multi_gpu_training_launches_through_torchrun(tmp_path):
             "-n", "-p", "--forcerun", "train")
     shells = [ln for ln in snakemake(*args).stdout.splitlines() if "qerl train --config" in ln]
     assert shells and all("--auto-resume --no-progress --nproc 8 >" in ln for ln in shells)
+    from qerl import workflow_config as wc
+    import yaml as _yaml
+
+    cfg = {}
+    for f in (ROOT / "config/paper.yaml", edit):  # snakemake's deep merge of the two files
+        cfg = wc._merge(cfg, _yaml.safe_load(f.read_text()))
+    full = [r for r in wc.runs(cfg) if r.method == "full"]
+    assert full and all(wc.train_config(cfg, r, "x")["sharding"] == "fsdp" for r in full)  # FSDP2 for the full method
+    assert all(wc.train_config(cfg, r, "x").get("sharding") is None for r in wc.runs(cfg) if r.method != "full")
+    assert wc.train_config(cfg, full[0], "x")["optim"]["lr"] == 1.0e-6  # paper.yaml's override kept
     one = snakemake("--configfile", str(ROOT / "config/paper.yaml"), "--cores", "4", "--directory", str(tmp_path),
                     "-n", "-p", "--forcerun", "train").stdout
     assert "--nproc" not in one and "qerl train --config" in one
