@@ -60,15 +60,16 @@ def gathered(model):
     and ``generate`` expect; forwards inside issue no collective, so ranks may run different numbers of them),
     resharded on exit."""
     mods = _fsdp_modules(model)
+    root = model.get_decoder()
     for m in mods:
         m.unshard()
         m.set_reshard_after_forward(False, recurse=False)
     try:
         yield model
     finally:
-        for m in mods:
+        for m in mods:  # back to fully_shard's defaults: layers reshard after forward, the root (decoder) does not
             m.reshard()
-            m.set_reshard_after_forward(True, recurse=False)
+            m.set_reshard_after_forward(m is not root, recurse=False)
 
 
 @contextlib.contextmanager

@@ -155,7 +155,8 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
                 if d.main:
                     save_checkpoint(out, policy, optimizer, scheduler, state, method.lora, full=full)
                 dist.barrier(d, f"writing the checkpoint of step {state.step}")
-        weights = fsdp.full_weights(policy) if sharding == "fsdp" else None
+        weights = dist.collective(d, lambda: fsdp.full_weights(policy), "gathering the final weights") \
+            if sharding == "fsdp" else None
         if d.main:
             _save_final(out, policy, tokenizer, method, weights)
             _write_summary(out, metrics_path, cfg)
