@@ -42,7 +42,7 @@ import torch
 COLUMNS = ["device", "model", "method", "batch", "prompt_len", "gen_len", "nproc", "status", "rollout_s", "logprob_s",
            "update_s", "total_s", "tokens_per_s", "peak_gb", "rank_idle_s", "checkpointing", "micro_batch",
            "engine_cache", "optimizer", "note"]
-BASE = {"lora": "bf16", "qlora": "nf4", "qerl": "nvfp4"}
+BASE = {"lora": "bf16", "qlora": "nf4", "qerl": "nvfp4", "full": "bf16"}  # full: every weight trained
 #: the paper's one-H100 efficiency numbers (docs/paper.md): rollout tok/s at batch 8 / 2, weight GB, step s.
 PAPER = {
     ("7B", "lora"): "rollout 1,641 tok/s (b8), 115 (b2); weights 15.2 GB", ("7B", "qlora"): "rollout 1,362 tok/s (b8); 5.7 GB",
@@ -200,7 +200,7 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
         torch.cuda.empty_cache()
         return [{**base, "batch": b, "gen_len": g, "status": "oom", "note": f"building the model: {_first(e)}"}
                 for b in batches for g in gen_lens]
-    policy = apply_lora(lm, LoraSettings(r=32, alpha=32))
+    policy = lm.requires_grad_(True) if method == "full" else apply_lora(lm, LoraSettings(r=32, alpha=32))
     aqn = AQN(policy, AQNSettings()) if method == "qerl" else None
     opt, opt_name = _optimizer([p for p in policy.parameters() if p.requires_grad])
     scorer = dist.wrap(LogprobModule(policy, with_entropy=False), d, torch.device("cuda", torch.cuda.current_device()))

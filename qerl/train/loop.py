@@ -61,7 +61,7 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
     loss_settings = LossSettings(a.name, a.clip_low, a.clip_high, a.kl_coef, cfg.rollout.max_new_tokens)
 
     # model & method (on a GPU, a configuration that cannot fit is refused before anything loads)
-    if device.type == "cuda" and method.lora:
+    if device.type == "cuda":
         _check_memory(cfg, d.world)
     sharding = resolve_sharding(cfg, d.world)  # none | optimizer (ZeRO-1) | fsdp (FSDP2), see TrainConfig.sharding
     keep_cache = device.type == "cuda" and sharding != "fsdp" and _keep_engine_cache(cfg, d.world)

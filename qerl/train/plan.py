@@ -81,6 +81,25 @@ def lora_bytes(s: Shape, rank: int, eight_bit: bool) -> dict[str, float]:
     return {"lora master+grad": 8 * n, "optimizer states": (2 if eight_bit else 8) * n, "lora bf16 copies": 2 * n}
 
 
+def full_bytes(s: Shape, eight_bit: bool, world: int = 1, sharding: str = "none") -> tuple[dict, dict, float]:
+    """Per process for the full method: (static parts, extra rollout parts, gradient bytes). Every weight trains:
+    bf16 weights, AdamW states (2 B 8-bit, 8 B fp32) and bf16 gradients, which exist only in the update phase
+    (freed at each optimizer step); ``sharding`` ``optimizer``: the states 1/``world`` per process; ``fsdp``:
+    weights, gradients and states 1/``world`` except the lm_head (whole on every rank), and the rollout gathers the
+    whole weights (the rest of them as an extra rollout part)."""
+    w = weight_bytes(s, "bf16")
+    total = sum(w.values())  # bytes at 2 B / parameter
+    head = s.vocab * s.hidden * 2  # (the embeddings when tied)
+    state = (2 if eight_bit else 8) / 2  # optimizer-state bytes per weight byte
+    if sharding == "fsdp" and world > 1:
+        body = total - head
+        static = {"weights (shard + whole lm_head)": body / world + head,
+                  "optimizer states (shard + lm_head)": (body / world + head) * state}
+        return static, {"gathered weights": body * (world - 1) / world}, body / world + head
+    states = total * state / (world if sharding == "optimizer" and world > 1 else 1)
+    return {**w, "optimizer states": states}, {}, total
+
+
 def kv_bytes(s: Shape, rows: int, positions: int) -> float:
     return 2 * s.layers * s.kv_heads * s.head_dim * 2 * rows * positions
 
@@ -96,13 +115,21 @@ def layer_act_bytes(s: Shape) -> float:
 
 
 def estimate(s: Shape, base: str, rows: int, prompt_len: int, gen_len: int, micro: int, rank: int = 32,
-             checkpointing: bool = True, eight_bit: bool = True, release_cache: bool = True) -> dict:
-    """Peak bytes of one training step and its parts (see the module docstring). ``rows``: sequences per step."""
+             checkpointing: bool = True, eight_bit: bool = True, release_cache: bool = True, full: bool = False,
+             world: int = 1, sharding: str = "none") -> dict:
+    """Peak bytes of one training step and its parts (see the module docstring). ``rows``: sequences per step (per
+    process). ``full``: the full method (``base`` bf16, no adapters; :func:`full_bytes` with ``world`` and
+    ``sharding``) instead of a LoRA method."""
     T = prompt_len + gen_len
     micro = max(1, min(micro, rows))
-    static = {**weight_bytes(s, base), **lora_bytes(s, rank, eight_bit)}
+    extra: dict = {}
+    grads = 0.0
+    if full:
+        static, extra, grads = full_bytes(s, eight_bit, world, sharding)
+    else:
+        static = {**weight_bytes(s, base), **lora_bytes(s, rank, eight_bit)}
     kv = kv_bytes(s, rows, T)
-    rollout = {"kv cache": kv,
+    rollout = {**extra, "kv cache": kv,
                "prefill": prefill_rows(rows, prompt_len) * prompt_len * (4 * s.hidden + 6 * s.intermediate) * 2,
                "sampler": 6 * rows * s.vocab * 4}
     n = micro * T
@@ -112,6 +139,9 @@ def estimate(s: Shape, base: str, rows: int, prompt_len: int, gen_len: int, micr
     else:
         act = s.layers * n * layer_act_bytes(s)
     update = {"activations": act, "lm_head block": lm, "hidden states+grads": 3 * n * s.hidden * 2}
+    if full:  # with several micro-batches all gradients exist through the later ones; with one they fill in as the
+        # backward frees the activations (measured: 7B b2 50.5 GB, b8 65.7 GB, micro-batch 2)
+        update["gradients"] = grads if rows > micro else max(0.0, grads - sum(update.values()))
     if not release_cache:
         update["kv cache (kept)"] = kv
     logprob = {"forward transients": n * (4 * s.hidden + 6 * s.intermediate) * 2, "lm_head block": lm / 2}
@@ -140,14 +170,15 @@ def resolve_checkpointing(mode, hf_config, base: str, rows: int, seq_len: int, m
 
 
 def needs_checkpointing(s: Shape, base: str, rows: int, prompt_len: int, gen_len: int, micro: int, rank: int = 32,
-                        eight_bit: bool = True, budget_bytes: float | None = None, release_cache: bool = True) -> bool:
+                        eight_bit: bool = True, budget_bytes: float | None = None, release_cache: bool = True,
+                        **full) -> bool:
     """The ``auto`` rule: on from 14B shapes (hidden ≥ 5120), or when the step's estimate without it exceeds
     ``budget_bytes`` (default: 90% of the current CUDA device, or of 80 GB without one)."""
     if s.hidden >= 5120:
         return True
     budget = 0.9 * device_bytes() if budget_bytes is None else budget_bytes
     return estimate(s, base, rows, prompt_len, gen_len, micro, rank, False, eight_bit,
-                    release_cache)["peak_bytes"] > budget
+                    release_cache, **full)["peak_bytes"] > budget
 
 
 def device_bytes() -> float:
@@ -186,6 +217,9 @@ def advice(est: dict, available: float, checkpointing: bool, micro: int) -> list
         out.append("fewer sequences per step (prompts_per_step × group_size) or a shorter rollout.max_new_tokens")
     if "kv cache (kept)" in est["update"]:
         out.append("release the engine's KV cache between rollout and update (rollout.release_cache: true)")
+    if "gradients" in est["update"]:
+        out.append("the full method over more GPUs with its weights, gradients and states sharded "
+                   "(--nproc N, sharding: fsdp)")
     out.append("a smaller model or a quantized base (method: qerl)")
     return out
 
@@ -210,28 +244,32 @@ def plan_config(cfg, shape: str | None = None, available: float | None = None, w
             raise ConfigError(f"{path}: no config.json to plan from (a local model directory is needed; "
                               "or pass --shape 7B|14B|32B)")
         s = Shape.from_config(json.loads(path.read_text()))
+    from qerl.train.config import resolve_sharding
+
     method = METHODS[cfg.method]
-    if not method.lora:
-        raise ConfigError(f"config.method: {cfg.method!r}: the planner covers the LoRA methods (lora, qlora, "
-                          "nvfp4_lora, qerl)")
+    full = not method.lora
+    sharding = resolve_sharding(cfg, world)
     rows = cfg.prompts_per_step * cfg.algorithm.group_size // max(1, world)
     gen = cfg.rollout.max_new_tokens
-    eight = cfg.optim.eight_bit == "true" or (
-        cfg.optim.eight_bit == "auto" and importlib.util.find_spec("bitsandbytes") is not None)
+    eight = sharding != "fsdp" and (cfg.optim.eight_bit == "true" or (
+        cfg.optim.eight_bit == "auto" and importlib.util.find_spec("bitsandbytes") is not None))
+    fk = {"full": full, "world": world, "sharding": sharding}
     available = device_bytes() if available is None else available
     mode = cfg.gradient_checkpointing
     ckpt = mode is True or (mode == "auto" and needs_checkpointing(
         s, method.base, rows, PROMPT_TOKENS, gen, cfg.micro_batch_size, cfg.lora.r, eight, 0.9 * available,
-        cfg.rollout.release_cache is not False))
+        cfg.rollout.release_cache is not False, **fk))
     release = cfg.rollout.release_cache
     if release == "auto":  # keep the engine's cache (no recapture per step) when the update fits beside it
-        release = estimate(s, method.base, rows, PROMPT_TOKENS, gen, cfg.micro_batch_size, cfg.lora.r, ckpt, eight,
-                           False)["peak_bytes"] > KEEP_CACHE_FRACTION * available
-    est = estimate(s, method.base, rows, PROMPT_TOKENS, gen, cfg.micro_batch_size, cfg.lora.r, ckpt, eight, release)
+        release = full or estimate(s, method.base, rows, PROMPT_TOKENS, gen, cfg.micro_batch_size, cfg.lora.r, ckpt,
+                                   eight, False)["peak_bytes"] > KEEP_CACHE_FRACTION * available
+    est = estimate(s, method.base, rows, PROMPT_TOKENS, gen, cfg.micro_batch_size, cfg.lora.r, ckpt, eight, release,
+                   **fk)
     fits = est["peak_bytes"] <= available
     title = (f"{cfg.method}, {rows} sequences{f' per process ({world} processes)' if world > 1 else ''} × "
              f"({PROMPT_TOKENS} + {gen}) tokens, micro-batch "
-             f"{cfg.micro_batch_size}, LoRA r={cfg.lora.r}, checkpointing {'on' if ckpt else 'off'}, "
+             f"{cfg.micro_batch_size}, {'all weights trained, sharding ' + sharding if full else f'LoRA r={cfg.lora.r}'}, "
+             f"checkpointing {'on' if ckpt else 'off'}, "
              f"{'8-bit' if eight else 'fp32'} AdamW, engine cache {'released' if release else 'kept'} between steps")
     md = markdown(est, title, available)
     tips = [] if fits else advice(est, available, ckpt, cfg.micro_batch_size)

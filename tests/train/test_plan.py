@@ -118,7 +118,8 @@ def test_estimates_within_15_percent_of_the_measured_peaks():
                 continue
             est = plan.estimate(plan.QWEN25[r["model"]], BASE[r["method"]], int(r["batch"]), int(r["prompt_len"]),
                                 int(r["gen_len"]), int(r["micro_batch"]), 32, r["checkpointing"] == "True",
-                                eight_bit="8bit" in r["optimizer"], release_cache=r.get("engine_cache") != "kept")
+                                eight_bit="8bit" in r["optimizer"], release_cache=r.get("engine_cache") != "kept",
+                                full=r["method"] == "full")
             measured = float(r["peak_gb"])
             assert abs(est["peak_gb"] / measured - 1) <= 0.15, (f.name, r["model"], r["method"], r["batch"],
                                                                 r["gen_len"], est["peak_gb"], measured)
@@ -169,3 +170,45 @@ def test_prefill_is_planned_per_engine_chunk():
     s = plan.QWEN25["7B"]
     big, small = (plan.estimate(s, "nvfp4", b, 256, 1024, 2, 32, False)["rollout"]["prefill"] for b in (256, 32))
     assert big == small
+
+
+def test_full_method_per_process_and_sharding():
+    """The full method: bf16 weights + bf16 gradients + AdamW states (8 B fp32 / 2 B 8-bit per weight); ZeRO-1
+    divides the states by the process count; FSDP2 divides all three except the whole lm_head, and its rollout
+    gathers the rest of the weights (14B fits 8 x 80 GB, 32B does not: README's arithmetic)."""
+    s = plan.QWEN25["7B"]
+    w = sum(plan.weight_bytes(s, "bf16").values())
+    assert 15.0e9 < w < 15.5e9  # 7.6 B parameters
+    one, _, g = plan.full_bytes(s, eight_bit=False)
+    assert g == w and one["optimizer states"] == 4 * w
+    zero, _, g = plan.full_bytes(s, eight_bit=False, world=8, sharding="optimizer")
+    assert zero["optimizer states"] == w / 2 and g == w
+    head = s.vocab * s.hidden * 2
+    shard, extra, g = plan.full_bytes(s, eight_bit=False, world=8, sharding="fsdp")
+    assert shard["weights (shard + whole lm_head)"] == (w - head) / 8 + head == g
+    assert extra["gathered weights"] == (w - head) * 7 / 8
+    # gradients: in the update phase only; added whole with several micro-batches, overlapping the activations
+    # with one (the measured 7B b8 / b2 rows)
+    many, single = (plan.estimate(s, "bf16", b, 256, 1024, 2, 32, False, True, full=True) for b in (8, 2))
+    assert many["update"]["gradients"] == w and single["update"]["gradients"] == 0
+    rows = 8 * 16 // 8
+    for size, fits in (("14B", True), ("32B", False)):
+        est = plan.estimate(plan.QWEN25[size], "bf16", rows, 256, 1024, 2, checkpointing=True, eight_bit=False,
+                            full=True, world=8, sharding="fsdp")
+        gathered = est["static"]["weights (shard + whole lm_head)"] + est["rollout"]["gathered weights"]
+        assert abs(gathered - sum(plan.weight_bytes(plan.QWEN25[size], "bf16").values())) < 1  # whole, in the rollout
+        assert (est["peak_bytes"] <= 80e9) == fits, (size, est["peak_gb"])
+
+
+def test_plan_config_covers_the_full_method(tmp_path):
+    from qerl.train.config import load_config
+
+    cfg = load_config(Path(__file__).parents[2] / "config/train/tiny.yaml",
+                      {"method": "full", "prompts_per_step": 8, "rollout.max_new_tokens": 1024, "sharding": "fsdp",
+                       "gradient_checkpointing": True, "micro_batch_size": 2})
+    res = plan_one = plan.plan_config(cfg, shape="32B", available=80e9, world=1)
+    assert not plan_one["fits"] and "gradients" in res["estimate"]["update"]
+    assert any("sharding: fsdp" in tip for tip in res["advice"])
+    eight = plan.plan_config(cfg, shape="14B", available=80e9, world=8)
+    assert eight["fits"] and "sharding fsdp" in eight["markdown"] and "gathered weights" in eight["markdown"]
+
