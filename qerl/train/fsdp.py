@@ -12,8 +12,9 @@ weights outside those hooked forwards, and are handled here:
 * the lm_head: the log-probs multiply its weight in ~1,024-token blocks (``qerl.ops.logits``), not through its
   forward, so it stays whole on every rank and its gradient is averaged by one all-reduce
   (:func:`average_replicated_grads`); with tied embeddings the embedding matrix is left whole the same way;
-* checkpoints: :func:`full_state` gathers the full weights and FQN-keyed optimizer states on rank 0
-  (``torch.distributed.checkpoint.state_dict``), :func:`load_full_state` gives every rank its shards back.
+* checkpoints: :func:`save_sharded` has every rank write its own shards (``torch.distributed.checkpoint``: no
+  process ever holds the full optimizer states, 8 B per weight), :func:`load_sharded` reads them back; the final
+  weights are gathered on rank 0 for ``save_pretrained`` (:func:`full_weights`).
 
 One process: nothing here is used (``sharding`` resolves to ``none``).
 """
@@ -118,27 +119,26 @@ def clip_grad_norm_(params: list, max_norm: float) -> torch.Tensor:
     return total
 
 
-def full_state(model, optimizer) -> tuple[dict, dict]:
-    """(full trainable weights, FQN-keyed optimizer state) on rank 0, on the CPU; empty on the others. Every rank
-    must call it (it all-gathers)."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
+def save_sharded(model, optimizer, staging) -> None:
+    """Every rank writes its shards of the weights and optimizer states into ``staging`` (the same directory on
+    every rank; ``torch.distributed.checkpoint``: one file per rank + metadata) — no rank holds the full states.
+    Every rank must call it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    weights = get_model_state_dict(model, options=opts)
-    names = {n for n, p in model.named_parameters() if p.requires_grad}
-    weights = {k: v.contiguous() for k, v in weights.items() if k in names}
-    return weights, get_optimizer_state_dict(model, optimizer, options=opts)
+    weights, optim = get_state_dict(model, optimizer)
+    dcp.save({"model": weights, "optim": optim}, checkpoint_id=str(staging))
 
 
-def load_full_state(model, optimizer, weights: dict, optim_state: dict) -> None:
-    """Each rank takes its shards of full ``weights`` / ``optim_state`` (as :func:`full_state` wrote them)."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                         set_optimizer_state_dict)
+def load_sharded(model, optimizer, directory) -> None:
+    """Each rank reads its shards back from a :func:`save_sharded` directory (same process count)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    opts = StateDictOptions(full_state_dict=True, strict=False)
-    set_model_state_dict(model, weights, options=opts)
-    set_optimizer_state_dict(model, optimizer, optim_state_dict=optim_state, options=opts)
+    weights, optim = get_state_dict(model, optimizer)
+    state = {"model": weights, "optim": optim}
+    dcp.load(state, checkpoint_id=str(directory))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
 def full_weights(model) -> dict:

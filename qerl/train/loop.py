@@ -145,15 +145,14 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
             bar.update(1)
             bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", acc=f"{stats['accuracy']:.2f}")
             if state.step % cfg.checkpoint_every == 0 or state.step == cfg.steps:
-                full = None
+                staged = None
                 if sharding == "optimizer":  # every rank sends its states' part to rank 0, which writes them all
                     dist.collective(d, lambda: optimizer.consolidate_state_dict(to=0),
                                     f"collecting the optimizer states of step {state.step}")
-                elif sharding == "fsdp":  # the full weights and states, gathered on rank 0
-                    full = dist.collective(d, lambda: fsdp.full_state(policy, optimizer),
-                                           f"gathering the checkpoint of step {state.step}")
+                elif sharding == "fsdp":  # every rank writes its shards into one staging directory
+                    staged = _stage_sharded(out, policy, optimizer, state.step, d)
                 if d.main:
-                    save_checkpoint(out, policy, optimizer, scheduler, state, method.lora, full=full)
+                    save_checkpoint(out, policy, optimizer, scheduler, state, method.lora, sharded=staged)
                 dist.barrier(d, f"writing the checkpoint of step {state.step}")
         weights = dist.collective(d, lambda: fsdp.full_weights(policy), "gathering the final weights") \
             if sharding == "fsdp" else None
@@ -188,6 +187,21 @@ def _oom_error(cfg: TrainConfig, step: int, phase: str, device, out: Path, batch
         f"step {step + 1}: out of GPU memory in the {phase} phase ({sizes}{mem}: {first}). The last checkpoint "
         f"({out / 'checkpoint'}, {last}) is intact: lower micro_batch_size or rollout.max_new_tokens, or set "
         "gradient_checkpointing: true (`qerl plan --config ...` estimates it), then rerun with --resume.")
+
+
+def _stage_sharded(out: Path, policy, optimizer, step: int, d: dist.Dist) -> Path:
+    """FSDP2: every rank's shards written into ``out/.checkpoint.dcp-stepN`` (rank 0 then moves it into the new
+    checkpoint, atomically; a staging left by a killed run is removed first)."""
+    import shutil
+
+    staging = out / f".checkpoint.dcp-step{step}"
+    if d.main:
+        for old in out.glob(".checkpoint.dcp-step*"):
+            shutil.rmtree(old, ignore_errors=True)
+        staging.mkdir(parents=True)
+    dist.barrier(d, f"staging the checkpoint of step {step}")
+    dist.collective(d, lambda: fsdp.save_sharded(policy, optimizer, staging), f"writing the shards of step {step}")
+    return staging
 
 
 def _optim_settings(cfg: TrainConfig, sharding: str):

@@ -1,13 +1,14 @@
 """Training checkpoints: written atomically, restored exactly.
 
-``<output>/checkpoint/`` holds ``adapter/`` (PEFT format) or ``model/`` (full fine-tuning,
-safetensors), ``trainer_state.pt`` (optimizer, scheduler, torch/python/numpy RNG states) and
+``<output>/checkpoint/`` holds ``adapter/`` (PEFT format) and ``trainable.safetensors`` (the trained weights),
+or under FSDP2 ``dcp/`` (every rank's shards of weights and optimizer states), ``trainer_state.pt`` (optimizer, scheduler, torch/python/numpy RNG states) and
 ``trainer_state.json`` (step, data position, MLflow run id). The directory is replaced in one
 rename, so a kill at any moment leaves the previous checkpoint intact.
 """
 from __future__ import annotations
 
 import json
+import os
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,17 +35,21 @@ def _trainable_state(model) -> dict[str, torch.Tensor]:
 
 
 def save_checkpoint(out_dir: Path, model, optimizer, scheduler, state: TrainState, is_peft: bool,
-                    full: tuple[dict, dict] | None = None) -> Path:
-    """Write ``<out_dir>/checkpoint`` atomically. ``full``: (trainable weights, optimizer state) already gathered
-    from FSDP2 shards (:func:`qerl.train.fsdp.full_state`; FQN-keyed optimizer state, marked ``fsdp``)."""
+                    sharded: Path | None = None) -> Path:
+    """Write ``<out_dir>/checkpoint`` atomically. ``sharded``: a directory the ranks of an FSDP2 run have just
+    written their weight and optimizer shards into (:func:`qerl.train.fsdp.save_sharded`); it becomes the
+    checkpoint's ``dcp/`` (marked ``fsdp``) in place of ``trainable.safetensors`` and the optimizer state."""
     path = Path(out_dir) / CHECKPOINT
     with atomic_directory(path, force=True) as tmp:
         if is_peft:
             model.save_pretrained(str(tmp / "adapter"))
-        save_file(full[0] if full else _trainable_state(model), str(tmp / "trainable.safetensors"))
+        if sharded is not None:
+            os.replace(sharded, tmp / "dcp")
+        else:
+            save_file(_trainable_state(model), str(tmp / "trainable.safetensors"))
         torch.save({
-            "optimizer": full[1] if full else optimizer.state_dict(),
-            "optimizer_format": "fsdp" if full else "index",
+            "optimizer": None if sharded is not None else optimizer.state_dict(),
+            "optimizer_format": "fsdp" if sharded is not None else "index",
             "scheduler": scheduler.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
@@ -61,17 +66,17 @@ def load_checkpoint(out_dir: Path, model, optimizer, scheduler, sharded: bool = 
     path = Path(out_dir) / CHECKPOINT
     if not (path / "trainer_state.json").exists():
         raise FileNotFoundError(f"{path}: no checkpoint to resume from")
-    weights = load_file(str(path / "trainable.safetensors"))
     blob = torch.load(path / "trainer_state.pt", weights_only=False)
     fmt = blob.get("optimizer_format", "index")
     if fmt != ("fsdp" if sharded else "index"):
         raise ValueError(f"{path}: written with sharding {'fsdp' if fmt == 'fsdp' else 'none/optimizer'}, this run "
                          f"uses {'fsdp' if sharded else 'none/optimizer'}: resume with the same `sharding`")
     if sharded:
-        from qerl.train.fsdp import load_full_state
+        from qerl.train.fsdp import load_sharded
 
-        load_full_state(model, optimizer, weights, blob["optimizer"])
+        load_sharded(model, optimizer, path / "dcp")
         return _restore_rest(path, blob, scheduler)
+    weights = load_file(str(path / "trainable.safetensors"))
     params = dict(model.named_parameters())
     missing = [n for n in weights if n not in params]
     if missing:
