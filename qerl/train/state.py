@@ -1,8 +1,9 @@
 """Training checkpoints: written atomically, restored exactly.
 
-``<output>/checkpoint/`` holds ``adapter/`` (PEFT format) and ``trainable.safetensors`` (the trained weights),
-or under FSDP2 ``dcp/`` (every rank's shards of weights and optimizer states), ``trainer_state.pt`` (optimizer, scheduler, torch/python/numpy RNG states) and
-``trainer_state.json`` (step, data position, MLflow run id). The directory is replaced in one
+``<output>/checkpoint/`` holds ``adapter/`` (PEFT format) and ``trainable.safetensors`` (the trained weights) —
+or, under FSDP2, ``dcp/`` (every rank's shards of weights and optimizer states) —, ``trainer_state.pt``
+(optimizer, scheduler, torch/python/numpy RNG states) and ``trainer_state.json`` (step, data position, MLflow
+run id). The directory is replaced in one
 rename, so a kill at any moment leaves the previous checkpoint intact.
 """
 from __future__ import annotations
@@ -62,7 +63,7 @@ def save_checkpoint(out_dir: Path, model, optimizer, scheduler, state: TrainStat
 
 def load_checkpoint(out_dir: Path, model, optimizer, scheduler, sharded: bool = False) -> TrainState:
     """Restore trainable weights, optimizer, scheduler and RNG states; return the saved state. ``sharded``: the
-    model is FSDP2-sharded (each rank takes its shards of the full checkpoint)."""
+    model is FSDP2-sharded (each rank reads its own shards back from ``dcp/``)."""
     path = Path(out_dir) / CHECKPOINT
     if not (path / "trainer_state.json").exists():
         raise FileNotFoundError(f"{path}: no checkpoint to resume from")
