@@ -209,7 +209,8 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
         for g in gen_lens:
             if b % d.world:
                 raise ValueError(f"--batches {b}: not divisible by --nproc {d.world}")
-            ckpt = resolve_checkpointing(checkpointing, lm.config, BASE[method], b // d.world, prompt_len + g, micro)
+            ckpt = resolve_checkpointing(checkpointing, lm.config, BASE[method], b // d.world, prompt_len + g, micro,
+                                         **({"full": True} if method == "full" else {}))
             _set_checkpointing(policy, ckpt)
             row = {**base, "batch": b, "gen_len": g, "checkpointing": ckpt, "optimizer": opt_name}
             try:

@@ -39,6 +39,14 @@ def replicated_params(model) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad and not isinstance(p, DTensor)]
 
 
+def optimizer_groups(model) -> list[dict]:
+    """The trainable parameters as AdamW groups: the DTensor shards, then the whole ones (a multi-tensor AdamW
+    call cannot mix the two kinds)."""
+    whole = replicated_params(model)
+    sharded = [p for p in model.parameters() if p.requires_grad and all(p is not w for w in whole)]
+    return [{"params": g} for g in (sharded, whole) if g]
+
+
 def shard(model, device: torch.device, world: int):
     """``fully_shard`` each decoder layer, then the decoder (``model.get_decoder()``) over ``world`` ranks; the
     lm_head (and tied embeddings) stay whole. Returns ``model`` (modified in place)."""

@@ -78,10 +78,8 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
     if sharding == "fsdp":
         fsdp.shard(policy, device, d.world)
     params = [p for p in policy.parameters() if p.requires_grad]
-    if sharding == "fsdp":  # DTensor shards and the whole lm_head in separate groups: a multi-tensor AdamW call
-        whole = fsdp.replicated_params(policy)  # cannot mix them (always multi-tensor, so CPU tests take GPU's path)
-        groups = [{"params": [p for p in params if all(p is not w for w in whole)]}, {"params": whole}]
-        optimizer = make_optimizer([g for g in groups if g["params"]], _optim_settings(cfg, sharding), device,
+    if sharding == "fsdp":  # multi-tensor on every device, so CPU tests take the GPU's path
+        optimizer = make_optimizer(fsdp.optimizer_groups(policy), _optim_settings(cfg, sharding), device,
                                    foreach=True)
     else:
         optimizer = make_optimizer(params, _optim_settings(cfg, sharding), device, shard=sharding == "optimizer")
@@ -275,12 +273,9 @@ def _logprobs_global(policy, batch, T: float, micro: list, d: dist.Dist, what: s
                      ) -> torch.Tensor:
     """Log-probs ``[n, T]`` of the whole batch without grad, each rank computing its own rows' micro-batches
     (``lockstep``, under FSDP2 whose forwards all-gather: the fillers too, so every rank runs as many)."""
-    own = [m for m, real in micro if real]
-    if lockstep:
-        parts = [(logprobs_no_grad(policy, batch, T, 0, [m]), real) for m, real in micro]
-        part = torch.cat([p for p, real in parts if real]) if own else None
-    else:
-        part = logprobs_no_grad(policy, batch, T, 0, own) if own else None
+    run = [(m, real) for m, real in micro if real or lockstep]
+    outs = [(logprobs_no_grad(policy, batch, T, 0, [m]), real) for m, real in run]
+    part = torch.cat([p for p, real in outs if real]) if any(real for _, real in run) else None
     if not d.on:
         return part
     parts = dist.gather(d, None if part is None else part.cpu(), what)

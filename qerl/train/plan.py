@@ -154,10 +154,11 @@ def estimate(s: Shape, base: str, rows: int, prompt_len: int, gen_len: int, micr
 
 
 def resolve_checkpointing(mode, hf_config, base: str, rows: int, seq_len: int, micro: int,
-                          budget_bytes: float | None = None) -> bool:
+                          budget_bytes: float | None = None, **full) -> bool:
     """``on``/``off``/bool as given; ``auto``: on from 14B shapes (hidden ≥ 5120) or when the estimate without it
     exceeds ``budget_bytes`` (default: 90% of the current CUDA device, or 80 GB without one). ``seq_len``: prompt +
-    completion tokens per sequence (the prompt taken as :data:`PROMPT_TOKENS`, at most half of it)."""
+    completion tokens per sequence (the prompt taken as :data:`PROMPT_TOKENS`, at most half of it). ``full``:
+    :func:`estimate`'s ``full`` / ``world`` / ``sharding`` for the full method."""
     if mode in (True, False):
         return bool(mode)
     if mode in ("on", "true"):
@@ -166,7 +167,7 @@ def resolve_checkpointing(mode, hf_config, base: str, rows: int, seq_len: int, m
         return False
     prompt = min(PROMPT_TOKENS, seq_len // 2)
     return needs_checkpointing(Shape.from_config(hf_config), base, rows, prompt, seq_len - prompt, micro,
-                               budget_bytes=budget_bytes)
+                               budget_bytes=budget_bytes, **full)
 
 
 def needs_checkpointing(s: Shape, base: str, rows: int, prompt_len: int, gen_len: int, micro: int, rank: int = 32,
