@@ -18,8 +18,9 @@ tokens to the measured length, so its update compiles and tunes for the same sha
 ``--nproc N`` (N GPUs of one machine; relaunches itself under torchrun, NCCL): data parallel as ``qerl train
 --nproc`` runs it — each rank generates ``batch / N`` sequences with its own engine, computes their log-probs and
 runs their micro-batches through DDP (one gradient all-reduce), then every rank steps; ``rollout_s`` is the
-slowest rank's, ``rank_idle_s`` how long the fastest rank waited for it. Rows of 1 and N GPUs of one
-configuration give the scaling table of the Markdown (speed-up, efficiency = speed-up / N, idle share).
+slowest rank's, ``rank_idle_s`` how long the fastest rank waited for it. Rows of 1 and N GPUs give the scaling
+table of the Markdown (:func:`scaling_lines`: against one GPU at the same batch per step and at the same batch per
+GPU, and the idle share).
 
 Columns: ``device, model, method, batch, prompt_len, gen_len, nproc, status, rollout_s, logprob_s, update_s,
 total_s, tokens_per_s, peak_gb, rank_idle_s, checkpointing, micro_batch, engine_cache (released | kept between
@@ -295,8 +296,14 @@ def write(rows: list[dict], out: Path, device: str) -> tuple[Path, Path]:
 
 
 def scaling_lines(rows: list[dict]) -> list[str]:
-    """Markdown: for each configuration measured on 1 and on N GPUs, the step speed-up, the scaling efficiency
-    (speed-up / N) and the share of the N-GPU step the fastest rank waited for the slowest one's rollout."""
+    """Markdown: each configuration measured on N GPUs against one GPU, both ways data parallelism is read:
+
+    * **same batch per step** (strong scaling): the 1-GPU step at the same batch B; speed-up ``T₁(B) / T_N(B)``,
+      efficiency = speed-up / N;
+    * **same batch per GPU** (weak scaling, throughput): the 1-GPU step at B / N; sequences per second on N GPUs
+      over one GPU's, ``N · T₁(B/N) / T_N(B)`` (N at best);
+
+    and the share of the N-GPU step that the fastest rank waited for the slowest one's rollout."""
     def config(r):
         return (r["model"], r["method"], r["batch"], r["prompt_len"], r["gen_len"], r.get("micro_batch"),
                 r.get("engine_cache") or "released")
@@ -305,15 +312,28 @@ def scaling_lines(rows: list[dict]) -> list[str]:
     out = []
     for r in rows:
         n = r.get("nproc") or 1
-        base = one.get(config(r))
-        if n > 1 and r["status"] == "ok" and base is not None:
-            up = base["total_s"] / r["total_s"]
-            out.append(f"| {r['model']} | {r['method']} | {r['batch']} | {r['gen_len']} | {n} | {base['total_s']:.2f} | "
-                       f"{r['total_s']:.2f} | {up:.2f}× | {up / n:.0%} | {r.get('rank_idle_s') or 0.0:.2f} s "
-                       f"({(r.get('rank_idle_s') or 0.0) / r['total_s']:.1%}) |")
-    measured = ["", "## Data-parallel scaling (same batch per step, split over the GPUs)", "",
-                "| model | method | batch | gen | GPUs | 1-GPU step s | N-GPU step s | speed-up | efficiency | "
-                "fastest rank's rollout wait |", "|---|---|---|---|---|---|---|---|---|---|", *out] if out else []
+        if n == 1 or r["status"] != "ok":
+            continue
+        key = config(r)
+        same_batch = one.get(key)
+        per_gpu = one.get((key[0], key[1], r["batch"] // n, *key[3:]))
+        if same_batch is None and per_gpu is None:
+            continue
+        strong = weak = "—"
+        if same_batch is not None:
+            up = same_batch["total_s"] / r["total_s"]
+            strong = f"{same_batch['total_s']:.2f} s: **{up:.2f}×** ({up / n:.0%})"
+        if per_gpu is not None:
+            weak = f"{per_gpu['total_s']:.2f} s: **{n * per_gpu['total_s'] / r['total_s']:.2f}×**"
+        idle = r.get("rank_idle_s") or 0.0
+        out.append(f"| {r['model']} | {r['method']} | {r['gen_len']} | {n} | {r['batch']} | {r['batch'] // n} | "
+                   f"{r['total_s']:.2f} | {strong} | {weak} | {idle:.2f} s ({idle / r['total_s']:.1%}) |")
+    measured = ["", "## Data-parallel scaling (measured)", "",
+                "Against one GPU at the same batch per step (speed-up, efficiency = speed-up / N) and at the same "
+                "batch per GPU (throughput in sequences per second, N at best).", "",
+                "| model | method | gen | GPUs | batch per step | per GPU | N-GPU step s | 1 GPU, same batch per step: "
+                "speed-up | 1 GPU, same batch per GPU: throughput | fastest rank's rollout wait |",
+                "|---|---|---|---|---|---|---|---|---|---|", *out] if out else []
     return measured + projected_scaling_lines(rows, config)
 
 

@@ -54,12 +54,17 @@ def test_merge_refuses_two_devices(tmp_path):
 
 
 def test_scaling_table_from_one_and_two_gpu_rows(tmp_path):
-    one = _row("7B", "qerl", 16, 1024, 10.0)
+    """Both readings: 2 GPUs at batch 16 against 1 GPU at 16 (10.0 / 5.5 = 1.82x, 91%) and at 8 per GPU
+    (2 x 6.0 / 5.5 = 2.18x sequences per second); batch 32 on 2 GPUs has only the per-GPU comparison."""
+    one, one8 = _row("7B", "qerl", 16, 1024, 10.0), _row("7B", "qerl", 8, 1024, 6.0)
     two = {**_row("7B", "qerl", 16, 1024, 5.5), "nproc": 2, "rank_idle_s": 0.22}
-    _, md = bench_step.write([one, two], tmp_path, "GPU X")
+    two32 = {**_row("7B", "qerl", 32, 1024, 10.4), "nproc": 2, "rank_idle_s": 0.0}
+    _, md = bench_step.write([one, one8, two, two32], tmp_path, "GPU X")
     text = md.read_text()
     assert "| 7B | qerl | 16 | 256 | 1024 | 2 | ok |" in text
-    assert "| 7B | qerl | 16 | 1024 | 2 | 10.00 | 5.50 | 1.82× | 91% | 0.22 s (4.0%) |" in text
+    assert "| 7B | qerl | 1024 | 2 | 16 | 8 | 5.50 | 10.00 s: **1.82×** (91%) | 6.00 s: **2.18×** | 0.22 s (4.0%) |" \
+        in text
+    assert "| 7B | qerl | 1024 | 2 | 32 | 16 | 10.40 | — | 10.00 s: **1.92×** | 0.00 s (0.0%) |" in text
     assert bench_step.scaling_lines([one]) == []  # nothing to compare
 
 
