@@ -20,6 +20,7 @@ from qerl.rollout.sampler import SamplingSettings
 
 METHOD_NAMES = ("full", "lora", "qlora", "nvfp4_lora", "qerl")
 SHARDING = ("auto", "none", "optimizer", "fsdp")
+OFFLOAD = ("auto", "none", "rollout")
 
 
 class ConfigError(ValueError):
@@ -97,6 +98,9 @@ class OptimConfig:
     min_lr_ratio: float = 0.0
     grad_clip: float = 1.0
     eight_bit: str | bool = "auto"  # YAML true / false are taken as 'true' / 'false'
+    # the optimizer states in host memory while the rollout runs (qerl.train.offload): none | rollout | auto
+    # (rollout when the memory planner says the run fits only so; e.g. 32B full over 8 GPUs)
+    offload: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -229,6 +233,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         if v not in ("auto", "true", "false"):
             raise ConfigError(f"config.optim.{name}: one of 'auto', 'true', 'false', got {v!r}")
     cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, **tri))
+    if cfg.optim.offload not in OFFLOAD:
+        raise ConfigError(f"config.optim.offload: one of {OFFLOAD}, got {cfg.optim.offload!r}")
     if cfg.model.dtype not in ("bfloat16", "float16", "float32"):
         raise ConfigError(f"config.model.dtype: {cfg.model.dtype!r} is not bfloat16/float16/float32")
     if cfg.sharding not in SHARDING:

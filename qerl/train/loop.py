@@ -25,6 +25,7 @@ from qerl.rollout.sampler import sequence_logprobs
 from qerl.train import dist, fsdp
 from qerl.train.config import TrainConfig, resolve_sharding, to_dict
 from qerl.train.methods import METHODS, build_policy, resolve_device
+from qerl.train.offload import StateOffload
 from qerl.train.state import TrainState, load_checkpoint, save_checkpoint
 from qerl.train.steps import (
     PromptStream, TrainingError, collect_rollouts, derive_seed, logprobs_no_grad, make_optimizer, micro_weight,
@@ -96,6 +97,9 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
         stream.pos = state.data_pos
     if sharding != "fsdp":  # (FSDP2's own hooks reduce the gradients)
         scorer = dist.wrap(scorer, d, device)
+    parking = StateOffload(optimizer) if _offload(cfg, d.world, device) else None
+    if parking is not None and d.main:
+        print("optimizer states parked in host memory during each rollout (optim.offload)", flush=True)
     metrics_path = out / "metrics.jsonl"
     if d.main:
         _truncate_metrics(metrics_path, state.step)
@@ -116,6 +120,7 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
             sigma = sigma_at(step, cfg.steps, cfg.aqn) if aqn else 0.0
             policy.eval()
             t0 = time.time()
+            parked = parking.park() if parking is not None else 0  # (none before the first optimizer step)
             try:
                 with fsdp.gathered(policy) if sharding == "fsdp" else contextlib.nullcontext():
                     batch, rewards, stats = collect_rollouts(policy, tokenizer, stream, cfg, step, reward, aqn, sigma, d)
@@ -125,6 +130,8 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
                 raise _oom_error(cfg, step, "rollout", device, out, None, e) from None
             t_roll = time.time() - t0
             t1 = time.time()
+            if parking is not None:
+                parking.restore()
             try:
                 info = _update(policy, scorer, batch, rewards, cfg, loss_settings, aqn, sigma, step, optimizer, d,
                                sharding) if batch else {}
@@ -135,6 +142,7 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
             state.step, state.data_pos = step + 1, stream.pos
             metrics = {"step": step + 1, **stats, **info, "sigma": sigma, "lr": scheduler.get_last_lr()[0],
                        "rollout_seconds": t_roll, "train_seconds": time.time() - t1,
+                       **({"offload_seconds": parking.seconds, "offload_gb": parked / 1e9} if parking else {}),
                        "tokens_per_second": stats["generated_tokens"] / max(t_roll, 1e-9),
                        "peak_memory_gb": max(dist.gather(d, peak_memory_gb(device), "comparing peak memory"))}
             if d.main:
@@ -232,6 +240,23 @@ def _keep_engine_cache(cfg: TrainConfig, world: int) -> bool:
     from qerl.train.plan import keep_engine_cache
 
     return keep_engine_cache(cfg, world)
+
+
+def _offload(cfg: TrainConfig, world: int, device) -> bool:
+    """``optim.offload`` resolved: ``rollout`` parks the states (on a GPU; on a CPU-only run only under the tests'
+    ``QERL_OFFLOAD_ON_CPU=1``), ``auto`` when the planner does so for a local model (:func:`qerl.train.plan.plan_config`)."""
+    from qerl.train import offload
+
+    mode = cfg.optim.offload
+    if mode == "none" or (device.type != "cuda" and not offload.PARK_ON_CPU):
+        return False
+    if mode == "rollout":
+        return True
+    if device.type != "cuda" or not (Path(cfg.model.path) / "config.json").exists():
+        return False
+    from qerl.train.plan import plan_config
+
+    return plan_config(cfg, world=world)["offload"]
 
 
 def _check_memory(cfg: TrainConfig, world: int) -> None:

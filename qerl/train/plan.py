@@ -116,10 +116,12 @@ def layer_act_bytes(s: Shape) -> float:
 
 def estimate(s: Shape, base: str, rows: int, prompt_len: int, gen_len: int, micro: int, rank: int = 32,
              checkpointing: bool = True, eight_bit: bool = True, release_cache: bool = True, full: bool = False,
-             world: int = 1, sharding: str = "none") -> dict:
+             world: int = 1, sharding: str = "none", offload: bool = False) -> dict:
     """Peak bytes of one training step and its parts (see the module docstring). ``rows``: sequences per step (per
     process). ``full``: the full method (``base`` bf16, no adapters; :func:`full_bytes` with ``world`` and
-    ``sharding``) instead of a LoRA method."""
+    ``sharding``) instead of a LoRA method. ``offload``: the optimizer states are in host memory during the
+    rollout (:mod:`qerl.train.offload`) — a part of the log-prob and update phases instead of a static one
+    (``host_bytes`` says how much host memory each process pins for them)."""
     T = prompt_len + gen_len
     micro = max(1, min(micro, rows))
     extra: dict = {}
@@ -145,12 +147,17 @@ def estimate(s: Shape, base: str, rows: int, prompt_len: int, gen_len: int, micr
     if not release_cache:
         update["kv cache (kept)"] = kv
     logprob = {"forward transients": n * (4 * s.hidden + 6 * s.intermediate) * 2, "lm_head block": lm / 2}
+    host = 0.0
+    if offload:
+        key = next(k for k in static if k.startswith("optimizer states"))
+        host = static.pop(key)
+        logprob["optimizer states (back from the host)"] = update["optimizer states (back from the host)"] = host
     phases = {"rollout": sum(rollout.values()), "logprob": sum(logprob.values()), "update": sum(update.values())}
     total_static = sum(static.values())
     peak_phase = max(phases, key=phases.get)
     return {"static": static, "rollout": rollout, "logprob": logprob, "update": update, "phases": phases,
             "peak_phase": peak_phase, "peak_bytes": total_static + phases[peak_phase],
-            "peak_gb": (total_static + phases[peak_phase]) / 1e9}
+            "peak_gb": (total_static + phases[peak_phase]) / 1e9, "host_bytes": host}
 
 
 def resolve_checkpointing(mode, hf_config, base: str, rows: int, seq_len: int, micro: int,
@@ -221,6 +228,8 @@ def advice(est: dict, available: float, checkpointing: bool, micro: int) -> list
     if "gradients" in est["update"]:
         out.append("the full method over more GPUs with its weights, gradients and states sharded "
                    "(--nproc N, sharding: fsdp)")
+    if est["peak_phase"] == "rollout" and not est.get("host_bytes"):
+        out.append("the optimizer states in host memory during the rollout (optim.offload: rollout)")
     out.append("a smaller model or a quantized base (method: qerl)")
     return out
 
@@ -266,21 +275,30 @@ def plan_config(cfg, shape: str | None = None, available: float | None = None, w
                                    eight, False)["peak_bytes"] > KEEP_CACHE_FRACTION * available
     est = estimate(s, method.base, rows, PROMPT_TOKENS, gen, cfg.micro_batch_size, cfg.lora.r, ckpt, eight, release,
                    **fk)
+    offload = cfg.optim.offload == "rollout"
+    if offload or (cfg.optim.offload == "auto" and est["peak_bytes"] > OFFLOAD_FRACTION * available):
+        parked = estimate(s, method.base, rows, PROMPT_TOKENS, gen, cfg.micro_batch_size, cfg.lora.r, ckpt, eight,
+                          release, **fk, offload=True)
+        if offload or parked["peak_bytes"] < est["peak_bytes"]:  # auto: when it lowers the peak (a rollout peak)
+            est, offload = parked, True
     fits = est["peak_bytes"] <= available
     title = (f"{cfg.method}, {rows} sequences{f' per process ({world} processes)' if world > 1 else ''} × "
              f"({PROMPT_TOKENS} + {gen}) tokens, micro-batch "
              f"{cfg.micro_batch_size}, {'all weights trained, sharding ' + sharding if full else f'LoRA r={cfg.lora.r}'}, "
              f"checkpointing {'on' if ckpt else 'off'}, "
-             f"{'8-bit' if eight else 'fp32'} AdamW, engine cache {'released' if release else 'kept'} between steps")
+             f"{'8-bit' if eight else 'fp32'} AdamW, engine cache {'released' if release else 'kept'} between steps"
+             + (f", optimizer states in host memory during the rollout ({est['host_bytes'] / 1e9:.1f} GB per process)"
+                if offload else ""))
     md = markdown(est, title, available)
     tips = [] if fits else advice(est, available, ckpt, cfg.micro_batch_size)
     if tips:
         md += "\nTo fit: " + "; ".join(tips) + ".\n"
     return {"estimate": est, "fits": fits, "available": available, "checkpointing": ckpt, "advice": tips,
-            "release_cache": release, "markdown": md}
+            "release_cache": release, "offload": offload, "markdown": md}
 
 
 KEEP_CACHE_FRACTION = 0.85  # release_cache: auto keeps the cache when the planned peak with it stays below this
+OFFLOAD_FRACTION = 0.9  # optim.offload: auto parks the optimizer states during the rollout above this share
 
 
 def keep_engine_cache(cfg, world: int = 1) -> bool:

@@ -215,3 +215,19 @@ def test_fsdp_with_tied_embeddings_dapo_and_checkpointing(tmp_path):
         assert r.returncode == 0, r.stderr[-3000:]
     assert "FSDP2" in r.stdout and any(row["groups_kept"] % 2 for row in _rows(one))
     _assert_same(_rows(one), _rows(two), rel=1e-6, abs_=1e-7)
+
+
+@pytest.mark.parametrize("nproc, sharding, tol", [("1", "auto", 0.0), ("2", "fsdp", 1e-5)])
+def test_parked_states_train_exactly_as_kept_ones(warm_model, tmp_path, nproc, sharding, tol):
+    """The full method with its AdamW states parked during every rollout gives the metrics of the same run with
+    them kept (one process: bit-identical; FSDP2 over two processes: against one process, as without parking)."""
+    over = {"method": "full", "optim.lr": 0.0005, "sharding": sharding}
+    kept = _config(tmp_path, warm_model, "kept", **over)
+    parked = _config(tmp_path, warm_model, "parked", **over, **{"optim.offload": "rollout"})
+    assert _train(kept, "--nproc", "1").returncode == 0
+    r = _train(parked, "--nproc", nproc, env={"QERL_OFFLOAD_ON_CPU": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "optimizer states parked in host memory" in r.stdout
+    rows = _rows(parked)
+    assert rows[0]["offload_gb"] == 0 and all(row["offload_gb"] > 0 for row in rows[1:])  # none before step 1
+    _assert_same(_rows(kept), rows, rel=tol, abs_=tol / 10)
