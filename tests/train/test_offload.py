@@ -33,7 +33,8 @@ def test_park_frees_the_storages_and_restore_brings_every_byte_back(monkeypatch)
     net(torch.randn(3, 8)).square().sum().backward()
     opt.step()  # the optimizer runs on the restored tensors
     parking.park(), parking.restore()  # the host buffers are reused
-    assert len(parking.host) == 13  # one buffer per storage: 4 x (step, exp_avg, exp_avg_sq) + qmap
+    # one arena, 64-byte aligned views: 4 x (step, exp_avg, exp_avg_sq) + qmap
+    assert parking.arena.numel() == 4 * 64 + 2 * (8 * 16 * 4 + 64 + 16 * 4 * 4 + 64) + 64
 
 
 def _cfg(**over) -> TrainConfig:
