@@ -34,6 +34,7 @@ ACT_H, ACT_I, ACT_A = 12, 7, 10
 LOGIT_COPIES = 4  # fp32 logits, log-softmax, its exp / the gradient: live together in a chunk's backward
 CHUNK_TOKENS = 1024  # qerl.ops.logits.CHUNK_TOKENS
 PREFILL_TOKENS = 8192  # qerl.rollout.engine.runner.PREFILL_TOKENS (the engine prefills rows in chunks of this)
+ENGINE_WORK = 2 * 1024 ** 3  # the engine's reserve beside its KV cache (+ 24 B per row and vocabulary entry)
 PACKED_BYTES = {"bf16": 2.0, "nvfp4": 0.5 + 1 / 16, "nf4": 0.5 + 4 / 64}
 
 
@@ -116,12 +117,15 @@ def layer_act_bytes(s: Shape) -> float:
 
 def estimate(s: Shape, base: str, rows: int, prompt_len: int, gen_len: int, micro: int, rank: int = 32,
              checkpointing: bool = True, eight_bit: bool = True, release_cache: bool = True, full: bool = False,
-             world: int = 1, sharding: str = "none", offload: bool = False) -> dict:
+             world: int = 1, sharding: str = "none", offload: bool = False, available: float | None = None) -> dict:
     """Peak bytes of one training step and its parts (see the module docstring). ``rows``: sequences per step (per
     process). ``full``: the full method (``base`` bf16, no adapters; :func:`full_bytes` with ``world`` and
     ``sharding``) instead of a LoRA method. ``offload``: the optimizer states are in host memory during the
     rollout (:mod:`qerl.train.offload`) — a part of the log-prob and update phases instead of a static one
-    (``host_bytes`` says how much host memory each process pins for them)."""
+    (``host_bytes`` says how much host memory each process pins for them). ``available``: the GPU's bytes — the
+    engine sizes its KV cache from the memory left and runs the rows that do not fit in later waves, so where all
+    rows' cache would not fit the plan counts the rows that do (``waves`` > 1: a slower rollout, not a failure;
+    at least one row must fit)."""
     T = prompt_len + gen_len
     micro = max(1, min(micro, rows))
     extra: dict = {}
@@ -152,12 +156,21 @@ def estimate(s: Shape, base: str, rows: int, prompt_len: int, gen_len: int, micr
         key = next(k for k in static if k.startswith("optimizer states"))
         host = static.pop(key)
         logprob["optimizer states (back from the host)"] = update["optimizer states (back from the host)"] = host
-    phases = {"rollout": sum(rollout.values()), "logprob": sum(logprob.values()), "update": sum(update.values())}
     total_static = sum(static.values())
+    waves = 1
+    if available is not None:  # as qerl.rollout.engine.runner plans its slots
+        per = kv_bytes(s, 1, T)
+        room = available - total_static - sum(rollout.values()) + kv - ENGINE_WORK - 24 * rows * s.vocab
+        fit = max(1, int(room // per))
+        if fit < rows:
+            waves = -(-rows // fit)
+            del rollout["kv cache"]
+            rollout[f"kv cache ({fit} of {rows} sequences at once: {waves} waves)"] = fit * per
+    phases = {"rollout": sum(rollout.values()), "logprob": sum(logprob.values()), "update": sum(update.values())}
     peak_phase = max(phases, key=phases.get)
     return {"static": static, "rollout": rollout, "logprob": logprob, "update": update, "phases": phases,
             "peak_phase": peak_phase, "peak_bytes": total_static + phases[peak_phase],
-            "peak_gb": (total_static + phases[peak_phase]) / 1e9, "host_bytes": host}
+            "peak_gb": (total_static + phases[peak_phase]) / 1e9, "host_bytes": host, "waves": waves}
 
 
 def resolve_checkpointing(mode, hf_config, base: str, rows: int, seq_len: int, micro: int,
@@ -273,14 +286,15 @@ def plan_config(cfg, shape: str | None = None, available: float | None = None, w
     if release == "auto":  # keep the engine's cache (no recapture per step) when the update fits beside it
         release = full or estimate(s, method.base, rows, PROMPT_TOKENS, gen, cfg.micro_batch_size, cfg.lora.r, ckpt,
                                    eight, False)["peak_bytes"] > KEEP_CACHE_FRACTION * available
-    est = estimate(s, method.base, rows, PROMPT_TOKENS, gen, cfg.micro_batch_size, cfg.lora.r, ckpt, eight, release,
-                   **fk)
+    args = (s, method.base, rows, PROMPT_TOKENS, gen, cfg.micro_batch_size, cfg.lora.r, ckpt, eight, release)
+    est = estimate(*args, **fk)
     offload = cfg.optim.offload == "rollout"
     if offload or (cfg.optim.offload == "auto" and est["peak_bytes"] > OFFLOAD_FRACTION * available):
-        parked = estimate(s, method.base, rows, PROMPT_TOKENS, gen, cfg.micro_batch_size, cfg.lora.r, ckpt, eight,
-                          release, **fk, offload=True)
-        if offload or parked["peak_bytes"] < est["peak_bytes"]:  # auto: when it lowers the peak (a rollout peak)
-            est, offload = parked, True
+        parked = estimate(*args, **fk, offload=True)
+        # auto: when it lowers the peak (a rollout peak) or, with the rollout in waves, makes room for more rows
+        if offload or parked["peak_bytes"] < est["peak_bytes"]:
+            offload = True
+    est = estimate(*args, **fk, offload=offload, available=available)
     fits = est["peak_bytes"] <= available
     title = (f"{cfg.method}, {rows} sequences{f' per process ({world} processes)' if world > 1 else ''} × "
              f"({PROMPT_TOKENS} + {gen}) tokens, micro-batch "
@@ -288,7 +302,9 @@ def plan_config(cfg, shape: str | None = None, available: float | None = None, w
              f"checkpointing {'on' if ckpt else 'off'}, "
              f"{'8-bit' if eight else 'fp32'} AdamW, engine cache {'released' if release else 'kept'} between steps"
              + (f", optimizer states in host memory during the rollout ({est['host_bytes'] / 1e9:.1f} GB per process)"
-                if offload else ""))
+                if offload else "")
+             + (f", rollout in {est['waves']} waves (the KV cache of every sequence does not fit at once)"
+                if est["waves"] > 1 else ""))
     md = markdown(est, title, available)
     tips = [] if fits else advice(est, available, ckpt, cfg.micro_batch_size)
     if tips:
