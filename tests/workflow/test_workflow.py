@@ -77,6 +77,15 @@ def test_multi_gpu_training_launches_through_torchrun(tmp_path):
     assert full and all(wc.train_config(cfg, r, "x")["sharding"] == "fsdp" for r in full)  # FSDP2 for the full method
     assert all(wc.train_config(cfg, r, "x").get("sharding") is None for r in wc.runs(cfg) if r.method != "full")
     assert wc.train_config(cfg, full[0], "x")["optim"]["lr"] == 1.0e-6  # paper.yaml's override kept
+    # the paper's 32B full BigMath run plans to fit 8 x 80 GB: FSDP2, micro-batches of one (the overlay), its AdamW
+    # states parked in host memory during the rollout and the rollout in waves (optim.offload: auto, the planner)
+    from qerl.train.config import TrainConfig, from_dict, validate
+    from qerl.train.plan import plan_config
+
+    big = next(r for r in full if r.model == "qwen2.5-32b")
+    plan = plan_config(validate(from_dict(TrainConfig, wc.train_config(cfg, big, "x"))), shape="32B",
+                       available=80e9, world=8)
+    assert plan["fits"] and plan["offload"] and plan["estimate"]["waves"] == 4, plan["markdown"]
     one = snakemake("--configfile", str(ROOT / "config/paper.yaml"), "--cores", "4", "--directory", str(tmp_path),
                     "-n", "-p", "--forcerun", "train").stdout
     assert "--nproc" not in one and "qerl train --config" in one
