@@ -24,7 +24,8 @@ GPU, and the idle share).
 
 Columns: ``device, model, method, batch, prompt_len, gen_len, nproc, status, rollout_s, logprob_s, update_s,
 total_s, tokens_per_s, peak_gb, rank_idle_s, checkpointing, micro_batch, engine_cache (released | kept between
-steps, ``--keep-cache``), optimizer, note``. Writes ``<device>.csv / .md`` under
+steps, ``--keep-cache``), optimizer_states (gpu | parked in host memory during the rollout, ``--offload``: the park
+is timed in the rollout phase and the restore in the logprob phase, as ``qerl train`` runs them), optimizer, note``. Writes ``<device>.csv / .md`` under
 ``--output``; the Markdown puts the paper's numbers (Tables 3, 5–8) beside ours.
 """
 from __future__ import annotations
@@ -42,7 +43,7 @@ import torch
 
 COLUMNS = ["device", "model", "method", "batch", "prompt_len", "gen_len", "nproc", "status", "rollout_s", "logprob_s",
            "update_s", "total_s", "tokens_per_s", "peak_gb", "rank_idle_s", "checkpointing", "micro_batch",
-           "engine_cache", "optimizer", "note"]
+           "engine_cache", "optimizer_states", "optimizer", "note"]
 BASE = {"lora": "bf16", "qlora": "nf4", "qerl": "nvfp4", "full": "bf16"}  # full: every weight trained
 #: the paper's one-H100 efficiency numbers (docs/paper.md): rollout tok/s at batch 8 / 2, weight GB, step s.
 PAPER = {
@@ -72,14 +73,17 @@ def _sync_time() -> float:
 
 
 def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro: int, optimizer, seed: int,
-             pad_to: int | None = None, prof=None, d=None, scorer=None, keep_cache: bool = False) -> dict:
+             pad_to: int | None = None, prof=None, d=None, scorer=None, keep_cache: bool = False,
+             parking=None) -> dict:
     """One GRPO step; seconds of its three phases (CUDA-synchronised, each a ``torch.profiler`` range
     ``step:<phase>``) and the generated tokens. ``pad_to``: extend the completions with random tokens to that
     length before the update (a warm-up step whose update has the measured step's shapes, cheaply). ``prof``: a
     ``torch.profiler.profile`` started for the logprob and update phases only. ``d`` / ``scorer``: this rank of a
     data-parallel step (``batch`` is the global batch) and the DDP-wrapped log-prob module; the phases are then
     the slowest rank's, ``rank_idle_s`` the fastest rank's wait at the end of the rollout. ``keep_cache``: keep
-    the engine's KV cache and graphs for the next step (``rollout.release_cache: false``)."""
+    the engine's KV cache and graphs for the next step (``rollout.release_cache: false``). ``parking``: a
+    :class:`~qerl.train.offload.StateOffload` — the optimizer states leave the GPU before the rollout and come
+    back before the log-probs (``offload_s``, ``parked_gb``; ``rollout_peak_gb``: the rollout phase's peak)."""
     from torch.profiler import record_function
 
     from qerl.rl.losses import LossSettings, policy_loss
@@ -98,10 +102,12 @@ def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro:
     s = SamplingSettings(temperature=1.0, max_new_tokens=gen_len)
     t0 = _sync_time()
     policy.eval()
+    parked = parking.park() if parking is not None else 0
     with record_function("step:rollout"), (aqn.noise(0.01, seed) if aqn is not None else contextlib.nullcontext()):
         r = generate(policy, tok, ps, s, seed=seed)
         if not keep_cache:
             release_engine(policy)
+    rollout_peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
     if pad_to is not None and pad_to > gen_len:
         extra = torch.randint(100, policy.config.vocab_size - 100, (batch, pad_to - gen_len), device=r.completion_ids.device)
         r.completion_ids = torch.cat([r.completion_ids, extra], 1)
@@ -111,6 +117,8 @@ def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro:
         prof.start()
     t1 = _sync_time()
     with record_function("step:logprob"):
+        if parking is not None:
+            parking.restore()
         old = logprobs_no_grad(policy, r, 1.0, micro)
     t2 = _sync_time()
     ctx = record_function("step:update")
@@ -138,6 +146,8 @@ def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro:
         prof.stop()
     st = {"rollout_s": t1 - t0, "logprob_s": t2 - t1, "update_s": t3 - t2, "total_s": t3 - t0,
           "tokens": int(r.completion_mask.sum())}
+    if parking is not None:
+        st.update(offload_s=parking.seconds, parked_gb=parked / 1e9, rollout_peak_gb=rollout_peak / 1e9)
     if not d.on:
         return {**st, "rank_idle_s": 0.0}
     parts = dist.gather(d, st, "timing the step")
@@ -177,7 +187,7 @@ def _profile(policy, tok, aqn, batch, prompt_len, gen_len, micro, opt, out: Path
 
 def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micro: int, checkpointing: str,
                device: str, progress=print, warmup_gen: int = 16, profile: Path | None = None, d=None,
-               keep_cache: bool = False) -> list[dict]:
+               keep_cache: bool = False, offload: bool = False) -> list[dict]:
     """Every (batch, gen_len) of one (model, method): the model is built once; each configuration runs a
     ``warmup_gen``-token step first (compilation, autotuning), then the measured step; ``profile``: one
     profiled step of the first configuration written there."""
@@ -194,7 +204,8 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
     d = d or dist.Dist()
     rows = []
     base = {"device": device, "model": model, "method": method, "prompt_len": prompt_len, "micro_batch": micro,
-            "nproc": d.world, "engine_cache": "kept" if keep_cache else "released"}
+            "nproc": d.world, "engine_cache": "kept" if keep_cache else "released",
+            "optimizer_states": "parked" if offload else "gpu"}
     try:
         lm = build(model, BASE[method])
     except torch.cuda.OutOfMemoryError as e:
@@ -204,6 +215,9 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
     policy = lm.requires_grad_(True) if method == "full" else apply_lora(lm, LoraSettings(r=32, alpha=32))
     aqn = AQN(policy, AQNSettings()) if method == "qerl" else None
     opt, opt_name = _optimizer([p for p in policy.parameters() if p.requires_grad])
+    from qerl.train.offload import StateOffload
+
+    parking = StateOffload(opt) if offload else None
     scorer = dist.wrap(LogprobModule(policy, with_entropy=False), d, torch.device("cuda", torch.cuda.current_device()))
     tok = CountTokenizer()
     for b in batches:
@@ -219,14 +233,20 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
                                  d=d, scorer=scorer)
                 if keep_cache:  # a step whose rollout captures the graphs the measured one replays
                     one_step(policy, tok, aqn, b, prompt_len, g, micro, opt, seed=3, d=d, scorer=scorer, keep_cache=True)
+                if parking is not None:  # the host arena is built at the first park: not in the measured step
+                    parking.park(), parking.restore()
                 torch.cuda.reset_peak_memory_stats()
                 st = one_step(policy, tok, aqn, b, prompt_len, g, micro, opt, seed=2, d=d, scorer=scorer,
-                              keep_cache=keep_cache)
+                              keep_cache=keep_cache, parking=parking)
+                parks = {k: st.pop(k) for k in ("offload_s", "parked_gb", "rollout_peak_gb") if k in st}
                 row.update(status="ok", **{k: round(v, 3) for k, v in st.items() if k != "tokens"},
                            tokens_per_s=round(st["tokens"] / st["total_s"], 1),
                            peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2),
                            note=f"after a {warmup_gen}-token warm-up step of {first['total_s']:.1f} s (compilation)"
-                                + ("; engine cache kept between steps (graphs replayed)" if keep_cache else ""))
+                                + ("; engine cache kept between steps (graphs replayed)" if keep_cache else "")
+                                + (f"; optimizer states parked during the rollout: {parks['parked_gb']:.1f} GB out and "
+                                   f"back in {parks['offload_s']:.2f} s, rollout-phase peak "
+                                   f"{parks['rollout_peak_gb']:.1f} GB" if parks else ""))
                 if profile is not None and not profiled:
                     profiled.append(_profile(policy, tok, aqn, b, prompt_len, g, micro, opt, profile,
                                              f"{model}_{method}_b{b}_g{g}"))
@@ -239,7 +259,7 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
                 torch.cuda.empty_cache()
             rows.append(row)
             progress(json.dumps(row))
-    del policy, lm, opt, scorer
+    del policy, lm, opt, scorer, parking
     gc.collect()
     torch.cuda.empty_cache()
     return rows
@@ -272,8 +292,8 @@ def write(rows: list[dict], out: Path, device: str) -> tuple[Path, Path]:
              "AdamW). LoRA rank 32 on the seven projections; `batch` = sequences per step; times of the second "
              "step; peak = max allocated.", "",
              "| model | method | batch | prompt | gen | GPUs | status | rollout s | logprob s | update s | total s | "
-             "tok/s | peak GB | ckpt | micro-batch | engine cache | paper (one H100) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "tok/s | peak GB | ckpt | micro-batch | engine cache | optimizer states | paper (one H100) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(r, k):
         v = r.get(k, "")
@@ -284,6 +304,7 @@ def write(rows: list[dict], out: Path, device: str) -> tuple[Path, Path]:
                      f"{r.get('nproc') or 1} | {r['status']} | {f(r, 'rollout_s')} | {f(r, 'logprob_s')} | "
                      f"{f(r, 'update_s')} | {f(r, 'total_s')} | {f(r, 'tokens_per_s')} | {f(r, 'peak_gb')} | "
                      f"{f(r, 'checkpointing')} | {f(r, 'micro_batch')} | {r.get('engine_cache') or 'released'} | "
+                     f"{r.get('optimizer_states') or 'gpu'} | "
                      f"{PAPER.get((r['model'], r['method']), '')} |")
     lines += scaling_lines(rows)
     if any(r.get("status") == "ok" for r in rows):
@@ -306,7 +327,7 @@ def scaling_lines(rows: list[dict]) -> list[str]:
     and the share of the N-GPU step that the fastest rank waited for the slowest one's rollout."""
     def config(r):
         return (r["model"], r["method"], r["batch"], r["prompt_len"], r["gen_len"], r.get("micro_batch"),
-                r.get("engine_cache") or "released")
+                r.get("engine_cache") or "released", r.get("optimizer_states") or "gpu")
 
     one = {config(r): r for r in rows if (r.get("nproc") or 1) == 1 and r["status"] == "ok"}
     out = []
@@ -377,7 +398,7 @@ def _typed(r: dict) -> dict:
 def merge(paths: list[Path], out: Path) -> tuple[Path, Path]:
     """One file set from several runs on one device (e.g. 7B, then 14B + 32B in a second process): a later
     file's row replaces an earlier one with the same (model, method, batch, prompt_len, gen_len, GPUs, micro-batch,
-    engine cache)."""
+    engine cache, optimizer states)."""
     rows: dict = {}
     devices = set()
     for path in paths:
@@ -386,13 +407,15 @@ def merge(paths: list[Path], out: Path) -> tuple[Path, Path]:
                 devices.add(r["device"])
                 r.setdefault("engine_cache", "released")  # files written before the column: every step released it
                 r["engine_cache"] = r["engine_cache"] or "released"
+                r["optimizer_states"] = r.get("optimizer_states") or "gpu"  # (before the column: on the GPU)
                 rows[(r["model"], r["method"], r["batch"], r["prompt_len"], r["gen_len"], r.get("nproc") or "1",
-                      r["micro_batch"], r["engine_cache"])] = _typed(r)
+                      r["micro_batch"], r["engine_cache"], r["optimizer_states"])] = _typed(r)
     if len(devices) != 1:
         raise ValueError(f"--merge: the CSVs come from different devices {sorted(devices)}; merge one device's runs")
     order = {"7B": 0, "14B": 1, "32B": 2}
     merged = sorted(rows.values(), key=lambda r: (order.get(r["model"], 9), r["method"], -r["batch"], r["gen_len"],
-                                                  r.get("nproc") or 1, r["micro_batch"], r["engine_cache"] != "released"))
+                                                  r.get("nproc") or 1, r["micro_batch"], r["engine_cache"] != "released",
+                                                  r["optimizer_states"] != "gpu"))
     return write(merged, out, devices.pop())
 
 
@@ -414,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="also write a torch.profiler table of one step per (model, method) here")
     p.add_argument("--keep-cache", action="store_true",
                    help="keep the engine's KV cache and graphs between steps (rollout.release_cache: false)")
+    p.add_argument("--offload", action="store_true",
+                   help="park the optimizer states in host memory during the rollout (optim.offload: rollout)")
     p.add_argument("--nproc", type=int, default=1,
                    help="GPUs of this machine, data parallel (relaunches itself under torchrun; batches divisible)")
     p.add_argument("--merge", nargs="+", metavar="CSV", type=Path,
@@ -456,7 +481,8 @@ def main(argv: list[str] | None = None) -> int:
             gens = list(a.gen_lens) + ([a.long_gen] if a.long_gen and m == "32B" and method == "qerl" else [])
             rows += run_config(m, method, a.batches, gens, a.prompt_len, a.micro_batch, a.checkpointing, device,
                                progress=lambda s: print(s, flush=True) if d.main else None, warmup_gen=a.warmup_gen,
-                               profile=a.profile if not d.on else None, d=d, keep_cache=a.keep_cache)
+                               profile=a.profile if not d.on else None, d=d, keep_cache=a.keep_cache,
+                               offload=a.offload)
             if d.main:
                 write(rows, Path(a.output), device)
     if d.main:

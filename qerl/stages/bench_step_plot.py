@@ -18,6 +18,8 @@ def _label(r: dict) -> str:
         extra.append(f"μ{r.get('micro_batch')}")
     if (r.get("engine_cache") or "released") != "released":
         extra.append("cache kept")
+    if (r.get("optimizer_states") or "gpu") != "gpu":
+        extra.append("states parked")
     tail = f" [{', '.join(extra)}]" if extra else ""
     return f"{r['model']} {r['method']} b{r['batch']} × {r['gen_len']}{tail}"
 

@@ -31,19 +31,22 @@ def test_merge_keeps_other_micro_batches_and_engine_cache_apart(tmp_path):
     base = _row("7B", "qerl", 8, 1024, 6.7)
     kept = {**_row("7B", "qerl", 8, 1024, 6.4), "engine_cache": "kept"}
     micro4 = {**_row("7B", "qerl", 8, 1024, 6.3), "micro_batch": 4}
+    parked = {**_row("7B", "qerl", 8, 1024, 6.9), "optimizer_states": "parked"}
     a, _ = bench_step.write([base], tmp_path / "a", "GPU X")
-    b, _ = bench_step.write([kept, micro4], tmp_path / "b", "GPU X")
+    b, _ = bench_step.write([kept, micro4, parked], tmp_path / "b", "GPU X")
     csv_path, md = bench_step.merge([a, b], tmp_path / "m")
     with open(csv_path, newline="") as f:
         rows = list(csv.DictReader(f))
-    assert [(r["total_s"], r["micro_batch"], r["engine_cache"]) for r in rows] == [
-        ("6.7", "2", "released"), ("6.4", "2", "kept"), ("6.3", "4", "released")]
-    assert "| False | 2 | kept |" in md.read_text()
+    assert [(r["total_s"], r["micro_batch"], r["engine_cache"], r["optimizer_states"]) for r in rows] == [
+        ("6.7", "2", "released", "gpu"), ("6.9", "2", "released", "parked"), ("6.4", "2", "kept", "gpu"),
+        ("6.3", "4", "released", "gpu")]
+    assert "| False | 2 | kept | gpu |" in md.read_text() and "| False | 2 | released | parked |" in md.read_text()
     png = csv_path.with_suffix(".png")  # the step-split figure, linked from the Markdown
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({png.name})" in md.read_text()
     from qerl.stages.bench_step_plot import _label
-    assert [_label(r) for r in (base, kept, micro4)] == [
-        "7B qerl b8 × 1024", "7B qerl b8 × 1024 [cache kept]", "7B qerl b8 × 1024 [μ4]"]
+    assert [_label(r) for r in (base, kept, micro4, parked)] == [
+        "7B qerl b8 × 1024", "7B qerl b8 × 1024 [cache kept]", "7B qerl b8 × 1024 [μ4]",
+        "7B qerl b8 × 1024 [states parked]"]
 
 
 def test_merge_refuses_two_devices(tmp_path):

@@ -85,6 +85,27 @@ def test_bench_step_one_grpo_step_on_cpu(tiny_dirs):
     assert st["total_s"] == pytest.approx(st["rollout_s"] + st["logprob_s"] + st["update_s"])
     assert any(not torch.equal(a, p) for a, p in zip(before, params))
     assert AutoTokenizer  # (the tokenizer used is CountTokenizer: random-token prompts, EOS never sampled)
+    # `--offload`: the same step with the AdamW states parked during the rollout moves the weights identically
+    import copy
+
+    from qerl.train import offload
+
+    snap = [p.detach().clone() for p in params], copy.deepcopy(opt.state_dict())
+    kept = bench_step.one_step(policy, CountTokenizer(), None, batch=3, prompt_len=5, gen_len=4, micro=2,
+                               optimizer=opt, seed=2)
+    after_kept = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        for p, v in zip(params, snap[0]):
+            p.copy_(v)
+    opt.load_state_dict(snap[1])
+    offload.PARK_ON_CPU = True  # (CPU tensors: parked only under the tests' switch)
+    try:
+        parked = bench_step.one_step(policy, CountTokenizer(), None, batch=3, prompt_len=5, gen_len=4, micro=2,
+                                     optimizer=opt, seed=2, parking=offload.StateOffload(opt))
+    finally:
+        offload.PARK_ON_CPU = False
+    assert "parked_gb" not in kept and parked["parked_gb"] > 0 and parked["offload_s"] > 0
+    assert all(torch.equal(a, p) for a, p in zip(after_kept, params))
 
 
 def test_bench_step_report_files(tmp_path):
