@@ -103,6 +103,8 @@ def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro:
     t0 = _sync_time()
     policy.eval()
     parked = parking.park() if parking is not None else 0
+    if parked and torch.cuda.is_available():  # the rollout phase's own peak, without the states just parked (the
+        torch.cuda.reset_peak_memory_stats()  # step's peak stays the update's: weights + states + gradients + ...)
     with record_function("step:rollout"), (aqn.noise(0.01, seed) if aqn is not None else contextlib.nullcontext()):
         r = generate(policy, tok, ps, s, seed=seed)
         if not keep_cache:

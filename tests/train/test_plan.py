@@ -140,7 +140,7 @@ def test_estimates_within_15_percent_of_the_measured_peaks():
             est = plan.estimate(plan.QWEN25[r["model"]], BASE[r["method"]], int(r["batch"]), int(r["prompt_len"]),
                                 int(r["gen_len"]), int(r["micro_batch"]), 32, r["checkpointing"] == "True",
                                 eight_bit="8bit" in r["optimizer"], release_cache=r.get("engine_cache") != "kept",
-                                full=r["method"] == "full")
+                                full=r["method"] == "full", offload=r.get("optimizer_states") == "parked")
             measured = float(r["peak_gb"])
             assert abs(est["peak_gb"] / measured - 1) <= 0.15, (f.name, r["model"], r["method"], r["batch"],
                                                                 r["gen_len"], est["peak_gb"], measured)
