@@ -22,6 +22,15 @@ include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
 
 
+# A local run limits the jobs that ask for GPUs to the GPUs it sees (snakemake would otherwise start them side by
+# side on the same GPU); `--resources gpu=N` sets another limit, cluster executors are left alone.
+_gpus = wc.gpu_limit(workflow.global_resources, config)
+if _gpus:
+    workflow.global_resources["gpu"] = _gpus
+    print(f"qerl: local run on {_gpus} visible GPU(s): GPU jobs run at most {_gpus} GPU(s) at a time "
+          "(--resources gpu=N to change)", file=sys.stderr)
+
+
 rule all:
     input:
         REPORT,

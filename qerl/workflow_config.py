@@ -8,6 +8,8 @@ module expands the matrix and resolves the per-run ``qerl train`` config: ``trai
 from __future__ import annotations
 
 import copy
+import os
+from pathlib import Path
 from dataclasses import dataclass
 
 METHODS = ("full", "lora", "qlora", "nvfp4_lora", "qerl")
@@ -151,6 +153,37 @@ def missing_dependencies(names: tuple[str, ...] = JOB_DEPENDENCIES) -> list[str]
     import importlib.util
 
     return [n for n in names if importlib.util.find_spec(n) is None]
+
+
+def visible_gpus() -> int:
+    """GPUs this machine's jobs can see: ``CUDA_VISIBLE_DEVICES`` when set (its entries up to the first invalid
+    one, as CUDA reads it), else the NVIDIA driver's list (``/proc/driver/nvidia/gpus``); 0 without a driver.
+    Read without importing torch (the workflow's parse stays fast)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        n = 0
+        for item in env.split(","):
+            item = item.strip()
+            if not item or item.startswith("-"):
+                break
+            n += 1
+        return n
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return sum(1 for _ in gpus.iterdir()) if gpus.is_dir() else 0
+
+
+def gpu_limit(global_resources, config: dict) -> int | None:
+    """The ``gpu`` limit a *local* run should have (snakemake runs jobs whose ``gpu`` resource is not limited side by
+    side: two training jobs on one GPU): the visible GPUs, when the config's jobs ask for GPUs, the run is local
+    (no ``--executor``/``nodes``) and ``--resources gpu=N`` was not given; else None (leave it)."""
+    wants = any(int((v or {}).get("gpu", 0) or 0) > 0 for v in (config.get("resources") or {}).values())
+    if not wants or "gpu" in global_resources:
+        return None
+    nodes = global_resources.get("_nodes") if hasattr(global_resources, "get") else None
+    if nodes is not None and getattr(nodes, "value", nodes) is not None:
+        return None
+    n = visible_gpus()
+    return n or None
 
 
 def where(configuration: str, results: str = "results", mlflow_uri: str | None = None) -> str:
