@@ -23,12 +23,15 @@ include: "workflow/rules/report.smk"
 
 
 # A local run limits the jobs that ask for GPUs to the GPUs it sees (snakemake would otherwise start them side by
-# side on the same GPU); `--resources gpu=N` sets another limit, cluster executors are left alone.
-_gpus = wc.gpu_limit(workflow.global_resources, config)
+# side on the same GPU; `--resources gpu=N` sets another limit) and gives each job its own (qerl.gpu_claim: the
+# job's `qerl` locks that many GPUs and narrows CUDA_VISIBLE_DEVICES to them). Cluster executors are left alone.
+_gpus = wc.local_gpus(workflow.global_resources, config)
 if _gpus:
-    workflow.global_resources["gpu"] = _gpus
-    print(f"qerl: local run on {_gpus} visible GPU(s): GPU jobs run at most {_gpus} GPU(s) at a time "
-          "(--resources gpu=N to change)", file=sys.stderr)
+    if "gpu" not in workflow.global_resources:
+        workflow.global_resources["gpu"] = _gpus
+    os.environ["QERL_GPU_LOCKS"] = os.path.abspath(os.path.join(".snakemake", "qerl-gpu-locks"))
+    print(f"qerl: local run on {_gpus} visible GPU(s): GPU jobs use at most "
+          f"{workflow.global_resources['gpu'].value} at a time, each its own", file=sys.stderr)
 
 
 rule all:

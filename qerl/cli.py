@@ -413,6 +413,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = argv
     from qerl.errors import USER_ERRORS
+    from qerl.gpu_claim import claim_from_env
+
+    try:  # a workflow job of a local multi-GPU run: its own GPUs (before CUDA starts)
+        claim_from_env()
+    except RuntimeError as e:
+        print(f"qerl {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
     try:
         result = _tracked(args, args.func)

@@ -172,18 +172,17 @@ def visible_gpus() -> int:
     return sum(1 for _ in gpus.iterdir()) if gpus.is_dir() else 0
 
 
-def gpu_limit(global_resources, config: dict) -> int | None:
-    """The ``gpu`` limit a *local* run should have (snakemake runs jobs whose ``gpu`` resource is not limited side by
-    side: two training jobs on one GPU): the visible GPUs, when the config's jobs ask for GPUs, the run is local
-    (no ``--executor``/``nodes``) and ``--resources gpu=N`` was not given; else None (leave it)."""
+def local_gpus(global_resources, config: dict) -> int | None:
+    """The GPUs of a *local* run whose config gives jobs GPUs (``resources.<kind>.gpu`` > 0): the visible GPUs; None
+    for a cluster executor (``nodes`` set: SLURM assigns GPUs per job), a config without GPU jobs or no GPU. The
+    Snakefile then limits ``gpu`` to them unless ``--resources gpu=N`` was given (snakemake starts jobs whose
+    ``gpu`` has no limit side by side: two training jobs on one GPU) and gives each job its own
+    (:mod:`qerl.gpu_claim`)."""
     wants = any(int((v or {}).get("gpu", 0) or 0) > 0 for v in (config.get("resources") or {}).values())
-    if not wants or "gpu" in global_resources:
+    nodes = global_resources.get("_nodes") if "_nodes" in global_resources else None
+    if not wants or getattr(nodes, "value", nodes) is not None:
         return None
-    nodes = global_resources.get("_nodes") if hasattr(global_resources, "get") else None
-    if nodes is not None and getattr(nodes, "value", nodes) is not None:
-        return None
-    n = visible_gpus()
-    return n or None
+    return visible_gpus() or None
 
 
 def where(configuration: str, results: str = "results", mlflow_uri: str | None = None) -> str:

@@ -92,27 +92,31 @@ def test_multi_gpu_training_launches_through_torchrun(tmp_path):
 
 
 def test_a_local_run_keeps_gpu_jobs_within_the_visible_gpus(tmp_path, monkeypatch):
-    """Snakemake runs jobs whose `gpu` resource has no limit side by side — on a one-GPU box, every training job on
-    the same GPU. A local run of a config whose jobs ask for GPUs gets `gpu` = the visible GPUs, unless
-    `--resources gpu=N` was given or a cluster executor runs the jobs."""
+    """Snakemake runs jobs whose `gpu` resource has no limit side by side, and every job would open cuda:0. A local
+    run of a config whose jobs ask for GPUs gets `gpu` = the visible GPUs (unless `--resources gpu=N`) and exports
+    QERL_GPU_LOCKS, which each GPU job's `QERL_CLAIM_GPUS=<its gpu> qerl ...` uses to lock GPUs of its own
+    (tests/test_gpu_claim.py); a cluster executor (nodes set) or a CPU-only config is left alone."""
     from qerl import workflow_config as wc
 
     paper = {"resources": {"train": {"gpu": 1}, "quantize": {"gpu": 0}}}
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    assert wc.visible_gpus() == 2 and wc.gpu_limit({}, paper) == 2
-    assert wc.gpu_limit({"gpu": 4}, paper) is None  # --resources gpu=4
-    assert wc.gpu_limit({"_nodes": 32}, paper) is None  # --executor slurm (jobs: 32)
-    assert wc.gpu_limit({}, {"resources": {"train": {"gpu": 0}}}) is None  # the CPU default
+    assert wc.visible_gpus() == 2 and wc.local_gpus({}, paper) == 2
+    assert wc.local_gpus({"_nodes": 32}, paper) is None  # --executor slurm (jobs: 32)
+    assert wc.local_gpus({}, {"resources": {"train": {"gpu": 0}}}) is None  # the CPU default
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,-1,2")  # CUDA stops at the first invalid entry
     assert wc.visible_gpus() == 1
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert wc.visible_gpus() == 0 and wc.gpu_limit({}, paper) is None
+    assert wc.visible_gpus() == 0 and wc.local_gpus({}, paper) is None
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    out = snakemake("--configfile", str(ROOT / "config/paper.yaml"), "--cores", "2", "--directory", str(tmp_path), "-n")
-    assert "qerl: local run on 2 visible GPU(s): GPU jobs run at most 2 GPU(s) at a time" in out.stderr
-    out = snakemake("--configfile", str(ROOT / "config/paper.yaml"), "--cores", "2", "--resources", "gpu=1",
-                    "--directory", str(tmp_path), "-n")
-    assert "qerl: local run" not in out.stderr + out.stdout
+    args = ("--configfile", str(ROOT / "config/paper.yaml"), "--cores", "2", "--directory", str(tmp_path), "-n", "-p",
+            "--forcerun", "train")
+    out = snakemake(*args)
+    assert "qerl: local run on 2 visible GPU(s): GPU jobs use at most 2 at a time, each its own" in out.stderr
+    assert "QERL_CLAIM_GPUS=1 qerl train --config" in out.stdout
+    out = snakemake(*args, "--resources", "gpu=1")
+    assert "GPU jobs use at most 1 at a time" in out.stderr
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU: nothing to limit (GPU jobs fail in their own code)
+    assert "qerl: local run" not in snakemake(*args).stderr
 
 
 @pytest.mark.parametrize("ablation", sorted(p.name for p in (ROOT / "config/ablations").glob("*.yaml")))

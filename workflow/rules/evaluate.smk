@@ -25,7 +25,7 @@ rule evaluate_trained:
     conda:
         "../envs/qerl.yaml"
     shell:
-        "qerl evaluate {params.policy} --benchmark {wildcards.benchmark} --output {output} {params.opts} "
+        "QERL_CLAIM_GPUS={resources.gpu} qerl evaluate {params.policy} --benchmark {wildcards.benchmark} --output {output} {params.opts} "
         "--no-progress {params.track} > {log} 2>&1"
 
 
@@ -51,5 +51,5 @@ rule evaluate_untrained:
     conda:
         "../envs/qerl.yaml"
     shell:
-        "qerl evaluate --model {params.src} --base {wildcards.method} --benchmark {wildcards.benchmark} "
+        "QERL_CLAIM_GPUS={resources.gpu} qerl evaluate --model {params.src} --base {wildcards.method} --benchmark {wildcards.benchmark} "
         "--output {output} {params.opts} --no-progress {params.track} > {log} 2>&1"

@@ -32,4 +32,4 @@ rule train:
         "../envs/qerl.yaml"
     shell:
         # --auto-resume: a job killed mid-run continues from its last checkpoint when rerun
-        "qerl train --config {input.cfg} --auto-resume --no-progress{params.launch} > {log} 2>&1"
+        "QERL_CLAIM_GPUS={resources.gpu} qerl train --config {input.cfg} --auto-resume --no-progress{params.launch} > {log} 2>&1"

@@ -1,0 +1,84 @@
+"""Which GPUs a workflow job runs on, in a local run of several GPU jobs at once.
+
+Snakemake counts a job's ``gpu`` resource against the limit (``--resources gpu=N``; the Snakefile sets the visible
+GPUs) but does not say *which* GPUs a job gets: every ``qerl`` process would open ``cuda:0``. In a local run the
+Snakefile exports ``QERL_GPU_LOCKS`` (a directory) and each GPU job's command ``QERL_CLAIM_GPUS=<its gpu>``; the
+``qerl`` CLI then, before CUDA starts, takes an exclusive ``flock`` on ``<dir>/gpu<id>.lock`` for that many of the
+visible GPUs and narrows ``CUDA_VISIBLE_DEVICES`` to them (a ``--nproc N`` job's torchrun workers inherit it). The
+locks are held by the process until it exits — the kernel releases them on any exit, ``kill -9`` included — so
+jobs never share a GPU and a crashed job leaves nothing to clean up. SLURM sets ``CUDA_VISIBLE_DEVICES`` per job
+itself; there neither variable is exported.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+import time
+from pathlib import Path
+
+_HELD: list[int] = []  # lock file descriptors, open for the life of the process
+
+
+def visible_ids() -> list[str]:
+    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` entries (indices or UUIDs)."""
+    from qerl.workflow_config import visible_gpus
+
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [item.strip() for item in env.split(",")][:visible_gpus()]
+    return [str(i) for i in range(visible_gpus())]
+
+
+def claim(n: int, lock_dir: Path, ids: list[str] | None = None, timeout_s: float = 3600.0,
+          poll_s: float = 0.5) -> list[str]:
+    """Lock ``n`` of ``ids`` (default :func:`visible_ids`), lowest free first; waits while fewer are free (another
+    job still exiting) and raises ``RuntimeError`` after ``timeout_s``. Returns the claimed ids."""
+    ids = visible_ids() if ids is None else ids
+    if n > len(ids):
+        raise RuntimeError(f"this job asks for {n} GPU(s); {len(ids)} visible ({','.join(ids) or 'none'})")
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    start, said = time.monotonic(), 0.0
+    while True:
+        got: list[tuple[str, int]] = []
+        for gid in ids:
+            fd = os.open(lock_dir / f"gpu{gid}.lock", os.O_CREAT | os.O_RDWR, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            got.append((gid, fd))
+            if len(got) == n:
+                _HELD.extend(fd for _, fd in got)
+                return [g for g, _ in got]
+        for _, fd in got:  # not enough free: give back what we took, wait, retry
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+        waited = time.monotonic() - start
+        if waited > timeout_s:
+            raise RuntimeError(f"no {n} free GPU(s) of {','.join(ids)} after {waited:.0f} s (locks in {lock_dir})")
+        if waited - said >= 60:
+            print(f"qerl: waiting for {n} free GPU(s) ({waited:.0f} s)", file=sys.stderr, flush=True)
+            said = waited
+        time.sleep(poll_s)
+
+
+def claim_from_env() -> list[str] | None:
+    """The CLI's hook: with ``QERL_GPU_LOCKS`` and ``QERL_CLAIM_GPUS`` > 0 set, claim and narrow
+    ``CUDA_VISIBLE_DEVICES``; returns the ids, or None when there is nothing to claim."""
+    lock_dir, n = os.environ.get("QERL_GPU_LOCKS"), int(os.environ.get("QERL_CLAIM_GPUS") or 0)
+    if not lock_dir or n <= 0 or "LOCAL_RANK" in os.environ:  # (torchrun's workers: their launcher claimed)
+        return None
+    got = claim(n, Path(lock_dir))
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(got)
+    os.environ["QERL_CLAIM_GPUS"] = "0"  # processes this one starts (torchrun's workers) run on the claimed GPUs
+    return got
+
+
+def release() -> None:
+    """Give back every GPU this process claimed (the process's exit does the same)."""
+    while _HELD:
+        fd = _HELD.pop()
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
