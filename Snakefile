@@ -30,8 +30,9 @@ if _gpus:
     if "gpu" not in workflow.global_resources:
         workflow.global_resources["gpu"] = _gpus
     os.environ["QERL_GPU_LOCKS"] = os.path.abspath(os.path.join(".snakemake", "qerl-gpu-locks"))
-    print(f"qerl: local run on {_gpus} visible GPU(s): GPU jobs use at most "
-          f"{workflow.global_resources['gpu'].value} at a time, each its own", file=sys.stderr)
+    if workflow.is_main_process:  # (not again where a job re-reads the Snakefile)
+        print(f"qerl: local run on {_gpus} visible GPU(s): GPU jobs use at most "
+              f"{workflow.global_resources['gpu'].value} at a time, each its own", file=sys.stderr)
 
 
 rule all:

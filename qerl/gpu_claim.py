@@ -73,6 +73,8 @@ def claim_from_env() -> list[str] | None:
     got = claim(n, Path(lock_dir))
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(got)
     os.environ["QERL_CLAIM_GPUS"] = "0"  # processes this one starts (torchrun's workers) run on the claimed GPUs
+    print(f"qerl: this job runs on GPU(s) {','.join(got)} (CUDA_VISIBLE_DEVICES; locks in {lock_dir})",
+          file=sys.stderr, flush=True)
     return got
 
 
