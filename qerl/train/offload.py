@@ -66,7 +66,15 @@ class StateOffload:
             total += -(-n // 64) * 64
         if self.arena is None or self.arena.numel() != total:
             self._release_arena()
-            self.arena = torch.empty(total, dtype=torch.uint8)
+            try:
+                self.arena = torch.empty(total, dtype=torch.uint8)
+            except (RuntimeError, MemoryError):
+                from qerl.errors import TrainingError
+
+                raise TrainingError(
+                    f"optim.offload: parking the optimizer states needs {total / 1e9:.1f} GB of host memory per "
+                    "process, which this machine could not allocate; give the job more memory or set "
+                    "optim.offload: none") from None
             if self.pin and torch.cuda.is_available() and total:
                 err = torch.cuda.cudart().cudaHostRegister(self.arena.data_ptr(), total, 0)
                 self.registered = int(err) == 0  # else: pageable (the host refuses to lock this much)

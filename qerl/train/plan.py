@@ -13,6 +13,9 @@ log-probs in ~1024-token blocks through :func:`qerl.ops.logits.token_logprobs`):
   copies the fused rollout kernels read.
 * rollout: KV cache ``2 · layers · kv_heads · head_dim · 2 B`` per position and row, the prefill's activations
   (one chunk of ``PREFILL_TOKENS`` prompt positions at a time) and the sampler's fp32 vocabulary rows.
+* the full method: bf16 weights, AdamW states and gradients, per process under ZeRO-1 / FSDP2 (:func:`full_bytes`);
+  ``optim.offload`` moves the states out of the rollout phase (host memory), and where the KV cache of every
+  sequence does not fit beside the rest the engine decodes in waves (``available``).
 * update, per micro-batch of ``micro`` sequences of ``T = prompt + gen`` tokens: without checkpointing every
   layer keeps ``ACT_H · H + ACT_I · I + ACT_A · heads · head_dim`` bytes per token for the backward; with
   checkpointing a layer keeps its 2H-byte input and one layer is recomputed at a time; plus the lm_head block
