@@ -157,8 +157,8 @@ def missing_dependencies(names: tuple[str, ...] = JOB_DEPENDENCIES) -> list[str]
 
 def visible_gpus() -> int:
     """GPUs this machine's jobs can see: ``CUDA_VISIBLE_DEVICES`` when set (its entries up to the first invalid
-    one, as CUDA reads it), else the NVIDIA driver's list (``/proc/driver/nvidia/gpus``); 0 without a driver.
-    Read without importing torch (the workflow's parse stays fast)."""
+    one, as CUDA reads it), else the NVIDIA device nodes ``/dev/nvidia<N>`` (a container has only its own); 0
+    without them. Read without importing torch (the workflow's parse stays fast)."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is not None:
         n = 0
@@ -168,8 +168,7 @@ def visible_gpus() -> int:
                 break
             n += 1
         return n
-    gpus = Path("/proc/driver/nvidia/gpus")
-    return sum(1 for _ in gpus.iterdir()) if gpus.is_dir() else 0
+    return sum(1 for d in Path("/dev").glob("nvidia*") if d.name[6:].isdigit())
 
 
 def local_gpus(global_resources, config: dict) -> int | None:
