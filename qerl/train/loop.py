@@ -265,7 +265,11 @@ def _check_memory(cfg: TrainConfig, world: int) -> None:
 
     path = Path(cfg.model.path) / "config.json"
     if path.exists():
-        check_fits(cfg, path, world=world)
+        e = check_fits(cfg, path, world=world)["estimate"]
+        if e["waves"] > 1:
+            print(f"memory plan: the rollout runs in {e['waves']} waves of at most {e['wave_rows']} sequences (the "
+                  "KV cache of every sequence does not fit at once; fewer sequences per step or a shorter "
+                  "rollout.max_new_tokens would run it in one)", flush=True)
 
 
 class LogprobModule(torch.nn.Module):

@@ -160,20 +160,21 @@ def estimate(s: Shape, base: str, rows: int, prompt_len: int, gen_len: int, micr
         host = static.pop(key)
         logprob["optimizer states (back from the host)"] = update["optimizer states (back from the host)"] = host
     total_static = sum(static.values())
-    waves = 1
+    waves, wave_rows = 1, rows
     if available is not None:  # as qerl.rollout.engine.runner plans its slots
         per = kv_bytes(s, 1, T)
         room = available - total_static - sum(rollout.values()) + kv - ENGINE_WORK - 24 * rows * s.vocab
         fit = max(1, int(room // per))
         if fit < rows:
-            waves = -(-rows // fit)
+            waves, wave_rows = -(-rows // fit), fit
             del rollout["kv cache"]
             rollout[f"kv cache ({fit} of {rows} sequences at once: {waves} waves)"] = fit * per
     phases = {"rollout": sum(rollout.values()), "logprob": sum(logprob.values()), "update": sum(update.values())}
     peak_phase = max(phases, key=phases.get)
     return {"static": static, "rollout": rollout, "logprob": logprob, "update": update, "phases": phases,
             "peak_phase": peak_phase, "peak_bytes": total_static + phases[peak_phase],
-            "peak_gb": (total_static + phases[peak_phase]) / 1e9, "host_bytes": host, "waves": waves}
+            "peak_gb": (total_static + phases[peak_phase]) / 1e9, "host_bytes": host, "waves": waves,
+            "wave_rows": wave_rows}
 
 
 def resolve_checkpointing(mode, hf_config, base: str, rows: int, seq_len: int, micro: int,
@@ -336,9 +337,10 @@ def keep_engine_cache(cfg, world: int = 1) -> bool:
     return not plan_config(cfg, world=world)["release_cache"]
 
 
-def check_fits(cfg, hf_config_path, available: float | None = None, world: int = 1) -> None:
+def check_fits(cfg, hf_config_path, available: float | None = None, world: int = 1) -> dict:
     """Raise :class:`~qerl.train.config.ConfigError` with the estimate's parts when ``cfg`` cannot fit the
-    current CUDA device (called by ``qerl train`` before loading the model; ``world`` processes share a step)."""
+    current CUDA device (called by ``qerl train`` before loading the model; ``world`` processes share a step).
+    Returns the plan (:func:`plan_config`) when it fits."""
     from qerl.train.config import ConfigError
 
     res = plan_config(cfg, available=available, world=world)
@@ -348,3 +350,4 @@ def check_fits(cfg, hf_config_path, available: float | None = None, world: int =
         raise ConfigError(f"{hf_config_path}: this configuration needs ~{e['peak_gb']:.1f} GB at its "
                           f"{e['peak_phase']} phase (GB: {parts}); the GPU has {res['available'] / 1e9:.1f} GB. "
                           f"To fit: {'; '.join(res['advice'])} (estimate: `qerl plan --config ...`)")
+    return res

@@ -80,7 +80,7 @@ def test_the_planner_runs_the_rollout_in_waves_where_every_cache_does_not_fit():
             "rollout.max_new_tokens": 8192}
     small = plan_config(_cfg(**over), shape="32B", available=80e9, world=8)
     e = small["estimate"]
-    assert small["fits"] and small["offload"] and e["waves"] == 4
+    assert small["fits"] and small["offload"] and e["waves"] == 4 and e["wave_rows"] == 4
     assert "kv cache (4 of 16 sequences at once: 4 waves)" in e["rollout"] and "rollout in 4 waves" in small["markdown"]
     assert e["peak_bytes"] <= 80e9 - 2 * 1024 ** 3  # the engine's reserve stays free
     big = plan_config(_cfg(**over), shape="32B", available=141e9, world=8)
@@ -88,3 +88,20 @@ def test_the_planner_runs_the_rollout_in_waves_where_every_cache_does_not_fit():
     # not even one sequence's cache beside the gathered weights and the kept states: no fit
     none = plan_config(_cfg(**over, **{"optim.offload": "none"}), shape="32B", available=80e9, world=8)
     assert not none["fits"] and none["estimate"]["peak_bytes"] > 80e9
+
+
+def test_train_says_when_its_rollout_will_run_in_waves(tmp_path, monkeypatch, capsys):
+    import json
+
+    from qerl.train import loop, plan
+
+    s = plan.QWEN25["32B"]
+    (tmp_path / "config.json").write_text(json.dumps({
+        "hidden_size": s.hidden, "intermediate_size": s.intermediate, "num_hidden_layers": s.layers,
+        "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads, "vocab_size": s.vocab}))
+    cfg = _cfg(**{"model.path": str(tmp_path), "micro_batch_size": 1, "prompts_per_step": 8,
+                  "algorithm.group_size": 16, "rollout.max_new_tokens": 8192})
+    monkeypatch.setattr(plan, "device_bytes", lambda: 80e9)
+    loop._check_memory(cfg, 8)
+    assert "the rollout runs in 4 waves of at most 4 sequences" in capsys.readouterr().out
+    assert loop._offload(cfg, 8, torch.device("cuda"))  # auto parks the states here
