@@ -25,8 +25,9 @@ GPU, and the idle share).
 Columns: ``device, model, method, batch, prompt_len, gen_len, nproc, status, rollout_s, logprob_s, update_s,
 total_s, tokens_per_s, peak_gb, rank_idle_s, checkpointing, micro_batch, engine_cache (released | kept between
 steps, ``--keep-cache``), optimizer_states (gpu | parked in host memory during the rollout, ``--offload``: the park
-is timed in the rollout phase and the restore in the logprob phase, as ``qerl train`` runs them), optimizer, note``. Writes ``<device>.csv / .md`` under
-``--output``; the Markdown puts the paper's numbers (Tables 3, 5–8) beside ours.
+is timed in the rollout phase and the restore in the logprob phase, as ``qerl train`` runs them), optimizer,
+note``. Writes ``<device>.csv / .md`` under ``--output``; the Markdown puts the paper's numbers (Tables 3, 5–8)
+beside ours.
 """
 from __future__ import annotations
 
@@ -246,8 +247,8 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
                            peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2),
                            note=f"after a {warmup_gen}-token warm-up step of {first['total_s']:.1f} s (compilation)"
                                 + ("; engine cache kept between steps (graphs replayed)" if keep_cache else "")
-                                + (f"; optimizer states parked during the rollout: {parks['parked_gb']:.1f} GB out and "
-                                   f"back in {parks['offload_s']:.2f} s, rollout-phase peak "
+                                + (f"; optimizer states parked during the rollout: {parks['parked_gb']:.1f} GB "
+                                   f"out and back in {parks['offload_s']:.2f} s, rollout-phase peak "
                                    f"{parks['rollout_peak_gb']:.1f} GB" if parks else ""))
                 if profile is not None and not profiled:
                     profiled.append(_profile(policy, tok, aqn, b, prompt_len, g, micro, opt, profile,

@@ -244,7 +244,8 @@ def _keep_engine_cache(cfg: TrainConfig, world: int) -> bool:
 
 def _offload(cfg: TrainConfig, world: int, device) -> bool:
     """``optim.offload`` resolved: ``rollout`` parks the states (on a GPU; on a CPU-only run only under the tests'
-    ``QERL_OFFLOAD_ON_CPU=1``), ``auto`` when the planner does so for a local model (:func:`qerl.train.plan.plan_config`)."""
+    ``QERL_OFFLOAD_ON_CPU=1``), ``auto`` when the planner does so for a local model
+    (:func:`qerl.train.plan.plan_config`)."""
     from qerl.train import offload
 
     mode = cfg.optim.offload

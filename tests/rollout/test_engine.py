@@ -80,9 +80,10 @@ def test_logprobs_match_teacher_forcing_and_seeding(quantized_dirs, tok):
     assert big.completion_ids.shape[0] == 1
 
 
-def test_compaction_and_waves_change_nothing(warm_model):
-    """Finished rows leave the batch at different times (check_every 1 vs 64) or rows run in waves of 2
-    slots: per-row seeds make every row's tokens the same. (The warm-started model ends answers with EOS.)"""
+def test_compaction_and_slot_refills_change_nothing(warm_model):
+    """Finished rows leave the batch at different times (check_every 1 vs 64) or 9 rows share 2 KV slots (each
+    slot a finished row frees goes to the next waiting row, which then decodes beside a row at another step):
+    per-row seeds and steps make every row's tokens the same. (The warm-started model ends answers with EOS.)"""
     model = load_policy(warm_model, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(warm_model)
     s = SamplingSettings(temperature=1.0, max_new_tokens=20)
@@ -91,7 +92,7 @@ def test_compaction_and_waves_change_nothing(warm_model):
         eng = RolloutEngine(model, tok, **kw)
         outs.append(eng.generate(PROMPTS, s, seed=7, num_samples=3))
         if kw.get("max_slots"):
-            assert eng.last_stats["waves"] == 5
+            assert eng.last_stats["slots"] == 2 and eng.last_stats["admitted_later"] == 7
     lengths = outs[0].lengths
     assert lengths.min() < lengths.max()  # some rows finished early: compaction happened
     for o in outs[1:]:
@@ -145,6 +146,12 @@ def test_stop_strings_like_the_reference(tiny_dirs, tok):
     for i in range(len(r.texts)):  # each row: the unstopped row cut right after the stop string appears
         n = int(r.lengths[i])
         assert torch.equal(r.completion_ids[i, :n], free.completion_ids[i, :n])
+    # rows sharing 2 KV slots (refilled as rows stop): the same rows, the same stops
+    eng = RolloutEngine(model, tok, check_every=5, max_slots=2)
+    shared = eng.generate(PROMPTS, s2, seed=5, num_samples=2)
+    assert eng.last_stats["admitted_later"] == 4
+    assert torch.equal(shared.completion_ids, r.completion_ids) and shared.texts == r.texts
+    assert torch.equal(shared.truncated, r.truncated)
 
 
 def test_sampling_is_an_exact_draw():

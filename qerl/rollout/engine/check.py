@@ -7,7 +7,8 @@ On a random-weight Qwen2 model (a few layers, real head sizes) with LoRA rank 8 
 * bf16, NVFP4 + LoRA, sampling at T = 1: the rollout log-probs against the trainer's teacher-forced
   recomputation (:func:`qerl.rollout.sampler.sequence_logprobs`): mismatch KL (k3) and max |Δ|;
 * CUDA graphs and adapters: B changed in place -> the next rollout (replayed graphs) equals a fresh engine's;
-* seeded sampling reproducible; compaction (check_every 1 vs 32) leaves every row's tokens unchanged.
+* seeded sampling reproducible; compaction (check_every 1 vs 32) and 24 rows sharing 5 KV slots (freed slots
+  refilled, rows at different steps in one graph) leave every row's tokens unchanged.
 
 Writes the results as JSON and exits 1 if a check fails. Runs on CPU too (no graphs).
 
@@ -100,11 +101,24 @@ def main(out: str | None = None, device: str | None = None) -> int:
     kl = float((torch.exp(delta) - delta - 1).mean())  # k3(π_rollout → π_trainer) over generated tokens
     again = eng.generate(ps, s, seed=3, num_samples=4)
     compact = RolloutEngine(model, tok, check_every=1).generate(ps, s, seed=3, num_samples=4)
+    # 24 rows on 5 KV slots, each freed slot refilled: rows at different steps share one replayed graph. The EOS is
+    # the token sampled most often above, so rows end at different lengths.
+    import copy
+
+    tok2 = copy.copy(tok)
+    tok2.eos_token_id = int(torch.mode(r.completion_ids[m].flatten()).values)
+    full = RolloutEngine(model, tok2).generate(ps, s, seed=3, num_samples=4)
+    few = RolloutEngine(model, tok2, check_every=4, max_slots=5)
+    shared = few.generate(ps, s, seed=3, num_samples=4)
     res["bf16_nvfp4_lora"] = {"mismatch_kl": kl, "max_abs_logprob_diff": float(delta.abs().max()),
                               "reproducible": torch.equal(r.completion_ids, again.completion_ids),
                               "compaction_invariant": torch.equal(r.completion_ids, compact.completion_ids),
+                              "slot_refill_invariant": torch.equal(full.completion_ids, shared.completion_ids)
+                              and torch.equal(full.completion_mask, shared.completion_mask),
+                              "slot_refill_lengths": shared.lengths.tolist(), "slot_refill_stats": few.last_stats,
                               "tokens": int(m.sum()), "stats": eng.last_stats}
-    ok &= kl < 1e-3 and res["bf16_nvfp4_lora"]["reproducible"] and res["bf16_nvfp4_lora"]["compaction_invariant"]
+    ok &= kl < 1e-3 and all(res["bf16_nvfp4_lora"][k] for k in ("reproducible", "compaction_invariant",
+                                                                 "slot_refill_invariant"))
     greedy16 = SamplingSettings(temperature=0, max_new_tokens=24, engine="engine")
     before = eng.generate(ps, greedy16)
     with torch.no_grad():

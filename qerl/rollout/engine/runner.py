@@ -7,7 +7,8 @@ One ``generate`` call (same signature and :class:`~qerl.rollout.sampler.Rollout`
    drawn on the norms (``_aqn_noise``) into its fp32 buffers — the graphs read those fixed addresses, so an
    optimizer step or a new noise draw needs no re-capture, and the model's own weights are never written;
 2. plan: the KV cache (one slot of ``prompt + max_new_tokens`` positions per row) is sized from free memory;
-   rows that do not fit run in later waves;
+   rows that do not fit wait, and each slot a finished row frees goes to the next waiting row (prefilled at the
+   next host check, then decoded beside the others: every row carries its own generation step);
 3. prefill (SDPA) writes each row's prompt into its slot and samples the first token;
 4. decode: each step reads the rows' tokens / positions / slots from static buffers, writes K/V, attends
    (Triton flash-decoding on CUDA), samples (:mod:`~qerl.rollout.engine.sampling`) and records token and
@@ -67,6 +68,7 @@ class _Bucket:
         self.pos = torch.zeros(size, dtype=torch.long, device=device)
         self.slot = torch.zeros(size, dtype=torch.long, device=device)
         self.seed = torch.zeros(size, dtype=torch.long, device=device)
+        self.col = torch.zeros(size, dtype=torch.long, device=device)  # each row's generation step
         self.graph = None
 
 
@@ -168,13 +170,12 @@ class RolloutEngine:
     def _step(self, b: _Bucket, s: SamplingSettings, noisy: bool) -> None:
         logits = fw.decode_step(self.view, self.kc, self.vc, self.cos, self.sin, b.tok, b.pos, b.slot, noisy,
                                 self.attention, self.ew)
-        tok, lp = sample(logits, s, b.seed, self.step)
-        col = self.step.expand(b.size)
-        self.gen_tok.index_put_((b.slot, col), tok)
-        self.gen_lp.index_put_((b.slot, col), lp)
+        tok, lp = sample(logits, s, b.seed, b.col)
+        self.gen_tok.index_put_((b.slot, b.col), tok)
+        self.gen_lp.index_put_((b.slot, b.col), lp)
         b.tok.copy_(tok)
         b.pos.add_(1)
-        self.step.add_(1)
+        b.col.add_(1)
 
     def _bucket(self, size: int, s: SamplingSettings, noisy: bool) -> _Bucket:
         key = (size, s.temperature, s.top_p, s.top_k, noisy, self.kc[0].shape)
@@ -188,8 +189,7 @@ class RolloutEngine:
         t0 = time.perf_counter()
         dummy = self.kc[0].shape[0] - 1
         b.slot.fill_(dummy)
-        step0 = self.step.clone()
-        self.step.zero_()  # warm-up and capture write generation columns 0..2 of the dummy slot only
+        b.col.zero_()  # warm-up and capture write generation columns 0..2 of the dummy slot only
         with _launch_mode("graph"):
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
@@ -203,8 +203,8 @@ class RolloutEngine:
             # relaxed: Triton's launcher may query the driver (allowed; nothing allocates outside the pool)
             with torch.cuda.graph(b.graph, pool=self._pool, capture_error_mode="relaxed"):
                 self._step(b, s, noisy)
-        self.step.copy_(step0)
         b.pos.zero_()
+        b.col.zero_()
         torch.cuda.synchronize(self.device)
         self._timing["capture_s"] += time.perf_counter() - t0
         return b
@@ -240,7 +240,6 @@ class RolloutEngine:
             self._buckets.clear()  # the graphs write into these buffers
             self.gen_tok = torch.zeros(S, G, dtype=torch.long, device=self.device)
             self.gen_lp = torch.zeros(S, G, dtype=torch.float32, device=self.device)
-            self.step = torch.zeros((), dtype=torch.long, device=self.device)
         right = torch.full((n, P), pad, dtype=torch.long)
         for i in range(n):  # right-padded copy: row i's prompt at positions 0 .. plen_i - 1
             right[i, : plen[i]] = ids[i, P - plen[i]:]
@@ -249,104 +248,135 @@ class RolloutEngine:
         comp_lp = torch.zeros(n, G)
         ends = torch.full((n,), G, dtype=torch.long)  # generated length per row
         ended = torch.zeros(n, dtype=torch.bool)
-        steps_run = 0
         ctx = _launch_mode("graph") if self.use_graphs else contextlib.nullcontext()
         with ctx:
-            for w0 in range(0, n, slots):
-                rows = list(range(w0, min(n, w0 + slots)))
-                steps_run += self._wave(rows, right, plen, seeds, settings, noisy, comp_tok, comp_lp, ends, ended, eos)
+            steps_run, later = self._run_rows(n, slots, right, plen, seeds, settings, noisy, comp_tok, comp_lp, ends,
+                                              ended, eos)
         T = int(ends.max())
         cmask = (torch.arange(G)[None, :] < ends[:, None]).long()[:, :T]
         comp = torch.where(cmask.bool(), comp_tok[:, :T], torch.full_like(comp_tok[:, :T], pad))
         lps = torch.where(cmask.bool(), comp_lp[:, :T], torch.zeros_like(comp_lp[:, :T]))
         texts = [tk.decode(comp[i][cmask[i].bool()].tolist(), skip_special_tokens=True) for i in range(n)]
-        self.last_stats = {"rows": n, "slots": slots, "waves": math.ceil(n / slots), "decode_steps": steps_run,
-                           "graphs": self.use_graphs, **self._timing}
+        self.last_stats = {"rows": n, "slots": slots, "waves": math.ceil(n / slots), "admitted_later": later,
+                           "decode_steps": steps_run, "graphs": self.use_graphs, **self._timing}
         dev = self.device
         return Rollout(ids.to(dev), mask.to(dev), comp.to(dev), cmask.to(dev), lps.to(dev), (~ended).to(dev), texts)
 
-    def _wave(self, rows, right, plen, seeds, s, noisy, comp_tok, comp_lp, ends, ended, eos) -> int:
-        """Prefill + decode rows ``rows`` (slots 0..len-1); fills their outputs; returns decode steps run."""
-        dev, G, nb = self.device, s.max_new_tokens, len(rows)
-        r = torch.tensor(rows)
-        slot_of = torch.arange(nb, device=dev)
-        seed_d, plen_d = seeds[r].to(dev), plen[r].to(dev)
-        self.gen_tok.zero_()
-        self.step.zero_()
+    def _prefill(self, rows: list[int], slots: list[int], right, plen, seeds, s, noisy) -> None:
+        """Prompts of ``rows`` into ``slots`` (row chunks of ``PREFILL_TOKENS`` positions) and their first tokens
+        (generation step 0) into ``gen_tok`` / ``gen_lp``."""
+        dev = self.device
         t0 = self._clock()
+        r, slot_of = torch.tensor(rows), torch.tensor(slots, device=dev)
+        step0 = torch.zeros((), dtype=torch.long, device=dev)
         chunk = max(1, PREFILL_TOKENS // right.shape[1])
-        for c0 in range(0, nb, chunk):  # prefill in row chunks (bounded activations)
-            sl = slice(c0, min(nb, c0 + chunk))
+        for c0 in range(0, len(rows), chunk):  # prefill in row chunks (bounded activations)
+            sl = slice(c0, min(len(rows), c0 + chunk))
             ids = right[r[sl]].to(dev)
             P = int(plen[r[sl]].max())
-            logits = fw.prefill(self.view, self.kc, self.vc, self.cos, self.sin, ids[:, :P], plen_d[sl], slot_of[sl], noisy,
-                                self.ew)
-            tok, lp = sample(logits, s, seed_d[sl], self.step)
+            logits = fw.prefill(self.view, self.kc, self.vc, self.cos, self.sin, ids[:, :P], plen[r[sl]].to(dev),
+                                slot_of[sl], noisy, self.ew)
+            tok, lp = sample(logits, s, seeds[r[sl]].to(dev), step0)
             self.gen_tok[slot_of[sl], 0] = tok
             self.gen_lp[slot_of[sl], 0] = lp
-        self.step.fill_(1)
-        t1 = self._clock()
-        self._timing["prefill_s"] += t1 - t0
-        live = list(range(nb))  # local row indices still generating
-        capture0 = self._timing["capture_s"]
-        stop_at = {}
-        t, steps = 1, 0
-        checked = 0
+        self._timing["prefill_s"] += self._clock() - t0
+
+    def _run_rows(self, n, slots, right, plen, seeds, s, noisy, comp_tok, comp_lp, ends, ended, eos):
+        """Generate rows ``0 .. n-1`` on ``slots`` KV slots: the first ``slots`` rows start together; every
+        ``check_every`` steps the host reads the finished rows out, hands their slots to waiting rows (prefilled
+        then) and continues with a batch bucket of the live rows, each at its own generation step. Fills the
+        outputs; returns (decode steps run, rows admitted after the start)."""
+        dev, G = self.device, s.max_new_tokens
+        waiting = list(range(n))
+        free = list(range(slots))
+        live: dict[int, list] = {}  # slot -> [row, generated tokens t, tokens checked for stop strings, stop at]
+        steps = later = 0
+        capture0, t_start = self._timing["capture_s"], self._clock()
+        prefill0 = self._timing["prefill_s"]
         while True:
-            live, checked = self._finished(live, t, checked, eos, s, stop_at)
-            if not live or t >= G:
+            if waiting and free:
+                take = min(len(waiting), len(free))
+                rows, use = waiting[:take], free[:take]
+                waiting, free = waiting[take:], free[take:]
+                later += take if steps else 0
+                self._prefill(rows, use, right, plen, seeds, s, noisy)
+                for row, sl in zip(rows, use):
+                    live[sl] = [row, 1, 0, None]
+            done = self._finished_slots(live, eos, s, G)
+            for sl in done:
+                self._finish(sl, live.pop(sl), comp_tok, comp_lp, ends, ended, eos)
+                free.append(sl)
+            if done and waiting:
+                continue  # admit into the freed slots before decoding on
+            if not live:
                 break
-            size = next(x for x in buckets(len(self.kc[0]) - 1) if x >= len(live))
+            order = sorted(live)
+            size = next(x for x in buckets(len(self.kc[0]) - 1) if x >= len(order))
             b = self._bucket(size, s, noisy)
-            lv = torch.tensor(live, device=dev)
-            pad_rows = size - len(live)
-            b.slot.copy_(torch.cat([lv, torch.full((pad_rows,), self.kc[0].shape[0] - 1, device=dev)]))
-            b.tok.copy_(torch.cat([self.gen_tok[lv, t - 1], torch.zeros(pad_rows, dtype=torch.long, device=dev)]))
-            b.pos.copy_(torch.cat([plen_d[lv] + t - 1, torch.zeros(pad_rows, dtype=torch.long, device=dev)]))
-            b.seed.copy_(torch.cat([seed_d[lv], torch.zeros(pad_rows, dtype=torch.long, device=dev)]))
-            self.step.fill_(t)
-            k = min(self.check_every, G - t)
+            pad = size - len(order)
+            lv = torch.tensor(order, device=dev)
+            rows_t = torch.tensor([live[sl][0] for sl in order])
+            t_t = torch.tensor([live[sl][1] for sl in order])
+            zeros = torch.zeros(pad, dtype=torch.long, device=dev)
+            b.slot.copy_(torch.cat([lv, torch.full((pad,), self.kc[0].shape[0] - 1, device=dev)]))
+            b.tok.copy_(torch.cat([self.gen_tok[lv, t_t.to(dev) - 1], zeros]))
+            b.pos.copy_(torch.cat([(plen[rows_t] + t_t - 1).to(dev), zeros]))
+            b.seed.copy_(torch.cat([seeds[rows_t].to(dev), zeros]))
+            b.col.copy_(torch.cat([t_t.to(dev), zeros]))
+            k = min(self.check_every, G - int(t_t.max()))  # (every live row has t < G)
             self._run_steps(b, k, s, noisy)
-            t += k
+            for sl in order:
+                live[sl][1] += k
             steps += k
-        toks, lps = self.gen_tok[:nb, :t].cpu(), self.gen_lp[:nb, :t].cpu()
-        self._timing["decode_s"] += self._clock() - t1 - (self._timing["capture_s"] - capture0)
-        for j, row in enumerate(rows):
-            hit = (toks[j] == eos).nonzero()
-            end = int(hit[0]) + 1 if len(hit) else t
-            if j in stop_at and stop_at[j] + 1 < end:
-                end = stop_at[j] + 1
-            ended[row] = bool(len(hit)) or j in stop_at
-            ends[row] = end
-            comp_tok[row, :t] = toks[j]
-            comp_lp[row, :t] = lps[j]
-        return steps
+        self._timing["decode_s"] += (self._clock() - t_start - (self._timing["capture_s"] - capture0)
+                                     - (self._timing["prefill_s"] - prefill0))
+        return steps, later
+
+    def _finished_slots(self, live: dict, eos, s, G: int) -> list[int]:
+        """Slots of ``live`` whose row is done: EOS among its tokens, a stop string in the tokens generated since
+        its last check (recorded in the row's state), or ``G`` tokens."""
+        if not live:
+            return []
+        order = sorted(live)
+        tmax = max(live[sl][1] for sl in order)
+        toks = self.gen_tok[torch.tensor(order, device=self.device), :tmax].cpu()
+        max_stop = max((len(self.tokenizer.encode(x, add_special_tokens=False)) for x in s.stop), default=0)
+        done = []
+        for sl, row_toks in zip(order, toks):
+            st = live[sl]
+            t = st[1]
+            row_toks = row_toks[:t]
+            hit = (row_toks == eos).nonzero()
+            first_eos = int(hit[0]) if len(hit) else t
+            if s.stop and st[3] is None:
+                for step in range(st[2], min(t, first_eos)):
+                    tail = self.tokenizer.decode(row_toks[max(0, step - max_stop - 1): step + 1].tolist())
+                    if any(x in tail for x in s.stop):
+                        st[3] = step
+                        break
+                st[2] = t
+            if len(hit) or st[3] is not None or t >= G:
+                done.append(sl)
+        return done
+
+    def _finish(self, sl: int, st: list, comp_tok, comp_lp, ends, ended, eos) -> None:
+        """Row ``st[0]``'s tokens and log-probs out of slot ``sl``: its length ends at its EOS (included) or stop
+        string, else at the tokens generated."""
+        row, t, _, stop_at = st
+        toks, lps = self.gen_tok[sl, :t].cpu(), self.gen_lp[sl, :t].cpu()
+        hit = (toks == eos).nonzero()
+        end = int(hit[0]) + 1 if len(hit) else t
+        if stop_at is not None and stop_at + 1 < end:
+            end = stop_at + 1
+        ended[row] = bool(len(hit)) or stop_at is not None
+        ends[row] = end
+        comp_tok[row, :t] = toks
+        comp_lp[row, :t] = lps
 
     def _clock(self) -> float:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
-
-    def _finished(self, live, t, checked, eos, s, stop_at):
-        """Rows of ``live`` still generating after ``t`` tokens (EOS among them, or a stop string in the tokens
-        generated since the last check at ``checked``)."""
-        if not live:
-            return live, t
-        toks = self.gen_tok[torch.tensor(live, device=self.device), :t].cpu()
-        keep = []
-        max_stop = max((len(self.tokenizer.encode(x, add_special_tokens=False)) for x in s.stop), default=0)
-        for j, row_toks in zip(live, toks):
-            hit = (row_toks == eos).nonzero()
-            first_eos = int(hit[0]) if len(hit) else t
-            if s.stop and j not in stop_at:
-                for step in range(max(checked, 0), min(t, first_eos)):
-                    tail = self.tokenizer.decode(row_toks[max(0, step - max_stop - 1): step + 1].tolist())
-                    if any(x in tail for x in s.stop):
-                        stop_at[j] = step
-                        break
-            if len(hit) == 0 and j not in stop_at:
-                keep.append(j)
-        return keep, t
 
 
 @contextlib.contextmanager
