@@ -81,7 +81,7 @@ def run_one(model, lm, tok, engine: str, batch: int, prompt_len: int, gen_len: i
         st = eng.last_stats
         secs, steps = st["prefill_s"] + st["decode_s"], max(1, st["decode_steps"])
         ms_step = 1e3 * st["decode_s"] / steps
-        note = f"capture {st['capture_s']:.1f} s excluded; {st['waves']} wave(s)"
+        note = f"capture {st['capture_s']:.1f} s excluded; {st['rows']} rows on {st['slots']} KV slots"
     elif engine == "reference":
         sampler.generate(model, tok, ps[:1], SamplingSettings(max_new_tokens=2))
         t0 = time.perf_counter()
@@ -141,7 +141,7 @@ def step_split(eng, batch: int, prompt_len: int, gen_len: int) -> dict:
     full = []
     for _ in range(10):
         a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        eng.step.zero_()
+        b.col.zero_()
         b.pos.fill_(prompt_len + gen_len // 2)
         a.record()
         b.graph.replay()

@@ -268,9 +268,10 @@ def _check_memory(cfg: TrainConfig, world: int) -> None:
     if path.exists():
         e = check_fits(cfg, path, world=world)["estimate"]
         if e["waves"] > 1:
-            print(f"memory plan: the rollout runs in {e['waves']} waves of at most {e['wave_rows']} sequences (the "
-                  "KV cache of every sequence does not fit at once; fewer sequences per step or a shorter "
-                  "rollout.max_new_tokens would run it in one)", flush=True)
+            print(f"memory plan: the rollout decodes at most {e['wave_rows']} sequences at once, a finished one's "
+                  f"KV slot going to the next (up to {e['waves']} rounds: the KV cache of every sequence does not "
+                  "fit; fewer sequences per step or a shorter rollout.max_new_tokens would decode them together)",
+                  flush=True)
 
 
 class LogprobModule(torch.nn.Module):

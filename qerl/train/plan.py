@@ -15,7 +15,8 @@ log-probs in ~1024-token blocks through :func:`qerl.ops.logits.token_logprobs`):
   (one chunk of ``PREFILL_TOKENS`` prompt positions at a time) and the sampler's fp32 vocabulary rows.
 * the full method: bf16 weights, AdamW states and gradients, per process under ZeRO-1 / FSDP2 (:func:`full_bytes`);
   ``optim.offload`` moves the states out of the rollout phase (host memory), and where the KV cache of every
-  sequence does not fit beside the rest the engine decodes in waves (``available``).
+  sequence does not fit beside the rest the engine decodes as many as fit, a finished sequence's slot going to
+  the next (``available``).
 * update, per micro-batch of ``micro`` sequences of ``T = prompt + gen`` tokens: without checkpointing every
   layer keeps ``ACT_H · H + ACT_I · I + ACT_A · heads · head_dim`` bytes per token for the backward; with
   checkpointing a layer keeps its 2H-byte input and one layer is recomputed at a time; plus the lm_head block
@@ -126,9 +127,10 @@ def estimate(s: Shape, base: str, rows: int, prompt_len: int, gen_len: int, micr
     ``sharding``) instead of a LoRA method. ``offload``: the optimizer states are in host memory during the
     rollout (:mod:`qerl.train.offload`) — a part of the log-prob and update phases instead of a static one
     (``host_bytes`` says how much host memory each process pins for them). ``available``: the GPU's bytes — the
-    engine sizes its KV cache from the memory left and runs the rows that do not fit in later waves, so where all
-    rows' cache would not fit the plan counts the rows that do (``waves`` > 1: a slower rollout, not a failure;
-    at least one row must fit)."""
+    engine sizes its KV cache from the memory left and the rows that do not fit wait for a finished row's slot, so
+    where all rows' cache would not fit the plan counts the rows that do (``wave_rows`` of them at once; ``waves``
+    = rows / wave_rows rounded up, the rounds if every row ran to the end: a slower rollout, not a failure; at
+    least one row must fit)."""
     T = prompt_len + gen_len
     micro = max(1, min(micro, rows))
     extra: dict = {}
@@ -168,7 +170,7 @@ def estimate(s: Shape, base: str, rows: int, prompt_len: int, gen_len: int, micr
         if fit < rows:
             waves, wave_rows = -(-rows // fit), fit
             del rollout["kv cache"]
-            rollout[f"kv cache ({fit} of {rows} sequences at once: {waves} waves)"] = fit * per
+            rollout[f"kv cache ({fit} of {rows} sequences at once)"] = fit * per
     phases = {"rollout": sum(rollout.values()), "logprob": sum(logprob.values()), "update": sum(update.values())}
     peak_phase = max(phases, key=phases.get)
     return {"static": static, "rollout": rollout, "logprob": logprob, "update": update, "phases": phases,
@@ -307,8 +309,8 @@ def plan_config(cfg, shape: str | None = None, available: float | None = None, w
              f"{'8-bit' if eight else 'fp32'} AdamW, engine cache {'released' if release else 'kept'} between steps"
              + (f", optimizer states in host memory during the rollout ({est['host_bytes'] / 1e9:.1f} GB per process)"
                 if offload else "")
-             + (f", rollout in {est['waves']} waves (the KV cache of every sequence does not fit at once)"
-                if est["waves"] > 1 else ""))
+             + (f", rollout {est['wave_rows']} sequences at once (the KV cache of every sequence does not fit; "
+                f"up to {est['waves']} rounds)" if est["waves"] > 1 else ""))
     md = markdown(est, title, available)
     tips = [] if fits else advice(est, available, ckpt, cfg.micro_batch_size)
     if tips:

@@ -81,7 +81,7 @@ def test_the_planner_runs_the_rollout_in_waves_where_every_cache_does_not_fit():
     small = plan_config(_cfg(**over), shape="32B", available=80e9, world=8)
     e = small["estimate"]
     assert small["fits"] and small["offload"] and e["waves"] == 4 and e["wave_rows"] == 4
-    assert "kv cache (4 of 16 sequences at once: 4 waves)" in e["rollout"] and "rollout in 4 waves" in small["markdown"]
+    assert "kv cache (4 of 16 sequences at once)" in e["rollout"] and "rollout 4 sequences at once" in small["markdown"]
     assert e["peak_bytes"] <= 80e9 - 2 * 1024 ** 3  # the engine's reserve stays free
     big = plan_config(_cfg(**over), shape="32B", available=141e9, world=8)
     assert big["fits"] and big["estimate"]["waves"] == 1 and "kv cache" in big["estimate"]["rollout"]
@@ -103,5 +103,5 @@ def test_train_says_when_its_rollout_will_run_in_waves(tmp_path, monkeypatch, ca
                   "algorithm.group_size": 16, "rollout.max_new_tokens": 8192})
     monkeypatch.setattr(plan, "device_bytes", lambda: 80e9)
     loop._check_memory(cfg, 8)
-    assert "the rollout runs in 4 waves of at most 4 sequences" in capsys.readouterr().out
+    assert "the rollout decodes at most 4 sequences at once" in capsys.readouterr().out
     assert loop._offload(cfg, 8, torch.device("cuda"))  # auto parks the states here

@@ -7,8 +7,9 @@ On a random-weight Qwen2 model (a few layers, real head sizes) with LoRA rank 8 
 * bf16, NVFP4 + LoRA, sampling at T = 1: the rollout log-probs against the trainer's teacher-forced
   recomputation (:func:`qerl.rollout.sampler.sequence_logprobs`): mismatch KL (k3) and max |Δ|;
 * CUDA graphs and adapters: B changed in place -> the next rollout (replayed graphs) equals a fresh engine's;
-* seeded sampling reproducible; compaction (check_every 1 vs 32) and 24 rows sharing 5 KV slots (freed slots
-  refilled, rows at different steps in one graph) leave every row's tokens unchanged.
+* seeded sampling reproducible; compaction (check_every 1 vs 32) leaves every row's tokens unchanged; 24 rows
+  sharing 5 KV slots (freed slots refilled, rows at different steps in one graph): each row's log-probs against
+  the trainer's recomputation (mismatch KL < 1e-3), reproducible, and on CPU the very tokens of one batch.
 
 Writes the results as JSON and exits 1 if a check fails. Runs on CPU too (no graphs).
 
@@ -110,15 +111,31 @@ def main(out: str | None = None, device: str | None = None) -> int:
     full = RolloutEngine(model, tok2).generate(ps, s, seed=3, num_samples=4)
     few = RolloutEngine(model, tok2, check_every=4, max_slots=5)
     shared = few.generate(ps, s, seed=3, num_samples=4)
+    # On the GPU the kernels differ with the batch (5 rows vs 24: other tiles, other bf16 rounding), so T = 1 draws
+    # may part at near-ties; the judge is each row against the trainer's recomputation of its own tokens (stale
+    # KV, a wrong position or step in a refilled slot would show there) and the rerun's equality.
+    with torch.no_grad():
+        tf2 = sampler.sequence_logprobs(model, shared.prompt_ids, shared.prompt_mask, shared.completion_ids,
+                                        shared.completion_mask, 1.0)
+    m2 = shared.completion_mask.bool()
+    d2 = (tf2 - shared.logprobs)[m2]
+    refill_kl = float((torch.exp(d2) - d2 - 1).mean())
+    rerun = RolloutEngine(model, tok2, check_every=4, max_slots=5).generate(ps, s, seed=3, num_samples=4)
     res["bf16_nvfp4_lora"] = {"mismatch_kl": kl, "max_abs_logprob_diff": float(delta.abs().max()),
                               "reproducible": torch.equal(r.completion_ids, again.completion_ids),
                               "compaction_invariant": torch.equal(r.completion_ids, compact.completion_ids),
-                              "slot_refill_invariant": torch.equal(full.completion_ids, shared.completion_ids)
-                              and torch.equal(full.completion_mask, shared.completion_mask),
+                              "slot_refill_mismatch_kl": refill_kl,
+                              "slot_refill_reproducible": torch.equal(shared.completion_ids, rerun.completion_ids),
+                              "slot_refill_rows_equal_to_one_batch": int(sum(
+                                  torch.equal(full.completion_ids[i], shared.completion_ids[i])
+                                  for i in range(len(full.texts)))),
                               "slot_refill_lengths": shared.lengths.tolist(), "slot_refill_stats": few.last_stats,
                               "tokens": int(m.sum()), "stats": eng.last_stats}
-    ok &= kl < 1e-3 and all(res["bf16_nvfp4_lora"][k] for k in ("reproducible", "compaction_invariant",
-                                                                 "slot_refill_invariant"))
+    if dev.type == "cpu":  # fp32 reference kernels: batch-independent, so the very same tokens
+        res["bf16_nvfp4_lora"]["slot_refill_invariant"] = torch.equal(full.completion_ids, shared.completion_ids)
+    ok &= kl < 1e-3 and refill_kl < 1e-3 and all(
+        v for k, v in res["bf16_nvfp4_lora"].items() if k in ("reproducible", "compaction_invariant",
+                                                             "slot_refill_reproducible", "slot_refill_invariant"))
     greedy16 = SamplingSettings(temperature=0, max_new_tokens=24, engine="engine")
     before = eng.generate(ps, greedy16)
     with torch.no_grad():
