@@ -29,7 +29,7 @@ _gpus = wc.local_gpus(workflow.global_resources, config)
 if _gpus:
     if "gpu" not in workflow.global_resources:
         workflow.global_resources["gpu"] = _gpus
-    os.environ["QERL_GPU_LOCKS"] = os.path.abspath(os.path.join(".snakemake", "qerl-gpu-locks"))
+    wc.use_gpu_locks(os.path.join(".snakemake", "qerl-gpu-locks"))
     if workflow.is_main_process:  # (not again where a job re-reads the Snakefile)
         print(f"qerl: local run on {_gpus} visible GPU(s): GPU jobs use at most "
               f"{workflow.global_resources['gpu'].value} at a time, each its own", file=sys.stderr)

@@ -184,6 +184,12 @@ def local_gpus(global_resources, config: dict) -> int | None:
     return visible_gpus() or None
 
 
+def use_gpu_locks(directory: str) -> None:
+    """Export ``QERL_GPU_LOCKS`` (absolute) for the jobs this snakemake starts locally: each GPU job's ``qerl``
+    locks GPUs of its own there (:mod:`qerl.gpu_claim`)."""
+    os.environ["QERL_GPU_LOCKS"] = os.path.abspath(directory)
+
+
 def where(configuration: str, results: str = "results", mlflow_uri: str | None = None) -> str:
     """What a finished run produced and where (printed at the end of ``make run`` / ``snakemake``)."""
     import os
