@@ -62,8 +62,7 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
     loss_settings = LossSettings(a.name, a.clip_low, a.clip_high, a.kl_coef, cfg.rollout.max_new_tokens)
 
     # model & method (on a GPU, a configuration that cannot fit is refused before anything loads)
-    if device.type == "cuda":
-        _check_memory(cfg, d.world)
+    plan = _check_memory(cfg, d.world) if device.type == "cuda" else None
     sharding = resolve_sharding(cfg, d.world)  # none | optimizer (ZeRO-1) | fsdp (FSDP2), see TrainConfig.sharding
     keep_cache = device.type == "cuda" and sharding != "fsdp" and _keep_engine_cache(cfg, d.world)
     policy, tokenizer = build_policy(cfg, device, d.world)
@@ -97,7 +96,7 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
         stream.pos = state.data_pos
     if sharding != "fsdp":  # (FSDP2's own hooks reduce the gradients)
         scorer = dist.wrap(scorer, d, device)
-    parking = StateOffload(optimizer) if _offload(cfg, d.world, device) else None
+    parking = StateOffload(optimizer) if _offload(cfg, device, plan) else None
     if parking is not None and d.main:
         print("optimizer states parked in host memory during each rollout (optim.offload)", flush=True)
     metrics_path = out / "metrics.jsonl"
@@ -242,36 +241,33 @@ def _keep_engine_cache(cfg: TrainConfig, world: int) -> bool:
     return keep_engine_cache(cfg, world)
 
 
-def _offload(cfg: TrainConfig, world: int, device) -> bool:
+def _offload(cfg: TrainConfig, device, plan: dict | None) -> bool:
     """``optim.offload`` resolved: ``rollout`` parks the states (on a GPU; on a CPU-only run only under the tests'
-    ``QERL_OFFLOAD_ON_CPU=1``), ``auto`` when the planner does so for a local model
-    (:func:`qerl.train.plan.plan_config`)."""
+    ``QERL_OFFLOAD_ON_CPU=1``), ``auto`` where the memory ``plan`` (:func:`_check_memory`) parks them."""
     from qerl.train import offload
 
     mode = cfg.optim.offload
     if mode == "none" or (device.type != "cuda" and not offload.PARK_ON_CPU):
         return False
-    if mode == "rollout":
-        return True
-    if device.type != "cuda" or not (Path(cfg.model.path) / "config.json").exists():
-        return False
-    from qerl.train.plan import plan_config
-
-    return plan_config(cfg, world=world)["offload"]
+    return mode == "rollout" or (device.type == "cuda" and plan is not None and plan["offload"])
 
 
-def _check_memory(cfg: TrainConfig, world: int) -> None:
-    """The memory planner's verdict for a local model directory (a hub id is planned after download only)."""
+def _check_memory(cfg: TrainConfig, world: int) -> dict | None:
+    """The memory planner's verdict for a local model directory (a hub id is planned after download only):
+    raises where it cannot fit, else returns the plan (:func:`qerl.train.plan.plan_config`), or None."""
     from qerl.train.plan import check_fits
 
     path = Path(cfg.model.path) / "config.json"
-    if path.exists():
-        e = check_fits(cfg, path, world=world)["estimate"]
-        if e["waves"] > 1:
-            print(f"memory plan: the rollout decodes at most {e['wave_rows']} sequences at once, a finished one's "
-                  f"KV slot going to the next (up to {e['waves']} rounds: the KV cache of every sequence does not "
-                  "fit; fewer sequences per step or a shorter rollout.max_new_tokens would decode them together)",
-                  flush=True)
+    if not path.exists():
+        return None
+    res = check_fits(cfg, path, world=world)
+    e = res["estimate"]
+    if e["waves"] > 1:
+        print(f"memory plan: the rollout decodes at most {e['wave_rows']} sequences at once, a finished one's "
+              f"KV slot going to the next (up to {e['waves']} rounds: the KV cache of every sequence does not "
+              "fit; fewer sequences per step or a shorter rollout.max_new_tokens would decode them together)",
+              flush=True)
+    return res
 
 
 class LogprobModule(torch.nn.Module):

@@ -297,8 +297,7 @@ def plan_config(cfg, shape: str | None = None, available: float | None = None, w
     offload = cfg.optim.offload == "rollout"
     if offload or (cfg.optim.offload == "auto" and est["peak_bytes"] > OFFLOAD_FRACTION * available):
         parked = estimate(*args, **fk, offload=True)
-        # auto: when it lowers the peak (a rollout peak) or, with the rollout in waves, makes room for more rows
-        if offload or parked["peak_bytes"] < est["peak_bytes"]:
+        if offload or parked["peak_bytes"] < est["peak_bytes"]:  # auto: when it lowers the peak (a rollout peak)
             offload = True
     est = estimate(*args, **fk, offload=offload, available=available)
     fits = est["peak_bytes"] <= available

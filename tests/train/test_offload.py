@@ -102,6 +102,6 @@ def test_train_says_when_its_rollout_will_run_in_waves(tmp_path, monkeypatch, ca
     cfg = _cfg(**{"model.path": str(tmp_path), "micro_batch_size": 1, "prompts_per_step": 8,
                   "algorithm.group_size": 16, "rollout.max_new_tokens": 8192})
     monkeypatch.setattr(plan, "device_bytes", lambda: 80e9)
-    loop._check_memory(cfg, 8)
+    plan = loop._check_memory(cfg, 8)
     assert "the rollout decodes at most 4 sequences at once" in capsys.readouterr().out
-    assert loop._offload(cfg, 8, torch.device("cuda"))  # auto parks the states here
+    assert loop._offload(cfg, torch.device("cuda"), plan)  # auto parks the states here
