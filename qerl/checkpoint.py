@@ -147,7 +147,10 @@ def atomic_directory(dst: Path, force: bool = False) -> Iterator[Path]:
     """Yield a temporary directory beside ``dst``; on success it replaces ``dst`` atomically.
 
     On any exception the temporary directory is removed and ``dst`` is left as it was. An existing
-    ``dst`` is replaced only with ``force`` (callers decide what counts as "the same model").
+    ``dst`` is replaced only with ``force`` (callers decide what counts as "the same model"). The
+    replacement is one exchange of the two directories (Linux ``renameat2(RENAME_EXCHANGE)``), so a
+    complete ``dst`` exists at every instant; where the file system cannot exchange (NFS), the old
+    directory is moved aside first and :func:`recover_swap` finds the newest complete one after a crash.
     """
     dst = Path(dst)
     if is_nonempty_dir(dst) and not force:
@@ -162,10 +165,109 @@ def atomic_directory(dst: Path, force: bool = False) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _sync_tree(tmp)
+    fault("written")
+    if dst.exists() and fault_point() != "aside" and _exchange(tmp, dst):
+        fault("swapped")
+        shutil.rmtree(tmp, ignore_errors=True)  # (now the old directory)
+        return
     old = None
     if dst.exists():
         old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
         os.replace(dst, old)
+        fault("aside")
     os.replace(tmp, dst)
+    fault("swapped")
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def recover_swap(dst: Path, version, is_complete) -> str | None:
+    """Finish a replacement of ``dst`` that a crash interrupted: among ``dst`` and the ``.<name>.tmp-*`` /
+    ``.<name>.old-*`` directories beside it, the complete one (``is_complete(dir)``) with the highest
+    ``version(dir)`` becomes ``dst``; the others are removed. Returns a note of what was done, or None when
+    there was nothing to recover."""
+    dst = Path(dst)
+    leftovers = sorted(p for pat in (f".{dst.name}.tmp-*", f".{dst.name}.old-*") for p in dst.parent.glob(pat)
+                       if p.is_dir())
+    if not leftovers:
+        return None
+    cands = [p for p in ([dst] if dst.is_dir() else []) + leftovers if is_complete(p)]
+    best = max(cands, key=version, default=None)
+    note = None
+    if best is not None and best != dst:
+        if dst.is_dir():
+            if not _exchange(best, dst):
+                aside = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
+                os.replace(dst, aside)
+                os.replace(best, dst)
+                best = aside
+        else:
+            os.replace(best, dst)
+        note = f"{dst}: recovered the complete version {version(dst)} left by an interrupted replacement"
+    for p in dst.parent.glob(f".{dst.name}.tmp-*"):
+        shutil.rmtree(p, ignore_errors=True)
+    for p in dst.parent.glob(f".{dst.name}.old-*"):
+        shutil.rmtree(p, ignore_errors=True)
+    return note
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (``renameat2(RENAME_EXCHANGE)``); False where the kernel, the C library or the
+    file system cannot."""
+    import ctypes
+    import errno
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _sync_tree(root: Path) -> None:
+    """fsync every file of a finished directory, then the directory, before it is renamed into place (a power
+    loss must not leave a renamed directory of empty files)."""
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fault_point() -> str:
+    """Test hook: ``QERL_FAULT_CHECKPOINT=POINT[:K]`` kills the process (SIGKILL, no cleanup) the K-th time (default
+    1st) :func:`atomic_directory`'s replacement reaches POINT: ``written`` (the new directory complete, not in
+    place), ``aside`` (the old one moved aside: forces the two-rename path of file systems without an exchange),
+    ``swapped`` (the new one in place, the old not yet removed). How tests/train/test_ownership.py checks that no
+    instant is without a complete checkpoint."""
+    return os.environ.get("QERL_FAULT_CHECKPOINT", "").partition(":")[0]
+
+
+_FAULT_SEEN: dict[str, int] = {}
+
+
+def fault(point: str) -> None:
+    spec = os.environ.get("QERL_FAULT_CHECKPOINT", "")
+    name, _, k = spec.partition(":")
+    if name != point:
+        return
+    _FAULT_SEEN[point] = _FAULT_SEEN.get(point, 0) + 1
+    if _FAULT_SEEN[point] == int(k or 1):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)

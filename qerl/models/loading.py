@@ -35,6 +35,7 @@ def load_policy(path: str | Path, base: str = "nvfp4", device: str | torch.devic
     cfg = read_json(src / "config.json")
     check_supported(cfg.get("model_type"), f"{src}/config.json")
     qcfg = parse_quantization_config(cfg.get("quantization_config"), f"{src}/config.json")
+    TensorIndex(src)  # every shard's header read: a truncated or foreign file is named before transformers loads it
     if base == "nf4":
         if qcfg is not None:
             raise CheckpointError(f"{src}: base='nf4' needs a dense (bf16) checkpoint; this one is NVFP4")

@@ -35,6 +35,29 @@ class TinySpec:
     tie_word_embeddings: bool = False
     seed: int = 0
 
+    def __post_init__(self):
+        if self.arch not in ("qwen2", "llama"):
+            raise ValueError(f"tiny model arch {self.arch!r} is not one of 'qwen2', 'llama'")
+        for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "max_position_embeddings"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"tiny model {name}: must be a positive integer, got {getattr(self, name)!r}")
+        for name in ("hidden_size", "intermediate_size"):  # the K of some Linear: whole NVFP4 blocks
+            if getattr(self, name) % 16:
+                raise ValueError(f"tiny model {name}: must be a multiple of 16 (NVFP4 blocks of 16 along the "
+                                 f"input dimension), got {getattr(self, name)}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"tiny model: hidden_size {self.hidden_size} is not divisible by the "
+                             f"{self.num_attention_heads} attention heads")
+        if (self.hidden_size // self.num_attention_heads) % 2:
+            raise ValueError(f"tiny model: head dimension {self.hidden_size // self.num_attention_heads} "
+                             "(hidden_size / heads) must be even (rotary embeddings rotate pairs)")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"tiny model: {self.num_attention_heads} attention heads are not divisible by the "
+                             f"{self.num_key_value_heads} key/value heads (grouped-query attention)")
+        if self.seed < 0:
+            raise ValueError(f"tiny model seed: must be >= 0, got {self.seed}")
+
 
 def build_tokenizer():
     """A byte-level BPE tokenizer (no merges) as a ``PreTrainedTokenizerFast``."""
@@ -107,11 +130,18 @@ def build_tiny_model(spec: TinySpec = TinySpec(), dtype: torch.dtype = torch.bfl
     return model, tokenizer
 
 
-def save_tiny_model(output: Path, spec: TinySpec = TinySpec(), max_shard_size: str = "2GB") -> Path:
-    """Build and save a tiny model + tokenizer as a Hugging Face model directory."""
-    from qerl.checkpoint import atomic_directory, write_json
+def save_tiny_model(output: Path, spec: TinySpec = TinySpec(), max_shard_size: str = "2GB",
+                    force: bool = False) -> Path:
+    """Build and save a tiny model + tokenizer as a Hugging Face model directory. An ``output`` holding anything
+    but a tiny model is replaced only with ``force``."""
+    from qerl.checkpoint import CheckpointError, atomic_directory, is_nonempty_dir, write_json
+    from qerl.stages.quantize import parse_size
 
     output = Path(output)
+    parse_size(max_shard_size)
+    if is_nonempty_dir(output) and not (output / "qerl_tiny.json").exists() and not force:
+        raise CheckpointError(f"{output}: holds something other than a tiny model; refusing to replace it "
+                              "(pass --force)")
     model, tokenizer = build_tiny_model(spec)
     with atomic_directory(output, force=True) as tmp:
         model.save_pretrained(tmp, max_shard_size=max_shard_size)

@@ -30,18 +30,41 @@ class EvalSettings:
     synthetic_max_operand: int = 9
 
 
+def benchmark_source(name: str) -> str:
+    """Where a benchmark's problems come from (``synthetic`` or ``hub``); an unknown name is a ValueError."""
+    if name not in BENCHMARKS:
+        raise ValueError(f"--benchmark {name!r} is not a known benchmark; known: {', '.join(BENCHMARKS)}")
+    return "synthetic" if name == "synthetic_test" else "hub"
+
+
 def benchmark_records(name: str, s: EvalSettings) -> tuple[list[dict], str, str]:
     """``(records, reward name, template)`` of a benchmark."""
     from qerl.data.tasks import load_hub, synthetic_arithmetic
 
-    if name == "synthetic_test":  # a seed disjoint from training's stream
+    if benchmark_source(name) == "synthetic":  # a seed disjoint from training's stream
         recs = synthetic_arithmetic(s.synthetic_size, seed=10_000 + s.seed, max_operand=s.synthetic_max_operand)
         kind, template = "exact", "raw"
-    elif name in BENCHMARKS:
-        recs, kind, template = load_hub(name), "math", s.template
     else:
-        raise ValueError(f"unknown benchmark {name!r}; known: {BENCHMARKS}")
-    return (recs[: s.limit] if s.limit else recs), kind, template
+        recs, kind, template = load_hub(name), "math", s.template
+    return (recs[: s.limit] if s.limit is not None else recs), kind, template
+
+
+def precheck(model_dir: str | Path, benchmark: str, settings: EvalSettings, adapter: str | Path | None = None
+             ) -> None:
+    """Before any weights load: the model directory, the adapter directory, the tokenizer, the benchmark's problems,
+    and every prompt + ``max_new_tokens`` against the model's context (:mod:`qerl.data.context`)."""
+    from qerl.checkpoint import CheckpointError
+    from qerl.data.context import check_records, model_context
+    from qerl.models.source import resolve_model_dir
+    from qerl.train.methods import load_tokenizer
+
+    src = resolve_model_dir(model_dir)
+    if adapter is not None and not (Path(adapter) / "adapter_config.json").is_file():
+        raise CheckpointError(f"--adapter {adapter}: not a PEFT adapter directory (no adapter_config.json; a trained "
+                              "run's adapter is its final/ directory)")
+    records, _, template = benchmark_records(benchmark, settings)
+    check_records(records, load_tokenizer(src), template, settings.max_new_tokens, model_context(src),
+                  f"--benchmark {benchmark}")
 
 
 def load_for_eval(base_path: str | Path, base: str, adapter: str | Path | None, dtype, device):
@@ -80,6 +103,8 @@ def evaluate(model, tokenizer, benchmark: str, settings: EvalSettings, out_json:
     per_problem, lines = [], []
     t0 = time.time()
     n_batch = max(1, settings.batch_size // k)
+    every = max(1, -(-len(records) // 10))  # without a bar: a line per ~10% of the problems
+    logged = 0
     try:
         for start in tqdm(range(0, len(records), n_batch), desc=f"eval {benchmark}", disable=not progress):
             batch = records[start : start + n_batch]
@@ -95,6 +120,12 @@ def evaluate(model, tokenizer, benchmark: str, settings: EvalSettings, out_json:
                                   "extracted": extract_answer(text) if kind == "math" else text.strip(),
                                   "gold": rec["answer"], "correct": ok})
                 per_problem.append(sum(correct) / k)
+            done = len(per_problem)
+            if not progress and (done - logged >= every or done == len(records)):
+                logged = done
+                el = int(time.time() - t0)
+                print(f"eval {benchmark}: {done}/{len(records)} problems, pass@1 so far "
+                      f"{sum(per_problem) / done:.3f}, elapsed {el // 60}:{el % 60:02d}", flush=True)
     finally:
         reward.close()
     out_samples.parent.mkdir(parents=True, exist_ok=True)

@@ -195,8 +195,55 @@ def figures(config: dict, results: Path, out: Path) -> list[Path]:
     return made
 
 
+class ReportError(ValueError):
+    """The workflow config or the results directory cannot make a report."""
+
+
+def load_workflow_config(path: Path) -> dict:
+    """A workflow config file (the effective one the workflow writes, or ``config/*.yaml``), checked for what a
+    report reads."""
+    import yaml
+
+    try:
+        config = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise ReportError(f"--workflow-config {path}: file not found") from None
+    except IsADirectoryError:
+        raise ReportError(f"--workflow-config {path}: is a directory, not a YAML file") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ReportError(f"--workflow-config {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(config, dict):
+        raise ReportError(f"--workflow-config {path}: the top level must be a mapping, got a {type(config).__name__}")
+    for key in ("models", "experiments"):
+        if not config.get(key):
+            raise ReportError(f"--workflow-config {path}: has no '{key}' (a workflow config names models and "
+                              "experiment blocks; see config/config.yaml)")
+    try:
+        runs(config)
+    except (KeyError, TypeError) as e:
+        raise ReportError(f"--workflow-config {path}: an experiment block lacks {e} (models, datasets, methods, "
+                          "algorithms)") from None
+    return config
+
+
+def check_results(config: dict, results: Path) -> int:
+    """How many of the config's runs have a finished training or an evaluation under ``results``; a report of none
+    (an all-'—' report that would replace a real one) is a :class:`ReportError`."""
+    if not results.is_dir():
+        raise ReportError(f"--results {results}: no such directory (the workflow writes results/ with train/ and "
+                          "eval/ in it)")
+    found = sum((results / "train" / r.path / "summary.json").exists() or
+                any((results / "eval" / r.path).glob("*.json")) for r in runs(config))
+    if not found:
+        raise ReportError(f"--results {results}: holds no finished training or evaluation of the {len(runs(config))} "
+                          f"run(s) this config names (e.g. {results / 'train' / runs(config)[0].path}/summary.json); "
+                          "nothing to report")
+    return found
+
+
 def build_report(config: dict, results: Path, out: Path) -> Path:
     """Write tables, figures and index.md into ``out``; returns the index path."""
+    check_results(config, results)
     out.mkdir(parents=True, exist_ok=True)
     name = config.get("configuration", "default")
     parts = [f"# qerl report — `{name}`", "",

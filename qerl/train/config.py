@@ -7,6 +7,7 @@ the modules they configure); paper values are noted per field.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -164,6 +165,8 @@ def _check_type(value, hint, path: str):
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{path}: expected a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{path}: expected a finite number, got {value!r}")
         return float(value)
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -223,8 +226,24 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     for name in ("steps", "prompts_per_step", "micro_batch_size", "checkpoint_every"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"config.{name}: must be >= 1, got {getattr(cfg, name)}")
-    if cfg.optim.lr <= 0:
-        raise ConfigError(f"config.optim.lr: must be > 0, got {cfg.optim.lr}")
+    o = cfg.optim
+    for name, ok, want in (("lr", o.lr > 0, "> 0"), ("weight_decay", o.weight_decay >= 0, ">= 0"),
+                           ("beta1", 0 <= o.beta1 < 1, "in [0, 1)"), ("beta2", 0 <= o.beta2 < 1, "in [0, 1)"),
+                           ("warmup_steps", o.warmup_steps >= 0, ">= 0"),
+                           ("min_lr_ratio", 0 <= o.min_lr_ratio <= 1, "in [0, 1]"),
+                           ("grad_clip", o.grad_clip > 0, "> 0")):
+        if not ok:
+            raise ConfigError(f"config.optim.{name}: must be {want}, got {getattr(o, name)}")
+    if a.max_refill_rounds < 0:
+        raise ConfigError(f"config.algorithm.max_refill_rounds: must be >= 0, got {a.max_refill_rounds}")
+    if cfg.reward.timeout <= 0 or cfg.reward.format_weight < 0:
+        raise ConfigError(f"config.reward: timeout must be > 0 s and format_weight >= 0, got timeout "
+                          f"{cfg.reward.timeout}, format_weight {cfg.reward.format_weight}")
+    if cfg.data.synthetic_size < 1 or cfg.data.synthetic_max_operand < 1:
+        raise ConfigError(f"config.data: synthetic_size and synthetic_max_operand must be >= 1, got "
+                          f"{cfg.data.synthetic_size} and {cfg.data.synthetic_max_operand}")
+    if cfg.seed < 0:
+        raise ConfigError(f"config.seed: must be >= 0, got {cfg.seed}")
     if cfg.gradient_checkpointing not in (True, False, "auto"):
         raise ConfigError(f"config.gradient_checkpointing: true, false or auto, got {cfg.gradient_checkpointing!r}")
     tri = {n: (str(v).lower() if isinstance(v, bool) else v) for n in ("eight_bit",)
@@ -267,15 +286,42 @@ def load_config(path: str | Path, overrides: dict | None = None) -> TrainConfig:
         data = yaml.safe_load(path.read_text()) or {}
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a YAML config file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (expected a YAML config)") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({e})") from None
-    for key, value in (overrides or {}).items():
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of config keys, got a {type(data).__name__}")
+    apply_overrides(data, overrides or {})
+    return validate(from_dict(TrainConfig, data, path.name))
+
+
+def apply_overrides(data: dict, overrides: dict) -> None:
+    """Merge ``--set a.b.c=value`` items into ``data`` in place; a key that runs through a value (``steps.x``
+    where ``steps`` is a number) is a :class:`ConfigError` naming it."""
+    for key, value in overrides.items():
         node = data
         *parents, leaf = key.split(".")
-        for p in parents:
+        if not all(parents + [leaf]):
+            raise ConfigError(f"--set {key}={value!r}: empty key part (expected KEY or SECTION.KEY)")
+        for i, p in enumerate(parents):
             node = node.setdefault(p, {})
+            if node is None:
+                node = parent_set(data, parents[: i + 1], {})
+            if not isinstance(node, dict):
+                where = ".".join(parents[: i + 1])
+                raise ConfigError(f"--set {key}=...: {where} is a value ({node!r}), not a section with keys")
         node[leaf] = value
-    return validate(from_dict(TrainConfig, data, path.name))
+
+
+def parent_set(data: dict, keys: list[str], value):
+    node = data
+    for k in keys[:-1]:
+        node = node[k]
+    node[keys[-1]] = value
+    return value
 
 
 def to_dict(cfg) -> dict:

@@ -15,22 +15,26 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from qerl.checkpoint import write_json
+from qerl.data.context import fit_records, model_context
 from qerl.data.loading import load_train_records
+from qerl.models.source import resolve_model_dir
 from qerl.rewards.registry import build_reward
 from qerl.rl.advantages import group_advantages
 from qerl.rl.aqn import AQN, sigma_at
 from qerl.rl.losses import LossSettings, mismatch_stats, policy_loss, truncated_is_weights
 from qerl.rollout.engine import release_engine
 from qerl.rollout.sampler import sequence_logprobs
-from qerl.train import dist, fsdp
+from qerl.train import dist, fsdp, ownership
 from qerl.train.config import TrainConfig, resolve_sharding, to_dict
-from qerl.train.methods import METHODS, build_policy, resolve_device
+from qerl.train.methods import METHODS, build_policy, load_tokenizer, resolve_device
 from qerl.train.offload import StateOffload
 from qerl.train.state import TrainState, load_checkpoint, save_checkpoint
 from qerl.train.steps import (
     PromptStream, TrainingError, collect_rollouts, derive_seed, logprobs_no_grad, make_optimizer, micro_weight,
     peak_memory_gb, warmup_cosine,
 )
+from qerl.errors import TrainingInterrupted
 
 DETERMINISTIC_METRICS = ("reward_mean", "reward_std", "accuracy", "entropy", "kl", "clip_frac", "loss",
                          "mismatch_kl", "response_len_mean", "sigma", "lr", "groups_kept")
@@ -53,13 +57,21 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
 
     dist.check_divisible(cfg.prompts_per_step, d)
     dist.check_same_config(d, to_dict(cfg))
+    if d.main and not resume and not ownership.status(out).empty:  # (the CLI decides; a library call is held too)
+        raise ownership.OwnershipError(f"output_dir {out} holds {ownership.status(out).describe()}: resume it "
+                                       "(resume=True) or choose another output_dir")
     out.mkdir(parents=True, exist_ok=True)
-    if d.main:
-        (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     random.seed(cfg.seed), np.random.seed(cfg.seed % 2**32), torch.manual_seed(cfg.seed)
     method = METHODS[cfg.method]
     a = cfg.algorithm
     loss_settings = LossSettings(a.name, a.clip_low, a.clip_high, a.kl_coef, cfg.rollout.max_new_tokens)
+
+    # data (before the model: prompts that cannot fit the model's context are found without loading weights)
+    src = resolve_model_dir(cfg.model.path, cfg.model.revision)
+    records, note = fit_records(load_train_records(cfg.data, cfg.seed), load_tokenizer(src), cfg.data.template,
+                                cfg.rollout.max_new_tokens, model_context(src), f"data.task {cfg.data.task}")
+    if note and d.main:
+        print(note, flush=True)
 
     # model & method (on a GPU, a configuration that cannot fit is refused before anything loads)
     plan = _check_memory(cfg, d.world) if device.type == "cuda" else None
@@ -70,7 +82,7 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
     scorer = LogprobModule(policy)  # DDP-wrapped under torchrun (below): the update's forward goes through it
 
     # data & reward
-    stream = PromptStream(load_train_records(cfg.data, cfg.seed), cfg.seed)
+    stream = PromptStream(records, cfg.seed)
     reward = build_reward(cfg.reward)
 
     # optimizer (after sharding: FSDP2 turns the weights into DTensor shards)
@@ -100,7 +112,8 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
     if parking is not None and d.main:
         print("optimizer states parked in host memory during each rollout (optim.offload)", flush=True)
     metrics_path = out / "metrics.jsonl"
-    if d.main:
+    if d.main:  # (after the checkpoint loaded: a resume that fails changes nothing)
+        write_json(out / "config.json", to_dict(cfg))
         _truncate_metrics(metrics_path, state.step)
 
     # tracker (rank 0)
@@ -113,6 +126,9 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
 
     bar = tqdm(total=cfg.steps, initial=state.step, desc=f"train {cfg.method}/{a.name}",
                disable=not (progress and d.main))
+    log_line = StepLog(cfg.steps, enabled=d.main and not progress)
+    saved = state.step if resume else None  # the step of the intact checkpoint
+    step = state.step
     try:
         for step in range(state.step, cfg.steps):
             dist.maybe_fault(d, step + 1)
@@ -149,6 +165,7 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
                 tracker.log_metrics(metrics, step=step + 1)
             bar.update(1)
             bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", acc=f"{stats['accuracy']:.2f}")
+            log_line(metrics)
             if state.step % cfg.checkpoint_every == 0 or state.step == cfg.steps:
                 staged = None
                 if sharding == "optimizer":  # every rank sends its states' part to rank 0, which writes them all
@@ -159,12 +176,21 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
                 if d.main:
                     save_checkpoint(out, policy, optimizer, scheduler, state, method.lora, sharded=staged)
                 dist.barrier(d, f"writing the checkpoint of step {state.step}")
+                saved = state.step
         weights = dist.collective(d, lambda: fsdp.full_weights(policy), "gathering the final weights") \
             if sharding == "fsdp" else None
         if d.main:
             _save_final(out, policy, tokenizer, method, weights)
             _write_summary(out, metrics_path, cfg)
         tracker.close("FINISHED")
+    except KeyboardInterrupt:
+        tracker.close("KILLED")
+        raise TrainingInterrupted(f"interrupted at step {step + 1}; {_intact(out, saved)}") from None
+    except OSError as e:
+        tracker.close("FAILED")
+        from qerl.outputs import describe_os_error
+
+        raise TrainingError(f"step {step + 1}: cannot write {describe_os_error(e)}; {_intact(out, saved)}") from None
     except BaseException:
         tracker.close("FAILED")
         raise
@@ -172,6 +198,29 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
         bar.close()
         reward.close()
     return out
+
+
+def _intact(out: Path, saved: int | None) -> str:
+    if saved is None:
+        return "no checkpoint was written yet (rerun with --overwrite to start over)"
+    return f"the checkpoint of step {saved} ({out / 'checkpoint'}) is intact: rerun with --resume to continue"
+
+
+class StepLog:
+    """Without a progress bar (``--no-progress``, a workflow job's log): one line per step with the step, reward,
+    accuracy, the step's seconds and the elapsed time, so a long job is never silent."""
+
+    def __init__(self, steps: int, enabled: bool):
+        self.steps, self.enabled, self.t0 = steps, enabled, time.time()
+
+    def __call__(self, m: dict) -> None:
+        if not self.enabled:
+            return
+        took = m.get("rollout_seconds", 0.0) + m.get("train_seconds", 0.0)
+        el = int(time.time() - self.t0)
+        print(f"step {m['step']}/{self.steps}  reward {m.get('reward_mean', float('nan')):.3f}  "
+              f"accuracy {m.get('accuracy', float('nan')):.2f}  {took:.1f}s/step  elapsed "
+              f"{el // 3600}:{el // 60 % 60:02d}:{el % 60:02d}", flush=True)
 
 
 def _oom_error(cfg: TrainConfig, step: int, phase: str, device, out: Path, batch, err) -> TrainingError:
@@ -398,7 +447,10 @@ def _truncate_metrics(path: Path, completed_steps: int) -> None:
         return
     rows = [line for line in path.read_text().splitlines() if line.strip()]
     keep = [r for r in rows if json.loads(r)["step"] <= completed_steps]
-    path.write_text("".join(r + "\n" for r in keep))
+    if len(keep) != len(rows):  # (atomically: a kill now leaves the old rows or the kept ones)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(r + "\n" for r in keep))
+        os.replace(tmp, path)
 
 
 def _save_final(out: Path, policy, tokenizer, method, weights: dict | None = None) -> None:

@@ -27,15 +27,28 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 
 def resolve_device(device: str) -> torch.device:
+    """``auto`` (CUDA when there is a GPU, else CPU), ``cpu``, ``cuda`` or ``cuda:N``; a device this machine lacks
+    is a :class:`ValueError` naming it."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device: {device!r} is not a device (expected auto, cpu, cuda or cuda:N)") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device: {device!r}, but this machine has no usable CUDA GPU (torch "
+                             f"{torch.__version__}{'' if torch.version.cuda else ', a CPU-only build'}); use "
+                             "device: cpu or auto")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device: {device!r}, but this machine has {torch.cuda.device_count()} GPU(s)")
+    elif dev.type != "cpu":
+        raise ValueError(f"device: {device!r} is not supported (expected auto, cpu, cuda or cuda:N)")
+    return dev
 
 
 def build_policy(cfg, device: torch.device, world: int = 1):
     """Load the base in the method's format and wrap it for training. Returns ``(model, tokenizer)``."""
-    from transformers import AutoTokenizer
-
     from qerl.lora import apply_lora
     from qerl.models import load_policy
     from qerl.models.source import resolve_model_dir
@@ -43,9 +56,7 @@ def build_policy(cfg, device: torch.device, world: int = 1):
     method = METHODS[cfg.method]
     src = resolve_model_dir(cfg.model.path, cfg.model.revision)
     model = load_policy(src, base=method.base, device=device, dtype=DTYPES[cfg.model.dtype])
-    tokenizer = AutoTokenizer.from_pretrained(src)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = load_tokenizer(src)
     if method.lora:
         model = apply_lora(model, cfg.lora)
     else:
@@ -55,6 +66,22 @@ def build_policy(cfg, device: torch.device, world: int = 1):
         if hasattr(model, "enable_input_require_grads"):
             model.enable_input_require_grads()
     return model, tokenizer
+
+
+def load_tokenizer(src):
+    """The tokenizer of a model directory, with a pad token (its EOS when it has none)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(src)
+    except (OSError, ValueError) as e:
+        from qerl.checkpoint import CheckpointError
+
+        raise CheckpointError(f"{src}: cannot load its tokenizer ({type(e).__name__}: {str(e).splitlines()[0]})") \
+            from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 def checkpointing_on(cfg, hf_config, method: Method, device: torch.device, world: int = 1) -> bool:

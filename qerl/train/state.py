@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from qerl.checkpoint import atomic_directory
+from qerl.checkpoint import CheckpointError, atomic_directory, write_json
 
 CHECKPOINT = "checkpoint"
 
@@ -57,7 +57,7 @@ def save_checkpoint(out_dir: Path, model, optimizer, scheduler, state: TrainStat
             "python_rng": random.getstate(),
             "numpy_rng": np.random.get_state(),
         }, tmp / "trainer_state.pt")
-        (tmp / "trainer_state.json").write_text(json.dumps(asdict(state), indent=2))
+        write_json(tmp / "trainer_state.json", asdict(state))  # last, and whole: its presence marks a complete checkpoint
     return path
 
 
@@ -66,8 +66,14 @@ def load_checkpoint(out_dir: Path, model, optimizer, scheduler, sharded: bool = 
     model is FSDP2-sharded (each rank reads its own shards back from ``dcp/``)."""
     path = Path(out_dir) / CHECKPOINT
     if not (path / "trainer_state.json").exists():
-        raise FileNotFoundError(f"{path}: no checkpoint to resume from")
-    blob = torch.load(path / "trainer_state.pt", weights_only=False)
+        raise CheckpointError(f"{path}: no checkpoint to resume from")
+    try:
+        blob = torch.load(path / "trainer_state.pt", weights_only=False)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path / 'trainer_state.pt'}: missing from the checkpoint") from None
+    except Exception as e:  # (a truncated or foreign file: pickle / zip errors of many kinds)
+        raise CheckpointError(f"{path / 'trainer_state.pt'}: unreadable ({type(e).__name__}: {e}); the checkpoint "
+                              "is damaged") from None
     fmt = blob.get("optimizer_format", "index")
     if fmt != ("fsdp" if sharded else "index"):
         raise ValueError(f"{path}: written with sharding {'fsdp' if fmt == 'fsdp' else 'none/optimizer'}, this run "
@@ -77,11 +83,23 @@ def load_checkpoint(out_dir: Path, model, optimizer, scheduler, sharded: bool = 
 
         load_sharded(model, optimizer, path / "dcp")
         return _restore_rest(path, blob, scheduler)
-    weights = load_file(str(path / "trainable.safetensors"))
+    try:
+        weights = load_file(str(path / "trainable.safetensors"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path / 'trainable.safetensors'}: missing from the checkpoint") from None
+    except Exception as e:  # safetensors raises its own error types
+        size = (path / "trainable.safetensors").stat().st_size
+        raise CheckpointError(f"{path / 'trainable.safetensors'}: not a readable safetensors file ({size} bytes; "
+                              f"truncated or corrupt?): {e}") from None
     params = dict(model.named_parameters())
     missing = [n for n in weights if n not in params]
     if missing:
-        raise ValueError(f"{path}: checkpoint has parameters the model lacks, e.g. {missing[:3]}")
+        raise CheckpointError(f"{path}: checkpoint has parameters the model lacks, e.g. {missing[:3]}")
+    bad = [(n, tuple(t.shape), tuple(params[n].shape)) for n, t in weights.items() if t.shape != params[n].shape]
+    if bad:
+        n, got, want = bad[0]
+        raise CheckpointError(f"{path / 'trainable.safetensors'}: {n} has shape {got}, the model's is {want} (a "
+                              "checkpoint of another model or LoRA rank)")
     with torch.no_grad():
         for n, t in weights.items():
             params[n].copy_(t)

@@ -1,0 +1,162 @@
+"""What ``qerl train`` may do with its ``output_dir``: start, resume, refuse, or (asked explicitly) start over.
+
+A directory that holds a started or finished run (metric rows, a checkpoint, ``final/``, ``summary.json``) is
+never overwritten by a retyped command: a plain ``qerl train`` refuses and says what is there; ``--resume``
+continues from the checkpoint; ``--auto-resume`` (what the workflow passes) resumes when there is a checkpoint and
+refuses — never restarts from step 0 — a run that has metrics but none; ``--overwrite`` removes the run's files and
+starts over. A checkpoint replacement a crash interrupted is finished first (:func:`qerl.checkpoint.recover_swap`),
+so the newest complete checkpoint is the one resumed. Light: no torch.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from qerl.checkpoint import CheckpointError, recover_swap
+
+CHECKPOINT = "checkpoint"
+RUN_FILES = ("metrics.jsonl", "summary.json", "config.json", "final", CHECKPOINT)
+MODES = ("new", "resume", "auto", "overwrite")
+# settings a resumed run may change (how long, how often, where it runs and logs); any other difference between
+# the checkpoint's run and this one would silently continue one experiment under another's settings
+RESUMABLE_CHANGES = ("steps", "checkpoint_every", "micro_batch_size", "device", "gradient_checkpointing",
+                     "optim.offload", "tracking", "sharding")  # (a checkpoint another sharding cannot read is refused
+                                                                # by qerl.train.state.load_checkpoint)
+
+
+class OwnershipError(ValueError):
+    """The output directory holds a run this command must not touch as asked."""
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    metric_rows: int  # rows of metrics.jsonl
+    last_step: int  # the highest step in metrics.jsonl (0 if none)
+    checkpoint_step: int | None  # step of the complete checkpoint, None if there is none
+    finished: bool  # summary.json present (written last)
+    has_final: bool
+
+    @property
+    def empty(self) -> bool:
+        return not (self.metric_rows or self.checkpoint_step is not None or self.finished or self.has_final)
+
+    def describe(self) -> str:
+        if self.finished:
+            what = f"a finished run ({self.last_step} steps, summary.json"
+        elif self.empty:
+            return "no run"
+        else:
+            what = f"a started run ({self.last_step} step(s) logged"
+        ckpt = "no checkpoint" if self.checkpoint_step is None else f"checkpoint of step {self.checkpoint_step}"
+        return f"{what}, {ckpt}{', final/' if self.has_final else ''})"
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step of a complete checkpoint directory (its ``trainer_state.json``, written last), else None."""
+    f = Path(path) / "trainer_state.json"
+    try:
+        return int(json.loads(f.read_text())["step"])
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError, json.JSONDecodeError):
+        raise CheckpointError(f"{f}: unreadable (not a trainer state written by qerl train)") from None
+
+
+def status(out: Path) -> RunStatus:
+    out = Path(out)
+    rows, last = 0, 0
+    metrics = out / "metrics.jsonl"
+    if metrics.exists():
+        for i, line in enumerate(metrics.read_text().splitlines()):
+            if not line.strip():
+                continue
+            try:
+                step = int(json.loads(line)["step"])
+            except (ValueError, KeyError, TypeError, json.JSONDecodeError):
+                raise CheckpointError(f"{metrics}: line {i + 1} is not a metrics row of qerl train") from None
+            rows, last = rows + 1, max(last, step)
+    ckpt = out / CHECKPOINT
+    return RunStatus(rows, last, checkpoint_step(ckpt) if ckpt.is_dir() else None,
+                     (out / "summary.json").exists(), (out / "final").exists())
+
+
+def recover(out: Path) -> str | None:
+    """Finish an interrupted checkpoint replacement in ``out`` (the newest complete checkpoint wins)."""
+    def version(p: Path) -> int:
+        return checkpoint_step(p) or -1
+
+    return recover_swap(Path(out) / CHECKPOINT, version, lambda p: checkpoint_step(p) is not None)
+
+
+def prepare(out: Path, mode: str, config: dict | None = None) -> bool:
+    """Decide what to do with ``out`` for ``mode`` (new | resume | auto | overwrite): returns whether to resume;
+    raises :class:`OwnershipError` naming what is there and the ways on. ``config``: this run's resolved config,
+    compared on resume with the one the checkpoint's run wrote (``config.json``)."""
+    out = Path(out)
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r} is not one of {MODES}")
+    if out.exists() and not out.is_dir():
+        raise OwnershipError(f"output_dir {out} is a file, not a directory")
+    note = recover(out) if out.is_dir() else None
+    if note:
+        print(note, flush=True)
+    st = status(out) if out.is_dir() else RunStatus(0, 0, None, False, False)
+    ways = ("continue it with --resume (or --auto-resume), start over with --overwrite (its files are deleted), or "
+            "set another output_dir")
+    if mode == "overwrite":
+        for name in RUN_FILES:
+            p = out / name
+            if p.is_dir():
+                shutil.rmtree(p)
+            elif p.exists():
+                p.unlink()
+        return False
+    if mode == "new":
+        if not st.empty:
+            raise OwnershipError(f"output_dir {out} holds {st.describe()}: {ways}")
+        return False
+    if st.checkpoint_step is None:
+        if mode == "resume":
+            raise OwnershipError(f"--resume: {out / CHECKPOINT} does not exist (the directory holds {st.describe()}); "
+                                 "start without --resume" + ("" if st.empty else ", with --overwrite"))
+        if not st.empty:  # auto: never restart from step 0 over a run that logged steps
+            raise OwnershipError(
+                f"--auto-resume: output_dir {out} holds {st.describe()} but no checkpoint to resume from (it stopped "
+                f"before its first checkpoint): rerun with --overwrite to start over, or remove {out}")
+        return False
+    if config is not None:
+        _check_same_run(out, config)
+    return True
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{key}."))
+        else:
+            out[key] = v
+    return out
+
+
+def _check_same_run(out: Path, config: dict) -> None:
+    saved_path = out / "config.json"
+    if not saved_path.exists():
+        return
+    try:
+        saved = _flat(json.loads(saved_path.read_text()))
+    except json.JSONDecodeError:
+        return
+    mine = _flat(config)
+    diff = sorted(k for k in set(saved) | set(mine)
+                  if saved.get(k) != mine.get(k) and not any(k == c or k.startswith(c + ".") for c in RESUMABLE_CHANGES)
+                  and k != "output_dir")
+    if diff:
+        shown = ", ".join(f"{k}: {saved.get(k)!r} -> {mine.get(k)!r}" for k in diff[:4])
+        raise OwnershipError(
+            f"{out / CHECKPOINT} belongs to a run with other settings ({shown}{', …' if len(diff) > 4 else ''}): "
+            f"resuming would continue that run under these; use its settings, start over with --overwrite, or set "
+            "another output_dir")

@@ -1,0 +1,252 @@
+"""Every bad input is one clear line and loses nothing: a table of bad commands over train, evaluate, quantize,
+report, plan, build-tiny and the workflow. Each case asserts the exit status, no traceback, the named field / file /
+flag in the message, and that every file present before is byte-identical after."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = {
+    "method": "lora", "steps": 2, "prompts_per_step": 2, "micro_batch_size": 8, "checkpoint_every": 1, "device": "cpu",
+    "model": {"dtype": "float32"}, "data": {"task": "synthetic", "synthetic_size": 50},
+    "rollout": {"max_new_tokens": 4}, "algorithm": {"group_size": 2}, "lora": {"r": 4, "alpha": 8},
+    "reward": {"correctness": "exact"}, "optim": {"lr": 0.001}, "tracking": {"backend": "none"},
+}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A tiny model, its NVFP4 checkpoint, a finished training run and a few bad files, made once."""
+    from qerl.cli import main
+    from qerl.models.tiny import TinySpec, save_tiny_model
+
+    root = tmp_path_factory.mktemp("bad")
+    w = {"root": root, "model": save_tiny_model(root / "model", TinySpec(seed=3))}
+    assert main(["quantize", "--model", str(w["model"]), "--output", str(root / "nvfp4"), "--no-progress"]) == 0
+    w["nvfp4"] = root / "nvfp4"
+    w["cfg"] = write_cfg(root / "train.yaml", w["model"], root / "run")
+    assert main(["train", "--config", str(w["cfg"]), "--no-progress"]) == 0
+    w["run"] = root / "run"
+    # a bf16 model whose weights file was cut in half
+    trunc = root / "truncated"
+    shutil.copytree(w["model"], trunc)
+    data = (trunc / "model.safetensors").read_bytes()
+    (trunc / "model.safetensors").write_bytes(data[: len(data) // 2])
+    w["truncated"] = trunc
+    # a finished run whose checkpoint's trainable weights were cut
+    broken = root / "broken_run"
+    shutil.copytree(w["run"], broken)
+    t = broken / "checkpoint" / "trainable.safetensors"
+    t.write_bytes(t.read_bytes()[:100])
+    w["broken_cfg"] = write_cfg(root / "broken.yaml", w["model"], broken)
+    # a run that logged steps but stopped before its first checkpoint
+    started = root / "started"
+    started.mkdir()
+    (started / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.0}) + "\n")
+    w["started_cfg"] = write_cfg(root / "started.yaml", w["model"], started)
+    (root / "a_file").write_text("not a directory\n")
+    (root / "list.yaml").write_text("- 1\n- 2\n")
+    (root / "bad.yaml").write_text("steps: [1, 2\n")
+    (root / "other").mkdir()
+    (root / "other" / "notes.txt").write_text("someone's files\n")
+    (root / "results_empty").mkdir()
+    long = root / "long.jsonl"
+    long.write_text(json.dumps({"prompt": "7 " * 2000, "answer": "1"}) + "\n")
+    w["long"] = long
+    (root / "workflow.yaml").write_text((ROOT / "config" / "config.yaml").read_text())
+    return w
+
+
+def write_cfg(path: Path, model: Path, out: Path, **over) -> Path:
+    cfg = json.loads(json.dumps(TRAIN))
+    cfg["model"]["path"], cfg["output_dir"] = str(model), str(out)
+    cfg.update(over)
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def W(key: str):
+    """A path of the shared world, resolved when the case runs."""
+    return ("world", key)
+
+
+def R(name: str):
+    """A path under the world's root."""
+    return ("root", name)
+
+
+# (id, argv, expected exit status, fragments the one-line message must contain)
+CASES = [
+    # train: the output directory is owned
+    ("train-into-finished-run", ["train", "--config", W("cfg")], 2, ["holds a finished run", "--resume", "--overwrite"]),
+    ("train-finished-run-fewer-steps", ["train", "--config", W("cfg"), "--set", "steps=1"], 2, ["finished run (2 steps"]),
+    ("train-auto-resume-no-checkpoint", ["train", "--config", W("started_cfg"), "--auto-resume"], 2,
+     ["no checkpoint to resume from", "--overwrite"]),
+    ("train-resume-nothing", ["train", "--config", W("started_cfg"), "--resume"], 2, ["checkpoint does not exist"]),
+    ("train-resume-truncated-checkpoint", ["train", "--config", W("broken_cfg"), "--resume"], 2,
+     ["trainable.safetensors", "truncated or corrupt"]),
+    ("train-resume-other-settings", ["train", "--config", W("cfg"), "--resume", "--set", "optim.lr=0.5"], 2,
+     ["other settings", "optim.lr"]),
+    ("train-resume-and-overwrite", ["train", "--config", W("cfg"), "--resume", "--overwrite"], 2,
+     ["--overwrite", "not allowed with"]),
+    # train: the config file and --set
+    ("train-config-missing", ["train", "--config", R("nope.yaml")], 2, ["nope.yaml", "not found"]),
+    ("train-config-is-dir", ["train", "--config", R("other")], 2, ["other", "is a directory"]),
+    ("train-config-bad-yaml", ["train", "--config", R("bad.yaml")], 2, ["bad.yaml", "not valid YAML", "line 1"]),
+    ("train-config-top-level-list", ["train", "--config", R("list.yaml"), "--set", "steps=1"], 2,
+     ["list.yaml", "must be a mapping"]),
+    ("train-set-through-a-value", ["train", "--config", W("cfg"), "--set", "steps.x=1"], 2, ["steps.x", "is a value"]),
+    ("train-set-no-equals", ["train", "--config", W("cfg"), "--set", "steps"], 2, ["--set 'steps'", "KEY=VALUE"]),
+    ("train-unknown-key", ["train", "--config", W("cfg"), "--set", "stepz=3"], 2, ["unknown key", "stepz"]),
+    ("train-nan-lr", ["train", "--config", W("cfg"), "--set", "optim.lr=.nan"], 2, ["optim.lr", "finite"]),
+    ("train-inf-clip", ["train", "--config", W("cfg"), "--set", "optim.grad_clip=.inf"], 2, ["optim.grad_clip", "finite"]),
+    ("train-negative-lr", ["train", "--config", W("cfg"), "--set", "optim.lr=-1"], 2, ["optim.lr", "> 0"]),
+    ("train-zero-steps", ["train", "--config", W("cfg"), "--set", "steps=0"], 2, ["steps", ">= 1"]),
+    ("train-bad-method", ["train", "--config", W("cfg"), "--set", "method=dpo"], 2, ["method", "dpo"]),
+    ("train-beta-out-of-range", ["train", "--config", W("cfg"), "--set", "optim.beta2=1.5"], 2, ["optim.beta2"]),
+    ("train-output-is-file", ["train", "--config", W("cfg"), "--set", ("output_dir", R("a_file"))], 2,
+     ["a_file", "is a file"]),
+    ("train-output-under-file", ["train", "--config", W("cfg"), "--set", ("output_dir", R("a_file/run"))], 2,
+     ["a_file", "is a file"]),
+    ("train-device-cuda-without-gpu", ["train", "--config", W("cfg"), "--overwrite", "--set", "device=cuda",
+                                       "--set", ("output_dir", R("cuda_run"))], 2, ["device", "cuda", "no usable CUDA"]),
+    ("train-model-missing", ["train", "--config", W("cfg"), "--set", ("model.path", R("no_model")),
+                             "--set", ("output_dir", R("run_nomodel"))], 2, ["no_model", "no such model directory"]),
+    ("train-model-not-a-model", ["train", "--config", W("cfg"), "--set", ("model.path", R("other")),
+                                 "--set", ("output_dir", R("run_other"))], 2, ["other", "no config.json"]),
+    ("train-truncated-bf16-weights", ["train", "--config", W("cfg"), "--set", ("model.path", W("truncated")),
+                                      "--set", ("output_dir", R("run_trunc"))], 2,
+     ["model.safetensors", "truncated or corrupt"]),
+    ("train-prompt-longer-than-context", ["train", "--config", W("cfg"), "--set", ("output_dir", R("run_long")),
+                                          "--set", "data.task=local", "--set", ("data.path", W("long"))], 2,
+     ["no prompt fits", "max_position_embeddings 512"]),
+    ("train-completion-longer-than-context", ["train", "--config", W("cfg"), "--set", ("output_dir", R("run_ctx")),
+                                              "--set", "rollout.max_new_tokens=4096"], 2,
+     ["rollout.max_new_tokens 4096", "context of 512"]),
+    ("train-local-data-missing", ["train", "--config", W("cfg"), "--set", ("output_dir", R("run_data")),
+                                  "--set", "data.task=local", "--set", ("data.path", R("none.jsonl"))], 2,
+     ["none.jsonl", "not found"]),
+    ("train-nproc-zero", ["train", "--config", W("cfg"), "--nproc", "0"], 2, ["--nproc", "must be >= 1"]),
+    # evaluate
+    ("eval-samples-zero", ["evaluate", "--model", W("model"), "--base", "bf16", "--benchmark", "synthetic_test",
+                           "--output", R("e.json"), "--samples", "0"], 2, ["--samples", "must be >= 1"]),
+    ("eval-limit-zero", ["evaluate", "--model", W("model"), "--base", "bf16", "--benchmark", "synthetic_test",
+                         "--output", R("e.json"), "--limit", "0"], 2, ["--limit", "must be >= 1"]),
+    ("eval-top-p-above-one", ["evaluate", "--model", W("model"), "--base", "bf16", "--benchmark", "synthetic_test",
+                              "--output", R("e.json"), "--top-p", "1.5"], 2, ["--top-p", "1.5"]),
+    ("eval-output-is-dir", ["evaluate", "--model", W("model"), "--base", "bf16", "--benchmark", "synthetic_test",
+                            "--output", R("other")], 2, ["other", "existing directory"]),
+    ("eval-unknown-benchmark", ["evaluate", "--model", W("model"), "--base", "bf16", "--benchmark", "gsm9k",
+                                "--output", R("e.json")], 2, ["gsm9k", "known"]),
+    ("eval-model-missing", ["evaluate", "--model", R("no_model"), "--base", "bf16", "--benchmark", "synthetic_test",
+                            "--output", R("e.json")], 2, ["no_model"]),
+    ("eval-adapter-missing", ["evaluate", "--model", W("model"), "--base", "bf16", "--benchmark", "synthetic_test",
+                              "--adapter", R("no_adapter"), "--output", R("e.json"), "--max-new-tokens", "8"], 2,
+     ["no_adapter"]),
+    ("eval-device-cuda", ["evaluate", "--model", W("model"), "--base", "bf16", "--benchmark", "synthetic_test",
+                          "--output", R("e.json"), "--device", "cuda"], 2, ["device", "no usable CUDA"]),
+    ("eval-longer-than-context", ["evaluate", "--model", W("model"), "--base", "bf16", "--benchmark",
+                                  "synthetic_test", "--output", R("e.json"), "--max-new-tokens", "100000"], 2,
+     ["--max-new-tokens 100000", "context of 512"]),
+    ("eval-output-under-file", ["evaluate", "--model", W("model"), "--base", "bf16", "--benchmark", "synthetic_test",
+                                "--output", R("a_file/e.json")], 2, ["a_file", "is a file"]),
+    # quantize
+    ("quantize-over-other-files", ["quantize", "--model", W("model"), "--output", R("other"), "--no-progress"], 2,
+     ["other", "--force"]),
+    ("quantize-bad-shard-size", ["quantize", "--model", W("model"), "--output", R("q2"), "--max-shard-size", "huge"],
+     2, ["--max-shard-size", "huge"]),
+    ("quantize-zero-shard-size", ["quantize", "--model", W("model"), "--output", R("q2"), "--max-shard-size", "0"],
+     2, ["--max-shard-size", "> 0"]),
+    ("quantize-model-missing", ["quantize", "--model", R("no_model"), "--output", R("q3")], 2, ["no_model"]),
+    ("quantize-output-is-file", ["quantize", "--model", W("model"), "--output", R("a_file")], 2,
+     ["a_file", "is a file"]),
+    ("quantize-truncated-source", ["quantize", "--model", W("truncated"), "--output", R("q4"), "--no-progress"], 2,
+     ["model.safetensors", "truncated or corrupt"]),
+    # report
+    ("report-results-missing", ["report", "--workflow-config", R("workflow.yaml"), "--results", R("no_results"),
+                                "--output", R("rep")], 2, ["no_results", "no such directory"]),
+    ("report-results-empty", ["report", "--workflow-config", R("workflow.yaml"), "--results", R("results_empty"),
+                              "--output", R("rep")], 2, ["results_empty", "nothing to report"]),
+    ("report-config-missing", ["report", "--workflow-config", R("nope.yaml"), "--output", R("rep")], 2,
+     ["nope.yaml", "not found"]),
+    ("report-config-list", ["report", "--workflow-config", R("list.yaml"), "--output", R("rep")], 2,
+     ["list.yaml", "must be a mapping"]),
+    ("report-config-not-workflow", ["report", "--workflow-config", W("cfg"), "--output", R("rep")], 2,
+     ["train.yaml", "has no 'models'"]),
+    # plan
+    ("plan-nproc-zero", ["plan", "--config", W("cfg"), "--nproc", "0"], 2, ["--nproc", "must be >= 1"]),
+    ("plan-negative-gpu", ["plan", "--config", W("cfg"), "--gpu-gb", "-5"], 2, ["--gpu-gb", "-5"]),
+    ("plan-nan-config", ["plan", "--config", W("cfg"), "--set", "optim.lr=.nan"], 2, ["optim.lr", "finite"]),
+    ("plan-bad-shape", ["plan", "--config", W("cfg"), "--shape", "70B"], 2, ["--shape", "70B"]),
+    # build-tiny
+    ("tiny-width-not-block", ["build-tiny", "--output", R("t1"), "--hidden-size", "72"], 2,
+     ["hidden_size", "multiple of 16"]),
+    ("tiny-heads-do-not-divide", ["build-tiny", "--output", R("t2"), "--heads", "3"], 2, ["hidden_size 64", "3"]),
+    ("tiny-kv-heads-do-not-divide", ["build-tiny", "--output", R("t3"), "--kv-heads", "3"], 2, ["key/value heads"]),
+    ("tiny-zero-layers", ["build-tiny", "--output", R("t4"), "--layers", "0"], 2, ["--layers", "must be >= 1"]),
+    ("tiny-odd-head-dim", ["build-tiny", "--output", R("t5"), "--hidden-size", "48", "--heads", "16",
+                           "--kv-heads", "4"], 2, ["head dimension 3", "even"]),
+    ("tiny-over-other-files", ["build-tiny", "--output", R("other")], 2, ["other", "--force"]),
+    ("tiny-bad-shard-size", ["build-tiny", "--output", R("t6"), "--max-shard-size", "lots"], 2, ["--max-shard-size"]),
+]
+
+
+def resolve(arg, world):
+    if isinstance(arg, tuple) and len(arg) == 2 and arg[0] in ("world", "root"):
+        return str(world[arg[1]] if arg[0] == "world" else world["root"] / arg[1])
+    if isinstance(arg, tuple):  # ("key", path): --set key=path
+        return f"{arg[0]}={resolve(arg[1], world)}"
+    return arg
+
+
+@pytest.mark.parametrize("argv, status, fragments", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_clear_line(world, argv, status, fragments, capsys):
+    from qerl.cli import main
+
+    argv = [resolve(a, world) for a in argv]
+    before = snapshot(world["root"])
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # argparse's own errors (usage + one line)
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == status, err
+    assert "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    for frag in fragments:
+        assert frag in line, (frag, line)
+    after = snapshot(world["root"])
+    assert {k: after.get(k) for k in before} == before, "a file present before changed or vanished"
+
+
+def test_the_table_has_enough_cases():
+    assert len(CASES) >= 40
+    assert {c[1][0] for c in CASES} >= {"train", "evaluate", "quantize", "report", "plan", "build-tiny"}
+
+
+def test_workflow_refuses_a_nan_learning_rate_at_parse_time(tmp_path):
+    """The workflow's config check runs every run's config through qerl train's validation before any job."""
+    bad = tmp_path / "nan.yaml"
+    bad.write_text(yaml.safe_dump({"train": {"optim": {"lr": float("nan")}}}))
+    env = {**os.environ, "PATH": "/usr/local/bin:/usr/bin:/bin"}
+    out = subprocess.run([str(Path(sys.executable).parent / "snakemake"), "--snakefile", str(ROOT / "Snakefile"),
+                          "--configfile", str(ROOT / "config" / "config.yaml"), str(bad), "--directory",
+                          str(tmp_path), "-n", "--cores", "1"], cwd=ROOT, env=env, capture_output=True, text=True)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "optim.lr" in text and "finite" in text, text[-2000:]
+    assert "Traceback" not in text
+    assert not (tmp_path / "results").exists()
