@@ -23,38 +23,7 @@ import sys
 from pathlib import Path
 
 from qerl import __version__
-
-
-def _int_at_least(lo: int):
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if v < lo:
-            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {v}")
-        return v
-    parse.__name__ = f"integer >= {lo}"
-    return parse
-
-
-def _float_in(lo: float, hi: float | None = None, lo_open: bool = False):
-    def parse(text: str) -> float:
-        import math
-
-        try:
-            v = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not math.isfinite(v) or (v <= lo if lo_open else v < lo) or (hi is not None and v > hi):
-            rng = f"{'(' if lo_open else '['}{lo}, {hi}]" if hi is not None else f"{'>' if lo_open else '>='} {lo}"
-            raise argparse.ArgumentTypeError(f"must be {'in ' if hi is not None else ''}{rng}, got {text}")
-        return v
-    parse.__name__ = "number"
-    return parse
-
-
-POSITIVE = _int_at_least(1)
+from qerl.argtypes import POSITIVE, HelpFormatter, float_in as _float_in, int_at_least as _int_at_least
 
 
 def _cmd_build_tiny(args) -> int:
@@ -323,15 +292,6 @@ def _cmd_plan(args) -> int:
                       world=args.nproc)
     print(json.dumps(res, default=float) if args.json else res["markdown"], end="\n" if args.json else "")
     return 0 if res["fits"] else 3
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Every option's help ends with its default (none for flags and required options)."""
-
-    def _get_help_string(self, action):
-        if action.default in (None, False, argparse.SUPPRESS) or action.required or "%(default)" in (action.help or ""):
-            return action.help
-        return super()._get_help_string(action)
 
 
 def build_parser() -> argparse.ArgumentParser:

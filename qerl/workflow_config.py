@@ -217,9 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
 
     p = argparse.ArgumentParser(prog="python -m qerl.workflow_config", description=main.__doc__)
-    p.add_argument("verb", choices=["where"])
-    p.add_argument("configfiles", nargs="*", default=["config/config.yaml"])
-    p.add_argument("--results", default="results")
+    p.add_argument("verb", choices=["where"], help="what to print")
+    p.add_argument("configfiles", nargs="*", default=["config/config.yaml"], help="the workflow's config files")
+    p.add_argument("--results", default="results", help="the results directory")
     a = p.parse_args(argv)
     name = None
     for path in a.configfiles:

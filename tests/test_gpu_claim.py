@@ -39,9 +39,7 @@ def test_a_killed_job_leaves_its_gpus_free(tmp_path):
         gpu_claim.claim(1, tmp_path, ["0", "1"], timeout_s=0.2, poll_s=0.05)
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
-    t0 = time.monotonic()
-    assert gpu_claim.claim(2, tmp_path, ["0", "1"], timeout_s=5) == ["0", "1"]
-    assert time.monotonic() - t0 < 5
+    assert gpu_claim.claim(2, tmp_path, ["0", "1"], timeout_s=5) == ["0", "1"]  # (a held GPU would raise at 5 s)
 
 
 def test_the_cli_hook_narrows_cuda_visible_devices_once(tmp_path, monkeypatch):

@@ -47,7 +47,8 @@ class MathVerifier:
         self._proc = None
         self._conn = None
         self._lock = threading.Lock()
-        self.timeouts = 0
+        self.checks = 0  # answers sent to the worker (the others were decided without parsing)
+        self.timeouts = 0  # of those, the ones the worker did not answer within ``timeout`` (killed, scored 0)
 
     def _start(self) -> None:
         ctx = mp.get_context("spawn")  # no forked torch state in the worker
@@ -76,6 +77,7 @@ class MathVerifier:
             if self._proc is None or not self._proc.is_alive():
                 self._start()
             self._conn.send((gold, answer))
+            self.checks += 1
             if self._conn.poll(self.timeout):
                 return bool(self._conn.recv())
             self.timeouts += 1

@@ -335,12 +335,16 @@ def _run(out_dir: Path, models, ms, tune: bool, progress: bool, workers: int, ge
     return res
 
 
-def main(argv=None) -> int:
+def build_parser():
     import argparse
 
-    p = argparse.ArgumentParser(prog="qerl bench kernels", description=__doc__.splitlines()[0])
+    from qerl.argtypes import HelpFormatter
+
+    p = argparse.ArgumentParser(prog="qerl bench kernels", description=__doc__.splitlines()[0],
+                                formatter_class=HelpFormatter)
     p.add_argument("--output", default="reports/kernels", help="directory for <device>.csv / .md")
-    p.add_argument("--models", nargs="*", default=list(SHAPES), choices=list(SHAPES))
+    p.add_argument("--models", nargs="*", default=list(SHAPES), choices=list(SHAPES),
+                   help="Qwen2.5 sizes whose projection shapes are timed")
     p.add_argument("--ms", nargs="*", type=int, default=list(MS), help="token counts M")
     p.add_argument("--tune", action="store_true", help="search tile configs first (writes kernels/tuned/<device>.json)")
     p.add_argument("--workers", type=int, default=0,
@@ -348,7 +352,7 @@ def main(argv=None) -> int:
     p.add_argument("--gemlite", dest="gemlite", action="store_true", default=None,
                    help="time gemlite's A16W4_NVFP beside ours (default: when gemlite is importable)")
     p.add_argument("--no-gemlite", dest="gemlite", action="store_false", help="leave the gemlite columns out")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--plot", metavar="CSV", default=None,
                    help="only draw the figure of an existing benchmark CSV (no GPU needed) and exit")
     p.add_argument("--targets", metavar="CSV", default=None,
@@ -356,7 +360,11 @@ def main(argv=None) -> int:
     p.add_argument("--against", metavar="OLD_CSV", default=None,
                    help="with --targets: per-M change against an older run of the same shapes")
     p.add_argument("--json", action="store_true", help="with --targets: JSON instead of Markdown")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
     if a.targets:
         from qerl.stages import bench_targets as bt
 

@@ -300,23 +300,32 @@ def merge(paths: list[Path], out: Path) -> Path:
     return write(merged, out, device, float(m.group(1)) if m else float("nan"))
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="qerl bench rollout", description=__doc__.split("\n\n")[0])
-    p.add_argument("--output", default="reports/rollout")
-    p.add_argument("--models", nargs="+", default=["7B", "14B", "32B"], choices=["7B", "14B", "32B"])
-    p.add_argument("--bases", nargs="+", default=["bf16", "nvfp4", "nf4"], choices=["bf16", "nvfp4", "nf4"])
+def build_parser() -> argparse.ArgumentParser:
+    from qerl.argtypes import HelpFormatter
+
+    p = argparse.ArgumentParser(prog="qerl bench rollout", description=__doc__.split("\n\n")[0],
+                                formatter_class=HelpFormatter)
+    p.add_argument("--output", default="reports/rollout", help="directory of the <device>.csv / .md / .png set")
+    p.add_argument("--models", nargs="+", default=["7B", "14B", "32B"], choices=["7B", "14B", "32B"],
+                   help="Qwen2.5 shapes (random weights)")
+    p.add_argument("--bases", nargs="+", default=["bf16", "nvfp4", "nf4"], choices=["bf16", "nvfp4", "nf4"],
+                   help="base formats")
     p.add_argument("--engines", nargs="+", default=["qerl", "reference", "transformers"],
-                   choices=["qerl", "reference", "transformers"])
-    p.add_argument("--batches", nargs="+", type=int, default=[1, 8, 64, 256])
+                   choices=["qerl", "reference", "transformers"], help="generators to time")
+    p.add_argument("--batches", nargs="+", type=int, default=[1, 8, 64, 256], help="sequences per rollout")
     p.add_argument("--slow-batches", nargs="+", type=int, default=[8], help="batches of the reference / transformers")
-    p.add_argument("--prompt-len", type=int, default=256)
-    p.add_argument("--gen-len", type=int, default=1024)
+    p.add_argument("--prompt-len", type=int, default=256, help="prompt tokens")
+    p.add_argument("--gen-len", type=int, default=1024, help="generated tokens of the engine")
     p.add_argument("--slow-gen-len", type=int, default=64, help="generated tokens of the reference / transformers")
     p.add_argument("--split-batches", nargs="*", type=int, default=[8], help="batches whose step is split into parts")
     p.add_argument("--plot", metavar="CSV", help="only redraw the figure of a written CSV (no GPU)")
     p.add_argument("--merge", nargs="+", metavar="CSV", type=Path,
                    help="only merge runs of one device into --output's file set (later files win; no GPU)")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
     if a.merge:
         print(merge(a.merge, Path(a.output)))
         return 0

@@ -422,15 +422,20 @@ def merge(paths: list[Path], out: Path) -> tuple[Path, Path]:
     return write(merged, out, devices.pop())
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="qerl bench step", description=__doc__.split("\n\n")[0])
-    p.add_argument("--output", default="reports/step")
-    p.add_argument("--models", nargs="+", default=["7B", "14B", "32B"], choices=["7B", "14B", "32B"])
-    p.add_argument("--methods", nargs="+", default=["lora", "qlora", "qerl"], choices=list(BASE))
-    p.add_argument("--batches", nargs="+", type=int, default=[2, 8])
-    p.add_argument("--gen-lens", nargs="+", type=int, default=[1024, 2048])
+def build_parser() -> argparse.ArgumentParser:
+    from qerl.argtypes import HelpFormatter
+
+    p = argparse.ArgumentParser(prog="qerl bench step", description=__doc__.split("\n\n")[0],
+                                formatter_class=HelpFormatter)
+    p.add_argument("--output", default="reports/step", help="directory of the <device>.csv / .md set")
+    p.add_argument("--models", nargs="+", default=["7B", "14B", "32B"], choices=["7B", "14B", "32B"],
+                   help="Qwen2.5 shapes (random weights)")
+    p.add_argument("--methods", nargs="+", default=["lora", "qlora", "qerl"], choices=list(BASE),
+                   help="training methods to time")
+    p.add_argument("--batches", nargs="+", type=int, default=[2, 8], help="sequences per step")
+    p.add_argument("--gen-lens", nargs="+", type=int, default=[1024, 2048], help="completion lengths")
     p.add_argument("--long-gen", type=int, default=4096, help="extra completion length for 32B QeRL (0: none)")
-    p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--prompt-len", type=int, default=256, help="prompt tokens")
     p.add_argument("--micro-batch", type=int, default=2, help="sequences per forward/backward of the update")
     p.add_argument("--checkpointing", choices=["auto", "on", "off"], default="auto",
                    help="gradient checkpointing (auto: the memory planner decides)")
@@ -446,7 +451,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="GPUs of this machine, data parallel (relaunches itself under torchrun; batches divisible)")
     p.add_argument("--merge", nargs="+", metavar="CSV", type=Path,
                    help="only merge runs of one device into --output's file set (later files win; no GPU)")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
     if a.merge:
         print(merge(a.merge, Path(a.output)))
         return 0

@@ -1,0 +1,162 @@
+"""A run's output directory is owned: a kill at each instant of a checkpoint replacement leaves a complete checkpoint
+(and the next start resumes the newest one), a second writer is refused at once, Ctrl-C says what is intact,
+--overwrite / --resume / --auto-resume do what they say, and a library call cannot restart over a run."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from qerl.train.loop import DETERMINISTIC_METRICS
+
+CFG = {
+    "method": "qerl", "steps": 3, "prompts_per_step": 2, "micro_batch_size": 8, "checkpoint_every": 1, "device": "cpu",
+    "model": {"dtype": "float32"}, "data": {"task": "synthetic", "synthetic_size": 64},
+    "rollout": {"max_new_tokens": 4}, "algorithm": {"group_size": 2}, "lora": {"r": 4, "alpha": 8},
+    "aqn": {"sigma_start": 0.05, "sigma_end": 0.01, "stages": 1},
+    "reward": {"correctness": "exact"}, "optim": {"lr": 0.003}, "tracking": {"backend": "none"},
+}
+
+
+def config(tmp_path: Path, model: Path, name: str, **over) -> Path:
+    cfg = json.loads(json.dumps(CFG))
+    cfg.update(over, output_dir=str(tmp_path / name))
+    cfg["model"]["path"] = str(model)
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    return p
+
+
+def qerl(*args, env=None, popen=False):
+    cmd = [sys.executable, "-m", "qerl", *map(str, args)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    if popen:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True)
+
+
+def rows(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def step_of(ckpt: Path) -> int | None:
+    f = ckpt / "trainer_state.json"
+    return json.loads(f.read_text())["step"] if f.exists() else None
+
+
+@pytest.fixture(scope="module")
+def reference(warm_model, tmp_path_factory):
+    """The uninterrupted run every interrupted one must reproduce."""
+    tmp = tmp_path_factory.mktemp("ref")
+    r = qerl("train", "--config", config(tmp, warm_model, "ref"), "--no-progress")
+    assert r.returncode == 0, r.stderr[-2000:]
+    return rows(tmp / "ref")
+
+
+@pytest.mark.parametrize("point", ["written:2", "aside:1", "swapped:2"])  # (the first write has nothing to put aside)
+def test_a_kill_at_each_instant_of_the_checkpoint_swap_loses_nothing(point, warm_model, reference, tmp_path):
+    """Killed while replacing the step-1 checkpoint by step 2's: a complete checkpoint is reachable (``aside`` is the
+    two-rename path of file systems without an exchange: the complete directories beside it), and --auto-resume
+    (what the workflow passes) continues from the newest complete one, reproducing the uninterrupted run."""
+    cfg = config(tmp_path, warm_model, "run")
+    out = tmp_path / "run"
+    killed = qerl("train", "--config", cfg, "--no-progress", env={"QERL_FAULT_CHECKPOINT": point})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    beside = {p.name.split("-")[0]: step_of(p) for p in out.glob(".checkpoint.*")}
+    if point.startswith("aside"):
+        assert not (out / "checkpoint").exists() and beside == {".checkpoint.old": 1, ".checkpoint.tmp": 2}
+    else:
+        assert step_of(out / "checkpoint") == (1 if point.startswith("written") else 2)
+    resumed = qerl("train", "--config", cfg, "--no-progress", "--auto-resume")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming from" in resumed.stdout and "(step 2)" in resumed.stdout
+    assert not list(out.glob(".checkpoint.*"))  # leftovers cleared
+    got = rows(out)
+    assert [r["step"] for r in got] == [1, 2, 3]
+    for a, b in zip(reference, got):
+        assert {k: a[k] for k in DETERMINISTIC_METRICS} == {k: b[k] for k in DETERMINISTIC_METRICS}, a["step"]
+
+
+def test_second_writer_refused_at_once_and_ctrl_c_says_what_is_intact(warm_model, tmp_path):
+    cfg = config(tmp_path, warm_model, "run", steps=200)
+    out = tmp_path / "run"
+    first = qerl("train", "--config", cfg, "--no-progress", popen=True)
+    lock = tmp_path / ".run.lock"
+    for _ in range(6000):  # until the first one holds the lock and has written a checkpoint
+        if step_of(out / "checkpoint") and lock.exists() or first.poll() is not None:
+            break
+        time.sleep(0.02)
+    assert first.poll() is None, first.stderr.read()[-2000:]
+    for extra in ([], ["--auto-resume"], ["--resume"], ["--overwrite"]):
+        second = qerl("train", "--config", cfg, "--no-progress", *extra)
+        assert second.returncode == 2 and f"{out} is in use by PID {first.pid}" in second.stderr, second.stderr
+        assert "Traceback" not in second.stderr
+    first.send_signal(signal.SIGINT)
+    assert first.wait(timeout=120) == 130
+    err = first.stderr.read()
+    assert "Traceback" not in err and "interrupted at step" in err, err
+    saved = step_of(out / "checkpoint")
+    assert f"the checkpoint of step {saved} ({out / 'checkpoint'}) is intact" in err
+    assert not lock.exists()  # the lock is gone with its holder; the run goes on
+    again = qerl("train", "--config", config(tmp_path, warm_model, "run", steps=saved + 1), "--no-progress",
+                 "--auto-resume")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert [r["step"] for r in rows(out)] == list(range(1, saved + 2))
+
+
+def test_refuse_overwrite_and_extend_a_finished_run(warm_model, tmp_path):
+    cfg = config(tmp_path, warm_model, "run", steps=2)
+    out = tmp_path / "run"
+    first = qerl("train", "--config", cfg, "--no-progress")
+    assert first.returncode == 0
+    logged = [x for x in first.stdout.splitlines() if x.startswith("step ")]  # without a bar: a line per step
+    assert [x.split()[1] for x in logged] == ["1/2", "2/2"]
+    assert all("reward" in x and "accuracy" in x and "elapsed" in x for x in logged)
+    before = (out / "metrics.jsonl").read_bytes()
+    for extra in ([], ["--set", "steps=1"]):
+        r = qerl("train", "--config", cfg, "--no-progress", *extra)
+        assert r.returncode == 2 and "holds a finished run (2 steps" in r.stderr and "--overwrite" in r.stderr
+    assert (out / "metrics.jsonl").read_bytes() == before
+    r = qerl("train", "--config", cfg, "--no-progress", "--resume", "--set", "steps=3")  # a longer run continues
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert [x["step"] for x in rows(out)] == [1, 2, 3] and (out / "metrics.jsonl").read_bytes().startswith(before)
+    r = qerl("train", "--config", cfg, "--no-progress", "--overwrite", "--set", "steps=1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert [x["step"] for x in rows(out)] == [1] and step_of(out / "checkpoint") == 1
+    assert json.loads((out / "summary.json").read_text())["steps"] == 1
+
+
+def test_library_call_cannot_restart_over_a_run(warm_model, tmp_path):
+    from qerl.tracking import NullTracker
+    from qerl.train.config import load_config
+    from qerl.train.loop import train
+    from qerl.train.ownership import OwnershipError
+
+    cfg = load_config(config(tmp_path, warm_model, "run", steps=1))
+    train(cfg, tracker=NullTracker(), progress=False)
+    with pytest.raises(OwnershipError, match="holds a finished run"):
+        train(cfg, tracker=NullTracker(), progress=False)
+
+
+def test_recover_swap_picks_the_newest_complete_version(tmp_path):
+    from qerl.checkpoint import recover_swap
+    from qerl.train.ownership import recover
+
+    out = tmp_path / "run"
+    for name, step, complete in (("checkpoint", 3, True), (".checkpoint.tmp-a", 5, True),
+                                 (".checkpoint.tmp-b", 6, False), (".checkpoint.old-c", 2, True)):
+        (out / name).mkdir(parents=True)
+        (out / name / "trainable.safetensors").write_text(str(step))
+        if complete:
+            (out / name / "trainer_state.json").write_text(json.dumps({"step": step}))
+    assert "recovered the complete version 5" in recover(out)
+    assert step_of(out / "checkpoint") == 5 and sorted(p.name for p in out.iterdir()) == ["checkpoint"]
+    assert recover(out) is None  # nothing left to do
+    assert recover_swap(tmp_path / "absent", len, bool) is None
