@@ -162,8 +162,11 @@ def atomic_directory(dst: Path, force: bool = False) -> Iterator[Path]:
     tmp.mkdir()
     try:
         yield tmp
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        err = as_os_error(e, dst)
+        if err is not None:
+            raise err from None
         raise
     _sync_tree(tmp)
     fault("written")
@@ -180,6 +183,23 @@ def atomic_directory(dst: Path, force: bool = False) -> Iterator[Path]:
     fault("swapped")
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def as_os_error(e: BaseException, path: Path) -> OSError | None:
+    """A write failure that a library reports as its own type (safetensors' ``SafetensorError``, torch.save's
+    ``RuntimeError: ... file write failed``) as the ``OSError`` it is, naming ``path``; None for anything else."""
+    import errno
+
+    if isinstance(e, OSError) or not isinstance(e, Exception):
+        return None
+    text = str(e)
+    if "No space left" in text or "os error 28" in text:
+        return OSError(errno.ENOSPC, "No space left on device", str(path))
+    if "Read-only file system" in text or "os error 30" in text:
+        return OSError(errno.EROFS, "Read-only file system", str(path))
+    if "I/O error" in text or "write failed" in text:
+        return OSError(errno.EIO, text.splitlines()[0], str(path))
+    return None
 
 
 def recover_swap(dst: Path, version, is_complete) -> str | None:

@@ -33,7 +33,11 @@ def _cmd_build_tiny(args) -> int:
                     num_hidden_layers=args.layers, num_attention_heads=args.heads,
                     num_key_value_heads=args.kv_heads, tie_word_embeddings=args.tie_embeddings,
                     seed=args.seed)
-    out = save_tiny_model(args.output, spec, max_shard_size=args.max_shard_size, force=args.force)
+    from qerl import outputs
+
+    outputs.check_parent_writable(args.output, "tiny model")
+    with outputs.hold(args.output, "build-tiny"):
+        out = save_tiny_model(args.output, spec, max_shard_size=args.max_shard_size, force=args.force)
     print(f"wrote tiny {args.arch} model to {out}")
     return 0
 
@@ -60,7 +64,11 @@ def _cmd_quantize(args) -> int:
 def _cmd_export_merged(args) -> int:
     from qerl.lora import export_merged
 
-    out = export_merged(args.base, args.adapter, args.output, force=args.force)
+    from qerl import outputs
+
+    outputs.check_parent_writable(args.output, "merged model")
+    with outputs.hold(args.output, "export-merged"):
+        out = export_merged(args.base, args.adapter, args.output, force=args.force)
     print(f"wrote merged bf16 model to {out}")
     return 0
 
@@ -153,8 +161,12 @@ def _cmd_sft(args) -> int:
     from qerl.train.sft import sft
 
     records = synthetic_arithmetic(args.size, seed=args.seed, max_operand=args.max_operand)
-    stats = sft(args.model, args.output, records, steps=args.steps, lr=args.lr, batch_size=args.batch_size,
-                seed=args.seed, progress=not args.no_progress)
+    from qerl import outputs
+
+    outputs.check_parent_writable(args.output, "warm-started model")
+    with outputs.hold(args.output, "sft"):
+        stats = sft(args.model, args.output, records, steps=args.steps, lr=args.lr, batch_size=args.batch_size,
+                    seed=args.seed, progress=not args.no_progress, force=args.force)
     print(json.dumps(stats))
     return stats
 
@@ -376,6 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--max-operand", type=POSITIVE, default=9, help="largest operand of the synthetic problems")
     f.add_argument("--seed", type=_int_at_least(0), default=0, help="data and initialisation seed")
     f.add_argument("--no-progress", action="store_true", help="no progress bar")
+    f.add_argument("--force", action="store_true", help="replace an output directory that holds another model")
     f.set_defaults(func=_cmd_sft)
     _add_tracking(f)
 
@@ -487,6 +500,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     args.argv = argv
+    try:
+        return _run(args)
+    except KeyboardInterrupt:  # (Ctrl-C while the libraries load, before a verb's own handling)
+        print(f"qerl {args.command}: interrupted; outputs are written atomically, so none is half-written",
+              file=sys.stderr)
+        return 130
+
+
+def _run(args) -> int:
     from qerl.errors import USER_ERRORS, TrainingInterrupted
     from qerl.gpu_claim import claim_from_env
 
@@ -502,17 +524,13 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingInterrupted as e:
         print(f"qerl {args.command}: {e}", file=sys.stderr)
         return 130
-    except KeyboardInterrupt:
-        print(f"qerl {args.command}: interrupted; outputs are written atomically, so none is half-written",
-              file=sys.stderr)
-        return 130
     except USER_ERRORS as e:
         print(f"qerl {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except OSError as e:  # a read-only or full file system, a permission: the path and the reason
         from qerl.outputs import describe_os_error
 
-        print(f"qerl {args.command}: error: {describe_os_error(e)}", file=sys.stderr)
+        print(f"qerl {args.command}: error: {describe_os_error(e, getattr(args, 'output', None))}", file=sys.stderr)
         return 2
 
 if __name__ == "__main__":

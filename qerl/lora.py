@@ -52,6 +52,10 @@ class LoraSettings:
             raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout!r}")
         if not self.targets:
             raise ValueError("lora.targets must name at least one projection")
+        unknown = [t for t in self.targets if t not in PROJECTIONS]
+        if unknown:
+            raise ValueError(f"lora.targets: {unknown} are not projections of the supported architectures; "
+                             f"choose from {list(PROJECTIONS)}")
 
 
 # Optimizer steps taken in this process (every torch.optim.Optimizer subclass, bitsandbytes' 8-bit AdamW
@@ -231,7 +235,17 @@ def load_adapter(model, adapter_dir: str | Path, is_trainable: bool = False):
         raise FileNotFoundError(f"{adapter_dir}: no adapter_config.json (not a PEFT adapter directory)")
     config = LoraConfig.from_pretrained(str(adapter_dir))
     config._register_custom_module({NVFP4Linear: _lora_linear_cls()})
-    return make_lean(PeftModel.from_pretrained(model, str(adapter_dir), config=config, is_trainable=is_trainable))
+    try:
+        peft_model = PeftModel.from_pretrained(model, str(adapter_dir), config=config, is_trainable=is_trainable)
+    except RuntimeError as e:  # torch's load_state_dict: "size mismatch for ...", one line per tensor
+        lines = [x.strip() for x in str(e).splitlines() if "size mismatch" in x]
+        if not lines:
+            raise
+        from qerl.checkpoint import CheckpointError
+
+        raise CheckpointError(f"{adapter_dir}: an adapter of another model ({len(lines)} tensor(s) of other shapes, "
+                              f"e.g. {lines[0]})") from None
+    return make_lean(peft_model)
 
 
 def save_adapter(peft_model, output: str | Path) -> Path:

@@ -67,8 +67,9 @@ def hold(output: Path, what: str = "output") -> Iterator[Path]:
         if same:
             break
         os.close(fd)  # removed or replaced by the previous holder as it exited: lock the current file
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    with contextlib.suppress(OSError):  # (the PID is for the message of a second writer; a full disk skips it)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     before = os.environ.get(HELD_ENV)
     os.environ[HELD_ENV] = os.pathsep.join(filter(None, [before, str(output)]))
     try:
@@ -107,16 +108,18 @@ def check_dir_writable(directory: Path, what: str = "output directory") -> None:
     if directory.exists() and not directory.is_dir():
         raise OutputNotWritable(f"{directory}: the {what} is a file, not a directory")
     check_parent_writable(directory, what)
+    probe = directory / f".qerl-write-test-{os.getpid()}"
     try:
         directory.mkdir(exist_ok=True)
-        probe = directory / f".qerl-write-test-{os.getpid()}"
         with open(probe, "wb") as f:
             f.write(b"0" * 4096)
             f.flush()
             os.fsync(f.fileno())
-        probe.unlink()
     except OSError as e:
         raise OutputNotWritable(f"{directory}: cannot write the {what}: {_reason(e)}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
 
 
 def check_file_output(path: Path, what: str = "output file") -> None:
@@ -137,7 +140,8 @@ def _reason(e: OSError) -> str:
     return e.strerror or str(e)
 
 
-def describe_os_error(e: OSError) -> str:
-    """One line for an ``OSError`` a command hit while writing: the path and the plain reason."""
-    where = e.filename or "a file"
+def describe_os_error(e: OSError, output=None) -> str:
+    """One line for an ``OSError`` a command hit while writing: the path (``output`` when the error names none)
+    and the plain reason."""
+    where = e.filename or (f"writing {output}" if output else "a file")
     return f"{where}: {_reason(e)}"

@@ -88,6 +88,16 @@ def _matches(pattern: str, name: str, class_names: tuple[str, ...]) -> bool:
     return pattern == name or pattern in class_names
 
 
+def check_patterns(patterns: Iterable[str], what: str = "--ignore") -> None:
+    """Every ``re:`` entry compiles; a bad one is a ValueError naming it."""
+    for p in patterns:
+        if p.startswith("re:"):
+            try:
+                re.compile(p[3:])
+            except re.error as e:
+                raise ValueError(f"{what} {p!r}: not a valid regular expression ({e})") from None
+
+
 def is_target(
     name: str, class_names: Iterable[str], targets: Iterable[str], ignore: Iterable[str]
 ) -> bool:

@@ -31,7 +31,7 @@ from qerl.checkpoint import (
 )
 from qerl.models.arch import check_supported, fused_groups
 from qerl.quant import nvfp4
-from qerl.quant.format import is_target, quantization_config
+from qerl.quant.format import check_patterns, is_target, quantization_config
 
 MANIFEST = "qerl_quantize.json"
 REPORT = "quantization_report.json"
@@ -201,6 +201,7 @@ def quantize_checkpoint(
 
     from qerl.models.source import resolve_model_dir
 
+    check_patterns(ignore)
     src = resolve_model_dir(src, revision)
     dst = Path(dst)
     settings = {"ignore": list(ignore), "format": "nvfp4-pack-quantized"}

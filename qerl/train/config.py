@@ -22,6 +22,8 @@ from qerl.rollout.sampler import SamplingSettings
 METHOD_NAMES = ("full", "lora", "qlora", "nvfp4_lora", "qerl")
 SHARDING = ("auto", "none", "optimizer", "fsdp")
 OFFLOAD = ("auto", "none", "rollout")
+TEMPLATES = ("raw", "chat", "paper")
+ANSWER_FORMATS = ("plain", "gsm8k")
 
 
 class ConfigError(ValueError):
@@ -242,6 +244,15 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.data.synthetic_size < 1 or cfg.data.synthetic_max_operand < 1:
         raise ConfigError(f"config.data: synthetic_size and synthetic_max_operand must be >= 1, got "
                           f"{cfg.data.synthetic_size} and {cfg.data.synthetic_max_operand}")
+    from qerl.data.tasks import HUB_TASKS
+
+    tasks = ("synthetic", "local", *sorted(HUB_TASKS))
+    for name, value, allowed in (("task", cfg.data.task, tasks), ("template", cfg.data.template, TEMPLATES),
+                                 ("answer_format", cfg.data.answer_format, ANSWER_FORMATS)):
+        if value not in allowed:
+            raise ConfigError(f"config.data.{name}: {value!r} is not one of {list(allowed)}")
+    if cfg.data.task == "local" and not cfg.data.path:
+        raise ConfigError("config.data.path: required when data.task is 'local' (a .jsonl or .parquet file)")
     if cfg.seed < 0:
         raise ConfigError(f"config.seed: must be >= 0, got {cfg.seed}")
     if cfg.gradient_checkpointing not in (True, False, "auto"):

@@ -158,5 +158,5 @@ def _check_same_run(out: Path, config: dict) -> None:
         shown = ", ".join(f"{k}: {saved.get(k)!r} -> {mine.get(k)!r}" for k in diff[:4])
         raise OwnershipError(
             f"{out / CHECKPOINT} belongs to a run with other settings ({shown}{', …' if len(diff) > 4 else ''}): "
-            f"resuming would continue that run under these; use its settings, start over with --overwrite, or set "
-            "another output_dir")
+            f"resuming would continue that run under these; use its settings, start over with --overwrite (in the "
+            f"workflow: remove {out}), or set another output_dir")

@@ -6,10 +6,13 @@ from pathlib import Path
 
 import torch
 
+MARKER = "qerl_sft.json"  # what an output directory of sft holds (a rerun may replace it)
+
 
 def sft(model_path: str | Path, output: str | Path, records: list[dict], steps: int = 200, lr: float = 3e-3,
-        batch_size: int = 32, seed: int = 0, template: str = "raw", progress: bool = True) -> dict:
-    """Fine-tune ``model_path`` on ``records`` and save the result (bf16) with its tokenizer."""
+        batch_size: int = 32, seed: int = 0, template: str = "raw", progress: bool = True, force: bool = False) -> dict:
+    """Fine-tune ``model_path`` on ``records`` and save the result (bf16) with its tokenizer. An ``output`` holding
+    anything but an earlier warm start (its ``qerl_sft.json``) is replaced only with ``force``."""
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -18,6 +21,11 @@ def sft(model_path: str | Path, output: str | Path, records: list[dict], steps: 
 
     if steps < 1 or batch_size < 1 or lr <= 0:
         raise ValueError(f"sft: steps, batch_size and lr must be positive (got {steps}, {batch_size}, {lr})")
+    from qerl.checkpoint import CheckpointError, is_nonempty_dir, write_json
+
+    if is_nonempty_dir(Path(output)) and not (Path(output) / MARKER).exists() and not force:
+        raise CheckpointError(f"{output}: holds something other than an earlier warm start; refusing to replace it "
+                              "(pass --force)")
     torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
@@ -44,9 +52,11 @@ def sft(model_path: str | Path, output: str | Path, records: list[dict], steps: 
         opt.zero_grad()
         losses.append(loss.item())
     model = model.to(torch.bfloat16)
+    stats = {"first_loss": losses[0], "last_loss": sum(losses[-10:]) / len(losses[-10:])}
     with atomic_directory(Path(output), force=True) as tmp:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         for f in Path(model_path).glob("generation_config.json"):
             (tmp / f.name).write_bytes(f.read_bytes())
-    return {"first_loss": losses[0], "last_loss": sum(losses[-10:]) / len(losses[-10:])}
+        write_json(tmp / MARKER, {"base": str(model_path), "steps": steps, "lr": lr, "seed": seed, **stats})
+    return stats
