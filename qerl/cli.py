@@ -47,6 +47,7 @@ def _cmd_quantize(args) -> int:
     from qerl.stages.quantize import REPORT, parse_size, quantize_checkpoint
 
     parse_size(args.max_shard_size)
+    outputs.check_not_input(args.output, {"--model": args.model})
     if args.output.exists() and not args.output.is_dir():
         raise outputs.OutputNotWritable(f"--output {args.output}: is a file, not a directory")
     outputs.check_parent_writable(args.output, "quantized checkpoint")
@@ -66,6 +67,7 @@ def _cmd_export_merged(args) -> int:
 
     from qerl import outputs
 
+    outputs.check_not_input(args.output, {"--base": args.base, "--adapter": args.adapter})
     outputs.check_parent_writable(args.output, "merged model")
     with outputs.hold(args.output, "export-merged"):
         out = export_merged(args.base, args.adapter, args.output, force=args.force)
@@ -163,6 +165,7 @@ def _cmd_sft(args) -> int:
     records = synthetic_arithmetic(args.size, seed=args.seed, max_operand=args.max_operand)
     from qerl import outputs
 
+    outputs.check_not_input(args.output, {"--model": args.model})
     outputs.check_parent_writable(args.output, "warm-started model")
     with outputs.hold(args.output, "sft"):
         stats = sft(args.model, args.output, records, steps=args.steps, lr=args.lr, batch_size=args.batch_size,
@@ -173,7 +176,9 @@ def _cmd_sft(args) -> int:
 
 def _cmd_evaluate(args) -> dict:
     from qerl import outputs
-    from qerl.stages.evaluate import EvalSettings, benchmark_source, evaluate, load_for_eval, precheck
+    from qerl.stages.evaluate import (
+        EvalSettings, benchmark_source, check_outputs_are_ours, evaluate, load_for_eval, precheck,
+    )
     from qerl.train.methods import DTYPES, resolve_device
 
     settings = EvalSettings(samples=args.samples, temperature=args.temperature, top_p=args.top_p,
@@ -185,6 +190,9 @@ def _cmd_evaluate(args) -> dict:
     samples = Path(args.samples_output) if args.samples_output else out.with_suffix(".samples.jsonl")
     outputs.check_file_output(out, "--output summary")
     outputs.check_file_output(samples, "--samples-output file")
+    for path, flag in ((out, "--output"), (samples, "--samples-output")):
+        outputs.check_not_input(path, {"--model": args.model, "--adapter": args.adapter}, flag)
+    check_outputs_are_ours(out, samples)
     with outputs.hold(out, "evaluate"):
         import torch
 
@@ -199,13 +207,15 @@ def _cmd_evaluate(args) -> dict:
 
 def _cmd_report(args) -> dict:
     from qerl import outputs
-    from qerl.stages.report import build_report, load_workflow_config
+    from qerl.stages.report import build_report, check_report_dir, load_workflow_config
 
     config = load_workflow_config(Path(args.workflow_config))
     out = Path(args.output)
     if out.exists() and not out.is_dir():
         raise outputs.OutputNotWritable(f"--output {out}: is a file, not a directory")
+    outputs.check_not_input(out, {"--results": args.results, "--workflow-config": args.workflow_config})
     outputs.check_parent_writable(out, "report")
+    check_report_dir(out)
     with outputs.hold(out, "report"):
         idx = build_report(config, Path(args.results), out)
     print(f"wrote {idx}")
@@ -215,6 +225,11 @@ def _cmd_report(args) -> dict:
 def _cmd_download(args) -> dict:
     from qerl.models.source import download
 
+    from qerl.checkpoint import CheckpointError, is_nonempty_dir
+
+    if is_nonempty_dir(args.output) and not (args.output / ".cache" / "huggingface").is_dir():
+        raise CheckpointError(f"--output {args.output}: holds files that are not an earlier download; refusing to "
+                              "write a snapshot among them")
     path = download(args.model, args.revision, args.output)
     print(f"downloaded {args.model}@{args.revision} to {path}")
     return {}

@@ -265,10 +265,12 @@ def export_merged(base: str | Path, adapter_dir: str | Path, output: str | Path,
     An NVFP4 base is dequantized first, so the merged model is exactly what the policy computed
     (dequantized base + LoRA), in a checkpoint any tool reads.
     """
-    from qerl.checkpoint import atomic_directory
+    from qerl.checkpoint import CheckpointError, atomic_directory, is_nonempty_dir
     from qerl.models import load_policy
     from qerl.models.source import resolve_model_dir
 
+    if is_nonempty_dir(Path(output)) and not force:  # (before the merge's work, not after it)
+        raise CheckpointError(f"{output}: already exists and is not empty (use --force to replace)")
     src = resolve_model_dir(base)
     model = load_policy(src, base="bf16", dtype=dtype)
     merged = load_adapter(model, adapter_dir).merge_and_unload()

@@ -84,6 +84,20 @@ def hold(output: Path, what: str = "output") -> Iterator[Path]:
         os.close(fd)
 
 
+def check_not_input(output: Path, inputs: dict[str, object], flag: str = "--output") -> None:
+    """``output`` is not one of the command's inputs and does not contain one (replacing it would delete that
+    input): ``inputs`` maps a flag to a local path (hub ids and None are skipped)."""
+    out = Path(output).absolute().resolve()
+    for name, value in inputs.items():
+        if not value or not Path(str(value)).exists():
+            continue
+        inp = Path(str(value)).absolute().resolve()
+        if out == inp or out in inp.parents:
+            rel = "is" if out == inp else "contains"
+            raise OutputNotWritable(f"{flag} {output} {rel} the input {name} {value}: writing it would destroy that "
+                                    f"input; choose another {flag}")
+
+
 def check_parent_writable(output: Path, what: str = "output") -> None:
     """The directory that will hold ``output`` exists (or can be created) and can be written."""
     output = Path(output).absolute()

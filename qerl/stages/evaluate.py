@@ -49,6 +49,31 @@ def benchmark_records(name: str, s: EvalSettings) -> tuple[list[dict], str, str]
     return (recs[: s.limit] if s.limit is not None else recs), kind, template
 
 
+def check_outputs_are_ours(summary: Path, samples: Path) -> None:
+    """An existing ``summary`` / ``samples`` file is replaced only if an earlier evaluation wrote it (a summary JSON
+    with ``pass@1``; a JSONL of samples), never another file given by mistake (a model's ``config.json``)."""
+    from qerl.checkpoint import CheckpointError
+
+    if summary.is_file():
+        try:
+            ok = "pass@1" in json.loads(summary.read_text())
+        except (ValueError, TypeError, UnicodeDecodeError):
+            ok = False
+        if not ok:
+            raise CheckpointError(f"--output {summary}: exists and is not an evaluation summary; refusing to "
+                                  "overwrite it")
+    if samples.is_file() and samples.stat().st_size:
+        with open(samples, "rb") as f:
+            head = f.readline(1 << 20)
+        try:
+            ok = "completion" in json.loads(head)
+        except (ValueError, TypeError, UnicodeDecodeError):
+            ok = False
+        if not ok:
+            raise CheckpointError(f"--samples-output {samples}: exists and is not an evaluation's samples; refusing "
+                                  "to overwrite it")
+
+
 def precheck(model_dir: str | Path, benchmark: str, settings: EvalSettings, adapter: str | Path | None = None
              ) -> None:
     """Before any weights load: the model directory, the adapter directory, the tokenizer, the benchmark's problems,

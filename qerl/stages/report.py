@@ -226,6 +226,17 @@ def load_workflow_config(path: Path) -> dict:
     return config
 
 
+REPORT_FILES = ("index.md", "runs.md", "runs.csv", "table1.md", "table1.csv", "table2.md", "table2.csv")
+
+
+def check_report_dir(out: Path) -> None:
+    """``out`` is empty, missing, or an earlier report (its ``runs.md``): a report never writes among other files."""
+    if out.is_dir() and any(out.iterdir()) and not (out / "runs.md").exists():
+        names = sorted(p.name for p in out.iterdir())[:4]
+        raise ReportError(f"--output {out}: holds other files ({', '.join(names)}, …), not an earlier report; "
+                          "choose an empty or new directory")
+
+
 def check_results(config: dict, results: Path) -> int:
     """How many of the config's runs have a finished training or an evaluation under ``results``; a report of none
     (an all-'—' report that would replace a real one) is a :class:`ReportError`."""

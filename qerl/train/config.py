@@ -241,8 +241,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.reward.timeout <= 0 or cfg.reward.format_weight < 0:
         raise ConfigError(f"config.reward: timeout must be > 0 s and format_weight >= 0, got timeout "
                           f"{cfg.reward.timeout}, format_weight {cfg.reward.format_weight}")
-    if cfg.data.synthetic_size < 1 or cfg.data.synthetic_max_operand < 1:
-        raise ConfigError(f"config.data: synthetic_size and synthetic_max_operand must be >= 1, got "
+    if not 1 <= cfg.data.synthetic_size <= 10_000_000 or cfg.data.synthetic_max_operand < 1:
+        raise ConfigError(f"config.data: synthetic_size must be in [1, 1e7] and synthetic_max_operand >= 1, got "
                           f"{cfg.data.synthetic_size} and {cfg.data.synthetic_max_operand}")
     from qerl.data.tasks import HUB_TASKS
 

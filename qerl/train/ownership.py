@@ -99,6 +99,13 @@ def prepare(out: Path, mode: str, config: dict | None = None) -> bool:
         raise ValueError(f"mode {mode!r} is not one of {MODES}")
     if out.exists() and not out.is_dir():
         raise OwnershipError(f"output_dir {out} is a file, not a directory")
+    if config is not None:
+        from qerl.outputs import check_not_input
+
+        check_not_input(out, {"model.path": config["model"]["path"], "data.path": config["data"]["path"]},
+                        "output_dir")
+    if out.is_dir():
+        _check_not_foreign(out)
     note = recover(out) if out.is_dir() else None
     if note:
         print(note, flush=True)
@@ -129,6 +136,27 @@ def prepare(out: Path, mode: str, config: dict | None = None) -> bool:
     if config is not None:
         _check_same_run(out, config)
     return True
+
+
+def _check_not_foreign(out: Path) -> None:
+    """A directory that holds another tool's files (a model: weights, a config.json that is not a training config)
+    is never trained into: the run's files would overwrite them, and --overwrite would delete them."""
+    weights = sorted(p.name for p in out.glob("*.safetensors")) + sorted(p.name for p in out.glob("*.bin"))
+    cfg = out / "config.json"
+    foreign = None
+    if weights:
+        foreign = f"model weights ({weights[0]})"
+    elif cfg.is_file():
+        try:
+            data = json.loads(cfg.read_text())
+            ours = isinstance(data, dict) and {"method", "algorithm", "output_dir"} <= set(data)
+        except (ValueError, UnicodeDecodeError):
+            ours = False
+        if not ours:
+            foreign = "a config.json that is not a qerl train config (a model directory?)"
+    if foreign:
+        raise OwnershipError(f"output_dir {out} holds {foreign}: training would overwrite them; choose another "
+                             "output_dir")
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
