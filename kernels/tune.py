@@ -271,7 +271,7 @@ def _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers) -> Path:
     from tqdm.auto import tqdm
 
     from qerl.quant import nvfp4
-    from qerl.stages.bench_kernels import _graph_time
+    from qerl.bench.kernels import _graph_time
 
     device = torch.cuda.get_device_name()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -356,10 +356,10 @@ def _write_csv(rows, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    from qerl.stages.bench_kernels import SHAPES, projections
+    from qerl.bench.kernels import MODELS, projections
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", nargs="*", default=["7B"], choices=list(SHAPES))
+    p.add_argument("--models", nargs="*", default=["7B"], choices=list(MODELS))
     p.add_argument("--projs", nargs="*", default=None, help="subset of qkv o gate_up down")
     p.add_argument("--ms", nargs="*", type=int, default=[1, 16, 64, 2048])
     p.add_argument("--kinds", nargs="*", default=["fwd", "bwd"], choices=["fwd", "bwd"])

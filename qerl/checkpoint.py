@@ -138,6 +138,24 @@ def save_shard(tensors: dict[str, torch.Tensor], path: Path, metadata: dict | No
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=meta)
 
 
+def parse_size(size: str | int) -> int:
+    """'2GB' / '500MB' / '1GiB' / int -> bytes (> 0); anything else is a ValueError naming the flag."""
+    if isinstance(size, int) and not isinstance(size, bool):
+        n = size
+    else:
+        s = str(size).strip().upper()
+        units = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9, "B": 1}
+        mult = next((m for u, m in units.items() if s.endswith(u)), 1)
+        num = next((s[: -len(u)] for u in units if s.endswith(u)), s)
+        try:
+            n = int(float(num) * mult)
+        except (ValueError, OverflowError):
+            raise ValueError(f"--max-shard-size {size!r}: expected a size such as 500MB, 2GB or 1GiB") from None
+    if n <= 0:
+        raise ValueError(f"--max-shard-size {size!r}: must be > 0 bytes")
+    return n
+
+
 def is_nonempty_dir(path: Path) -> bool:
     return Path(path).is_dir() and any(Path(path).iterdir())
 

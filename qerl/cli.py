@@ -44,7 +44,8 @@ def _cmd_build_tiny(args) -> int:
 
 def _cmd_quantize(args) -> int:
     from qerl import outputs
-    from qerl.stages.quantize import REPORT, parse_size, quantize_checkpoint
+    from qerl.checkpoint import parse_size
+    from qerl.stages.quantize import REPORT, quantize_checkpoint
 
     parse_size(args.max_shard_size)
     outputs.check_not_input(args.output, {"--model": args.model})
@@ -298,14 +299,14 @@ def _tracked(args, func):
 
 def _cmd_bench(args) -> int:
     if args.what == "rollout":
-        from qerl.stages import bench_rollout
+        from qerl.bench import rollout as bench_rollout
 
         return bench_rollout.main(args.rest)
     if args.what == "step":
-        from qerl.stages import bench_step
+        from qerl.bench import step as bench_step
 
         return bench_step.main(args.rest)
-    from qerl.stages import bench_kernels
+    from qerl.bench import kernels as bench_kernels
 
     return bench_kernels.main(args.rest)
 

@@ -4,7 +4,7 @@ import argparse
 import pytest
 
 from qerl.cli import build_parser
-from qerl.stages import bench_kernels, bench_rollout, bench_step
+from qerl.bench import kernels as bench_kernels, rollout as bench_rollout, step as bench_step
 
 
 def _commands():

@@ -135,7 +135,7 @@ def save_tiny_model(output: Path, spec: TinySpec = TinySpec(), max_shard_size: s
     """Build and save a tiny model + tokenizer as a Hugging Face model directory. An ``output`` holding anything
     but a tiny model is replaced only with ``force``."""
     from qerl.checkpoint import CheckpointError, atomic_directory, is_nonempty_dir, write_json
-    from qerl.stages.quantize import parse_size
+    from qerl.checkpoint import parse_size
 
     output = Path(output)
     parse_size(max_shard_size)

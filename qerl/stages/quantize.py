@@ -24,6 +24,7 @@ from qerl.checkpoint import (
     TensorIndex,
     atomic_directory,
     is_nonempty_dir,
+    parse_size,
     read_json,
     save_shard,
     shard_files,
@@ -45,24 +46,6 @@ class _Unit:
     linears: list[str] = field(default_factory=list)  # module names
     passthrough: str | None = None  # tensor name
     out_bytes: int = 0
-
-
-def parse_size(size: str | int) -> int:
-    """'2GB' / '500MB' / '1GiB' / int -> bytes (> 0); anything else is a ValueError naming the flag."""
-    if isinstance(size, int) and not isinstance(size, bool):
-        n = size
-    else:
-        s = str(size).strip().upper()
-        units = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9, "B": 1}
-        mult = next((m for u, m in units.items() if s.endswith(u)), 1)
-        num = next((s[: -len(u)] for u in units if s.endswith(u)), s)
-        try:
-            n = int(float(num) * mult)
-        except (ValueError, OverflowError):
-            raise ValueError(f"--max-shard-size {size!r}: expected a size such as 500MB, 2GB or 1GiB") from None
-    if n <= 0:
-        raise ValueError(f"--max-shard-size {size!r}: must be > 0 bytes")
-    return n
 
 
 def source_fingerprint(model_dir: Path) -> str:

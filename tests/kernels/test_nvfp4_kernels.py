@@ -534,7 +534,7 @@ def test_launch_mode_picks_the_eager_or_graph_config(monkeypatch):
 def test_benchmark_precompiles_both_launch_modes(monkeypatch):
     """precompile_jobs: a decode-size key tuned to WGMMA yields its graph config and its EAGER one."""
     import qerl_kernels.ops as ops
-    from qerl.stages.bench_kernels import precompile_jobs
+    from qerl.bench.kernels import precompile_jobs
 
     monkeypatch.setattr(ops, "_device_name", lambda i: "NVIDIA H200")
     monkeypatch.setattr(ops, "_sm_count", lambda i: 132)

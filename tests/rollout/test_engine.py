@@ -244,21 +244,21 @@ def test_fused_siblings_are_views_of_one_buffer(quantized_dirs, tok):
 
 
 def test_gpu_check_runs_on_cpu():
-    """``python -m qerl.rollout.engine.check`` (run on the GPU for the closing note) passes on the CPU too."""
-    from qerl.rollout.engine import check
+    """``python -m qerl.bench.engine_check`` (run on the GPU for the closing note) passes on the CPU too."""
+    from qerl.bench import engine_check as check
 
     assert check.main(device="cpu") == 0
 
 
 def test_mismatch_budget_on_a_small_random_nvfp4_model(monkeypatch):
-    """`python -m qerl.rollout.engine.check --budget 7B` logic on CPU with the 7B entry shrunk: the engine vs the
+    """`python -m qerl.bench.engine_check --budget 7B` logic on CPU with the 7B entry shrunk: the engine vs the
     trainer's bf16 recomputation and both against the fp32 forward of the same (packed) weights."""
-    from qerl.rollout.engine import check
-    from qerl.stages import bench_models
+    from qerl.bench import engine_check as check
+    from qerl.models import random as bench_models
 
-    monkeypatch.setitem(bench_models.SHAPES, "7B", (128, 256, 4, 2))
-    monkeypatch.setitem(bench_models.LAYERS, "7B", 2)
-    monkeypatch.setattr(bench_models, "VOCAB", 512)
+    from qerl.models.shapes import QWEN25, Shape
+
+    monkeypatch.setitem(QWEN25, "7B", Shape(128, 256, 2, 4, 2, 32, 512))
     res = check.mismatch_budget("7B", batch=2, prompt_len=5, gen_len=6, device="cpu")
     assert res["tokens"] == 12 and 0 < res["entropy_mean"] <= torch.log(torch.tensor(512.0)).item() + 1e-4
     for k in ("engine_vs_trainer", "engine_vs_fp32", "trainer_bf16_vs_fp32"):
@@ -268,7 +268,7 @@ def test_mismatch_budget_on_a_small_random_nvfp4_model(monkeypatch):
 
 def test_to_fp32_keeps_packed_codes_and_fp8_scales():
     from qerl.models.nvfp4_linear import NVFP4Linear
-    from qerl.rollout.engine.check import _to_fp32_
+    from qerl.bench.engine_check import _to_fp32_
 
     lin = NVFP4Linear.from_linear(torch.nn.Linear(32, 16).bfloat16())
     dtypes = {n: t.dtype for n, t in lin.named_buffers()}

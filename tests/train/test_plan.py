@@ -72,8 +72,8 @@ def test_bench_step_one_grpo_step_on_cpu(tiny_dirs):
     from qerl.lora import LoraSettings, apply_lora
     from qerl.models import load_policy
     from qerl.rl.aqn import AQN, AQNSettings
-    from qerl.stages import bench_step
-    from qerl.stages.bench_rollout import CountTokenizer
+    from qerl.bench import step as bench_step
+    from qerl.models.random import CountTokenizer
 
     policy = apply_lora(load_policy(tiny_dirs["qwen2"], base="nvfp4", dtype=torch.float32), LoraSettings(r=4))
     params = [p for p in policy.parameters() if p.requires_grad]
@@ -109,7 +109,7 @@ def test_bench_step_one_grpo_step_on_cpu(tiny_dirs):
 
 
 def test_bench_step_report_files(tmp_path):
-    from qerl.stages import bench_step
+    from qerl.bench import step as bench_step
 
     rows = [dict(device="GPU X", model="32B", method="qerl", batch=8, prompt_len=256, gen_len=2048, status="ok",
                  rollout_s=30.0, logprob_s=2.0, update_s=5.0, total_s=37.0, tokens_per_s=442.8, peak_gb=40.1,
@@ -128,7 +128,7 @@ def test_estimates_within_15_percent_of_the_measured_peaks():
     import csv
     from pathlib import Path
 
-    from qerl.stages.bench_step import BASE
+    from qerl.bench.step import BASE
 
     files = sorted((Path(__file__).parents[2] / "reports" / "step").glob("*.csv"))
     assert files, "reports/step has no benchmark CSV"

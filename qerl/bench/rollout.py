@@ -1,6 +1,6 @@
 """``qerl bench rollout``: rollout throughput of the engine vs the reference sampler and ``transformers``.
 
-Random-weight Qwen2.5 7B / 14B / 32B shapes (:mod:`qerl.stages.bench_models`, built on the GPU layer by
+Random-weight Qwen2.5 7B / 14B / 32B shapes (:mod:`qerl.models.random`, built on the GPU layer by
 layer), LoRA rank 32 on the seven projections, bases bf16 / NVFP4 (/ NF4 when bitsandbytes imports),
 prompts of ``--prompt-len`` tokens, ``--gen-len`` generated tokens with EOS ignored, batches ``--batches``.
 Engines: ``qerl`` (:mod:`qerl.rollout.engine`), ``reference`` (:mod:`qerl.rollout.sampler`) and
@@ -25,36 +25,10 @@ from pathlib import Path
 
 import torch
 
+from qerl.models.random import CountTokenizer, prompts
+
 COLUMNS = ["device", "model", "base", "engine", "batch", "prompt_len", "gen_len", "tok_s", "ms_per_step", "floor_ms",
            "frac_of_floor", "peak_gb", "note"]
-
-
-class CountTokenizer:
-    """A tokenizer for random-weight models: a prompt is space-separated token ids; EOS is -1 (never
-    sampled, so every row generates ``max_new_tokens``)."""
-
-    eos_token_id, pad_token_id, padding_side = -1, 0, "right"
-
-    def __call__(self, texts, return_tensors="pt", padding=True, add_special_tokens=False):
-        rows = [[int(x) for x in t.split()] for t in texts]
-        n = max(map(len, rows))
-        ids = torch.zeros(len(rows), n, dtype=torch.long)
-        mask = torch.zeros(len(rows), n, dtype=torch.long)
-        for i, r in enumerate(rows):
-            sl = slice(n - len(r), n) if self.padding_side == "left" else slice(0, len(r))
-            ids[i, sl], mask[i, sl] = torch.tensor(r), 1
-        return argparse.Namespace(input_ids=ids, attention_mask=mask)
-
-    def encode(self, text, add_special_tokens=False):
-        return [int(x) for x in text.split()]
-
-    def decode(self, ids, skip_special_tokens=False):
-        return " ".join(str(i) for i in ids)
-
-
-def prompts(batch: int, length: int, vocab: int, seed: int = 0) -> list[str]:
-    g = torch.Generator().manual_seed(seed)
-    return [" ".join(map(str, torch.randint(100, vocab - 100, (length,), generator=g).tolist())) for _ in range(batch)]
 
 
 def floor_ms(wbytes: int, lm, batch: int, prompt_len: int, gen_len: int, copy_gbps: float) -> float:
@@ -112,7 +86,7 @@ def step_split(eng, batch: int, prompt_len: int, gen_len: int) -> dict:
     from qerl.rollout import SamplingSettings
     from qerl.rollout.engine import forward as fw
     from qerl.rollout.engine.sampling import sample
-    from qerl.stages.bench_kernels import _graph_times
+    from qerl.bench.kernels import _graph_times
 
     v, dev = eng.view, eng.device
     inter = v.layers[0].down.module.in_features if hasattr(v.layers[0].down.module, "in_features") else None
@@ -165,8 +139,8 @@ def _release(model) -> None:
 
 def bench(args) -> list[dict]:
     from qerl.lora import LoraSettings, apply_lora
-    from qerl.stages.bench_kernels import copy_bandwidth
-    from qerl.stages.bench_models import build, nf4_available, weight_bytes
+    from qerl.bench.kernels import copy_bandwidth
+    from qerl.models.random import build, nf4_available, weight_bytes
 
     device = torch.cuda.get_device_name()
     bw = copy_bandwidth()

@@ -16,18 +16,19 @@ from pathlib import Path
 
 import torch
 
-SHAPES = {  # model: (hidden, intermediate, heads, kv heads); head_dim 128
-    "7B": (3584, 18944, 28, 4),
-    "14B": (5120, 13824, 40, 8),
-    "32B": (5120, 27648, 40, 8),
-}
+from qerl.models.shapes import QWEN25
+
+MODELS = tuple(QWEN25)  # the Qwen2.5 sizes whose projections are timed (qerl.models.shapes)
 MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 2048, 8192)
 GEMLITE_MAX_M = 512  # the peer is a W4A16 decode / small-batch kernel; larger M go to the DQ path + cuBLAS
 
 
 def projections(model: str) -> dict[str, tuple[int, int]]:
-    h, i, _, kv = SHAPES[model]
-    return {"qkv": (h + 2 * kv * 128, h), "o": (h, h), "gate_up": (2 * i, h), "down": (h, i)}
+    """(N, K) of one layer's fused projections as the engine runs them (q/k/v and gate/up fused)."""
+    s = QWEN25[model]
+    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    return {"qkv": (q + 2 * kv, s.hidden), "o": (s.hidden, q), "gate_up": (2 * s.intermediate, s.hidden),
+            "down": (s.hidden, s.intermediate)}
 
 
 def _graph_time(calls, reps: int = 15) -> float:
@@ -109,7 +110,7 @@ def _weights(N: int, K: int, copies: int):
 
 def _gemlite_modules(ws) -> list | None:
     """gemlite ``A16W4_NVFP`` modules on each weight copy's packed tensors, or None when it will not build."""
-    from qerl.stages import gemlite_peer
+    from qerl.bench import gemlite_peer
 
     try:
         return [gemlite_peer.linear(p, s, g) for _, p, s, g in ws]
@@ -122,7 +123,7 @@ def _gemlite_times(mods, x, ws) -> dict:
     """gemlite forward on ``x``: seconds per call (CUDA graph, or eager launches when its path cannot be
     captured: ``timing`` says which), µs, and relative error against our reference forward."""
     from qerl.ops.linear import reference_forward
-    from qerl.stages import gemlite_peer
+    from qerl.bench import gemlite_peer
 
     _, p, s, g = ws[0]
     try:
@@ -297,7 +298,7 @@ def run(out_dir: Path, models=("7B", "14B", "32B"), ms=MS, tune: bool = False, p
 
 
 def _run(out_dir: Path, models, ms, tune: bool, progress: bool, workers: int, gemlite: bool | None) -> dict:
-    from qerl.stages import gemlite_peer
+    from qerl.bench import gemlite_peer
 
     from tqdm.auto import tqdm
 
@@ -327,7 +328,7 @@ def _run(out_dir: Path, models, ms, tune: bool, progress: bool, workers: int, ge
     res = {"device": device, "copy_GBps": bw, "csv": str(csv_path), "md": str(md_path), "rows": len(rows),
            "dequant_csv": str(dq_path), "dequant_min_pct_copy_bw": min(r["pct_copy_bw"] for r in dq), "peer": peer}
     try:
-        from qerl.stages.bench_plot import plot
+        from qerl.bench.kernels_plot import plot
 
         res["png"] = str(plot(csv_path))
     except ImportError:  # a GPU box without matplotlib: regenerate later with --plot CSV
@@ -343,7 +344,7 @@ def build_parser():
     p = argparse.ArgumentParser(prog="qerl bench kernels", description=__doc__.splitlines()[0],
                                 formatter_class=HelpFormatter)
     p.add_argument("--output", default="reports/kernels", help="directory for <device>.csv / .md")
-    p.add_argument("--models", nargs="*", default=list(SHAPES), choices=list(SHAPES),
+    p.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS),
                    help="Qwen2.5 sizes whose projection shapes are timed")
     p.add_argument("--ms", nargs="*", type=int, default=list(MS), help="token counts M")
     p.add_argument("--tune", action="store_true", help="search tile configs first (writes kernels/tuned/<device>.json)")
@@ -366,7 +367,7 @@ def build_parser():
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     if a.targets:
-        from qerl.stages import bench_targets as bt
+        from qerl.bench import kernels_targets as bt
 
         rows, copy_gbps, device = bt.read_csv(Path(a.targets))
         t = bt.targets(rows, copy_gbps)
@@ -375,7 +376,7 @@ def main(argv=None) -> int:
               else bt.markdown(t, device, copy_gbps, cmp), end="" if not a.json else "\n")
         return 0
     if a.plot:
-        from qerl.stages.bench_plot import plot
+        from qerl.bench.kernels_plot import plot
 
         print(json.dumps({"png": str(plot(Path(a.plot)))}))
         return 0
@@ -385,5 +386,5 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # python -m qerl.stages.bench_kernels --output DIR [--tune] [--models 7B] [--ms 1 16]
+if __name__ == "__main__":  # python -m qerl.bench.kernels --output DIR [--tune] [--models 7B] [--ms 1 16]
     raise SystemExit(main())

@@ -4,7 +4,7 @@ import csv
 import pytest
 import torch
 
-from qerl.stages import bench_step
+from qerl.bench import step as bench_step
 
 
 def _row(model, method, batch, gen, total, device="GPU X"):
@@ -43,7 +43,7 @@ def test_merge_keeps_other_micro_batches_and_engine_cache_apart(tmp_path):
     assert "| False | 2 | kept | gpu |" in md.read_text() and "| False | 2 | released | parked |" in md.read_text()
     png = csv_path.with_suffix(".png")  # the step-split figure, linked from the Markdown
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({png.name})" in md.read_text()
-    from qerl.stages.bench_step_plot import _label
+    from qerl.bench.step_plot import _label
     assert [_label(r) for r in (base, kept, micro4, parked)] == [
         "7B qerl b8 × 1024", "7B qerl b8 × 1024 [cache kept]", "7B qerl b8 × 1024 [μ4]",
         "7B qerl b8 × 1024 [states parked]"]
@@ -86,11 +86,11 @@ def test_projected_scaling_from_one_gpu_rows(tmp_path):
 def test_bench_models_build_with_grad_enabled(monkeypatch, base):
     """The benches build one base after another with autograd on (a bf16 build after the QeRL one failed on the
     GPU when `build` lost its no-grad decorator): weights filled in place, parameters still trainable leaves."""
-    from qerl.stages import bench_models
+    from qerl.models import random as bench_models
 
-    monkeypatch.setitem(bench_models.SHAPES, "7B", (64, 128, 4, 2))
-    monkeypatch.setitem(bench_models.LAYERS, "7B", 1)
-    monkeypatch.setattr(bench_models, "VOCAB", 256)
+    from qerl.models.shapes import QWEN25, Shape
+
+    monkeypatch.setitem(QWEN25, "7B", Shape(64, 128, 1, 4, 2, 16, 256))
     assert torch.is_grad_enabled()
     lm = bench_models.build("7B", base, device="cpu")
     w = lm.model.layers[0].self_attn.q_proj

@@ -1,7 +1,7 @@
 """`qerl bench rollout` file handling on CPU: write, read back, merge two runs of one device, --plot."""
 import pytest
 
-from qerl.stages import bench_rollout as br
+from qerl.bench import rollout as br
 
 
 def _row(model, batch, tok_s, device="Test GPU", base="nvfp4", engine="qerl"):

@@ -1,4 +1,4 @@
-"""``python -m qerl.rollout.engine.check OUT.json``: the engine against its judges on this machine's device.
+"""``python -m qerl.bench.engine_check OUT.json``: the engine against its judges on this machine's device.
 
 On a random-weight Qwen2 model (a few layers, real head sizes) with LoRA rank 8 on every projection:
 
@@ -62,7 +62,7 @@ def _model(base: str, dtype, device, layers: int = 3, lora: bool = True, seed: i
 def main(out: str | None = None, device: str | None = None) -> int:
     from qerl.rollout import SamplingSettings, sampler
     from qerl.rollout.engine import RolloutEngine
-    from qerl.stages.bench_rollout import CountTokenizer, prompts
+    from qerl.models.random import CountTokenizer, prompts
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     tok = CountTokenizer()
@@ -179,15 +179,15 @@ def mismatch_budget(model: str = "7B", batch: int = 8, prompt_len: int = 64, gen
     roundings, not an engine error."""
     from qerl.rollout import SamplingSettings, sampler
     from qerl.rollout.engine import RolloutEngine
-    from qerl.stages.bench_models import VOCAB, build
-    from qerl.stages.bench_rollout import CountTokenizer, prompts
+    from qerl.models.random import build
+    from qerl.models.random import CountTokenizer, prompts
 
     def k3(d):
         return float((torch.exp(d) - d - 1).mean())
 
     lm = build(model, "nvfp4", device=device)
     tok = CountTokenizer()
-    r = RolloutEngine(lm, tok).generate(prompts(batch, prompt_len, VOCAB, seed=1),
+    r = RolloutEngine(lm, tok).generate(prompts(batch, prompt_len, lm.config.vocab_size, seed=1),
                                         SamplingSettings(temperature=1.0, max_new_tokens=gen_len, engine="engine"),
                                         seed=seed)
     args = (r.prompt_ids.to(device), r.prompt_mask.to(device), r.completion_ids.to(device),
@@ -206,7 +206,7 @@ def mismatch_budget(model: str = "7B", batch: int = 8, prompt_len: int = 64, gen
 if __name__ == "__main__":
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m qerl.rollout.engine.check", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m qerl.bench.engine_check", description=__doc__.splitlines()[0])
     ap.add_argument("out", nargs="?", help="JSON file for the results")
     ap.add_argument("--device", default=None, help="cuda (default when visible) or cpu")
     ap.add_argument("--budget", metavar="MODEL", choices=("7B", "14B", "32B"), default=None,

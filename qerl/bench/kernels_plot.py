@@ -1,7 +1,7 @@
 """Figure of a ``qerl bench kernels`` CSV: speed-up over cuBLAS bf16 and share of the copy bandwidth
 against the token count M, one line per projection, forward and backward, with the issue's targets.
 
-``python -m qerl.stages.bench_kernels --plot reports/kernels/NVIDIA_H200.csv`` writes ``NVIDIA_H200.png``
+``python -m qerl.bench.kernels --plot reports/kernels/NVIDIA_H200.csv`` writes ``NVIDIA_H200.png``
 beside it (CPU is enough: the numbers come from the CSV).
 """
 from __future__ import annotations

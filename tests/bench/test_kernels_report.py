@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from qerl.stages import bench_kernels
-from qerl.stages.bench_plot import plot
+from qerl.bench import kernels as bench_kernels
+from qerl.bench.kernels_plot import plot
 
 
 def _csv(path, rows):
@@ -70,7 +70,7 @@ def test_targets_recomputed_from_the_committed_runs(tmp_path, capsys):
     time ratio is 1/1.1; a CSV that is not a benchmark is refused by name."""
     from pathlib import Path
 
-    from qerl.stages import bench_targets as bt
+    from qerl.bench import kernels_targets as bt
 
     kdir = Path(__file__).resolve().parents[2] / "reports" / "kernels"
     h200, copy_h200, dev = bt.read_csv(kdir / "NVIDIA_H200.csv")
@@ -134,7 +134,7 @@ def test_gemlite_peer_columns_in_markdown(tmp_path):
 def test_gemlite_peer_checks_shapes_before_importing():
     import torch
 
-    from qerl.stages import gemlite_peer
+    from qerl.bench import gemlite_peer
 
     with pytest.raises(ValueError, match="packed must be a 2-D uint8"):
         gemlite_peer.linear(torch.zeros(4, 8), torch.zeros(4, 1), torch.ones(()))

@@ -1,6 +1,6 @@
 """``qerl bench step``: full GRPO steps (rollout + old log-probs + update) of bf16 LoRA, QLoRA and QeRL.
 
-Random-weight Qwen2.5 7B / 14B / 32B shapes built on the GPU layer by layer (:mod:`qerl.stages.bench_models`),
+Random-weight Qwen2.5 7B / 14B / 32B shapes built on the GPU layer by layer (:mod:`qerl.models.random`),
 LoRA rank 32 on the seven projections. One step, as ``qerl train`` runs it (:mod:`qerl.train.loop`):
 
 1. **rollout** — ``batch`` sequences of ``prompt_len`` random tokens, ``gen_len`` sampled tokens each (EOS never
@@ -90,7 +90,7 @@ def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro:
     from qerl.rl.losses import LossSettings, policy_loss
     from qerl.rollout import SamplingSettings, generate
     from qerl.rollout.engine import release_engine
-    from qerl.stages.bench_rollout import prompts
+    from qerl.models.random import prompts
     from qerl.train import dist
     from qerl.train.loop import LogprobModule
     from qerl.train.steps import logprobs_no_grad, micro_batches
@@ -198,8 +198,8 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
     from qerl.lora import LoraSettings, apply_lora
     from qerl.rl.aqn import AQN, AQNSettings
     from qerl.rollout.engine import release_engine
-    from qerl.stages.bench_models import build
-    from qerl.stages.bench_rollout import CountTokenizer
+    from qerl.models.random import build
+    from qerl.models.random import CountTokenizer
     from qerl.train import dist
     from qerl.train.loop import LogprobModule
     from qerl.train.plan import resolve_checkpointing
@@ -281,7 +281,7 @@ def _set_checkpointing(policy, on: bool) -> None:
 
 def write(rows: list[dict], out: Path, device: str) -> tuple[Path, Path]:
     """``<device>.csv`` and ``.md`` (atomic), the paper's numbers beside each (model, method), and the
-    ``.png`` of the step splits (:mod:`qerl.stages.bench_step_plot`) where a row succeeded."""
+    ``.png`` of the step splits (:mod:`qerl.bench.step_plot`) where a row succeeded."""
     out.mkdir(parents=True, exist_ok=True)
     stem = out / device.replace(" ", "_")
     tmp = stem.with_suffix(".csv.tmp")
@@ -311,7 +311,7 @@ def write(rows: list[dict], out: Path, device: str) -> tuple[Path, Path]:
                      f"{PAPER.get((r['model'], r['method']), '')} |")
     lines += scaling_lines(rows)
     if any(r.get("status") == "ok" for r in rows):
-        from qerl.stages.bench_step_plot import plot
+        from qerl.bench.step_plot import plot
 
         plot(rows, stem.with_suffix(".png"), device)
         lines[4:4] = [f"![step split]({stem.with_suffix('.png').name})", ""]
@@ -477,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--batches {bad}: not divisible by --nproc {a.nproc}")
         return subprocess.call(torchrun_argv(a.nproc, strip_launch_args(list(argv if argv is not None else
                                                                              sys.argv[1:])), command=("bench", "step")))
-    from qerl.stages.bench_models import nf4_available
+    from qerl.models.random import nf4_available
 
     d = dist.from_env(torch.device("cuda"))
     device = torch.cuda.get_device_name()

@@ -1,4 +1,5 @@
-"""Random-weight Qwen2.5-shaped models built directly on the GPU, layer by layer (benchmarks only).
+"""Random-weight Qwen2.5-shaped stand-ins for benchmarks and GPU checks: models built directly on the GPU, layer by
+layer, and a tokenizer of token ids with random prompts.
 
 Speed and memory do not depend on weight values (platform.md), so the benchmarks build the real shapes from
 random weights: the module tree on the meta device, then every decoder linear materialised on the GPU one
@@ -7,21 +8,21 @@ so a 32B model never needs a whole bf16 copy (peak extra memory: one projection 
 """
 from __future__ import annotations
 
+import types
+
 import torch
 from torch import nn
 
-from qerl.stages.bench_kernels import SHAPES
-
-VOCAB = 152064
-LAYERS = {"7B": 28, "14B": 48, "32B": 64}
+from qerl.models.shapes import QWEN25
 
 
 def qwen_config(model: str, dtype: torch.dtype = torch.bfloat16):
     from transformers import Qwen2Config
 
-    h, i, heads, kv = SHAPES[model]
-    return Qwen2Config(vocab_size=VOCAB, hidden_size=h, intermediate_size=i, num_hidden_layers=LAYERS[model],
-                       num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=32768,
+    s = QWEN25[model]
+    return Qwen2Config(vocab_size=s.vocab, hidden_size=s.hidden, intermediate_size=s.intermediate,
+                       num_hidden_layers=s.layers, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
+                       max_position_embeddings=32768,
                        rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False, torch_dtype=dtype)
 
 
@@ -104,3 +105,32 @@ def weight_bytes(lm: nn.Module) -> int:
             continue
         total += t.numel() * (2 if "lora_" in name else t.element_size())  # the engine reads bf16 adapter copies
     return total
+
+
+class CountTokenizer:
+    """A tokenizer for random-weight models: a prompt is space-separated token ids; EOS is -1 (never
+    sampled, so every row generates ``max_new_tokens``)."""
+
+    eos_token_id, pad_token_id, padding_side = -1, 0, "right"
+
+    def __call__(self, texts, return_tensors="pt", padding=True, add_special_tokens=False):
+        rows = [[int(x) for x in t.split()] for t in texts]
+        n = max(map(len, rows))
+        ids = torch.zeros(len(rows), n, dtype=torch.long)
+        mask = torch.zeros(len(rows), n, dtype=torch.long)
+        for i, r in enumerate(rows):
+            sl = slice(n - len(r), n) if self.padding_side == "left" else slice(0, len(r))
+            ids[i, sl], mask[i, sl] = torch.tensor(r), 1
+        return types.SimpleNamespace(input_ids=ids, attention_mask=mask)
+
+    def encode(self, text, add_special_tokens=False):
+        return [int(x) for x in text.split()]
+
+    def decode(self, ids, skip_special_tokens=False):
+        return " ".join(str(i) for i in ids)
+
+
+def prompts(batch: int, length: int, vocab: int, seed: int = 0) -> list[str]:
+    """``batch`` random prompts of ``length`` token ids in ``[100, vocab - 100)`` (for :class:`CountTokenizer`)."""
+    g = torch.Generator().manual_seed(seed)
+    return [" ".join(map(str, torch.randint(100, vocab - 100, (length,), generator=g).tolist())) for _ in range(batch)]

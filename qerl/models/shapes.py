@@ -1,0 +1,40 @@
+"""Model shapes by name, one place for the planner, the random-weight stand-ins and the benchmarks (no torch).
+
+:class:`Shape` holds the sizes that set memory and time; :data:`QWEN25` the Qwen2.5 sizes the paper trains
+(Instruct checkpoints' ``config.json``: hidden H, intermediate I, layers L, heads, kv heads, head dim D, vocab V).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The sizes that set memory: hidden H, intermediate I, layers L, heads, kv heads, head dim D, vocab V."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool = False
+
+    @classmethod
+    def from_config(cls, cfg) -> "Shape":
+        """From a transformers config object or a ``config.json`` dict."""
+        g = cfg.get if isinstance(cfg, dict) else (lambda k, d=None: getattr(cfg, k, d))
+        heads = g("num_attention_heads")
+        return cls(g("hidden_size"), g("intermediate_size"), g("num_hidden_layers"), heads,
+                   g("num_key_value_heads") or heads, g("head_dim") or g("hidden_size") // heads, g("vocab_size"),
+                   bool(g("tie_word_embeddings", False)))
+
+    def projections(self) -> dict[str, tuple[int, int]]:
+        """(K, N) of the seven projections of one layer."""
+        H, I, q, kv = self.hidden, self.intermediate, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return {"q": (H, q), "k": (H, kv), "v": (H, kv), "o": (q, H), "gate": (H, I), "up": (H, I), "down": (I, H)}
+
+
+QWEN25 = {"7B": Shape(3584, 18944, 28, 28, 4, 128, 152064), "14B": Shape(5120, 13824, 48, 40, 8, 128, 152064),
+          "32B": Shape(5120, 27648, 64, 40, 8, 128, 152064)}
