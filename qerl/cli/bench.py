@@ -1,0 +1,58 @@
+"""``qerl bench kernels | rollout | step`` (the options of each: ``qerl bench <what> --help``) and ``qerl
+mlflow-init`` (the workflow's helper that creates the MLflow store before parallel jobs)."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+
+def add_bench(sub) -> None:
+    bk = sub.add_parser("bench", help="benchmarks: `qerl bench kernels | rollout | step` (GPU)",
+                        description="Benchmarks. `qerl bench kernels [--output DIR] [--models 7B 14B 32B] [--ms ...] "
+                                    "[--tune]` times the NVFP4 Triton kernels against cuBLAS bf16 on Qwen2.5 "
+                                    "projection shapes and writes <device>.csv / .md (needs a CUDA GPU). "
+                                    "`qerl bench rollout [--models ...] [--bases ...] [--batches ...]` measures "
+                                    "rollout tokens/s of the engine, the reference sampler and transformers "
+                                    "(reports/rollout/<device>.csv / .md / .png). `qerl bench step [--models ...] "
+                                    "[--methods lora qlora qerl] [--batches 2 8] [--gen-lens 1024 2048]` times full "
+                                    "GRPO steps and their peak memory (reports/step/<device>.csv / .md).")
+    bk.add_argument("what", choices=["kernels", "rollout", "step"], help="which benchmark")
+    bk.add_argument("rest", nargs=argparse.REMAINDER,
+                    help="options of the benchmark (see `qerl bench kernels|rollout|step --help`)")
+    bk.set_defaults(func=run_bench)
+
+
+def run_bench(args) -> int:
+    if args.what == "rollout":
+        from qerl.bench import rollout as bench_rollout
+
+        return bench_rollout.main(args.rest)
+    if args.what == "step":
+        from qerl.bench import step as bench_step
+
+        return bench_step.main(args.rest)
+    from qerl.bench import kernels as bench_kernels
+
+    return bench_kernels.main(args.rest)
+
+
+def add_mlflow_init(sub) -> None:
+    mi = sub.add_parser("mlflow-init", help="create the MLflow store and experiment before parallel jobs",
+                        description="Create the MLflow tracking store (schema) and experiment once, so that "
+                                    "parallel jobs only append runs.")
+    mi.add_argument("--tracking-uri", required=True, help="MLflow tracking URI (e.g. sqlite:///results/mlflow.db)")
+    mi.add_argument("--experiment", required=True, help="experiment name")
+    mi.add_argument("--output", required=True, help="marker JSON written on success")
+    mi.set_defaults(func=run_mlflow_init)
+
+
+def run_mlflow_init(args) -> dict:
+    from qerl.tracking import init_store
+
+    exp = init_store(args.tracking_uri, args.experiment)
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps({"tracking_uri": args.tracking_uri, "experiment": args.experiment,
+                                             "experiment_id": exp}) + "\n")
+    return {}

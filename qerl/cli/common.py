@@ -1,0 +1,58 @@
+"""What several verbs share: ``--set KEY=VALUE`` overrides and the optional MLflow run around a verb."""
+from __future__ import annotations
+
+import argparse
+
+
+def overrides(items) -> dict:
+    """``--set KEY=VALUE`` items as a dict, each value parsed as YAML."""
+    import yaml
+
+    from qerl.train.config import ConfigError
+
+    overrides = {}
+    for item in items or []:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE (e.g. --set steps=10)")
+        try:
+            overrides[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--set {item!r}: the value is not valid YAML ({str(e).splitlines()[0]})") from None
+    return overrides
+
+
+def add_tracking(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("MLflow (optional: log this job as a run)")
+    g.add_argument("--mlflow-run-name", help="run name (the workflow uses the output path under results/)")
+    g.add_argument("--mlflow-experiment", default="qerl", help="experiment name")
+    g.add_argument("--mlflow-uri", default=None, help="tracking URI (default: $MLFLOW_TRACKING_URI)")
+    g.add_argument("--mlflow-tag", action="append", default=[], metavar="KEY=VALUE", help="a run tag (repeatable)")
+
+
+def tracked(args, func):
+    """Run a verb inside an MLflow run when --mlflow-run-name is given; log its returned metrics."""
+    if not getattr(args, "mlflow_run_name", None):
+        return func(args)
+    import os
+
+    from qerl.tracking import MLflowTracker
+    from qerl.train.tracking_setup import git_commit
+
+    uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        raise ValueError("--mlflow-run-name needs --mlflow-uri or MLFLOW_TRACKING_URI")
+    tags = dict(t.split("=", 1) for t in args.mlflow_tag)
+    if os.environ.get("QERL_CONFIG_HASH"):  # the workflow's config hash (workflow/rules/common.smk)
+        tags.setdefault("config_hash", os.environ["QERL_CONFIG_HASH"])
+    tags.update(command=args.command, git_commit=git_commit())
+    tracker = MLflowTracker(args.mlflow_experiment, args.mlflow_run_name, uri, tags=tags)
+    try:
+        tracker.log_params({k: v for k, v in vars(args).items() if k not in ("func",) and not k.startswith("mlflow")})
+        result = func(args) or {}
+        tracker.log_metrics(result, step=0)
+        tracker.close("FINISHED")
+    except BaseException:
+        tracker.close("FAILED")
+        raise
+    return 0

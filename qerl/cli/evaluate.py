@@ -1,0 +1,99 @@
+"""``qerl evaluate | report``: pass@1 of a policy on a benchmark, and the paper-shaped report of a results tree."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from qerl.argtypes import POSITIVE, float_in, int_at_least
+from qerl.cli.common import add_tracking
+
+
+def add_evaluate(sub) -> None:
+    v = sub.add_parser("evaluate", help="pass@1 over k samples on a benchmark",
+                       description="Evaluate a base model or a trained policy (adapter on its quantized or bf16 "
+                                   "base, as trained) on a benchmark: mean pass@1 over k samples per problem. "
+                                   "Writes a summary JSON and per-sample JSONL.")
+    v.add_argument("--model", required=True, help="base model directory (bf16, or NVFP4 checkpoint)")
+    v.add_argument("--base", choices=["bf16", "nvfp4", "nf4"], required=True, help="format to run the base in")
+    v.add_argument("--adapter", default=None, help="PEFT adapter directory (trained LoRA)")
+    v.add_argument("--benchmark", required=True,
+                   help="synthetic_test | gsm8k_test | math500 | aime24 | aime25 | amc23")
+    v.add_argument("--output", required=True, help="summary JSON path")
+    v.add_argument("--samples-output", default=None, help="per-sample JSONL (default: beside the JSON)")
+    v.add_argument("--samples", type=POSITIVE, default=4, help="k samples per problem (pass@1 is their mean)")
+    v.add_argument("--temperature", type=float_in(0.0), default=0.6,
+                   help="sampling temperature (0 = greedy; paper 0.6)")
+    v.add_argument("--top-p", type=float_in(0.0, 1.0, lo_open=True), default=0.95,
+                   help="nucleus sampling mass (paper 0.95)")
+    v.add_argument("--max-new-tokens", type=POSITIVE, default=4096, help="completion length limit (paper 4096)")
+    v.add_argument("--batch-size", type=POSITIVE, default=32, help="sequences per generation batch")
+    v.add_argument("--limit", type=POSITIVE, default=None, help="only the first N problems (default: all)")
+    v.add_argument("--template", default="paper", choices=["raw", "chat", "paper"],
+                   help="prompt template for hub benchmarks")
+    v.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+                   help="compute dtype of the model")
+    v.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    v.add_argument("--seed", type=int_at_least(0), default=0, help="sampling seed")
+    v.add_argument("--no-progress", action="store_true",
+                   help="no progress bar: one log line per chunk of problems instead (workflow jobs)")
+    v.set_defaults(func=run_evaluate)
+    add_tracking(v)
+
+
+def run_evaluate(args) -> dict:
+    from qerl import outputs
+    from qerl.stages.evaluate import (
+        EvalSettings, benchmark_source, check_outputs_are_ours, evaluate, load_for_eval, precheck,
+    )
+    from qerl.train.methods import DTYPES, resolve_device
+
+    settings = EvalSettings(samples=args.samples, temperature=args.temperature, top_p=args.top_p,
+                            max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, limit=args.limit,
+                            seed=args.seed, template=args.template)
+    benchmark_source(args.benchmark)  # an unknown benchmark is named before the model loads
+    device = resolve_device(args.device)
+    out = Path(args.output)
+    samples = Path(args.samples_output) if args.samples_output else out.with_suffix(".samples.jsonl")
+    outputs.check_file_output(out, "--output summary")
+    outputs.check_file_output(samples, "--samples-output file")
+    for path, flag in ((out, "--output"), (samples, "--samples-output")):
+        outputs.check_not_input(path, {"--model": args.model, "--adapter": args.adapter}, flag)
+    check_outputs_are_ours(out, samples)
+    with outputs.hold(out, "evaluate"):
+        import torch
+
+        precheck(args.model, args.benchmark, settings, args.adapter)
+        model, tok = load_for_eval(args.model, args.base, args.adapter, DTYPES[args.dtype], device)
+        with torch.no_grad():
+            summary = evaluate(model, tok, args.benchmark, settings, out, samples, progress=not args.no_progress,
+                               meta={"model": str(args.model), "base": args.base, "adapter": str(args.adapter or "")})
+    print(json.dumps({k: summary[k] for k in ("benchmark", "pass@1", "problems", "samples_per_problem")}))
+    return {"pass_at_1": summary["pass@1"], "problems": summary["problems"]}
+
+
+def add_report(sub) -> None:
+    rp = sub.add_parser("report", help="tables (paper-shaped, paper numbers adjacent), figures, index.md",
+                        description="Build Table 1 / Table 2 (Markdown + CSV) with the paper's numbers in adjacent "
+                                    "columns, training-curve / σ / accuracy figures and an index.md, from results/.")
+    rp.add_argument("--workflow-config", required=True, help="the workflow config (config/*.yaml)")
+    rp.add_argument("--results", default="results", help="the workflow's results directory (train/, eval/)")
+    rp.add_argument("--output", required=True, help="report directory, e.g. reports/<configuration>")
+    rp.set_defaults(func=run_report)
+    add_tracking(rp)
+
+
+def run_report(args) -> dict:
+    from qerl import outputs
+    from qerl.stages.report import build_report, check_report_dir, load_workflow_config
+
+    config = load_workflow_config(Path(args.workflow_config))
+    out = Path(args.output)
+    if out.exists() and not out.is_dir():
+        raise outputs.OutputNotWritable(f"--output {out}: is a file, not a directory")
+    outputs.check_not_input(out, {"--results": args.results, "--workflow-config": args.workflow_config})
+    outputs.check_parent_writable(out, "report")
+    check_report_dir(out)
+    with outputs.hold(out, "report"):
+        idx = build_report(config, Path(args.results), out)
+    print(f"wrote {idx}")
+    return {}

@@ -1,0 +1,128 @@
+"""``qerl train | plan``: RL training of one config (single process or relaunched under torchrun) and its memory
+plan."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from qerl.argtypes import POSITIVE, float_in
+from qerl.cli.common import overrides
+
+
+def add_train(sub) -> None:
+    r = sub.add_parser("train", help="RL training (GRPO/DAPO) of one method",
+                       description="Train a policy with GRPO / DAPO / Dr. GRPO using one of the methods "
+                                   "full, lora, qlora, nvfp4_lora, qerl. Writes metrics.jsonl, checkpoints "
+                                   "and the final adapter under the config's output_dir.")
+    r.add_argument("--config", required=True, type=Path, help="YAML training config")
+    how = r.add_mutually_exclusive_group()
+    how.add_argument("--resume", action="store_true", help="continue the run in output_dir from its checkpoint")
+    how.add_argument("--auto-resume", action="store_true",
+                     help="resume if output_dir has a checkpoint, start if it holds no run, else refuse (never "
+                          "restarts over logged steps; what the workflow uses)")
+    how.add_argument("--overwrite", action="store_true",
+                     help="delete the run in output_dir (metrics, checkpoint, final/, summary) and start over")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set steps=10 --set algorithm.name=dapo")
+    r.add_argument("--no-progress", action="store_true",
+                   help="no progress bar: one log line per step (reward, accuracy, time) instead (workflow jobs)")
+    r.add_argument("--nproc", type=POSITIVE, default=1,
+                   help="data-parallel processes (one per GPU): relaunches itself under torchrun; each rank "
+                        "generates and trains on its share of every step's prompts")
+    r.add_argument("--nnodes", type=POSITIVE, default=1,
+                   help="nodes of a SLURM allocation (srun + torchrun, --nproc per node)")
+    r.add_argument("--dry-run", action="store_true", help="print the torchrun / srun command instead of running it")
+    r.set_defaults(func=run_train)
+
+
+def _train_mode(args) -> str:
+    return "resume" if args.resume else "auto" if args.auto_resume else "overwrite" if args.overwrite else "new"
+
+
+def run_train(args) -> int:
+    from qerl import outputs
+    from qerl.train import ownership
+    from qerl.train.config import load_config, to_dict
+    from qerl.train.methods import resolve_device
+
+    cfg = load_config(args.config, overrides(args.set))  # a bad config fails here, before any process starts
+    out = Path(cfg.output_dir)
+    launching = (args.nproc > 1 or args.nnodes > 1 or args.dry_run) and "WORLD_SIZE" not in os.environ
+    if not launching and os.environ.get("RANK", "0") != "0":  # a rank of a run started by torchrun itself
+        return _train_rank(args, cfg, args.resume or (args.auto_resume and ownership.status(out).checkpoint_step
+                                                      is not None))
+    if not launching and outputs.HELD_ENV in os.environ and outputs.held_by_parent(out):  # our launcher's rank 0
+        return _train_rank(args, cfg, args.resume)
+    resolve_device(cfg.device)  # (a device this machine lacks is named now)
+    if launching:
+        _check_launch(args, cfg)
+    if args.dry_run:
+        return _launch(args, cfg, resume=args.resume or args.auto_resume)
+    outputs.check_dir_writable(out, "output_dir")
+    with outputs.hold(out, "train"):
+        resume = ownership.prepare(out, _train_mode(args), to_dict(cfg))
+        if resume:
+            print(f"resuming from {out / ownership.CHECKPOINT} (step {ownership.status(out).checkpoint_step})",
+                  flush=True)
+        if launching:
+            return _launch(args, cfg, resume)
+        return _train_rank(args, cfg, resume)
+
+
+def _check_launch(args, cfg) -> None:
+    """Before any process starts or anything is written: the prompts split over the ranks, one GPU per rank."""
+    from qerl.train.dist import Dist, check_divisible
+
+    check_divisible(cfg.prompts_per_step, Dist(world=args.nproc * args.nnodes))
+    import torch
+
+    if (cfg.device != "cpu" and args.nnodes == 1 and torch.cuda.is_available()
+            and torch.cuda.device_count() < args.nproc and not os.environ.get("QERL_DIST_BACKEND")):
+        raise ValueError(f"--nproc {args.nproc}: this machine has {torch.cuda.device_count()} GPU(s) (one process "
+                         "per GPU; set device: cpu to run the processes on the CPU)")
+
+
+def _launch(args, cfg, resume: bool) -> int:
+    """``--nproc`` / ``--nnodes``: torchrun (+ srun) starts the ranks; they inherit the lock and the decision."""
+    from qerl.train.launch import launch, strip_launch_args
+
+    train_args = [a for a in strip_launch_args(args.argv[args.argv.index("train") + 1:])
+                  if a not in ("--resume", "--auto-resume", "--overwrite")]
+    return launch(args.nproc, args.nnodes, train_args + (["--resume"] if resume else []), args.dry_run)
+
+
+def _train_rank(args, cfg, resume: bool) -> int:
+    from qerl.train.loop import train
+
+    out = train(cfg, resume=resume, progress=not args.no_progress)
+    if os.environ.get("RANK", "0") == "0":
+        print(f"done: metrics in {out / 'metrics.jsonl'}, final weights in {out / 'final'}")
+    return 0
+
+
+def add_plan(sub) -> None:
+    pl = sub.add_parser("plan", help="estimate a training config's peak GPU memory before loading anything",
+                        description="Estimate the peak GPU memory of `qerl train --config FILE` (weights, LoRA and "
+                                    "optimizer states, rollout KV cache, update activations; qerl.train.plan) from "
+                                    "the model's config.json (or --shape for a Qwen2.5 size) and say whether it fits.")
+    pl.add_argument("--config", required=True, type=Path, help="YAML training config")
+    pl.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (as in train)")
+    pl.add_argument("--shape", choices=["7B", "14B", "32B"], default=None,
+                    help="use Qwen2.5 shapes instead of reading model.path's config.json")
+    pl.add_argument("--gpu-gb", type=float_in(0.0, lo_open=True), default=None,
+                    help="memory to plan for (default: this GPU, else 80)")
+    pl.add_argument("--json", action="store_true", help="JSON instead of Markdown")
+    pl.add_argument("--nproc", type=POSITIVE, default=1, help="data-parallel processes sharing each step (per-process plan)")
+    pl.set_defaults(func=run_plan)
+
+
+def run_plan(args) -> int:
+    from qerl.train.config import load_config
+    from qerl.train.plan import plan_config
+
+    cfg = load_config(args.config, overrides(args.set))
+    res = plan_config(cfg, shape=args.shape, available=None if args.gpu_gb is None else args.gpu_gb * 1e9,
+                      world=args.nproc)
+    print(json.dumps(res, default=float) if args.json else res["markdown"], end="\n" if args.json else "")
+    return 0 if res["fits"] else 3
