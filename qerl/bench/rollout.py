@@ -85,7 +85,7 @@ def step_split(eng, batch: int, prompt_len: int, gen_len: int) -> dict:
     = the captured full step minus those (norms, rotary, residuals, cache writes, embedding)."""
     from qerl.rollout import SamplingSettings
     from qerl.rollout.engine import forward as fw
-    from qerl.rollout.engine.sampling import sample
+    from qerl.rollout.sampling import sample
     from qerl.bench.kernels import _graph_times
 
     v, dev = eng.view, eng.device

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 
-from qerl.rollout.sampler import Rollout, SamplingSettings, sequence_logprobs
+from qerl.rollout.sampler import Rollout, sequence_logprobs
+from qerl.rollout.sampling import SamplingSettings
 
 log = logging.getLogger(__name__)
 _WARNED: set = set()

@@ -15,42 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-
-ENGINES = ("auto", "engine", "reference")
-
-
-@dataclass(frozen=True)
-class SamplingSettings:
-    """temperature (paper: 1.0 for rollouts, 0.6 for evaluation; 0 = greedy), top_p, top_k
-    (0 = off), max_new_tokens, stop strings (generation ends once one appears; it is kept).
-    engine: ``auto`` (the rollout engine, :mod:`qerl.rollout.engine`, on CUDA for models it runs; this
-    reference sampler otherwise), ``engine`` (always the engine; on CPU without CUDA graphs) or
-    ``reference``. release_cache (training): ``true`` frees the engine's KV cache and graphs after each rollout
-    so the update has that memory (they are captured again at the next rollout, ~0.2–0.7 s); ``false`` keeps
-    them; ``auto`` keeps them when the memory planner says the update fits beside them
-    (:func:`qerl.train.plan.keep_engine_cache`)."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 256
-    stop: tuple[str, ...] = ()
-    engine: str = "auto"
-    release_cache: bool | str = "auto"
-
-    def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.engine not in ENGINES:
-            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
-        if self.release_cache not in (True, False, "auto"):
-            raise ValueError(f"release_cache must be true, false or auto, got {self.release_cache!r}")
+from qerl.rollout.sampling import SamplingSettings, row_seeds, sample
 
 
 @dataclass
@@ -68,21 +33,6 @@ class Rollout:
     @property
     def lengths(self) -> torch.Tensor:
         return self.completion_mask.sum(1)
-
-
-def _filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Mask (set to -inf) tokens outside top-k / the top-p nucleus; always keeps the best one."""
-    if top_k and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, idx = torch.sort(logits, descending=True, dim=-1)
-        probs = sorted_logits.softmax(-1)
-        cum = probs.cumsum(-1)
-        remove = (cum - probs) >= top_p  # tokens whose preceding mass already reaches p
-        remove[..., 0] = False
-        logits = logits.masked_fill(torch.zeros_like(remove).scatter(-1, idx, remove), float("-inf"))
-    return logits
 
 
 def encode_prompts(tokenizer, prompts: list[str], num_samples: int):
@@ -104,12 +54,11 @@ def encode_prompts(tokenizer, prompts: list[str], num_samples: int):
 def generate(model, tokenizer, prompts: list[str], settings: SamplingSettings, seed: int = 0,
              num_samples: int = 1, first_row: int = 0) -> Rollout:
     """Sample ``num_samples`` completions per prompt (see module docstring). Row ``i`` draws with the seed of
-    global row ``first_row + i`` (:func:`qerl.rollout.engine.sampling.row_seeds`: Gumbel-max on counter-based
+    global row ``first_row + i`` (:func:`qerl.rollout.sampling.row_seeds`: Gumbel-max on counter-based
     uniforms, the engine's draw), so a row's tokens do not depend on which other rows share the call."""
     from transformers import DynamicCache
 
     from qerl.ops.logits import head_logits
-    from qerl.rollout.engine.sampling import row_seeds, sample
 
     device = next(model.parameters()).device
     eos, pad, ids, mask = encode_prompts(tokenizer, prompts, num_samples)

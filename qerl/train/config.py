@@ -17,7 +17,7 @@ from qerl.lora import LoraSettings
 from qerl.rewards.registry import RewardSettings
 from qerl.rl.aqn import AQNSettings
 from qerl.rl.losses import ALGORITHMS
-from qerl.rollout.sampler import SamplingSettings
+from qerl.rollout.sampling import SamplingSettings
 
 METHOD_NAMES = ("full", "lora", "qlora", "nvfp4_lora", "qerl")
 SHARDING = ("auto", "none", "optimizer", "fsdp")

@@ -4,7 +4,7 @@ One step on ``W`` processes (ranks) computes what one process computes on the sa
 
 * every rank holds the same packed base and adapters and draws the same global prompt list; rank ``r``
   generates the groups of its contiguous share (:func:`share`: whole groups, so a group's advantage never
-  straddles ranks) with the seeds of their *global* rows (``qerl.rollout.engine.sampling.row_seeds``), scores
+  straddles ranks) with the seeds of their *global* rows (``qerl.rollout.sampling.row_seeds``), scores
   them, and the shares are gathered (:func:`gather`) into the global batch that one process would have: the
   group statistics, DAPO's filter and refills (every rank decides on the same gathered rewards, so every rank
   keeps the same groups) and the rollout metrics are computed on it, identically on every rank;

@@ -15,7 +15,7 @@ from qerl.models import load_policy
 from qerl.rollout import SamplingSettings, generate, sampler
 from qerl.rollout.engine import EngineUnsupported, RolloutEngine
 from qerl.rollout.engine.runner import buckets
-from qerl.rollout.engine.sampling import sample, uniform
+from qerl.rollout.sampling import sample, uniform
 
 PROMPTS = ["12+7=", "hello, world", "a"]
 

@@ -5,7 +5,8 @@ import torch
 from transformers import AutoTokenizer
 
 from qerl.models import load_policy
-from qerl.rollout.sampler import SamplingSettings, _filter, generate, sequence_logprobs
+from qerl.rollout.sampler import generate, sequence_logprobs
+from qerl.rollout.sampling import SamplingSettings, filter_logits as _filter
 
 PROMPTS = ["12+7=", "hello, world", "a"]
 

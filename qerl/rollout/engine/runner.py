@@ -11,7 +11,7 @@ One ``generate`` call (same signature and :class:`~qerl.rollout.sampler.Rollout`
    next host check, then decoded beside the others: every row carries its own generation step);
 3. prefill (SDPA) writes each row's prompt into its slot and samples the first token;
 4. decode: each step reads the rows' tokens / positions / slots from static buffers, writes K/V, attends
-   (Triton flash-decoding on CUDA), samples (:mod:`~qerl.rollout.engine.sampling`) and records token and
+   (Triton flash-decoding on CUDA), samples (:mod:`~qerl.rollout.sampling`) and records token and
    log-prob on the device. Steps are replayed ``check_every`` at a time without a host sync; then the host
    reads the finished flags (EOS on the device; stop strings decoded on the host for the new tokens only) and,
    when the live rows fit a smaller batch bucket, continues with that bucket's graph on the live rows only
@@ -28,8 +28,8 @@ import torch
 
 from qerl.rollout.engine import forward as fw
 from qerl.rollout.engine.model_view import EngineUnsupported, view_model
-from qerl.rollout.engine.sampling import row_seeds, sample
-from qerl.rollout.sampler import Rollout, SamplingSettings, encode_prompts
+from qerl.rollout.sampler import Rollout, encode_prompts
+from qerl.rollout.sampling import SamplingSettings, row_seeds, sample
 
 PREFILL_TOKENS = 8192  # prompt positions per prefill call (rows chunked so the activations stay bounded)
 

@@ -1,0 +1,113 @@
+"""Sampling: the settings, and the draw both engines use — on the device, without host syncs and without a
+torch.Generator (so it can live in a CUDA graph).
+
+Each row ``b`` at generation step ``t`` draws its token with the Gumbel-max trick from counter-based
+uniforms ``u = hash(seed_b, t, vocab index)`` (a 32-bit integer hash, :func:`uniform`):
+
+    token = argmax_v( filtered(logits / T)_v + g_v ),   g_v = -log(-log u_v)
+
+which is an exact draw from ``softmax(filtered(logits / T))`` (Gumbel 1954; the filters are top-k and
+top-p, :func:`filter_logits`). A row's tokens depend only on its own seed, step and
+logits — not on which other rows share the batch — so compacting finished rows away changes nothing, and
+the same seed reproduces the same rollout. The reported log-prob is ``log_softmax(logits / T)`` of the
+chosen token over the full vocabulary (the sampling policy's, as the reference sampler and vLLM report it);
+T = 0 is greedy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+ENGINES = ("auto", "engine", "reference")
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """temperature (paper: 1.0 for rollouts, 0.6 for evaluation; 0 = greedy), top_p, top_k
+    (0 = off), max_new_tokens, stop strings (generation ends once one appears; it is kept).
+    engine: ``auto`` (the rollout engine, :mod:`qerl.rollout.engine`, on CUDA for models it runs; this
+    reference sampler otherwise), ``engine`` (always the engine; on CPU without CUDA graphs) or
+    ``reference``. release_cache (training): ``true`` frees the engine's KV cache and graphs after each rollout
+    so the update has that memory (they are captured again at the next rollout, ~0.2–0.7 s); ``false`` keeps
+    them; ``auto`` keeps them when the memory planner says the update fits beside them
+    (:func:`qerl.train.plan.keep_engine_cache`)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    engine: str = "auto"
+    release_cache: bool | str = "auto"
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.release_cache not in (True, False, "auto"):
+            raise ValueError(f"release_cache must be true, false or auto, got {self.release_cache!r}")
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Mask (set to -inf) tokens outside top-k / the top-p nucleus; always keeps the best one."""
+    if top_k and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, idx = torch.sort(logits, descending=True, dim=-1)
+        probs = sorted_logits.softmax(-1)
+        cum = probs.cumsum(-1)
+        remove = (cum - probs) >= top_p  # tokens whose preceding mass already reaches p
+        remove[..., 0] = False
+        logits = logits.masked_fill(torch.zeros_like(remove).scatter(-1, idx, remove), float("-inf"))
+    return logits
+
+
+_M1, _M2 = 0x7FEB352D, 0x5BD1E995  # odd multipliers < 2^31: products stay inside int64
+_MASK = 0xFFFFFFFF
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit avalanche hash (int64 tensor holding values in [0, 2^32))."""
+    x = x ^ (x >> 16)
+    x = (x * _M1) & _MASK
+    x = x ^ (x >> 15)
+    x = (x * _M2) & _MASK
+    return x ^ (x >> 16)
+
+
+def uniform(seed: torch.Tensor, step: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``[B, vocab]`` fp32 uniforms in (0, 1) from ``seed [B]`` int64 and ``step`` (int64 scalar tensor)."""
+    idx = torch.arange(vocab, device=seed.device, dtype=torch.int64)
+    key = _mix((seed & _MASK) ^ _mix((step * 0x9E37 + 0x632B) & _MASK))  # [B]
+    x = _mix((idx[None, :] + key[:, None] * 0x10001) & _MASK)
+    return (x.to(torch.float32) + 0.5) * (1.0 / 4294967296.0)  # (0, 1): never 0 or 1
+
+
+def row_seeds(seed: int, first_row: int, n: int) -> torch.Tensor:
+    """``[n]`` int64 per-row seeds of rows ``first_row .. first_row + n - 1`` of a rollout seeded ``seed`` (any
+    Python int). A row's seed depends on its global index only, so a rollout split over calls (DAPO refills
+    aside) or over ranks (``qerl train`` under torchrun: each rank generates its share) draws the same tokens
+    as one call over all rows; the engine and the reference sampler use the same seeds."""
+    base = ((int(seed) & 0xFFFFFFFFFFFFFFFF) * 0x9E3779B1 + 0x7F4A7C15) & _MASK
+    return (base + torch.arange(first_row, first_row + n, dtype=torch.long) * 0x632BE5AB) & _MASK
+
+
+def sample(logits: torch.Tensor, s: SamplingSettings, seed: torch.Tensor, step: torch.Tensor):
+    """``logits [B, V]`` fp32 -> (tokens [B] int64, log-probs [B] fp32); see module docstring."""
+    if s.temperature == 0:
+        tok = logits.argmax(-1)
+        return tok, logits.log_softmax(-1).gather(-1, tok[:, None])[:, 0]
+    scaled = logits / s.temperature
+    filtered = filter_logits(scaled, s.top_k, s.top_p)
+    g = -torch.log(-torch.log(uniform(seed, step, logits.shape[-1])))
+    tok = (filtered + g).argmax(-1)
+    return tok, scaled.log_softmax(-1).gather(-1, tok[:, None])[:, 0]
