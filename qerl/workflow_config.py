@@ -12,12 +12,10 @@ import os
 from pathlib import Path
 from dataclasses import dataclass
 
-METHODS = ("full", "lora", "qlora", "nvfp4_lora", "qerl")
+from qerl.methods import NAMES as METHODS, NVFP4_METHODS, UNTRAINED as _UNTRAINED, base_of  # noqa: F401 (the registry)
+
 ALGORITHMS = ("grpo", "dapo", "dr_grpo")
-NVFP4_METHODS = ("nvfp4_lora", "qerl")
-UNTRAINED = ("bf16", "nvfp4")
-BASE_OF = {"full": "bf16", "lora": "bf16", "qlora": "nf4", "nvfp4_lora": "nvfp4", "qerl": "nvfp4",
-           "bf16": "bf16", "nvfp4": "nvfp4"}
+UNTRAINED = tuple(_UNTRAINED)
 
 
 def base_method(config: dict, method: str) -> str:

@@ -11,10 +11,8 @@ TABLE1 = {
     "NVFP4 LoRA": {"3B": 83.3, "7B": 88.5},
     "NVFP4 LoRA + AQN (QeRL)": {"3B": 83.7, "7B": 90.8},
 }
-#: Row label of each (method) in Table 1 / Table 2.
-ROW_LABEL = {"bf16": "bf16, untrained", "nvfp4": "NVFP4, untrained", "full": "bf16 full fine-tuning",
-             "lora": "bf16 LoRA", "qlora": "NF4 LoRA (QLoRA)", "nvfp4_lora": "NVFP4 LoRA",
-             "qerl": "NVFP4 LoRA + AQN (QeRL)"}
+#: The rows of the paper's Table 2 (qerl.methods names).
+TABLE2_ROWS = ("bf16", "full", "lora", "nvfp4_lora", "qerl")
 TABLE2_BENCHMARKS = ("math500", "aime24", "aime25", "amc23")
 #: Table 2: DAPO on BigMath; (size, method) -> MATH500, AIME24, AIME25, AMC23, avg.
 TABLE2 = {

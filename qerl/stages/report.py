@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from qerl.stages.paper_numbers import ROW_LABEL, TABLE1, TABLE2, TABLE2_BENCHMARKS
+from qerl.methods import ROWS, label as row_label
+from qerl.stages.paper_numbers import TABLE1, TABLE2, TABLE2_BENCHMARKS, TABLE2_ROWS
 from qerl.workflow_config import runs
 
 CURVES = (("reward_mean", "reward"), ("accuracy", "accuracy"), ("entropy", "policy entropy"),
@@ -46,13 +47,12 @@ def table1(config: dict, results: Path) -> tuple[str, list[list[str]]]:
         col = config["models"][m].get("paper_column")
         header += [f"{m} (ours)", f"{col} (paper)" if col else "paper"]
     rows = []
-    for method in ("bf16", "nvfp4", "full", "lora", "qlora", "nvfp4_lora", "qerl"):
-        label = ROW_LABEL[method]
-        row = [label]
+    for method in ROWS:
+        row = [row_label(method)]
         for m in models:
             ds = dataset or next((r.dataset for r in runs(config) if r.model == m and r.algo == algo), None)
             col = config["models"][m].get("paper_column")
-            row += [_fmt(_score(config, results, m, method, algo, ds, bench)), _fmt(TABLE1[label].get(col))]
+            row += [_fmt(_score(config, results, m, method, algo, ds, bench)), _fmt(TABLE1[row_label(method)].get(col))]
         rows.append(row)
     title = f"Table 1 — {bench} pass@1 (%) after {algo.upper()} on {dataset or 'the training set'}"
     return title, [header] + rows
@@ -70,12 +70,12 @@ def table2(config: dict, results: Path) -> tuple[str, list[list[str]]] | None:
     for m in t.get("models") or list(dict.fromkeys(r.model for r in runs(config))):
         size = config["models"][m].get("paper_column")
         ds = dataset or next((r.dataset for r in runs(config) if r.model == m and r.algo == algo), None)
-        for method in ("bf16", "full", "lora", "nvfp4_lora", "qerl"):
+        for method in TABLE2_ROWS:
             ours = [_score(config, results, m, method, algo, ds, b) for b in benches]
             paper = TABLE2.get((size, method), (None,) * 5)
             if all(x is None for x in ours) and paper[0] is None:
                 continue
-            rows.append([m, ROW_LABEL[method].replace(", untrained", " untrained")] + [_fmt(x) for x in ours] +
+            rows.append([m, row_label(method).replace(", untrained", " untrained")] + [_fmt(x) for x in ours] +
                         [_fmt(_mean(ours) if all(x is not None for x in ours) else None)] + [_fmt(x) for x in paper])
     return f"Table 2 — pass@1 (%) after {algo.upper()}", [header] + rows
 

@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qerl.lora import LoraSettings
+from qerl.methods import NAMES
 from qerl.rewards.registry import RewardSettings
 from qerl.rl.aqn import AQNSettings
 from qerl.rl.losses import ALGORITHMS
 from qerl.rollout.sampling import SamplingSettings
 
-METHOD_NAMES = ("full", "lora", "qlora", "nvfp4_lora", "qerl")
+METHOD_NAMES = NAMES  # (qerl.methods: the registry)
 SHARDING = ("auto", "none", "optimizer", "fsdp")
 OFFLOAD = ("auto", "none", "rollout")
 TEMPLATES = ("raw", "chat", "paper")

@@ -1,27 +1,10 @@
-"""Training methods: one registry, one loop. A method is (base format, LoRA?, AQN?)."""
+"""Building a method's policy (the registry itself is :mod:`qerl.methods`: base format, LoRA?, AQN?)."""
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
+from qerl.methods import METHODS, Method  # noqa: F401  (re-exported for the trainer and the planner)
 
-@dataclass(frozen=True)
-class Method:
-    name: str
-    base: str  # "bf16" | "nf4" | "nvfp4"
-    lora: bool
-    aqn: bool
-    description: str
-
-
-METHODS = {
-    "full": Method("full", "bf16", False, False, "bf16 full fine-tuning (all parameters)"),
-    "lora": Method("lora", "bf16", True, False, "bf16 base + LoRA"),
-    "qlora": Method("qlora", "nf4", True, False, "NF4 base (bitsandbytes) + LoRA (QLoRA)"),
-    "nvfp4_lora": Method("nvfp4_lora", "nvfp4", True, False, "NVFP4 base + LoRA"),
-    "qerl": Method("qerl", "nvfp4", True, True, "NVFP4 base + LoRA + AQN (QeRL)"),
-}
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 

@@ -290,3 +290,15 @@ def test_missing_dependency_stops_before_any_job(tmp_path):
     assert out.returncode != 0
     assert "missing dependencies" in out.stdout + out.stderr and "mlflow" in out.stdout + out.stderr
     assert not (tmp_path / "w/results").exists()
+
+
+def test_the_schema_names_the_registry_methods():
+    """The workflow schema (data, not code) lists the method names of qerl.methods, the one registry."""
+    import yaml
+
+    from qerl.methods import NAMES, UNTRAINED
+
+    schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+    text = json.dumps(schema)
+    for enum in (list(NAMES), list(NAMES) + list(UNTRAINED)):
+        assert json.dumps(enum) in text

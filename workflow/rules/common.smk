@@ -133,4 +133,4 @@ def trained_policy(w):
     if method == "full":
         return f"--model {final} --base bf16"
     base = f"results/quantize/{w.model}" if method in wc.NVFP4_METHODS else model_path(w.model)
-    return f"--model {base} --base {wc.BASE_OF[method]} --adapter {final}"
+    return f"--model {base} --base {wc.base_of(method)} --adapter {final}"

@@ -1,0 +1,45 @@
+"""The training methods: one registry that the trainer, its config, the workflow, the planner and the report read
+(no torch: the Snakefile imports it).
+
+A method is (base format, LoRA?, AQN?): the five rows the paper compares. The untrained bases (``bf16``,
+``nvfp4``) are evaluated beside them; :data:`ROWS` is the order of the paper's tables.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    base: str  # "bf16" | "nf4" | "nvfp4"
+    lora: bool
+    aqn: bool
+    description: str
+    label: str  # the paper's row label (Tables 1 and 2)
+
+
+METHODS = {m.name: m for m in (
+    Method("full", "bf16", False, False, "bf16 full fine-tuning (all parameters)", "bf16 full fine-tuning"),
+    Method("lora", "bf16", True, False, "bf16 base + LoRA", "bf16 LoRA"),
+    Method("qlora", "nf4", True, False, "NF4 base (bitsandbytes) + LoRA (QLoRA)", "NF4 LoRA (QLoRA)"),
+    Method("nvfp4_lora", "nvfp4", True, False, "NVFP4 base + LoRA", "NVFP4 LoRA"),
+    Method("qerl", "nvfp4", True, True, "NVFP4 base + LoRA + AQN (QeRL)", "NVFP4 LoRA + AQN (QeRL)"),
+)}
+NAMES = tuple(METHODS)
+#: The untrained bases evaluated beside the trained methods: name -> (base format, the paper's row label).
+UNTRAINED = {"bf16": ("bf16", "bf16, untrained"), "nvfp4": ("nvfp4", "NVFP4, untrained")}
+#: Methods trained on the NVFP4 checkpoint (the workflow quantizes their model first).
+NVFP4_METHODS = tuple(n for n, m in METHODS.items() if m.base == "nvfp4")
+#: Every row of the paper's tables, in their order.
+ROWS = (*UNTRAINED, *NAMES)
+
+
+def base_of(name: str) -> str:
+    """The base format a method (or an untrained base) runs on."""
+    return UNTRAINED[name][0] if name in UNTRAINED else METHODS[name].base
+
+
+def label(name: str) -> str:
+    """The paper's row label of a method or an untrained base."""
+    return UNTRAINED[name][1] if name in UNTRAINED else METHODS[name].label
