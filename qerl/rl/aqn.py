@@ -110,8 +110,15 @@ def target_norms(model: nn.Module, final_norm: bool = False) -> dict[str, nn.Mod
     return found
 
 
+def active_noise(norm: nn.Module) -> torch.Tensor | None:
+    """The AQN noise ``Z`` drawn on ``norm`` now (fp32 ``[hidden]`` on its device), or None: no draw active, or a
+    norm AQN does not perturb. The declared way for other code to see the noise (the rollout engine copies it into
+    the fixed buffers its CUDA graphs read, :meth:`qerl.rollout.engine.runner.RolloutEngine._sync`)."""
+    return getattr(norm, "_aqn_noise", None)
+
+
 def _noisy_rmsnorm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-    noise = getattr(self, "_aqn_noise", None)
+    noise = active_noise(self)
     if noise is None:
         return self._aqn_original_forward(hidden_states)
     input_dtype = hidden_states.dtype
@@ -160,4 +167,4 @@ class AQN:
             self.clear()
 
     def current(self) -> dict[str, torch.Tensor | None]:
-        return {n: m._aqn_noise for n, m in self.norms.items()}
+        return {n: active_noise(m) for n, m in self.norms.items()}

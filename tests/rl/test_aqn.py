@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from qerl.models import load_policy
-from qerl.rl.aqn import AQN, AQNSettings, sigma_at, stage_of, target_norms
+from qerl.rl.aqn import AQN, AQNSettings, active_noise, sigma_at, stage_of, target_norms
 
 
 def test_stage_boundaries_and_exponential_sigma():
@@ -47,7 +47,7 @@ def test_noise_on_norm_equals_row_scaling_of_next_quantized_weights(quantized_di
     aqn = AQN(model, AQNSettings())
     x = _x(model).float()
     aqn.draw(0.05, seed=11)
-    z = layer.input_layernorm._aqn_noise
+    z = active_noise(layer.input_layernorm)
     w = layer.input_layernorm.weight.detach().float()
     noisy_q = layer.self_attn.q_proj(layer.input_layernorm(x))
     aqn.clear()
@@ -99,7 +99,7 @@ def test_small_sigma_survives_bf16(quantized_dirs):
         clean = norm(x)
         with aqn.noise(5e-4, seed=0):
             noisy = norm(x)
-            z = norm._aqn_noise
+            z = active_noise(norm)
     changed = noisy != clean
     assert changed.float().mean() > 0.03
     # the shifts follow the noise: sign(noisy - clean) == sign(z * x) where they differ

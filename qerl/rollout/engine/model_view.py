@@ -103,7 +103,7 @@ class Proj:
 @dataclass
 class Norm:
     """RMSNorm ``w · x̂`` (stock) or, with AQN noise ``Z`` drawn, ``(w + Z) · x̂`` in fp32 rounded once
-    (:mod:`qerl.rl.aqn`). ``module`` is the active norm module (``_aqn_noise`` is read from it)."""
+    (:mod:`qerl.rl.aqn`). ``module`` is the active norm module (its noise: :func:`qerl.rl.aqn.active_noise`)."""
 
     module: nn.Module
     eps: float

@@ -4,7 +4,7 @@ replayed from CUDA graphs, sampling on the device and finished rows compacted aw
 One ``generate`` call (same signature and :class:`~qerl.rollout.sampler.Rollout` as the reference sampler):
 
 1. sync: the active LoRA adapters are copied into the engine's activation-dtype buffers and the AQN noise
-   drawn on the norms (``_aqn_noise``) into its fp32 buffers — the graphs read those fixed addresses, so an
+   drawn on the norms (:func:`qerl.rl.aqn.active_noise`) into its fp32 buffers — the graphs read those fixed addresses, so an
    optimizer step or a new noise draw needs no re-capture, and the model's own weights are never written;
 2. plan: the KV cache (one slot of ``prompt + max_new_tokens`` positions per row) is sized from free memory;
    rows that do not fit wait, and each slot a finished row frees goes to the next waiting row (prefilled at the
@@ -28,6 +28,7 @@ import torch
 
 from qerl.rollout.engine import forward as fw
 from qerl.rollout.engine.model_view import EngineUnsupported, view_model
+from qerl.rl.aqn import active_noise
 from qerl.rollout.sampler import Rollout, encode_prompts
 from qerl.rollout.sampling import SamplingSettings, row_seeds, sample
 
@@ -118,7 +119,7 @@ class RolloutEngine:
         noisy = False
         norms = [n for layer in self.view.layers for n in (layer.input_norm, layer.post_norm)] + [self.view.final_norm]
         for n in norms:
-            z = getattr(n.module, "_aqn_noise", None)
+            z = active_noise(n.module)
             if z is None:
                 n.noise.zero_()
             else:
