@@ -566,19 +566,3 @@ def nvfp4_matmul_t(dy, packed, scale, gs, dyb=None, lora_a=None, lora_scale: flo
 def supports(x: torch.Tensor, packed: torch.Tensor) -> bool:
     """The fast path's gate: CUDA (or the interpreter on CPU), bf16/fp16 activations."""
     return (x.is_cuda or _interpreting()) and x.dtype in (torch.bfloat16, torch.float16)
-
-
-def register() -> None:
-    """Plug the kernels into :mod:`qerl.ops.linear` (idempotent): forward and backward of every call
-    that :func:`supports`; each call's path (MMV / GEMV / tile / DQ) comes from :func:`config_for`."""
-    from qerl.ops import linear
-
-    if any(b.name == "triton-nvfp4" for b in linear._BACKENDS):
-        return
-    linear.register_backend(linear.Backend(
-        "triton-nvfp4", supports, lambda x, p, s, g, b: nvfp4_matmul(x, p, s, g, b),
-        lambda dy, p, s, g: nvfp4_matmul_t(dy, p, s, g),
-        lambda x, p, s, g, b, la, lb, sc: nvfp4_matmul(x, p, s, g, b, None, lb, sc, lora_a=la),
-        forward_xa=lambda x, p, s, g, b, xa, lb, sc: nvfp4_matmul(x, p, s, g, b, xa, lb, sc),
-        backward_input_lora=lambda dy, p, s, g, dyb, la, sc: nvfp4_matmul_t(dy, p, s, g, dyb, la, sc),
-    ))

@@ -12,8 +12,8 @@ branch ``s · (x · Aᵀ) · Bᵀ`` (``lora_a [R, K]``, ``lora_b [N, R]``) the w
 autograd (rollouts, evaluation) a backend may run it in the same launch as the base product.
 
 Backends: the pure-torch reference below (dequantize, then ``F.linear``) is the readable
-definition and the CPU path. GPU kernels register themselves with :func:`register_backend`
-(``qerl_kernels`` does so on import when CUDA and Triton are available); setting the environment
+definition and the CPU path. The GPU kernels (``qerl_kernels``, which import nothing from ``qerl``) become a
+backend here (:func:`kernel_backend`, on the first call, unless ``QERL_KERNELS=off``); setting the environment
 variable ``QERL_FORCE_REFERENCE=1`` forces the reference everywhere for debugging.
 """
 from __future__ import annotations
@@ -90,11 +90,25 @@ def _maybe_register_kernels() -> None:
     * ``reference`` / ``off``: never (``QERL_FORCE_REFERENCE=1`` also forces it, for debugging)."""
     mode = os.environ.get("QERL_KERNELS", "auto").lower()
     if mode in ("triton", "auto"):
-        from qerl_kernels.ops import register
-
-        register()
+        if not any(b.name == "triton-nvfp4" for b in _BACKENDS):
+            register_backend(kernel_backend())
     elif mode not in ("reference", "off"):
         raise ValueError(f"QERL_KERNELS={mode!r}: expected auto, triton, reference or off")
+
+
+def kernel_backend() -> Backend:
+    """The Triton kernels (``qerl_kernels``, the floor below this seam) as a backend, built from their public
+    functions: forward and backward of every call their ``supports`` accepts (CUDA, or the interpreter on CPU;
+    bf16/fp16 activations); each call's path (MMV / GEMV / tile / DQ) comes from their tuned tables."""
+    from qerl_kernels.ops import nvfp4_matmul, nvfp4_matmul_t, supports
+
+    return Backend(
+        "triton-nvfp4", supports, lambda x, p, s, g, b: nvfp4_matmul(x, p, s, g, b),
+        lambda dy, p, s, g: nvfp4_matmul_t(dy, p, s, g),
+        lambda x, p, s, g, b, la, lb, sc: nvfp4_matmul(x, p, s, g, b, None, lb, sc, lora_a=la),
+        forward_xa=lambda x, p, s, g, b, xa, lb, sc: nvfp4_matmul(x, p, s, g, b, xa, lb, sc),
+        backward_input_lora=lambda dy, p, s, g, dyb, la, sc: nvfp4_matmul_t(dy, p, s, g, dyb, la, sc),
+    )
 
 
 def select_backend(x: torch.Tensor, packed: torch.Tensor) -> Backend | None:
