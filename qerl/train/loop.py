@@ -25,13 +25,13 @@ from qerl.rl.aqn import AQN, sigma_at
 from qerl.rl.losses import LossSettings, mismatch_stats, policy_loss, truncated_is_weights
 from qerl.rollout.engine import release_engine
 from qerl.rollout.sampler import sequence_logprobs
-from qerl.train import dist, fsdp, ownership
+from qerl.train import dist, ownership, sharding
 from qerl.train.config import TrainConfig, resolve_sharding, to_dict
 from qerl.train.methods import METHODS, build_policy, load_tokenizer, resolve_device
 from qerl.train.offload import StateOffload
-from qerl.train.state import TrainState, load_checkpoint, save_checkpoint
+from qerl.train.state import TrainState, save_checkpoint
 from qerl.train.steps import (
-    PromptStream, TrainingError, collect_rollouts, derive_seed, logprobs_no_grad, make_optimizer, micro_weight,
+    PromptStream, TrainingError, collect_rollouts, derive_seed, logprobs_no_grad, micro_weight,
     peak_memory_gb, warmup_cosine,
 )
 from qerl.errors import TrainingInterrupted
@@ -75,8 +75,8 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
 
     # model & method (on a GPU, a configuration that cannot fit is refused before anything loads)
     plan = _check_memory(cfg, d.world) if device.type == "cuda" else None
-    sharding = resolve_sharding(cfg, d.world)  # none | optimizer (ZeRO-1) | fsdp (FSDP2), see TrainConfig.sharding
-    keep_cache = device.type == "cuda" and sharding != "fsdp" and _keep_engine_cache(cfg, d.world)
+    shards = sharding.strategy(resolve_sharding(cfg, d.world))  # none | optimizer (ZeRO-1) | fsdp (FSDP2)
+    keep_cache = device.type == "cuda" and shards.keeps_engine_cache and _keep_engine_cache(cfg, d.world)
     policy, tokenizer = build_policy(cfg, device, d.world)
     aqn = AQN(policy, cfg.aqn) if method.aqn else None
     scorer = LogprobModule(policy)  # DDP-wrapped under torchrun (below): the update's forward goes through it
@@ -87,27 +87,22 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
 
     # optimizer (after sharding: FSDP2 turns the weights into DTensor shards)
     dist.check_same_weights(d, policy)
-    if sharding == "fsdp":
-        fsdp.shard(policy, device, d.world)
+    shards.prepare(policy, device, d.world)
     params = [p for p in policy.parameters() if p.requires_grad]
-    if sharding == "fsdp":  # multi-tensor on every device, so CPU tests take the GPU's path
-        optimizer = make_optimizer(fsdp.optimizer_groups(policy), _optim_settings(cfg, sharding), device,
-                                   foreach=True)
-    else:
-        optimizer = make_optimizer(params, _optim_settings(cfg, sharding), device, shard=sharding == "optimizer")
-    if sharding != "none" and d.main:
-        print(_sharding_note(sharding, optimizer, params, d.world), flush=True)
+    optimizer = shards.make_optimizer(policy, cfg, device)
+    said = shards.note(optimizer, params, d.world)
+    if said and d.main:
+        print(said, flush=True)
     scheduler = warmup_cosine(optimizer, cfg.optim.warmup_steps, cfg.steps, cfg.optim.min_lr_ratio)
     state = TrainState(world_size=d.world)
     if resume:
-        state = load_checkpoint(out, policy, optimizer, scheduler, sharded=sharding == "fsdp")
+        state = shards.load(out, policy, optimizer, scheduler)
         if state.world_size != d.world:
             raise TrainingError(
                 f"{out / 'checkpoint'} was written by a run on {state.world_size} process(es); this one has {d.world}: "
                 f"resume with --nproc {state.world_size} (or start a new output_dir)")
         stream.pos = state.data_pos
-    if sharding != "fsdp":  # (FSDP2's own hooks reduce the gradients)
-        scorer = dist.wrap(scorer, d, device)
+    scorer = shards.wrap(scorer, d, device)
     parking = StateOffload(optimizer) if _offload(cfg, device, plan) else None
     if parking is not None and d.main:
         print("optimizer states parked in host memory during each rollout (optim.offload)", flush=True)
@@ -137,7 +132,7 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
             t0 = time.time()
             parked = parking.park() if parking is not None else 0  # (none before the first optimizer step)
             try:
-                with fsdp.gathered(policy) if sharding == "fsdp" else contextlib.nullcontext():
+                with shards.gathered(policy):
                     batch, rewards, stats = collect_rollouts(policy, tokenizer, stream, cfg, step, reward, aqn, sigma, d)
                     if not keep_cache:
                         release_engine(policy)  # (before FSDP reshards: the engine holds views of the weights)
@@ -149,7 +144,7 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
                 parking.restore()
             try:
                 info = _update(policy, scorer, batch, rewards, cfg, loss_settings, aqn, sigma, step, optimizer, d,
-                               sharding) if batch else {}
+                               shards) if batch else {}
             except torch.cuda.OutOfMemoryError as e:
                 optimizer.zero_grad(set_to_none=True)
                 raise _oom_error(cfg, step, "update", device, out, batch, e) from None
@@ -167,18 +162,12 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
             bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", acc=f"{stats['accuracy']:.2f}")
             log_line(metrics)
             if state.step % cfg.checkpoint_every == 0 or state.step == cfg.steps:
-                staged = None
-                if sharding == "optimizer":  # every rank sends its states' part to rank 0, which writes them all
-                    dist.collective(d, lambda: optimizer.consolidate_state_dict(to=0),
-                                    f"collecting the optimizer states of step {state.step}")
-                elif sharding == "fsdp":  # every rank writes its shards into one staging directory
-                    staged = _stage_sharded(out, policy, optimizer, state.step, d)
+                staged = shards.stage_checkpoint(out, policy, optimizer, state.step, d)
                 if d.main:
                     save_checkpoint(out, policy, optimizer, scheduler, state, method.lora, sharded=staged)
                 dist.barrier(d, f"writing the checkpoint of step {state.step}")
                 saved = state.step
-        weights = dist.collective(d, lambda: fsdp.full_weights(policy), "gathering the final weights") \
-            if sharding == "fsdp" else None
+        weights = shards.final_weights(policy, d)
         if d.main:
             _save_final(out, policy, tokenizer, method, weights)
             _write_summary(out, metrics_path, cfg)
@@ -241,47 +230,6 @@ def _oom_error(cfg: TrainConfig, step: int, phase: str, device, out: Path, batch
         f"step {step + 1}: out of GPU memory in the {phase} phase ({sizes}{mem}: {first}). The last checkpoint "
         f"({out / 'checkpoint'}, {last}) is intact: lower micro_batch_size or rollout.max_new_tokens, or set "
         "gradient_checkpointing: true (`qerl plan --config ...` estimates it), then rerun with --resume.")
-
-
-def _stage_sharded(out: Path, policy, optimizer, step: int, d: dist.Dist) -> Path:
-    """FSDP2: every rank's shards written into ``out/.checkpoint.dcp-stepN`` (rank 0 then moves it into the new
-    checkpoint, atomically; a staging left by a killed run is removed first)."""
-    import shutil
-
-    staging = out / f".checkpoint.dcp-step{step}"
-    if d.main:
-        for old in out.glob(".checkpoint.dcp-step*"):
-            shutil.rmtree(old, ignore_errors=True)
-        staging.mkdir(parents=True)
-    dist.barrier(d, f"staging the checkpoint of step {step}")
-    dist.collective(d, lambda: fsdp.save_sharded(policy, optimizer, staging), f"writing the shards of step {step}")
-    return staging
-
-
-def _optim_settings(cfg: TrainConfig, sharding: str):
-    """``cfg.optim``, with 8-bit AdamW off under FSDP2 (bitsandbytes' kernels take whole tensors, not DTensor
-    shards; the fp32 states are sharded instead)."""
-    import dataclasses
-
-    if sharding != "fsdp" or cfg.optim.eight_bit == "false":
-        return cfg.optim
-    if cfg.optim.eight_bit == "true":
-        raise TrainingError("optim.eight_bit: true cannot shard with sharding: fsdp (bitsandbytes' 8-bit AdamW "
-                            "needs whole tensors); use eight_bit: auto/false, or sharding: optimizer")
-    return dataclasses.replace(cfg.optim, eight_bit="false")
-
-
-def _sharding_note(sharding: str, optimizer, params, world: int) -> str:
-    total = sum(p.numel() for p in params)
-    if sharding == "optimizer":
-        mine = sum(p.numel() for p in optimizer.optim.param_groups[0]["params"])
-        return (f"optimizer states sharded over {world} processes (ZeroRedundancyOptimizer, sharding: optimizer): "
-                f"rank 0 keeps those of {mine:,} of {total:,} parameters")
-    from torch.distributed.tensor import DTensor
-
-    local = sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in params)
-    return (f"weights, gradients and optimizer states sharded over {world} processes (FSDP2, sharding: fsdp): "
-            f"rank 0 holds {local:,} of {total:,} parameters (the lm_head whole)")
 
 
 def _keep_engine_cache(cfg: TrainConfig, world: int) -> bool:
@@ -359,12 +307,11 @@ def _logprobs_global(policy, batch, T: float, micro: list, d: dist.Dist, what: s
 
 
 def _update(policy, scorer, batch, rewards, cfg, loss_settings, aqn, sigma, step, optimizer, d: dist.Dist,
-            sharding: str = "none") -> dict:
+            shards: sharding.Replicated = sharding.Replicated()) -> dict:
     """Advantages, old/ref log-probs, μ policy updates over micro-batches. Returns diagnostics. Under torchrun
     each rank runs its share of the micro-batches (``scorer`` is DDP-wrapped: one gradient all-reduce per
     optimizer step; under FSDP2 its hooks reduce-scatter at the last micro-batch) and the diagnostics are summed
     over ranks."""
-    sharded = sharding == "fsdp"
     a = cfg.algorithm
     T = cfg.rollout.temperature
     adv = group_advantages(rewards, a.group_size, a.adv_scale).to(batch.logprobs.device)
@@ -377,7 +324,7 @@ def _update(policy, scorer, batch, rewards, cfg, loss_settings, aqn, sigma, step
     micro = _rank_micro_batches(n, a.group_size, mb, d)
     with ctx:
         old_logp = _logprobs_global(policy, batch, T, micro, d, f"gathering the old log-probs of step {step + 1}",
-                                    sharded)
+                                    shards.lockstep)
         mismatch = mismatch_stats(old_logp, batch.logprobs, mask)
         ref_logp = None
         if a.kl_coef > 0:
@@ -390,8 +337,7 @@ def _update(policy, scorer, batch, rewards, cfg, loss_settings, aqn, sigma, step
             total = 0.0
             for k, (m, real) in enumerate(micro):
                 sync = k == len(micro) - 1 or not d.on
-                with contextlib.nullcontext() if sync else (
-                        fsdp.accumulating(policy) if sharded else scorer.no_sync()):
+                with contextlib.nullcontext() if sync else shards.accumulating(policy, scorer):
                     logp, ent = scorer(batch.prompt_ids[m], batch.prompt_mask[m], batch.completion_ids[m],
                                        batch.completion_mask[m], T)
                     loss, info = policy_loss(logp, old_logp[m], adv[m], mask[m], loss_settings,
@@ -406,11 +352,7 @@ def _update(policy, scorer, batch, rewards, cfg, loss_settings, aqn, sigma, step
                     for key, v in info.items():
                         sums[key] = sums.get(key, 0.0) + v * w
             params = [p for p in policy.parameters() if p.requires_grad]
-            if sharded:
-                fsdp.average_replicated_grads(policy, d.world)
-                grad_norm = fsdp.clip_grad_norm_(params, cfg.optim.grad_clip)
-            else:
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
+            grad_norm = shards.clip(policy, params, cfg.optim.grad_clip, d.world)
             if not torch.isfinite(grad_norm):
                 raise TrainingError(f"step {step}: gradient norm is {float(grad_norm)}; stopping")
             optimizer.step()
