@@ -10,7 +10,7 @@ each tile runs ``griddepcontrol.wait`` (this grid complete, its writes visible) 
 before the LoRA up-projection. Unlike producer programs inside the decode launch, this kernel's
 registers and shared memory are its own: it cannot lower the decode kernel's occupancy (measured: a
 register-fragment producer inside the launch took the 32B gate/up M = 1 kernel from 18 to 9 resident
-programs per SM and added 32%, ``qerl_kernels.lora_trace``), and its loads are issued before the weight
+programs per SM and added 32%, ``tools/lora_trace.py``), and its loads are issued before the weight
 stream saturates the memory system.
 
 Program ``p`` of XP reduces the KB-wide K chunks p, p + XP, … (ops: KB = 128, XP = min(XA_PROGRAMS = 64, K / 128))
@@ -34,7 +34,7 @@ def _lora_xa_kernel(x_ptr, la_ptr, xa_ptr, xap_ptr, lock_ptr, tr_ptr, M, K, stri
                     STAGES: tl.constexpr = 1):
     """``PDL`` 0: plain launch; 1: release the dependent launch at once; 2: after this program's loads
     have landed (its chunks' ``tl.dot`` done: the decode kernel's weight stream then cannot delay them).
-    ``TRACE`` (diagnostics, ``qerl_kernels.lora_trace``): ``%globaltimer`` stamps into ``tr_ptr [XP, 8]``
+    ``TRACE`` (diagnostics, ``tools/lora_trace.py``): ``%globaltimer`` stamps into ``tr_ptr [XP, 8]``
     (int64): start, SM, chunks done, ticket back, and — the last program — ``xa`` stored (``[B·XP, 8]`` with B
     row blocks). ``STAGES`` > 1 (``ops._xa_stages``: above K = 8192): the chunk loop pipelined."""
     p = tl.program_id(0)

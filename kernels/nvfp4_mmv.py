@@ -48,7 +48,7 @@ def _tid(like):
 
 @triton.jit
 def _stamp(tr, slot: tl.constexpr, TRACE: tl.constexpr):
-    """TRACE (diagnostics, ``qerl_kernels.lora_trace``): thread 0 writes ``%globaltimer`` (ns) — or, for
+    """TRACE (diagnostics, ``tools/lora_trace.py``): thread 0 writes ``%globaltimer`` (ns) — or, for
     slot 1, ``%smid`` — into ``tr[slot]`` (int64 pointer: this program's 8 slots)."""
     if TRACE:
         like = tl.arange(0, 32)
@@ -361,7 +361,7 @@ def _nvfp4_mmv_kernel(
     FUSED: tl.constexpr = False, UNROLL: tl.constexpr = False, XP=0, RB: tl.constexpr = 1,
     TRACE: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
-    if TRACE:  # diagnostics (qerl_kernels.lora_trace): per-program timestamps after the producers' partials
+    if TRACE:  # diagnostics (tools/lora_trace.py): per-program timestamps after the producers' partials
         tr = _trace_ptr(xap_ptr, XP, R)
         _stamp(tr, 0, TRACE)
         _stamp(tr, 1, TRACE)

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-_TUNED_DIR = Path(__file__).parent / "tuned"
+TUNED_DIR = Path(__file__).parent / "tuned"  # the tuned tables (written by python -m qerl.bench.kernels_tune)
 
 
 class KernelInputError(ValueError):
@@ -41,7 +41,7 @@ def m_bucket(m: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _tuned(device_name: str) -> dict:
-    path = _TUNED_DIR / (device_name.replace(" ", "_") + ".json")
+    path = TUNED_DIR / (device_name.replace(" ", "_") + ".json")
     return json.loads(path.read_text()) if path.exists() else {}
 
 
@@ -548,7 +548,7 @@ def nvfp4_matmul(x, packed, scale, gs, bias=None, xa=None, lora_b=None, lora_sca
     if bias is not None and bias.shape != (packed.shape[0],):
         raise KernelInputError(f"nvfp4_matmul: bias shape {tuple(bias.shape)}, expected ({packed.shape[0]},)")
     # the custom op where a graph is being traced (torch.compile / export); eager calls skip its dispatch,
-    # ~22 of the ~78 us of host time per call on the H200 box (qerl_kernels.launch_overhead): the rollout
+    # ~22 of the ~78 us of host time per call on the H200 box (tools/launch_overhead.py): the rollout
     # engine runs eagerly, ~200 of these per decoded token of a 7B model. CUDA-graph capture works either way.
     op = _matmul_op if torch.compiler.is_compiling() else _matmul_impl
     return op(x, packed, scale, gs, bias, xa, lora_b, float(lora_scale), lora_a)

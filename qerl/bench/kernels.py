@@ -271,7 +271,7 @@ def write_reports(rows: list[dict], copy_gbps: float, device: str, out_dir: Path
 
 def precompile_jobs(models, ms, device) -> list[tuple]:
     """(kind, M, config, lora, K) of every launch the benchmark makes, for
-    :func:`qerl_kernels.tune.precompile`."""
+    :func:`qerl.bench.kernels_tune.precompile`."""
     from qerl_kernels import ops
 
     out = []
@@ -304,11 +304,11 @@ def _run(out_dir: Path, models, ms, tune: bool, progress: bool, workers: int, ge
 
     device = torch.cuda.get_device_name()
     if tune:
-        from qerl_kernels.tune import tune_all
+        from qerl.bench.kernels_tune import tune_all
 
         tune_all([s for m in models for s in projections(m).values()], ms, progress=progress, workers=workers)
     if workers > 1:  # compile every kernel the benchmark launches in parallel first (minutes -> seconds)
-        from qerl_kernels.tune import precompile
+        from qerl.bench.kernels_tune import precompile
 
         precompile(precompile_jobs(models, ms, torch.device("cuda")), workers, progress)
     if gemlite is None:

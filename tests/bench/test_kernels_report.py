@@ -1,11 +1,14 @@
 """The benchmark figure (`qerl bench kernels --plot CSV`) from a CSV, on CPU."""
 import csv
 import json
+from pathlib import Path
 
 import pytest
 
 from qerl.bench import kernels as bench_kernels
 from qerl.bench.kernels_plot import plot
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _csv(path, rows):
@@ -37,12 +40,16 @@ def test_plot_rejects_other_csv(tmp_path):
 
 
 def test_lora_trace_summary_reads_the_stamps():
-    """qerl_kernels.lora_trace's summary of the %globaltimer stamps (GPU-only script; its arithmetic here):
+    """tools/lora_trace.py's summary of the %globaltimer stamps (GPU-only script; its arithmetic here):
     producer / tile split by program id, times relative to the first start, tiles that finished their
     main loop before the ready flag; the PDL primary's stamps on the same clock."""
     import torch
 
-    from qerl_kernels import lora_trace as mod
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lora_trace", ROOT / "tools" / "lora_trace.py")  # (not installed)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
 
     # grid (3, 2, 1), XP = 1: program 0 produces, program 3 (pid 0 of row 1) idles, 1, 2, 4, 5 are tiles
     st = torch.zeros(6, 8, dtype=torch.int64)

@@ -17,7 +17,7 @@ def _interp(code: str) -> subprocess.CompletedProcess:
 
 
 def test_selfcheck_under_interpreter():
-    out = _interp("import sys; from qerl_kernels.selfcheck import main; sys.exit(main([]))")
+    out = _interp("import sys; from qerl.bench.kernels_check import main; sys.exit(main([]))")
     assert out.returncode == 0, out.stdout + out.stderr
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["checked"] >= 12 and res["failed"] == 0
@@ -475,7 +475,7 @@ def test_lora_xa_primary_row_blocks_under_interpreter():
     warpgroup-MMA kernel's PDL range), with K tails and several programs per block, also with the chunk loop
     pipelined (STAGES 3: five chunks per program), and through ``ops._pdl_primary`` (the buffers, grid and
     knobs both PDL routes launch it with); every block's ticket is back at zero. fp32 operands: the interpreter's bf16 tl.dot is broken (platform.md); the kernel is
-    dtype-generic and the GPU runs it in bf16 (qerl_kernels.wgmma_check)."""
+    dtype-generic and the GPU runs it in bf16 (tools/wgmma_check.py)."""
     r = _interp("""
 import json, torch
 from qerl_kernels.lora_xa import _lora_xa_kernel

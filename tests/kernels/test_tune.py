@@ -1,11 +1,11 @@
-"""The tile-config search's candidate lists (``qerl_kernels.tune``): pure logic, no GPU."""
+"""The tile-config search's candidate lists (``qerl.bench.kernels_tune``): pure logic, no GPU."""
 import json
 
 import pytest
 
 pytest.importorskip("triton")
 
-from qerl_kernels import tune  # noqa: E402
+from qerl.bench import kernels_tune as tune  # noqa: E402
 
 
 def test_decode_search_has_only_decode_kernels_and_the_current_config():
@@ -67,7 +67,7 @@ def test_wgmma_search_space():
     M 17..64 also with half the activation rows per program; 2-4 ring stages; split-K choices within K / 256
     steps and no split with two m64 tiles above BT = 32 (registers); above M = 128 the two-warpgroup large
     tiles (BT 256 only above M = 256) and up to M = 512 the small ones too; no duplicates."""
-    from qerl_kernels import tune
+    from qerl.bench import kernels_tune as tune
 
     assert tune._wgmma_paths(64, 4608, 3600, 132) == [] and tune._wgmma_paths(1, 4608, 3600, 132) == []
     for M in (1, 2, 4):

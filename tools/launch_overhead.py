@@ -4,7 +4,7 @@ these calls, so microseconds of Python per call are milliseconds per token. M = 
 (``ops.launch_mode``): the eager config (one launch) against the graph-tuned one (WGMMA: pre-pass + kernel,
 + the PDL primary with LoRA) called eagerly.
 
-``python -m qerl_kernels.launch_overhead OUT.json``
+``python tools/launch_overhead.py OUT.json``
 """
 import cProfile
 import io

@@ -1,6 +1,6 @@
 """Correctness check of the NVFP4 kernels against the pure-torch reference (qerl.ops.linear).
 
-``python -m qerl_kernels.selfcheck [--quick] [--only-forced KEY | --part routed|forced|dequant] [--json OUT]`` runs forward and backward (with and
+``python -m qerl.bench.kernels_check [--quick] [--only-forced KEY | --part routed|forced|dequant] [--json OUT]`` runs forward and backward (with and
 without bias / LoRA) on odd shapes and every M bucket, on CUDA if present, else under
 ``TRITON_INTERPRET=1`` on CPU (small shapes). Exits non-zero on any failure.
 

@@ -5,7 +5,7 @@ capture and replay with new inputs — against the dequantized fp32 reference; t
 sizes M <= 16 (BT 8 | 16, split, LoRA through the PDL primary ``lora_xa``) and every large-tile candidate
 of the tuner (M > 128: BT 128 | 256, gathered or pre-permuted activations, pipelined), with bias and LoRA.
 
-``python -m qerl_kernels.wgmma_check [OUT.json]`` — one line per case; exit status 1 if any case fails.
+``python tools/wgmma_check.py [OUT.json]`` — one line per case; exit status 1 if any case fails.
 """
 import json
 import os
@@ -48,7 +48,7 @@ def main(out=None) -> int:
                       f"split {cfg.get('SPLIT')}", f"rel_err {max(errs):.2e}", "ok" if ok else "FAIL", flush=True)
         assert int(ops._locks(torch.device(dev)).abs().sum()) == 0, "split tickets not back at zero"
     # forced configs: decode sizes (BT 8 | 16, LoRA through the PDL primary) and the large tiles (M > 128)
-    from qerl_kernels.tune import _wgmma_large
+    from qerl.bench.kernels_tune import _wgmma_large
 
     forced = [(M, dict(WGMMA=1, WG=wg, BT=bt, NS=4, SPLIT=sp, XG=0)) for M, bt in ((1, 8), (5, 8), (16, 16), (11, 16))
               for wg, sp in ((1, 1), (1, 4), (2, 2))]

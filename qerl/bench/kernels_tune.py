@@ -6,7 +6,7 @@ defaults apply to every later run on that GPU. Every candidate is also checked a
 reference (relative error) before its time counts, and every measurement can be written to a CSV
 (``--csv``) so that the search itself is evidence.
 
-``python -m qerl_kernels.tune --models 7B --ms 1 16 64 2048 [--csv all.csv]`` (needs a CUDA GPU).
+``python -m qerl.bench.kernels_tune --models 7B --ms 1 16 64 2048 [--csv all.csv]`` (needs a CUDA GPU).
 """
 import argparse
 import itertools
@@ -18,7 +18,7 @@ import torch
 
 from qerl_kernels import ops
 
-TUNED_DIR = Path(__file__).parent / "tuned"
+TUNED_DIR = ops.TUNED_DIR  # (the tables live with the kernels that read them)
 
 
 def _split_options(tiles_out: int, loop: int, sms: int) -> list[int]:

@@ -10,7 +10,7 @@ loops, how long tiles wait, and how the span changes.
 Also the PDL launch pair (``qerl_kernels.lora_xa`` then the decode kernel, released at the primary's
 start or after its loads): there only the decode kernel is traced (its start stamps show the overlap).
 
-``python -m qerl_kernels.lora_trace OUT.json`` (``LORA_TRACE_MS=1,16``, ``LORA_TRACE_REPS=5``); CUDA only.
+``python tools/lora_trace.py OUT.json`` (``LORA_TRACE_MS=1,16``, ``LORA_TRACE_REPS=5``); CUDA only.
 """
 import json
 import os
