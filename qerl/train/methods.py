@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from qerl.methods import METHODS, Method  # noqa: F401  (re-exported for the trainer and the planner)
+from qerl.methods import METHODS, Method  # noqa: F401  (re-exported for the trainer)
 
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

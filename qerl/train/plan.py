@@ -27,8 +27,8 @@ measured peaks of ``qerl bench step`` (``reports/step``; a test compares them wi
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
+from qerl.methods import METHODS
 from qerl.models.shapes import QWEN25, Shape  # (re-exported: plan_config's --shape choices)
 
 GiB = 1024 ** 3
@@ -235,7 +235,6 @@ def plan_config(cfg, shape: str | None = None, available: float | None = None, w
     from pathlib import Path
 
     from qerl.train.config import ConfigError
-    from qerl.train.methods import METHODS
 
     if shape is not None:
         s = QWEN25[shape]
@@ -303,7 +302,6 @@ def keep_engine_cache(cfg, world: int = 1) -> bool:
         return not mode
     from pathlib import Path
 
-    from qerl.train.methods import METHODS
 
     if not METHODS[cfg.method].lora or not (Path(cfg.model.path) / "config.json").exists():
         return False
