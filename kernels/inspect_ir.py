@@ -14,7 +14,7 @@ prefetch depth (1|2), ``QERL_INSPECT_XPRE=0`` loads activations at use, ``QERL_I
 the fused LoRA-32 launch, ``QERL_INSPECT_UNROLL=1``: the unrolled (no-rotation) loop, ``QERL_INSPECT_TRACE=1``: with the timeline stamps, ``QERL_INSPECT_PDL=1|2``: LoRA-32 with ``xa`` (bf16 | the fp32 accumulator) from a
 preceding PDL launch (``--kind loraxa``: that launch's kernel, ``--bk`` its K chunk, ``QERL_INSPECT_XA_STAGES``
 its chunk-loop pipeline depth), ``QERL_INSPECT_RB=2``: two
-blocks of 16 weight rows per warp (bn = 32 x warps). ``--kind mmva``: the cp.async pipeline (``nvfp4_mmv_async``).
+blocks of 16 weight rows per warp (bn = 32 x warps).
 ``--kind wgmma``: the warpgroup-MMA kernel (``nvfp4_wgmma``, Gluon): ``--bm`` = BT activation rows, ``--warps`` =
 4 x warpgroups, ``--stages`` = ring stages, ``QERL_INSPECT_XG=0``: pre-permuted activations.
 """
@@ -45,19 +45,7 @@ BWD_SIG = {"dy_ptr": "*bf16", "wp_ptr": "*u8", "ws_ptr": "*u8", "gs_ptr": "*fp32
 
 def compile_sm90(kind="fwd", bm=16, bn=64, bk=256, warps=4, stages=4, split=1, swap=0):
     consts = {"R": 0, "USE_SPLIT": split > 1, "EVEN_K": True, "BM": bm, "BN": bn, "BK": bk, "FAST": True, "DOT_FP32": False}
-    if kind == "mmva":  # the same tile with a cp.async shared-memory pipeline (nvfp4_mmv_async)
-        from qerl_kernels.nvfp4_mmv_async import _nvfp4_mmv_async_kernel
-        fn = _nvfp4_mmv_async_kernel
-        base = {}
-        for k, v in FWD_SIG.items():
-            base[{"stride_wn": "stride_ww", "stride_sn": "stride_sw"}.get(k, k)] = v
-            if k == "lock_ptr":
-                base.update(la_ptr="*bf16", xap_ptr="*fp32", xlock_ptr="*i32")
-        consts = {"HAS_BIAS": False, "R": 0, "USE_SPLIT": split > 1, "WARPS": warps, "NB": max(1, bm // 8),
-                  "STAGES": stages, "FUSED": os.environ.get("QERL_INSPECT_FUSED", "0") == "1"}
-        if consts["FUSED"]:
-            consts["R"] = 32
-    elif kind == "mmv":  # register-fragment tensor-core decode path (nvfp4_mmv)
+    if kind == "mmv":  # register-fragment tensor-core decode path (nvfp4_mmv)
         from qerl_kernels.nvfp4_mmv import _nvfp4_mmv_kernel
         fn = _nvfp4_mmv_kernel
         base = {}
@@ -95,7 +83,7 @@ def compile_sm90(kind="fwd", bm=16, bn=64, bk=256, warps=4, stages=4, split=1, s
         fn, base = _nvfp4_bwd_kernel, BWD_SIG
         consts.update(SWAP=bool(swap))
     sig = {**base, **{k: "constexpr" for k in consts}}
-    if kind in ("mmv", "mmva"):
+    if kind == "mmv":
         sig["XP"] = "i32"
     if kind == "mmv":  # RB (constexpr) comes after XP in the kernel's signature
         sig["RB"] = sig.pop("RB")  # the fused LoRA's producer count (runtime, after the constexprs)
@@ -103,7 +91,7 @@ def compile_sm90(kind="fwd", bm=16, bn=64, bk=256, warps=4, stages=4, split=1, s
     div16 = [k for k in base if k.endswith("_ptr") or (base[k] == "i32" and k not in ("M", "SPLIT"))]
     attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in div16}
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-    opts = {"num_warps": warps, "num_stages": 1 if kind == "mmva" else stages}
+    opts = {"num_warps": warps, "num_stages": stages}
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
 
 
@@ -207,9 +195,7 @@ def inspect(bm=16, bn=64, bk=256, warps=4, stages=4, split=1, swap=0, kind="fwd"
         with open(sass_file, "w") as f:
             f.write(sass)
     n, ops = main_loop(sass)
-    if kind == "mmva":  # one loop iteration: one step of 256 k
-        bk = 256
-    elif kind == "mmv":  # one loop iteration: one step of 128 k, or PREFETCH + 1 of them (QERL_INSPECT_UNROLL=1)
+    if kind == "mmv":  # one loop iteration: one step of 128 k, or PREFETCH + 1 of them (QERL_INSPECT_UNROLL=1)
         bk = 128 * ((max(1, min(stages, 2)) + 1) if os.environ.get("QERL_INSPECT_UNROLL", "0") == "1" else 1)
     loads = collections.Counter(re.sub(r"\.L1::\w+|\.L2::\w+", "", m) for m in re.findall(r"ld\.global[\w.:]*", ptx))
     return {"kind": kind, "k_per_loop": bk, "config": dict(BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages, SPLIT=split, SWAP=swap),
@@ -223,7 +209,7 @@ def inspect(bm=16, bn=64, bk=256, warps=4, stages=4, split=1, swap=0, kind="fwd"
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--kind", choices=("fwd", "bwd", "gemv", "mmv", "mmva", "loraxa", "wgmma"), default="fwd")
+    p.add_argument("--kind", choices=("fwd", "bwd", "gemv", "mmv", "loraxa", "wgmma"), default="fwd")
     for name, default in (("bm", 16), ("bn", 64), ("bk", 256), ("warps", 4), ("stages", 4), ("split", 1), ("swap", 0)):
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--sass", default=None, help="also write the SASS listing here")

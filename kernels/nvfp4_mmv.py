@@ -376,7 +376,7 @@ def _nvfp4_mmv_kernel(
 def _tile_pid(x_ptr, la_ptr, xa_ptr, xap_ptr, xlock_ptr, M, K, stride_xm, XP, R: tl.constexpr, FUSED: tl.constexpr,
               TRACE: tl.constexpr = False):
     """The output tile (axis-0 index) this program computes; negative for a producer. FUSED (LoRA
-    down-projection in this launch, shared by :mod:`.nvfp4_mmv_async`): programs (0..XP-1, 0, 0) compute
+    down-projection in this launch): programs (0..XP-1, 0, 0) compute
     xa = x · lora_aᵀ into xa_ptr (see _xa_producer) and the others are the tiles, shifted by XP, which
     wait for xa before their epilogue."""
     pid = tl.program_id(0)
@@ -487,7 +487,7 @@ def _epilogue(acc, pid_n, pid_m, pid_s, g, c, rows, lrows, z, gs_ptr, out_ptr, b
               lock_ptr, xlock_ptr, M, N, stride_om, lora_scale, SPLIT, HAS_BIAS: tl.constexpr, R: tl.constexpr,
               USE_SPLIT: tl.constexpr, NB: tl.constexpr, FUSED: tl.constexpr, XP, RB: tl.constexpr,
               PDL: tl.constexpr = False):
-    """Everything after the main loop of a tile (shared with :mod:`.nvfp4_mmv_async`): the split-K
+    """Everything after the main loop of a tile: the split-K
     partials and their reduction by the last program of the tile, 1/gs, bias, the LoRA up-projection
     (after the fused producers' ready flag, or — PDL — after the preceding ``lora_xa`` grid) and the bf16
     stores."""

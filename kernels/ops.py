@@ -187,9 +187,7 @@ def _locks(device: torch.device) -> torch.Tensor:
 
 
 def _runnable(kind: str, cfg: dict, M: int, K: int, x2, packed, scale, interpret: bool) -> dict:
-    """The config itself when its path can run on these tensors, else the next path down: MMV 2 (the
-    cp.async pipeline) needs K % 256 == 0, 16-byte weight row strides and 4-byte aligned scale rows ->
-    MMV 1 (register prefetch); MMV needs
+    """The config itself when its path can run on these tensors, else the next path down: MMV needs
     PTX (no interpreter), bf16 activations (it feeds their raw bits to a bf16 MMA), K % 32 == 0 and
     16-byte aligned rows -> the CUDA-core GEMV (its interpreter twin, same product; converts fp16);
     GEMV needs 4-byte aligned packed rows -> a tensor-core tile."""
@@ -198,9 +196,6 @@ def _runnable(kind: str, cfg: dict, M: int, K: int, x2, packed, scale, interpret
                              or not _gluon_ok()):
         cfg = heuristic(kind, M, packed.shape[0], K, _sm_count(x2.device.index or 0) if x2.is_cuda else 132,
                         wgmma=False)
-    if kind == "fwd" and cfg.get("MMV") == 2 and (K % 256 or packed.stride(0) % 16 or scale.data_ptr() % 4
-                                                  or scale.stride(0) % 4):
-        cfg = {**cfg, "MMV": 1, "num_stages": min(2, cfg.get("num_stages", 1))}  # the register-prefetch loop
     if kind == "fwd" and cfg.get("MMV") and (interpret or K % 32 or packed.data_ptr() % 16 or x2.data_ptr() % 16
                                              or x2.stride(0) % 8 or x2.dtype != torch.bfloat16):
         cfg = dict(GEMV=1, BM=1 if M == 1 else (2 if M == 2 else 4), BN=32, BK=64, SPLIT=cfg.get("SPLIT", 1),
@@ -311,7 +306,7 @@ def lora_route(kind: str, cfg: dict, M: int, K: int, mode: str = "auto") -> str:
     fused at M <= 8 and at M <= 16 with K <= 8192 (one launch: also the cheapest host path for eager
     rollouts); PDL at M = 9..16 with K > 8192, where it added 11-15% against 15-21% for ``x @ lora_a.T``
     + the kernel; tiles (M > 16) and the backward use the matmul. PDL needs the register-prefetch decode
-    kernel (MMV 1); the cp.async twin (MMV 2) only fuses. The warpgroup-MMA kernel takes PDL up to
+    kernel (MMV). The warpgroup-MMA kernel takes PDL up to
     ``XA_PDL_ROWS`` rows ("fused": the matmul)."""
     if kind == "fwd" and cfg.get("WGMMA") and M <= XA_PDL_ROWS:  # its LoRA epilogue waits on a PDL primary
         return "matmul" if mode == "fused" else "pdl"
@@ -320,7 +315,7 @@ def lora_route(kind: str, cfg: dict, M: int, K: int, mode: str = "auto") -> str:
     if not cfg.get("MMV"):
         return "matmul"
     fits = M <= 8 or K <= 8192
-    if mode == "fused" or cfg.get("MMV") != 1:
+    if mode == "fused":
         return "fused" if fits else "matmul"
     if mode == "pdl":
         return "pdl"
@@ -399,9 +394,9 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
     common = dict(USE_SPLIT=split > 1, EVEN_K=K % BK == 0, BM=BM, BN=BN, BK=BK, FAST=not interpret, DOT_FP32=interpret)
     mmv = kind == "fwd" and cfg.pop("MMV", 0)
     rb = int(cfg.pop("RB", 1)) if mmv else 1  # blocks of 16 weight rows per warp (MMV 1)
-    if mmv and (BM not in (8, 16, 32, 64) or BN not in (32, 64, 128, 256) or BK != 128 or rb not in (1, 2)
-                or (mmv == 2 and rb != 1)):
-        raise ValueError(f"MMV config needs BM 8|16|32|64, BN = 16 x RB x warps, BK 128, RB 1|2 (MMV 2: RB 1); "
+    if mmv and (mmv != 1 or BM not in (8, 16, 32, 64) or BN not in (32, 64, 128, 256) or BK != 128
+                or rb not in (1, 2)):
+        raise ValueError(f"MMV config needs MMV 1, BM 8|16|32|64, BN = 16 x RB x warps, BK 128, RB 1|2; "
                          f"got BM={BM} BN={BN} BK={BK} RB={rb}")
     gemv = kind == "fwd" and cfg.pop("GEMV", 0)
     if mmv:  # tensor cores on register fragments (decode sizes; 8 x NB activation rows per program)
@@ -426,16 +421,6 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
         if xp:  # xa [16, R] written by the launch's producer programs, their fp32 partials in xap
             xa = torch.empty(16, r, device=x2.device, dtype=x2.dtype)
             xap = torch.empty(xp * 16 * r, device=x2.device, dtype=torch.float32)
-        if mmv == 2:  # the same tile, weights and scales through a cp.async shared-memory pipeline
-            from qerl_kernels.nvfp4_mmv_async import _nvfp4_mmv_async_kernel
-
-            _nvfp4_mmv_async_kernel[grid](
-                x2, packed, s8, gs, out, bias if bias is not None else dummy, xa if xa is not None else dummy,
-                lb if lb is not None else dummy, part, locks, lora_a if xp else dummy, xap, locks[_LOCK_SLOTS - 4:],
-                M, N, K, x2.stride(0), out.stride(0), packed.stride(0) // 4, s8.stride(0) // 4, float(lora_scale),
-                split, HAS_BIAS=bias is not None, R=r, USE_SPLIT=split > 1, WARPS=warps, NB=BM // 8,
-                STAGES=cfg.get("num_stages", 3), FUSED=xp > 0, XP=xp, num_warps=warps, num_stages=1)
-            return out
         _nvfp4_mmv_kernel[grid](x2, packed, s8, gs, out, bias if bias is not None else dummy,
                                 xa if xa is not None else dummy, lb if lb is not None else dummy, part, locks,
                                 lora_a if xp else dummy, xap, locks[_LOCK_SLOTS - 4:], M, N, K, x2.stride(0), out.stride(0), packed.stride(0), s8.stride(0),

@@ -45,8 +45,7 @@ def _rel(a, b):
 # Forced tile configs (QERL_KERNEL_CONFIG) so that every code path is checked, not only the ones the
 # heuristic or tuned table pick: split reduction, swapped operands (wgmma), masked K tails, the
 # register-fragment decode kernel (MMV; K % 128 != 0 tail on (100, 352); RB 2: two blocks of 16 weight
-# rows per warp sharing the activation fragments, a partial second block on N = 130 / 100; MMV 2, its cp.async pipeline,
-# needs K % 256 == 0: (130, 512) and (3584, 3584), elsewhere it steps down to MMV 1) and the CUDA-core GEMV.
+# rows per warp sharing the activation fragments, a partial second block on N = 130 / 100) and the CUDA-core GEMV.
 FORCED = {
     "fwd": [dict(BM=16, BN=64, BK=256, SWAP=0, SPLIT=3, num_warps=4, num_stages=4),
             dict(BM=16, BN=64, BK=128, SWAP=1, SPLIT=2, num_warps=4, num_stages=4),
@@ -61,10 +60,6 @@ FORCED = {
             dict(MMV=1, BM=16, BN=32, BK=128, SPLIT=2, num_warps=2, num_stages=2, XPRE=0, XPAD=1),
             dict(MMV=1, BM=16, BN=64, BK=128, SPLIT=3, num_warps=2, num_stages=1, XPRE=0, RB=2),
             dict(MMV=1, BM=32, BN=256, BK=128, SPLIT=2, num_warps=8, num_stages=1, XPRE=0, RB=2),
-            dict(MMV=2, BM=8, BN=64, BK=128, SPLIT=1, num_warps=4, num_stages=3),
-            dict(MMV=2, BM=8, BN=32, BK=128, SPLIT=3, num_warps=2, num_stages=2),
-            dict(MMV=2, BM=16, BN=128, BK=128, SPLIT=2, num_warps=8, num_stages=4),
-            dict(MMV=2, BM=32, BN=64, BK=128, SPLIT=4, num_warps=4, num_stages=6),
             dict(GEMV=1, BM=4, BN=64, BK=128, SPLIT=2, num_warps=4, num_stages=1),
             dict(GEMV=1, BM=1, BN=128, BK=256, SPLIT=1, num_warps=4, num_stages=3),
             dict(DQ=1, CHUNK=4096), dict(DQ=1, CHUNK=0),

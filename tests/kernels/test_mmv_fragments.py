@@ -2,8 +2,7 @@
 runs on a GPU: its per-lane data flow (which packed words, scales and activations each lane loads,
 the word decode bit operations, the ``prmt`` activation pairs, the C-fragment output mapping) is
 replayed in NumPy, with ``mma.sync.m16n8k16`` emulated from the PTX ISA's fragment tables, and
-compared with the dequantize-then-matmul reference; likewise the k ownership of its cp.async twin
-(``qerl_kernels.nvfp4_mmv_async``)."""
+compared with the dequantize-then-matmul reference."""
 import numpy as np
 import pytest
 import torch
@@ -62,12 +61,9 @@ def _scale2(sbits):
     return b | (b << 16)
 
 
-def _mmv_emulated(x, packed, scale, gs, pipelined=False):
+def _mmv_emulated(x, packed, scale, gs):
     """One warp per 16 weight rows, one 8-row activation block (a program's NB blocks share the
-    decoded A fragments and repeat this per block), steps of 128 k: the kernel's loop.
-    ``pipelined``: the k ownership of ``nvfp4_mmv_async`` — 256-k steps, lane c owns words 8c .. 8c+7,
-    scale bytes 4c .. 4c+3 (one int32) and activations 64c .. 64c+63 of each step, and each half h of
-    it (words 4h.., bytes 2h.., activations + 32h) is one 128-k step of the MMV kernel."""
+    decoded A fragments and repeat this per block), steps of 128 k: the kernel's loop."""
     M, K = x.shape
     N = packed.shape[0]
     pk = packed.numpy().view(np.uint32)  # [N, K/8] words (little endian)
@@ -82,11 +78,7 @@ def _mmv_emulated(x, packed, scale, gs, pipelined=False):
                 for lane in range(32):
                     g, c = lane // 4, lane % 4
                     na, nb, mx = min(n0 + g, N - 1), min(n0 + g + 8, N - 1), min(mb + g, M - 1)
-                    if pipelined:  # 128-k step t = half h of 256-k step t // 2
-                        t2, h = divmod(t, 2)
-                        w0, s0, x0 = t2 * 32 + 8 * c + 4 * h, t2 * 16 + 4 * c + 2 * h, t2 * 128 + 32 * c + 16 * h
-                    else:
-                        w0, s0, x0 = t * 16 + 4 * c, t * 8 + 2 * c, t * 64 + 16 * c
+                    w0, s0, x0 = t * 16 + 4 * c, t * 8 + 2 * c, t * 64 + 16 * c
                     qa = pk[na, w0: w0 + 4]
                     qb = pk[nb, w0: w0 + 4]
                     u = xw[mx, x0: x0 + 16]
@@ -110,14 +102,13 @@ def _mmv_emulated(x, packed, scale, gs, pipelined=False):
     return y
 
 
-@pytest.mark.parametrize("pipelined", [False, True], ids=["mmv", "mmv_async"])
-def test_register_fragment_dataflow_matches_reference(pipelined):
+def test_register_fragment_dataflow_matches_reference():
     g = torch.Generator().manual_seed(3)
     N, K, M = 20, 512, 5  # a partial 16-row block and a partial 8-row activation block, two 256-k steps
     packed, scale, gs = nvfp4.quantize(torch.randn(N, K, generator=g) * 0.05)
     x = torch.randn(M, K, generator=g).bfloat16()
     want = x.double() @ nvfp4.dequantize(packed, scale, gs, torch.float32).double().T
-    got = _mmv_emulated(x, packed, scale, gs, pipelined)
+    got = _mmv_emulated(x, packed, scale, gs)
     # exact e2m1·scale into the MMA, 1/gs applied once: equal up to float64 summation order
     err = np.abs(got - want.numpy()).max() / np.abs(want.numpy()).max()
     assert err < 1e-6, err

@@ -164,10 +164,9 @@ def test_sm90_code_inspection_without_a_gpu():
     assert 0 < mmv["registers"] <= 64  # room for 32+ resident warps per SM
 
 
-def test_sm90_two_row_blocks_and_cp_async_twin_without_a_gpu(monkeypatch):
+def test_sm90_two_row_blocks_without_a_gpu(monkeypatch):
     """RB = 2 shares the activation fragments between two blocks of 16 weight rows: twice the MMAs per
-    step, fewer instructions per weight than RB = 1 at 16 activation rows. The cp.async twin (MMV 2)
-    really stages its weights through shared memory (async copies, a multi-buffer), with no wgmma."""
+    step, fewer instructions per weight than RB = 1 at 16 activation rows."""
     from qerl_kernels.inspect_ir import inspect
 
     monkeypatch.setenv("QERL_INSPECT_XPRE", "0")
@@ -176,8 +175,6 @@ def test_sm90_two_row_blocks_and_cp_async_twin_without_a_gpu(monkeypatch):
     two = inspect(16, 128, 128, 4, 1, kind="mmv")
     assert two["mma_sync"] == 2 * one["mma_sync"] and two["shared_bytes"] == 0
     assert two["loop_sass_per_weight"] < one["loop_sass_per_weight"]
-    asy = inspect(8, 64, 256, 4, 3, kind="mmva")
-    assert asy["ttgir_async_copies"] > 0 and asy["cp_async"] > 0 and asy["shared_bytes"] > 0 and asy["wgmma"] == 0
 
 
 def test_resident_programs_per_sm():
@@ -259,12 +256,10 @@ def test_lora_route_picks_the_measured_launch():
     backward; forcing modes for experiments."""
     from qerl_kernels.ops import lora_route
 
-    mmv, mmva, tile = {"MMV": 1}, {"MMV": 2}, {"BM": 64}
+    mmv, tile = {"MMV": 1}, {"BM": 64}
     assert lora_route("fwd", mmv, 1, 27648) == "fused"
     assert lora_route("fwd", mmv, 16, 8192) == "fused"
     assert lora_route("fwd", mmv, 16, 13824) == "pdl"
-    assert lora_route("fwd", mmva, 16, 13824) == "matmul"  # the cp.async twin has no PDL wait
-    assert lora_route("fwd", mmva, 4, 13824) == "fused"
     assert lora_route("fwd", mmv, 32, 5120) == "matmul"
     assert lora_route("fwd", tile, 4, 5120) == "matmul"
     assert lora_route("bwd", mmv, 1, 5120) == "matmul"
@@ -363,14 +358,6 @@ def test_unrunnable_paths_step_down():
     tile = _runnable("fwd", mmv, 3, 64, x, odd, s, True)
     assert "GEMV" not in tile and "MMV" not in tile and tile["BM"] == 16
     assert _runnable("bwd", dict(BM=16, SPLIT=1), 3, 64, x, p, s, False) == dict(BM=16, SPLIT=1)
-    # the cp.async pipeline: K % 256 and aligned scale rows, else the register-prefetch loop (depth <= 2)
-    pipe = dict(mmv, MMV=2, num_stages=4)
-    x256, p256, s256 = x.new_zeros(3, 256), torch.zeros(16, 128, dtype=torch.uint8), torch.zeros(16, 16, dtype=torch.uint8)
-    assert _runnable("fwd", pipe, 3, 256, x256, p256, s256, False) == pipe
-    assert _runnable("fwd", pipe, 3, 128, x.new_zeros(3, 128), p, s, False) == dict(pipe, MMV=1, num_stages=2)
-    s_odd = torch.zeros(16 * 16 + 2, dtype=torch.uint8)[2:].view(16, 16)  # data_ptr % 4 == 2
-    assert _runnable("fwd", pipe, 3, 256, x256, p256, s_odd, False)["MMV"] == 1
-    assert _runnable("fwd", pipe, 3, 256, x256, p256, s256, True)["GEMV"] == 1  # interpreter: no PTX
     # the warpgroup-MMA kernel: bf16, K % 128 == 0, no interpreter (Gluon), else the path below it
     wg = dict(WGMMA=1, WG=1, BT=32, NS=3, SPLIT=2, XG=1)
     x128, p128, s128 = x.new_zeros(20, 128), torch.zeros(16, 64, dtype=torch.uint8), torch.zeros(16, 8, dtype=torch.uint8)
