@@ -1,5 +1,6 @@
-"""Public entry points of the NVFP4 kernels: validation, tile configs, torch custom ops, and the
-backend registration that plugs them into :mod:`qerl.ops.linear` (the seam every model uses).
+"""Public entry points of the NVFP4 kernels: validation, tile configs and torch custom ops (``qerl.ops.linear``,
+the seam every model uses, builds its backend from :func:`nvfp4_matmul`, :func:`nvfp4_matmul_t` and
+:func:`supports`; nothing here imports ``qerl``).
 
 ``nvfp4_matmul(x, packed, scale, gs, bias=None, xa=None, lora_b=None, lora_scale=1.0, lora_a=None)``
     ``x [..., K]`` bf16/fp16 -> ``[..., N]`` (``x · Ŵᵀ + bias + lora_scale · xa · lora_bᵀ``); with
@@ -10,8 +11,8 @@ backend registration that plugs them into :mod:`qerl.ops.linear` (the seam every
 
 Tile configs: a tuned table per GPU (``kernels/tuned/<device>.json``, written by
 ``qerl bench kernels --tune``) keyed on (M bucket, N, K), else a heuristic that splits K (or N)
-across programs at decode sizes so that every SM has work. ``launch_mode("graph")`` (or
-``QERL_LAUNCH_MODE=graph``) selects the configs tuned for CUDA-graph replay where a decode-size entry has a
+across programs at decode sizes so that every SM has work. ``launch_mode("graph")`` selects the configs
+tuned for CUDA-graph replay where a decode-size entry has a
 separate eager one (``EAGER``: fewer launches for host-bound eager calls); the default is ``"eager"``.
 """
 
@@ -240,15 +241,12 @@ def _resolved_config(kind: str, M: int, N: int, K: int, x2, packed, scale, inter
 
 
 LAUNCH_MODES = ("eager", "graph")
-_MODE = [os.environ.get("QERL_LAUNCH_MODE", "eager")]  # how the calls are launched (see launch_mode)
-if _MODE[0] not in LAUNCH_MODES:
-    raise ValueError(f"QERL_LAUNCH_MODE must be one of {LAUNCH_MODES}, got {_MODE[0]!r}")
+_MODE = ["eager"]  # how the calls are launched (see launch_mode)
 
 
 @contextlib.contextmanager
 def launch_mode(mode: str):
-    """Pick the configs for calls launched one by one from Python (``"eager"``, the default; or
-    ``QERL_LAUNCH_MODE``) or captured in / replayed from CUDA graphs (``"graph"``) inside the block. Use
+    """Pick the configs for calls launched one by one from Python (``"eager"``, the default) or captured in / replayed from CUDA graphs (``"graph"``) inside the block. Use
     ``"graph"`` around the warm-up *and* the capture of a CUDA graph, so that the warm-up compiles the
     kernels the capture launches (``qerl bench kernels`` and the tuner time in this mode). The tuned entry of
     a decode size whose fastest kernel (timed in graphs) is the warpgroup-MMA one carries the single-launch
@@ -280,18 +278,20 @@ def _for_launch_mode(cfg: dict) -> dict:
 
 
 XA_PRODUCERS = (16, 64)  # programs computing x · lora_aᵀ in a fused decode launch: ~256 K each, within these
-LORA_LAUNCH = os.environ.get("QERL_LORA_LAUNCH", "auto")  # see lora_route; "fused" | "pdl" force one (experiments)
+# Experiment knobs (module attributes, set in code by the checks and the tuner; nothing is read from the
+# environment at import): the LoRA route (see lora_route; "fused" | "pdl" force one) and the PDL primary's shape
+LORA_LAUNCH = "auto"
 XA_PDL_ROWS = 64  # the PDL primary's row blocks: 16 rows each, one ticket slot each (the last 4 of _locks)
 # the PDL primary's shape (experiments; the defaults are the measured configuration): its programs (at most
 # one per 128-wide K chunk), partials summed per load round by the last one, chunk-loop pipeline depth
-XA_PROGRAMS = int(os.environ.get("QERL_XA_PROGRAMS", "64"))
-XA_QB = int(os.environ.get("QERL_XA_QB", "16"))
-XA_STAGES = int(os.environ.get("QERL_XA_STAGES", "0"))  # 0: auto, see _xa_stages
-XA_PDL_AT = int(os.environ.get("QERL_XA_PDL_AT", "2"))  # lora_xa releases the decode launch at its start (1) / after its loads (2)
+XA_PROGRAMS = 64
+XA_QB = 16
+XA_STAGES = 0  # 0: auto, see _xa_stages
+XA_PDL_AT = 2  # lora_xa releases the decode launch at its start (1) / after its loads (2)
 
 
 def _xa_stages(K: int) -> int:
-    """The PDL primary's chunk-loop pipeline depth: 3 above K = 8192, 1 below; ``QERL_XA_STAGES`` forces one.
+    """The PDL primary's chunk-loop pipeline depth: 3 above K = 8192, 1 below; ``XA_STAGES`` forces one.
     Measured on the H100 (CUDA graphs, the WGMMA route, M 8-64; wgmma_lora_split_v11_*.json [ea84b65]):
     on 7B / 32B down 15 of 16 shape/M pairs 0.4-5.1 us faster per call over two runs (32B down M = 16 once
     +1.7); at K = 3584 within +-0.8 us either way."""

@@ -274,7 +274,7 @@ def test_lora_route_picks_the_measured_launch():
 
 def test_pdl_primary_pipelines_long_k(monkeypatch):
     """The PDL primary's chunk loop runs 3 deep above K = 8192 (measured faster there, a wash at K = 3584);
-    ``QERL_XA_STAGES`` (ops.XA_STAGES) forces a depth."""
+    ``ops.XA_STAGES`` forces a depth."""
     from qerl_kernels import ops
 
     monkeypatch.setattr(ops, "XA_STAGES", 0)
