@@ -18,6 +18,7 @@ separate eager one (``EAGER``: fewer launches for host-bound eager calls); the d
 
 import contextlib
 import functools
+from dataclasses import dataclass
 import json
 import math
 import os
@@ -187,23 +188,72 @@ def _locks(device: torch.device) -> torch.Tensor:
     return torch.zeros(_LOCK_SLOTS, dtype=torch.int32, device=device)
 
 
-def _runnable(kind: str, cfg: dict, M: int, K: int, x2, packed, scale, interpret: bool) -> dict:
-    """The config itself when its path can run on these tensors, else the next path down: MMV needs
-    PTX (no interpreter), bf16 activations (it feeds their raw bits to a bf16 MMA), K % 32 == 0 and
-    16-byte aligned rows -> the CUDA-core GEMV (its interpreter twin, same product; converts fp16);
-    GEMV needs 4-byte aligned packed rows -> a tensor-core tile."""
-    if cfg.get("WGMMA") and (kind != "fwd" or interpret or K % 128 or x2.dtype != torch.bfloat16 or x2.stride(0) % 8
-                             or x2.data_ptr() % 16 or packed.data_ptr() % 16 or scale.data_ptr() % 4
-                             or not _gluon_ok()):
+def why_not(path: str, kind: str, K: int, x2, packed, scale, interpret: bool) -> str | None:
+    """Why kernel ``path`` (:func:`path_of`) cannot run on these tensors, or None when it can: the warpgroup-MMA
+    and register-fragment kernels are PTX (no interpreter) on bf16 activations (their raw bits feed the MMA) with
+    16-byte aligned rows; the CUDA-core decode reads the packed rows as 32-bit words. The tiles and the
+    dequantize + cuBLAS path run everywhere."""
+    if path == "wgmma":
+        if kind != "fwd":
+            return "the warpgroup-MMA kernel is forward only"
+        if interpret:
+            return "Gluon kernels have no interpreter"
+        if K % 128:
+            return f"K = {K} is not a multiple of 128"
+        if x2.dtype != torch.bfloat16:
+            return f"activations are {x2.dtype}, not bf16"
+        if x2.stride(0) % 8 or x2.data_ptr() % 16 or packed.data_ptr() % 16 or scale.data_ptr() % 4:
+            return "activation rows or weights not 16-byte aligned (scales: 4)"
+        if not _gluon_ok():
+            return "this Triton has no Gluon warpgroup MMA"
+    elif path == "mmv":
+        if interpret:
+            return "the register-fragment kernel is PTX (no interpreter twin)"
+        if K % 32:
+            return f"K = {K} is not a multiple of 32"
+        if packed.data_ptr() % 16 or x2.data_ptr() % 16 or x2.stride(0) % 8:
+            return "activation rows or weights not 16-byte aligned"
+        if x2.dtype != torch.bfloat16:
+            return f"activations are {x2.dtype}, not bf16"
+    elif path == "gemv":
+        if packed.data_ptr() % 4 or packed.stride(0) % 4:
+            return "packed weight rows not 4-byte aligned"
+    return None
+
+
+def _runnable(kind: str, cfg: dict, M: int, K: int, x2, packed, scale, interpret: bool,
+              notes: list | None = None) -> dict:
+    """The config itself when its path can run on these tensors (:func:`why_not`), else the next path down:
+    warpgroup MMA -> the heuristic without it; register-fragment decode (MMV) -> the CUDA-core GEMV (its
+    interpreter twin, same product; converts fp16); GEMV -> a tensor-core tile. ``notes`` collects why each step
+    down was taken."""
+    def down(path: str) -> bool:
+        reason = why_not(path, kind, K, x2, packed, scale, interpret)
+        if reason and notes is not None:
+            notes.append(f"{path}: {reason}")
+        return reason is not None
+
+    if cfg.get("WGMMA") and down("wgmma"):
         cfg = heuristic(kind, M, packed.shape[0], K, _sm_count(x2.device.index or 0) if x2.is_cuda else 132,
                         wgmma=False)
-    if kind == "fwd" and cfg.get("MMV") and (interpret or K % 32 or packed.data_ptr() % 16 or x2.data_ptr() % 16
-                                             or x2.stride(0) % 8 or x2.dtype != torch.bfloat16):
+    if kind == "fwd" and cfg.get("MMV") and down("mmv"):
         cfg = dict(GEMV=1, BM=1 if M == 1 else (2 if M == 2 else 4), BN=32, BK=64, SPLIT=cfg.get("SPLIT", 1),
                    num_warps=4, num_stages=1)
-    if kind == "fwd" and cfg.get("GEMV") and (packed.data_ptr() % 4 or packed.stride(0) % 4):
+    if kind == "fwd" and cfg.get("GEMV") and down("gemv"):
         cfg = dict(BM=16, BN=64, BK=64, SWAP=0, SPLIT=cfg.get("SPLIT", 1), num_warps=4, num_stages=1 if interpret else 3)
     return dict(cfg)
+
+
+def route_of(kind: str, x2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> tuple[str, dict, list[str]]:
+    """``(path, config, notes)`` of a call on these tensors (``kind`` "fwd" with ``x2 [M, K]``, or "bwd" with
+    ``dy [M, N]``): the path the dispatcher launches, its resolved config and why any faster path was passed
+    over — for debugging and the checks, not the hot path."""
+    M, N, K = x2.shape[0], packed.shape[0], packed.shape[1] * 2
+    interpret = _interpreting()
+    notes: list[str] = []
+    cfg = _runnable(kind, _for_launch_mode(config_for(kind, M, N, K, x2.device)), M, K, x2, packed, scale,
+                    interpret, notes)
+    return path_of(kind, cfg), cfg, notes
 
 
 @functools.lru_cache(maxsize=None)
@@ -339,122 +389,226 @@ def _pdl_primary(x2, lora_a, M: int, K: int, r: int, locks) -> torch.Tensor:
     return xa
 
 
-def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret, lora_a=None):
-    """One call of the path ``config_for`` picks. ``lora_a`` (forward; ``extra`` = (bias, None, lora_b)):
-    ``xa = x · lora_aᵀ`` as :func:`lora_route` says (inside the decode kernel's launch, from a PDL launch
-    before it, or from one ``x @ lora_a.T`` first)."""
-    from qerl_kernels.nvfp4_gemv import _nvfp4_gemv_kernel
-    from qerl_kernels.nvfp4_matmul import _nvfp4_bwd_kernel, _nvfp4_fwd_kernel
-    import triton
+@dataclass
+class _Call:
+    """One kernel call as the launchers see it: the 2-D operand ``x2`` (activations, or ``dy`` backward), the packed
+    weight, its scales, ``extra`` (forward: ``(bias, xa, lora_b)``; backward: ``(dyb, lora_a)``), the resolved
+    ``cfg`` (a copy the launcher may consume) and, forward with ``lora_a``, whether ``xa`` comes from a PDL
+    primary (``pdl``) or from producer programs of the decode launch (``lora_a`` kept)."""
 
+    kind: str
+    x2: torch.Tensor
+    packed: torch.Tensor
+    scale: torch.Tensor
+    gs: torch.Tensor
+    n_out: int
+    extra: tuple
+    lora_scale: float
+    r: int
+    interpret: bool
+    cfg: dict
+    lora_a: torch.Tensor | None = None
+    pdl: bool = False
+
+    @property
+    def M(self) -> int:
+        return self.x2.shape[0]
+
+    @property
+    def N(self) -> int:
+        return self.packed.shape[0]
+
+    @property
+    def K(self) -> int:
+        return self.packed.shape[1] * 2
+
+
+def path_of(kind: str, cfg: dict) -> str:
+    """The kernel path a resolved config runs: ``wgmma`` (warpgroup MMA, :mod:`.nvfp4_wgmma`), ``dq`` (dequantize
+    windows + cuBLAS, :mod:`.nvfp4_dequant`), ``mmv`` (register-fragment decode, :mod:`.nvfp4_mmv`), ``gemv``
+    (CUDA-core decode, :mod:`.nvfp4_gemv`), ``tile_fwd`` / ``tile_bwd`` (tensor-core tiles, :mod:`.nvfp4_matmul`)."""
+    if cfg.get("WGMMA"):
+        return "wgmma"
+    if cfg.get("DQ"):
+        return "dq"
+    if kind == "fwd" and cfg.get("MMV"):
+        return "mmv"
+    if kind == "fwd" and cfg.get("GEMV"):
+        return "gemv"
+    return "tile_fwd" if kind == "fwd" else "tile_bwd"
+
+
+def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret, lora_a=None):
+    """One call of the path ``config_for`` picks (:func:`path_of`, one launcher each). ``lora_a`` (forward;
+    ``extra`` = (bias, None, lora_b)): ``xa = x · lora_aᵀ`` as :func:`lora_route` says (inside the decode kernel's
+    launch, from a PDL launch before it, or from one ``x @ lora_a.T`` first)."""
     M = x2.shape[0]
     N, K = packed.shape[0], packed.shape[1] * 2
     cfg = _resolved_config(kind, M, N, K, x2, packed, scale, interpret)
     route = lora_route(kind, cfg, M, K, LORA_LAUNCH) if lora_a is not None else "matmul"
-    pdl = route == "pdl"
     if lora_a is not None and route == "matmul":
         extra, lora_a = (extra[0], x2 @ lora_a.T, extra[2]), None
-    if cfg.get("WGMMA"):  # warpgroup MMA, decoded weights as the register operand (M 17..128; where tuned: 1..16, 256)
-        from qerl_kernels.nvfp4_wgmma import nvfp4_wgmma_matmul
+    call = _Call(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret, cfg, lora_a, route == "pdl")
+    return _LAUNCHERS[path_of(kind, cfg)](call)
 
-        bias, xa, lb = extra
-        split = int(cfg.get("SPLIT", 1))
-        wg, bt = int(cfg.get("WG", 1)), int(cfg.get("BT", 64))
-        tiles = triton.cdiv(N, 64 * wg * int(cfg.get("MT", 1))) * triton.cdiv(M, bt)
-        if tiles > _LOCK_SLOTS - 4:
-            split = 1
-        part = torch.empty(split * M * N if split > 1 else 1, device=x2.device, dtype=torch.float32)
-        locks, xperm = _locks(x2.device), None
-        if pdl:  # permute first: the PDL primary (xa [16, R]) must be the launch right before the kernel
-            from qerl_kernels.nvfp4_wgmma import permute_activations
 
-            xperm = None if cfg.get("XG") or cfg.get("XS") else permute_activations(x2)
-            xa = _pdl_primary(x2, lora_a, M, K, r, locks)
-        return nvfp4_wgmma_matmul(x2, packed, scale.view(torch.uint8), gs, bias, xa, lb, lora_scale,
-                                  **{**cfg, "SPLIT": split}, xp=xperm, part=part, lock=locks, pdl=pdl)
-    if cfg.get("DQ"):  # dequantize windows of W + cuBLAS (large M)
-        from qerl_kernels.nvfp4_dequant import dq_backward, dq_forward
+def _launch_wgmma(c: _Call) -> torch.Tensor:
+    """Warpgroup MMA, decoded weights as the register operand (M 17..128; where tuned: 1..16, 256)."""
+    import triton
 
-        chunk, s8 = int(cfg.get("CHUNK", DQ_CHUNK)), scale.view(torch.uint8)
-        if kind == "fwd":
-            return dq_forward(x2, packed, s8, gs, *extra, lora_scale, chunk, interpret)
-        return dq_backward(x2, packed, s8, gs, *extra, lora_scale, chunk, interpret)
+    from qerl_kernels.nvfp4_wgmma import nvfp4_wgmma_matmul
+
+    cfg, (bias, xa, lb) = c.cfg, c.extra
+    split = int(cfg.get("SPLIT", 1))
+    wg, bt = int(cfg.get("WG", 1)), int(cfg.get("BT", 64))
+    tiles = triton.cdiv(c.N, 64 * wg * int(cfg.get("MT", 1))) * triton.cdiv(c.M, bt)
+    if tiles > _LOCK_SLOTS - 4:
+        split = 1
+    part = torch.empty(split * c.M * c.N if split > 1 else 1, device=c.x2.device, dtype=torch.float32)
+    locks, xperm = _locks(c.x2.device), None
+    if c.pdl:  # permute first: the PDL primary (xa [16, R]) must be the launch right before the kernel
+        from qerl_kernels.nvfp4_wgmma import permute_activations
+
+        xperm = None if cfg.get("XG") or cfg.get("XS") else permute_activations(c.x2)
+        xa = _pdl_primary(c.x2, c.lora_a, c.M, c.K, c.r, locks)
+    return nvfp4_wgmma_matmul(c.x2, c.packed, c.scale.view(torch.uint8), c.gs, bias, xa, lb, c.lora_scale,
+                              **{**cfg, "SPLIT": split}, xp=xperm, part=part, lock=locks, pdl=c.pdl)
+
+
+def _launch_dq(c: _Call) -> torch.Tensor:
+    """Dequantize windows of W + cuBLAS (large M)."""
+    from qerl_kernels.nvfp4_dequant import dq_backward, dq_forward
+
+    chunk, s8 = int(c.cfg.get("CHUNK", DQ_CHUNK)), c.scale.view(torch.uint8)
+    run = dq_forward if c.kind == "fwd" else dq_backward
+    return run(c.x2, c.packed, s8, c.gs, *c.extra, c.lora_scale, chunk, c.interpret)
+
+
+def _tile_setup(c: _Call, producers: int = 0):
+    """What every Triton tile launch shares: the output, split-K partials and tickets, the common constexprs.
+    Consumes SPLIT, BM, BN, BK (and XPAD) from ``c.cfg``."""
+    import triton
+
+    cfg, M, N, K = c.cfg, c.M, c.N, c.K
     split = cfg.pop("SPLIT")
     BM, BN, BK = cfg.pop("BM"), cfg.pop("BN"), cfg.pop("BK")
-    xpad = cfg.pop("XPAD", 0)  # MMV: activations copied to a padded row stride first
-    out = torch.empty(M, n_out, device=x2.device, dtype=x2.dtype)
-    xp = min(XA_PRODUCERS[1], max(XA_PRODUCERS[0], -(-K // 256))) if lora_a is not None and not pdl else 0
-    tiles = triton.cdiv(M, BM) * (triton.cdiv(N, BN) + xp if kind == "fwd" else triton.cdiv(K, BK))
+    cfg.pop("XPAD", 0)
+    out = torch.empty(M, c.n_out, device=c.x2.device, dtype=c.x2.dtype)
+    tiles = triton.cdiv(M, BM) * (triton.cdiv(N, BN) + producers if c.kind == "fwd" else triton.cdiv(K, BK))
     if split > 1 and tiles > _LOCK_SLOTS - 4:  # the last 4 slots: the fused LoRA's ticket, flag, counter
         split = 1
-    part = torch.empty(split * M * n_out if split > 1 else 1, device=x2.device, dtype=torch.float32)
-    locks = _locks(x2.device)
-    s8 = scale.view(torch.uint8)
-    dummy = x2
-    common = dict(USE_SPLIT=split > 1, EVEN_K=K % BK == 0, BM=BM, BN=BN, BK=BK, FAST=not interpret, DOT_FP32=interpret)
-    mmv = kind == "fwd" and cfg.pop("MMV", 0)
-    rb = int(cfg.pop("RB", 1)) if mmv else 1  # blocks of 16 weight rows per warp (MMV 1)
-    if mmv and (mmv != 1 or BM not in (8, 16, 32, 64) or BN not in (32, 64, 128, 256) or BK != 128
-                or rb not in (1, 2)):
-        raise ValueError(f"MMV config needs MMV 1, BM 8|16|32|64, BN = 16 x RB x warps, BK 128, RB 1|2; "
-                         f"got BM={BM} BN={BN} BK={BK} RB={rb}")
-    gemv = kind == "fwd" and cfg.pop("GEMV", 0)
-    if mmv:  # tensor cores on register fragments (decode sizes; 8 x NB activation rows per program)
-        from qerl_kernels.nvfp4_mmv import _nvfp4_mmv_kernel
+    part = torch.empty(split * M * c.n_out if split > 1 else 1, device=c.x2.device, dtype=torch.float32)
+    common = dict(USE_SPLIT=split > 1, EVEN_K=K % BK == 0, BM=BM, BN=BN, BK=BK, FAST=not c.interpret,
+                  DOT_FP32=c.interpret)
+    return out, part, _locks(c.x2.device), split, (BM, BN, BK), common
 
-        bias, xa, lb = extra
-        warps = BN // (16 * rb)  # 16 x RB weight rows per warp, BM = 8 x NB activation rows, BK = 128
-        grid = (triton.cdiv(N, BN) + xp, triton.cdiv(M, BM), split)
-        if xpad and M > 1 and x2.stride(0) * x2.element_size() % 128 == 0:
-            # rows at a 128-byte multiple stride put every activation row's fragment loads on the same L1
-            # banks; a copy with 16 more bytes per row spreads them (up to 19% on gate/up projections, a
-            # loss on small ones, H200: mmv_xpad_sweep_NVIDIA_H200.json [ea84b65]; tuned keys carry
-            # XPAD where it won)
-            padded = torch.empty(M, K + 8, device=x2.device, dtype=x2.dtype)
-            padded[:, :K].copy_(x2)
-            x2 = padded[:, :K]
-        xap = dummy
-        pdl_mode = 0
-        if lora_a is not None and pdl:  # xa [16, R] by the preceding launch, overlapped with this one
-            pdl_mode = 1
-            xa = _pdl_primary(x2, lora_a, M, K, r, locks)
-        if xp:  # xa [16, R] written by the launch's producer programs, their fp32 partials in xap
-            xa = torch.empty(16, r, device=x2.device, dtype=x2.dtype)
-            xap = torch.empty(xp * 16 * r, device=x2.device, dtype=torch.float32)
-        _nvfp4_mmv_kernel[grid](x2, packed, s8, gs, out, bias if bias is not None else dummy,
-                                xa if xa is not None else dummy, lb if lb is not None else dummy, part, locks,
-                                lora_a if xp else dummy, xap, locks[_LOCK_SLOTS - 4:], M, N, K, x2.stride(0), out.stride(0), packed.stride(0), s8.stride(0),
-                                float(lora_scale), split, HAS_BIAS=bias is not None, R=r, USE_SPLIT=split > 1,
-                                EVEN_K=K % 128 == 0, WARPS=warps, NB=BM // 8, PREFETCH=cfg.get("num_stages", 1),
-                                XPRE=cfg.get("XPRE", 1), L2=cfg.get("L2", 0), PFD=cfg.get("PFD", 0), FUSED=xp > 0,
-                                UNROLL=bool(cfg.get("UNROLL", 0)), XP=xp, RB=rb, PDL=pdl_mode > 0,
-                                num_warps=warps, num_stages=1, launch_pdl=pdl_mode > 0)
-    elif gemv:  # CUDA-core path for decode sizes (reads the packed rows as 32-bit words)
-        bias, xa, lb = extra
-        common.pop("DOT_FP32"), cfg.pop("SWAP", None)
-        grid = (triton.cdiv(N, BN), triton.cdiv(M, BM), split)
-        _nvfp4_gemv_kernel[grid](x2, packed, s8, gs, out, bias if bias is not None else dummy,
-                                 xa if xa is not None else dummy, lb if lb is not None else dummy, part, locks,
-                                 M, N, K, x2.stride(0), out.stride(0), packed.stride(0) // 4, s8.stride(0),
-                                 float(lora_scale), split, HAS_BIAS=bias is not None, R=r, **common, **cfg)
-    elif kind == "fwd":
-        cfg.pop("GEMV", None)
-        bias, xa, lb = extra
-        grid = (triton.cdiv(N, BN), triton.cdiv(M, BM), split)
-        _nvfp4_fwd_kernel[grid](x2, packed, s8, gs, out, bias if bias is not None else dummy,
-                                xa if xa is not None else dummy, lb if lb is not None else dummy, part, locks,
-                                M, N, K, x2.stride(0), out.stride(0), packed.stride(0), s8.stride(0),
-                                float(lora_scale), split, HAS_BIAS=bias is not None, R=r, SWAP=bool(cfg.pop("SWAP", 0)),
-                                **common, **cfg)
-    else:
-        cfg.pop("GEMV", None)
-        dyb, la = extra
-        grid = (triton.cdiv(K, BK), triton.cdiv(M, BM), split)
-        _nvfp4_bwd_kernel[grid](x2, packed, s8, gs, out, dyb if dyb is not None else dummy,
-                                la if la is not None else dummy, part, locks, M, N, K, x2.stride(0), out.stride(0),
-                                packed.stride(0), s8.stride(0), float(lora_scale), split, R=r, SWAP=bool(cfg.pop("SWAP", 0)),
-                                **common, **cfg)
+
+def _launch_mmv(c: _Call) -> torch.Tensor:
+    """Tensor cores on register fragments (decode sizes; 8 x NB activation rows per program)."""
+    import triton
+
+    from qerl_kernels.nvfp4_mmv import _nvfp4_mmv_kernel
+
+    cfg, M, N, K = c.cfg, c.M, c.N, c.K
+    xpad = cfg.get("XPAD", 0)  # activations copied to a padded row stride first
+    xp = min(XA_PRODUCERS[1], max(XA_PRODUCERS[0], -(-K // 256))) if c.lora_a is not None and not c.pdl else 0
+    out, part, locks, split, (BM, BN, BK), _ = _tile_setup(c, xp)
+    mmv = cfg.pop("MMV")
+    rb = int(cfg.pop("RB", 1))  # blocks of 16 weight rows per warp
+    if mmv != 1 or BM not in (8, 16, 32, 64) or BN not in (32, 64, 128, 256) or BK != 128 or rb not in (1, 2):
+        raise ValueError(f"MMV config needs MMV 1, BM 8|16|32|64, BN = 16 x RB x warps, BK 128, RB 1|2; "
+                         f"got MMV={mmv} BM={BM} BN={BN} BK={BK} RB={rb}")
+    bias, xa, lb = c.extra
+    x2, s8, dummy = c.x2, c.scale.view(torch.uint8), c.x2
+    warps = BN // (16 * rb)  # 16 x RB weight rows per warp, BM = 8 x NB activation rows, BK = 128
+    grid = (triton.cdiv(N, BN) + xp, triton.cdiv(M, BM), split)
+    if xpad and M > 1 and x2.stride(0) * x2.element_size() % 128 == 0:
+        # rows at a 128-byte multiple stride put every activation row's fragment loads on the same L1
+        # banks; a copy with 16 more bytes per row spreads them (up to 19% on gate/up projections, a
+        # loss on small ones, H200: mmv_xpad_sweep_NVIDIA_H200.json [ea84b65]; tuned keys carry
+        # XPAD where it won)
+        padded = torch.empty(M, K + 8, device=x2.device, dtype=x2.dtype)
+        padded[:, :K].copy_(x2)
+        x2 = padded[:, :K]
+    xap = dummy
+    if c.lora_a is not None and c.pdl:  # xa [16, R] by the preceding launch, overlapped with this one
+        xa = _pdl_primary(x2, c.lora_a, M, K, c.r, locks)
+    if xp:  # xa [16, R] written by the launch's producer programs, their fp32 partials in xap
+        xa = torch.empty(16, c.r, device=x2.device, dtype=x2.dtype)
+        xap = torch.empty(xp * 16 * c.r, device=x2.device, dtype=torch.float32)
+    pdl = c.lora_a is not None and c.pdl
+    _nvfp4_mmv_kernel[grid](x2, c.packed, s8, c.gs, out, bias if bias is not None else dummy,
+                            xa if xa is not None else dummy, lb if lb is not None else dummy, part, locks,
+                            c.lora_a if xp else dummy, xap, locks[_LOCK_SLOTS - 4:], M, N, K, x2.stride(0),
+                            out.stride(0), c.packed.stride(0), s8.stride(0), float(c.lora_scale), split,
+                            HAS_BIAS=bias is not None, R=c.r, USE_SPLIT=split > 1, EVEN_K=K % 128 == 0, WARPS=warps,
+                            NB=BM // 8, PREFETCH=cfg.get("num_stages", 1), XPRE=cfg.get("XPRE", 1),
+                            L2=cfg.get("L2", 0), PFD=cfg.get("PFD", 0), FUSED=xp > 0,
+                            UNROLL=bool(cfg.get("UNROLL", 0)), XP=xp, RB=rb, PDL=pdl, num_warps=warps, num_stages=1,
+                            launch_pdl=pdl)
     return out
+
+
+def _launch_gemv(c: _Call) -> torch.Tensor:
+    """CUDA-core path for decode sizes (reads the packed rows as 32-bit words)."""
+    import triton
+
+    from qerl_kernels.nvfp4_gemv import _nvfp4_gemv_kernel
+
+    out, part, locks, split, (BM, BN, BK), common = _tile_setup(c)
+    cfg = c.cfg
+    cfg.pop("GEMV"), common.pop("DOT_FP32"), cfg.pop("SWAP", None)
+    bias, xa, lb = c.extra
+    s8, dummy = c.scale.view(torch.uint8), c.x2
+    grid = (triton.cdiv(c.N, BN), triton.cdiv(c.M, BM), split)
+    _nvfp4_gemv_kernel[grid](c.x2, c.packed, s8, c.gs, out, bias if bias is not None else dummy,
+                             xa if xa is not None else dummy, lb if lb is not None else dummy, part, locks,
+                             c.M, c.N, c.K, c.x2.stride(0), out.stride(0), c.packed.stride(0) // 4, s8.stride(0),
+                             float(c.lora_scale), split, HAS_BIAS=bias is not None, R=c.r, **common, **cfg)
+    return out
+
+
+def _launch_tile_fwd(c: _Call) -> torch.Tensor:
+    """Tensor-core tiles, forward (every M)."""
+    import triton
+
+    from qerl_kernels.nvfp4_matmul import _nvfp4_fwd_kernel
+
+    out, part, locks, split, (BM, BN, BK), common = _tile_setup(c)
+    cfg = c.cfg
+    cfg.pop("GEMV", None), cfg.pop("MMV", None)
+    bias, xa, lb = c.extra
+    s8, dummy = c.scale.view(torch.uint8), c.x2
+    grid = (triton.cdiv(c.N, BN), triton.cdiv(c.M, BM), split)
+    _nvfp4_fwd_kernel[grid](c.x2, c.packed, s8, c.gs, out, bias if bias is not None else dummy,
+                            xa if xa is not None else dummy, lb if lb is not None else dummy, part, locks,
+                            c.M, c.N, c.K, c.x2.stride(0), out.stride(0), c.packed.stride(0), s8.stride(0),
+                            float(c.lora_scale), split, HAS_BIAS=bias is not None, R=c.r,
+                            SWAP=bool(cfg.pop("SWAP", 0)), **common, **cfg)
+    return out
+
+
+def _launch_tile_bwd(c: _Call) -> torch.Tensor:
+    """Tensor-core tiles, backward ``dX`` (tiles over (M, K), loops over N)."""
+    import triton
+
+    from qerl_kernels.nvfp4_matmul import _nvfp4_bwd_kernel
+
+    out, part, locks, split, (BM, BN, BK), common = _tile_setup(c)
+    cfg = c.cfg
+    cfg.pop("GEMV", None), cfg.pop("MMV", None)
+    dyb, la = c.extra
+    s8, dummy = c.scale.view(torch.uint8), c.x2
+    grid = (triton.cdiv(c.K, BK), triton.cdiv(c.M, BM), split)
+    _nvfp4_bwd_kernel[grid](c.x2, c.packed, s8, c.gs, out, dyb if dyb is not None else dummy,
+                            la if la is not None else dummy, part, locks, c.M, c.N, c.K, c.x2.stride(0),
+                            out.stride(0), c.packed.stride(0), s8.stride(0), float(c.lora_scale), split, R=c.r,
+                            SWAP=bool(cfg.pop("SWAP", 0)), **common, **cfg)
+    return out
+
+
+_LAUNCHERS = {"wgmma": _launch_wgmma, "dq": _launch_dq, "mmv": _launch_mmv, "gemv": _launch_gemv,
+              "tile_fwd": _launch_tile_fwd, "tile_bwd": _launch_tile_bwd}
 
 
 def _interpreting() -> bool:

@@ -177,9 +177,9 @@ def run(device: str, shapes, ms, tol: float, kinds=("fwd", "bwd")) -> list[dict]
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--json", default=None)
+    p = argparse.ArgumentParser(prog="python -m qerl.bench.kernels_check", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="two small shapes instead of four (the routed part)")
+    p.add_argument("--json", default=None, help="also write every checked row here")
     p.add_argument("--only-forced", default=None, metavar="KEY",
                    help="only the forced configs with this key (e.g. WGMMA), on the forced shapes")
     p.add_argument("--part", default="all", choices=["all", "routed", "forced", "dequant"],

@@ -528,3 +528,24 @@ def test_benchmark_precompiles_both_launch_modes(monkeypatch):
     jobs = [j for j in precompile_jobs(["7B"], [16], torch.device("cuda", 0)) if j[0] == "fwd" and j[4] == 3584]
     assert any(j[2].get("WGMMA") for j in jobs) and any(j[2].get("MMV") for j in jobs)
     assert not any("EAGER" in j[2] for j in jobs)
+
+
+def test_route_of_names_the_path_and_why_faster_ones_were_passed_over(monkeypatch):
+    """Dispatch as small named pieces: ``route_of`` gives the path a call launches, its config and the reason
+    each faster path cannot run (here, under the interpreter: no PTX, no Gluon)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from qerl_kernels import ops
+
+    x, p, s = torch.zeros(4, 256, dtype=torch.bfloat16), torch.zeros(64, 128, dtype=torch.uint8), \
+        torch.zeros(64, 16, dtype=torch.uint8)
+    assert ops.why_not("tile_fwd", "fwd", 256, x, p, s, True) is None
+    assert "interpreter" in ops.why_not("mmv", "fwd", 256, x, p, s, True)
+    assert "multiple of 128" in ops.why_not("wgmma", "fwd", 96, x, p, s, False)
+    assert "forward only" in ops.why_not("wgmma", "bwd", 256, x, p, s, False)
+    assert "bf16" in ops.why_not("mmv", "fwd", 256, x.half(), p, s, False)
+    monkeypatch.setenv("QERL_KERNEL_CONFIG", '{"MMV": 1, "BM": 8, "BN": 64, "BK": 128, "SPLIT": 1}')
+    path, cfg, notes = ops.route_of("fwd", x, p, s)
+    assert path == "gemv" and cfg["GEMV"] == 1 and notes == [
+        "mmv: the register-fragment kernel is PTX (no interpreter twin)"]
+    monkeypatch.delenv("QERL_KERNEL_CONFIG")
+    assert ops.route_of("bwd", torch.zeros(4, 64, dtype=torch.bfloat16), p, s)[0] == "tile_bwd"
