@@ -389,7 +389,7 @@ def _pdl_primary(x2, lora_a, M: int, K: int, r: int, locks) -> torch.Tensor:
     return xa
 
 
-@dataclass
+@dataclass(slots=True)  # (~0.3 us to build on this CPU box; a call costs ~55-75 us of host time eagerly)
 class _Call:
     """One kernel call as the launchers see it: the 2-D operand ``x2`` (activations, or ``dy`` backward), the packed
     weight, its scales, ``extra`` (forward: ``(bias, xa, lora_b)``; backward: ``(dyb, lora_a)``), the resolved

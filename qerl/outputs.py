@@ -49,7 +49,7 @@ def hold(output: Path, what: str = "output") -> Iterator[Path]:
     if held_by_parent(output):
         yield output
         return
-    check_parent_writable(output, what)
+    output.parent.mkdir(parents=True, exist_ok=True)  # (writability: the callers' check_* first, in their words)
     path = lock_path(output)
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -28,8 +28,7 @@ def test_every_option_has_help_and_shows_its_default(name):
         flag = action.option_strings[0] if action.option_strings else action.dest
         assert action.help and action.help.strip(), f"qerl {name} {flag}: no help text"
         if action.default not in (None, False) and not action.required and action.option_strings:
-            shown = " ".join(str(action.default).split()) if not isinstance(action.default, list) else \
-                " ".join(str(action.default).split())
+            shown = " ".join(str(action.default).split())
             assert f"(default: {shown})" in text, f"qerl {name} {flag}: default {action.default!r} not shown"
 
 

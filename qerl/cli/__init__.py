@@ -17,6 +17,7 @@ Heavy imports happen inside each verb so ``qerl --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
 from qerl import __version__
@@ -33,9 +34,8 @@ VERBS = (models.add_build_tiny, models.add_quantize, models.add_export_merged, m
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="qerl", description="QeRL: RL on NVFP4-quantized LLMs with LoRA and AQN.")
     p.add_argument("--version", action="version", version=f"qerl {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _plain_add = sub.add_parser
-    sub.add_parser = lambda *a, **k: _plain_add(*a, formatter_class=HelpFormatter, **k)  # defaults shown
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                           parser_class=functools.partial(argparse.ArgumentParser, formatter_class=HelpFormatter))
     for add in VERBS:
         add(sub)
     return p

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from qerl.argtypes import POSITIVE, float_in
 from qerl.cli.common import overrides
+from qerl.models.shapes import QWEN25
 
 
 def add_train(sub) -> None:
@@ -52,7 +53,7 @@ def run_train(args) -> int:
     if not launching and os.environ.get("RANK", "0") != "0":  # a rank of a run started by torchrun itself
         return _train_rank(args, cfg, args.resume or (args.auto_resume and ownership.status(out).checkpoint_step
                                                       is not None))
-    if not launching and outputs.HELD_ENV in os.environ and outputs.held_by_parent(out):  # our launcher's rank 0
+    if not launching and outputs.held_by_parent(out):  # rank 0 of our own launcher (it holds the lock)
         return _train_rank(args, cfg, args.resume)
     resolve_device(cfg.device)  # (a device this machine lacks is named now)
     if launching:
@@ -63,8 +64,8 @@ def run_train(args) -> int:
     with outputs.hold(out, "train"):
         resume = ownership.prepare(out, _train_mode(args), to_dict(cfg))
         if resume:
-            print(f"resuming from {out / ownership.CHECKPOINT} (step {ownership.status(out).checkpoint_step})",
-                  flush=True)
+            ckpt = out / ownership.CHECKPOINT
+            print(f"resuming from {ckpt} (step {ownership.checkpoint_step(ckpt)})", flush=True)
         if launching:
             return _launch(args, cfg, resume)
         return _train_rank(args, cfg, resume)
@@ -108,7 +109,7 @@ def add_plan(sub) -> None:
                                     "the model's config.json (or --shape for a Qwen2.5 size) and say whether it fits.")
     pl.add_argument("--config", required=True, type=Path, help="YAML training config")
     pl.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (as in train)")
-    pl.add_argument("--shape", choices=["7B", "14B", "32B"], default=None,
+    pl.add_argument("--shape", choices=list(QWEN25), default=None,
                     help="use Qwen2.5 shapes instead of reading model.path's config.json")
     pl.add_argument("--gpu-gb", type=float_in(0.0, lo_open=True), default=None,
                     help="memory to plan for (default: this GPU, else 80)")

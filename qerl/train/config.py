@@ -319,21 +319,13 @@ def apply_overrides(data: dict, overrides: dict) -> None:
         if not all(parents + [leaf]):
             raise ConfigError(f"--set {key}={value!r}: empty key part (expected KEY or SECTION.KEY)")
         for i, p in enumerate(parents):
-            node = node.setdefault(p, {})
-            if node is None:
-                node = parent_set(data, parents[: i + 1], {})
+            if node.get(p) is None:  # missing, or an empty YAML section
+                node[p] = {}
+            node = node[p]
             if not isinstance(node, dict):
                 where = ".".join(parents[: i + 1])
                 raise ConfigError(f"--set {key}=...: {where} is a value ({node!r}), not a section with keys")
         node[leaf] = value
-
-
-def parent_set(data: dict, keys: list[str], value):
-    node = data
-    for k in keys[:-1]:
-        node = node[k]
-    node[keys[-1]] = value
-    return value
 
 
 def to_dict(cfg) -> dict:

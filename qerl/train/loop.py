@@ -57,9 +57,10 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
 
     dist.check_divisible(cfg.prompts_per_step, d)
     dist.check_same_config(d, to_dict(cfg))
-    if d.main and not resume and not ownership.status(out).empty:  # (the CLI decides; a library call is held too)
-        raise ownership.OwnershipError(f"output_dir {out} holds {ownership.status(out).describe()}: resume it "
-                                       "(resume=True) or choose another output_dir")
+    held = ownership.status(out) if d.main and not resume else None  # (the CLI decides; a library call too)
+    if held is not None and not held.empty:
+        raise ownership.OwnershipError(f"output_dir {out} holds {held.describe()}: resume it (resume=True) or "
+                                       "choose another output_dir")
     out.mkdir(parents=True, exist_ok=True)
     random.seed(cfg.seed), np.random.seed(cfg.seed % 2**32), torch.manual_seed(cfg.seed)
     method = METHODS[cfg.method]
@@ -68,7 +69,8 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
 
     # data (before the model: prompts that cannot fit the model's context are found without loading weights)
     src = resolve_model_dir(cfg.model.path, cfg.model.revision)
-    records, note = fit_records(load_train_records(cfg.data, cfg.seed), load_tokenizer(src), cfg.data.template,
+    tokenizer = load_tokenizer(src)
+    records, note = fit_records(load_train_records(cfg.data, cfg.seed), tokenizer, cfg.data.template,
                                 cfg.rollout.max_new_tokens, model_context(src), f"data.task {cfg.data.task}")
     if note and d.main:
         print(note, flush=True)
@@ -77,7 +79,7 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
     plan = _check_memory(cfg, d.world) if device.type == "cuda" else None
     shards = sharding.strategy(resolve_sharding(cfg, d.world))  # none | optimizer (ZeRO-1) | fsdp (FSDP2)
     keep_cache = device.type == "cuda" and shards.keeps_engine_cache and _keep_engine_cache(cfg, d.world)
-    policy, tokenizer = build_policy(cfg, device, d.world)
+    policy, tokenizer = build_policy(cfg, device, d.world, src, tokenizer)
     aqn = AQN(policy, cfg.aqn) if method.aqn else None
     scorer = LogprobModule(policy)  # DDP-wrapped under torchrun (below): the update's forward goes through it
 

@@ -30,16 +30,17 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
-def build_policy(cfg, device: torch.device, world: int = 1):
-    """Load the base in the method's format and wrap it for training. Returns ``(model, tokenizer)``."""
+def build_policy(cfg, device: torch.device, world: int = 1, src=None, tokenizer=None):
+    """Load the base in the method's format and wrap it for training. Returns ``(model, tokenizer)``. ``src`` /
+    ``tokenizer``: the model directory and its tokenizer where the caller has them already."""
     from qerl.lora import apply_lora
     from qerl.models import load_policy
     from qerl.models.source import resolve_model_dir
 
     method = METHODS[cfg.method]
-    src = resolve_model_dir(cfg.model.path, cfg.model.revision)
+    src = src or resolve_model_dir(cfg.model.path, cfg.model.revision)
     model = load_policy(src, base=method.base, device=device, dtype=DTYPES[cfg.model.dtype])
-    tokenizer = load_tokenizer(src)
+    tokenizer = tokenizer or load_tokenizer(src)
     if method.lora:
         model = apply_lora(model, cfg.lora)
     else:
