@@ -15,6 +15,7 @@ RMSNorm weights (``train_norms``, off by default).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,25 +59,43 @@ class LoraSettings:
                              f"choose from {list(PROJECTIONS)}")
 
 
-# Optimizer steps taken in this process (every torch.optim.Optimizer subclass, bitsandbytes' 8-bit AdamW
-# included, runs the global step hooks): part of the key of the fused layers' bf16 adapter copies, since
-# an optimizer may write parameters without moving their version counters (bitsandbytes writes raw memory).
-_OPTIMIZER_STEPS = [0]
-_STEP_HOOK = []
+class AdapterCasts:
+    """Activation-dtype copies of a LoRA layer's fp32 adapters (what the GPU kernels read), reused only inside a
+    :func:`frozen_adapters` block: there the caller promises that no optimizer step runs, so a copy is made once
+    per adapter and dtype (again after an in-place change: version counter). Outside a block every call casts —
+    an optimizer may write parameters without moving their version counters (bitsandbytes' 8-bit AdamW writes
+    raw memory), so nothing outside the caller knows when a copy goes stale."""
+
+    _qerl_casts: dict | None = None  # the open block's copies: {name: (key, A, B)}; None outside a block
+
+    def _cast(self, name: str, a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype):
+        """``(A, B)`` of adapter ``name`` in ``dtype`` (detached)."""
+        cache = self._qerl_casts
+        if cache is None:
+            return a.detach().to(dtype), b.detach().to(dtype)
+        key = (a._version, b._version, a.data_ptr(), b.data_ptr(), dtype)
+        if name not in cache or cache[name][0] != key:
+            cache[name] = (key, a.detach().to(dtype), b.detach().to(dtype))
+        return cache[name][1], cache[name][2]
 
 
-def _count_optimizer_step(optimizer, args, kwargs) -> None:
-    _OPTIMIZER_STEPS[0] += 1
+@contextlib.contextmanager
+def frozen_adapters(model):
+    """A block in which ``model``'s adapters do not change (a rollout, a no-grad log-prob pass, the forward /
+    backward of one update's micro-batches before its optimizer step): the fused NVFP4 LoRA layers cast their
+    fp32 adapters to the activation dtype once instead of per call (:class:`AdapterCasts`). Nested blocks share
+    the outermost one's copies; leaving the outermost drops them."""
+    opened = [m for m in model.modules() if isinstance(m, AdapterCasts) and m._qerl_casts is None]
+    for m in opened:
+        m._qerl_casts = {}
+    try:
+        yield model
+    finally:
+        for m in opened:
+            m._qerl_casts = None
 
 
-def _watch_optimizer_steps() -> None:
-    if not _STEP_HOOK:
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
-        _STEP_HOOK.append(register_optimizer_step_post_hook(_count_optimizer_step))
-
-
-# devices whose kernels want bf16/fp16 adapters (fp32 adapters are cast once per optimizer step there)
+# devices whose kernels want bf16/fp16 adapters (fp32 adapters are cast there, once per frozen_adapters block)
 _CAST_DEVICES = {"cuda"}
 
 
@@ -134,16 +153,14 @@ def make_lean(peft_model):
 def _lora_linear_cls():
     from peft.tuners.lora.layer import Linear as PeftLoraLinear
 
-    _watch_optimizer_steps()
-
-    class LoraNVFP4Linear(PeftLoraLinear):
+    class LoraNVFP4Linear(AdapterCasts, PeftLoraLinear):
         """PEFT LoRA layer over an :class:`NVFP4Linear` base (which is never merged into).
 
         Without autograd (rollouts, evaluation) and with one plain LoRA adapter active (no DoRA, no
         LoRA bias, no dropout in effect, no per-row ``adapter_names``), ``forward`` is one call of
         :func:`qerl.ops.nvfp4_lora_linear`: on the GPU one kernel launch for base + LoRA instead of
-        PEFT's four (base, A, B, add), with bf16 copies of the fp32 adapters cached until the optimizer
-        changes them. With autograd (training) and fp32 masters on bf16/fp16 activations, no dropout in effect:
+        PEFT's four (base, A, B, add), with bf16 copies of the fp32 adapters made once per
+        :func:`frozen_adapters` block. With autograd (training) and fp32 masters on bf16/fp16 activations, no dropout in effect:
         one :func:`qerl.ops.nvfp4_lora_train` node (base + LoRA forward in one backend call, ``dX`` with its LoRA
         term in one). Everything else is PEFT's own ``forward``."""
 
@@ -168,8 +185,8 @@ def _lora_linear_cls():
 
         def _fused_adapter(self, x: torch.Tensor):
             """``(A, B, scaling)`` of the one active adapter when the fused call computes exactly what
-            PEFT would, else None. On CUDA A and B are bf16/fp16 copies (the kernels' operand dtype),
-            made again after any optimizer step or in-place change of the parameters (version counter)."""
+            PEFT would, else None. On CUDA A and B are bf16/fp16 copies (the kernels' operand dtype,
+            :class:`AdapterCasts`)."""
             if torch.is_grad_enabled() or self.disable_adapters or self.merged or len(self.active_adapters) != 1:
                 return None
             name = self.active_adapters[0]
@@ -180,15 +197,6 @@ def _lora_linear_cls():
             if x.device.type not in _CAST_DEVICES or a.dtype == x.dtype:
                 return a, b, self.scaling[name]
             return *self._cast(name, a, b, x.dtype), self.scaling[name]
-
-        def _cast(self, name: str, a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype):
-            """``(A, B)`` of adapter ``name`` in ``dtype`` (detached), cast again only after an optimizer step or an
-            in-place change of the parameters (version counter): once per step, not per call and micro-batch."""
-            key = (_OPTIMIZER_STEPS[0], a._version, b._version, a.data_ptr(), b.data_ptr(), dtype)
-            cache = self.__dict__.setdefault("_qerl_lora_cast", {})
-            if name not in cache or cache[name][0] != key:
-                cache[name] = (key, a.detach().to(dtype), b.detach().to(dtype))
-            return cache[name][1], cache[name][2]
 
         def _get_in_out_features(self, module):
             return module.in_features, module.out_features

@@ -212,20 +212,30 @@ def test_lora_seam_autograd_and_bad_shapes():
         nvfp4_lora_linear(x, p, s, gs, None, a, torch.zeros(24, 5), 1.0)
 
 
-def test_fused_layers_bf16_adapter_copies_follow_every_update(quantized_dirs, monkeypatch):
-    """The bf16 copies of the fp32 adapters (what the GPU kernels read) are reused between calls and made
-    again after an optimizer step — also one that writes raw memory without moving the parameters'
-    version counters, as bitsandbytes' 8-bit AdamW does — and after an in-place change."""
+def test_fused_layers_bf16_adapter_copies_live_for_one_frozen_block(quantized_dirs, monkeypatch):
+    """The bf16 copies of the fp32 adapters (what the GPU kernels read) are reused only inside a
+    `frozen_adapters` block (a rollout, a no-grad pass, one update's micro-batches) and made again after an
+    in-place change there; outside a block each call casts, so an optimizer that writes raw memory without moving
+    the version counters (bitsandbytes' 8-bit AdamW) between two blocks is always seen — with no process-wide
+    optimizer hook."""
     import qerl.lora as qlora
+    from qerl.lora import frozen_adapters
 
-    monkeypatch.setattr(qlora, "_CAST_DEVICES", {"cuda", "cpu"})  # exercise the cast cache on the CPU
+    monkeypatch.setattr(qlora, "_CAST_DEVICES", {"cuda", "cpu"})  # exercise the cast copies on the CPU
     pm = _lora_model_with_nonzero_b(quantized_dirs).eval()
     layer = next(m for m in pm.modules() if type(m).__name__ == "LoraNVFP4Linear")
     x = torch.randn(2, layer.in_features, dtype=torch.bfloat16)
     with torch.no_grad():
-        a1, b1, _ = layer._fused_adapter(x)
-        a2, b2, _ = layer._fused_adapter(x)
-    assert a1.dtype == torch.bfloat16 and a1 is a2 and b1 is b2  # cached
+        with frozen_adapters(pm):
+            a1, b1, _ = layer._fused_adapter(x)
+            with frozen_adapters(pm):  # nested: the outer block's copies
+                a2, b2, _ = layer._fused_adapter(x)
+            a2b, _, _ = layer._fused_adapter(x)
+        assert layer._qerl_casts is None  # dropped with the block
+        a_out1, _, _ = layer._fused_adapter(x)
+        a_out2, _, _ = layer._fused_adapter(x)
+    assert a1.dtype == torch.bfloat16 and a1 is a2 is a2b and b1 is b2  # one copy per block
+    assert a_out1 is not a_out2 and torch.equal(a_out1, a1)  # outside a block: a cast per call
     assert torch.equal(a1, layer.lora_A["default"].weight.bfloat16())
 
     class RawWrites(torch.optim.Optimizer):  # updates through .data: no version bump
@@ -241,11 +251,10 @@ def test_fused_layers_bf16_adapter_copies_follow_every_update(quantized_dirs, mo
     version = lora_a._version
     RawWrites([lora_a]).step()
     assert lora_a._version == version
-    with torch.no_grad():
+    with torch.no_grad(), frozen_adapters(pm):
         a3, _, _ = layer._fused_adapter(x)
-    assert a3 is not a1 and torch.equal(a3, lora_a.bfloat16())
-    with torch.no_grad():
-        layer.lora_B["default"].weight.mul_(2)  # in place, no optimizer
+        assert torch.equal(a3, lora_a.bfloat16())
+        layer.lora_B["default"].weight.mul_(2)  # in place inside a block: the version counter moves
         _, b4, _ = layer._fused_adapter(x)
     assert torch.equal(b4, layer.lora_B["default"].weight.bfloat16())
 

@@ -271,7 +271,7 @@ def _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers) -> Path:
     from tqdm.auto import tqdm
 
     from qerl.quant import nvfp4
-    from qerl.bench.kernels import _graph_time
+    from qerl.bench.timing import graph_time as _graph_time
 
     device = torch.cuda.get_device_name()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -356,7 +356,7 @@ def _write_csv(rows, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    from qerl.bench.kernels import MODELS, projections
+    from qerl.models.shapes import QWEN25 as MODELS, projections
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="*", default=["7B"], choices=list(MODELS))

@@ -86,7 +86,7 @@ def step_split(eng, batch: int, prompt_len: int, gen_len: int) -> dict:
     from qerl.rollout import SamplingSettings
     from qerl.rollout.engine import forward as fw
     from qerl.rollout.sampling import sample
-    from qerl.bench.kernels import _graph_times
+    from qerl.bench.timing import graph_times as _graph_times
 
     v, dev = eng.view, eng.device
     inter = v.layers[0].down.module.in_features if hasattr(v.layers[0].down.module, "in_features") else None
@@ -130,7 +130,9 @@ def step_split(eng, batch: int, prompt_len: int, gen_len: int) -> dict:
 
 
 def _release(model) -> None:
-    eng = model.__dict__.pop("_qerl_engine", None)
+    from qerl.rollout.engine import drop_engine
+
+    eng = drop_engine(model)
     if eng is not None:
         eng.release()
     gc.collect()
@@ -139,7 +141,8 @@ def _release(model) -> None:
 
 def bench(args) -> list[dict]:
     from qerl.lora import LoraSettings, apply_lora
-    from qerl.bench.kernels import copy_bandwidth
+    from qerl.rollout.engine import cached_engine
+    from qerl.bench.timing import copy_bandwidth
     from qerl.models.random import build, nf4_available, weight_bytes
 
     device = torch.cuda.get_device_name()
@@ -175,7 +178,7 @@ def bench(args) -> list[dict]:
                     if slow:
                         r["note"] = (r["note"] + f"; {gen} generated tokens").lstrip("; ")
                     if engine == "qerl" and batch in args.split_batches and r["tok_s"] == r["tok_s"]:
-                        sp = step_split(model.__dict__["_qerl_engine"], batch, args.prompt_len, gen)
+                        sp = step_split(cached_engine(model), batch, args.prompt_len, gen)
                         r["note"] += "; step split ms: " + ", ".join(f"{k} {val}" for k, val in sp.items())
                     fl = floor_ms(wb, lm, batch, args.prompt_len, r["gen_len"], bw)
                     row.update(r, floor_ms=fl, frac_of_floor=r["ms_per_step"] / fl)

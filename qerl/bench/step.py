@@ -6,18 +6,21 @@ LoRA rank 32 on the seven projections. One step, as ``qerl train`` runs it (:mod
 1. **rollout** — ``batch`` sequences of ``prompt_len`` random tokens, ``gen_len`` sampled tokens each (EOS never
    sampled) through :func:`qerl.rollout.generate` (the engine on CUDA); QeRL with AQN noise (σ = 0.01) written
    into the norms for the rollout; the engine's KV cache is then released (``rollout.release_cache``);
-2. **logprob** — the old policy's teacher-forced log-probs (no grad, micro-batches);
-3. **update** — GRPO loss on random advantages, backward per micro-batch (gradient checkpointing as
-   configured), gradient clipping, one AdamW step (bitsandbytes 8-bit when importable, else torch AdamW).
+2. **logprob** and 3. **update** — the trainer's own update phase (:func:`qerl.train.update.update_policy`): the
+   old policy's teacher-forced log-probs (no grad, micro-batches), then GRPO on random rewards in groups of 16
+   (:func:`_bench_config`), backward per micro-batch (gradient checkpointing as configured), gradient clipping,
+   one AdamW step (bitsandbytes 8-bit when importable, else torch AdamW).
 
 Each configuration runs a warm-up step (``--warmup-gen`` sampled tokens, the completions padded with random
-tokens to the measured length, so its update compiles and tunes for the same shapes), then the measured step (which captures its own decode graphs, as every training step does once the cache is released). Peak memory = ``torch.cuda.max_memory_allocated`` over the measured step. On a card larger than
+tokens to the measured length, so its update compiles and tunes for the same shapes), then the measured step (which
+captures its own decode graphs, as every training step does once the cache is released). Peak memory = ``torch.cuda.max_memory_allocated`` over the measured step. On a card larger than
 ``--cap-gb`` the process is capped there (``torch.cuda.set_per_process_memory_fraction``), so an H200 answers
 "does it fit in 80 GB". An OOM is a row with ``status = oom``.
 
 ``--nproc N`` (N GPUs of one machine; relaunches itself under torchrun, NCCL): data parallel as ``qerl train
---nproc`` runs it — each rank generates ``batch / N`` sequences with its own engine, computes their log-probs and
-runs their micro-batches through DDP (one gradient all-reduce), then every rank steps; ``rollout_s`` is the
+--nproc`` runs it — each rank generates ``batch / N`` sequences with its own engine, the rollouts are gathered, each
+rank computes its share's log-probs and runs its micro-batches through DDP (one gradient all-reduce), then every
+rank steps; ``rollout_s`` is the
 slowest rank's, ``rank_idle_s`` how long the fastest rank waited for it. Rows of 1 and N GPUs give the scaling
 table of the Markdown (:func:`scaling_lines`: against one GPU at the same batch per step and at the same batch per
 GPU, and the idle share).
@@ -73,82 +76,100 @@ def _sync_time() -> float:
     return time.perf_counter()
 
 
+def _bench_config(batch: int, world: int, gen_len: int, micro: int):
+    """The :class:`~qerl.train.config.TrainConfig` the trainer would run this step with: GRPO, groups of 16 (or the
+    largest of 8, 4, 2 that gives every rank whole groups), temperature 1, ``gen_len`` new tokens, AQN on the
+    rollout only (the default ``apply_to``), gradient clip 1."""
+    from qerl.train.config import AlgorithmConfig, TrainConfig
+    from qerl.rollout import SamplingSettings
+
+    G = next((g for g in (16, 8, 4, 2) if batch % (g * world) == 0), None)
+    if G is None:
+        raise ValueError(f"batch {batch}: must be a multiple of 2 x {world} process(es) (whole GRPO groups per rank)")
+    a = AlgorithmConfig(name="grpo", group_size=G).resolved()
+    return TrainConfig(micro_batch_size=micro, prompts_per_step=batch // G, algorithm=a,
+                       rollout=SamplingSettings(temperature=1.0, max_new_tokens=gen_len))
+
+
+class _Phases:
+    """``phase(name)`` contexts for :func:`qerl.train.update.update_policy`: CUDA-synchronised seconds of each
+    phase and a ``torch.profiler`` range ``step:<name>``."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        from torch.profiler import record_function
+
+        t0 = _sync_time()
+        with record_function(f"step:{name}"):
+            yield
+        self.seconds[name] = self.seconds.get(name, 0.0) + _sync_time() - t0
+
+
 def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro: int, optimizer, seed: int,
              pad_to: int | None = None, prof=None, d=None, scorer=None, keep_cache: bool = False,
              parking=None) -> dict:
-    """One GRPO step; seconds of its three phases (CUDA-synchronised, each a ``torch.profiler`` range
-    ``step:<phase>``) and the generated tokens. ``pad_to``: extend the completions with random tokens to that
-    length before the update (a warm-up step whose update has the measured step's shapes, cheaply). ``prof``: a
-    ``torch.profiler.profile`` started for the logprob and update phases only. ``d`` / ``scorer``: this rank of a
-    data-parallel step (``batch`` is the global batch) and the DDP-wrapped log-prob module; the phases are then
-    the slowest rank's, ``rank_idle_s`` the fastest rank's wait at the end of the rollout. ``keep_cache``: keep
-    the engine's KV cache and graphs for the next step (``rollout.release_cache: false``). ``parking``: a
-    :class:`~qerl.train.offload.StateOffload` — the optimizer states leave the GPU before the rollout and come
-    back before the log-probs (``offload_s``, ``parked_gb``; ``rollout_peak_gb``: the rollout phase's peak)."""
+    """One GRPO step: a rollout of ``batch`` random prompts (this rank's share), then the trainer's own update
+    phase (:func:`qerl.train.update.update_policy`: old log-probs, one optimizer step over micro-batches of
+    ``micro``) on the gathered batch with random rewards. Returns the seconds of the three phases
+    (CUDA-synchronised, each a ``torch.profiler`` range ``step:<phase>``) and the generated tokens. ``pad_to``:
+    extend the completions with random tokens to that length before the update (a warm-up step whose update has
+    the measured step's shapes, cheaply). ``prof``: a ``torch.profiler.profile`` started for the logprob and update
+    phases only. ``d`` / ``scorer``: this rank of a data-parallel step (``batch`` is the global batch) and the
+    DDP-wrapped :class:`~qerl.train.update.LogprobModule`; the phases are then the slowest rank's,
+    ``rank_idle_s`` the fastest rank's wait at the end of the rollout. ``keep_cache``: keep the engine's KV cache
+    and graphs for the next step (``rollout.release_cache: false``). ``parking``: a
+    :class:`~qerl.train.offload.StateOffload` — the optimizer states leave the GPU before the rollout and come back
+    before the log-probs (``offload_s``, ``parked_gb``; ``rollout_peak_gb``: the rollout phase's peak)."""
     from torch.profiler import record_function
 
-    from qerl.rl.losses import LossSettings, policy_loss
-    from qerl.rollout import SamplingSettings, generate
-    from qerl.rollout.engine import release_engine
     from qerl.models.random import prompts
+    from qerl.rollout import generate
+    from qerl.rollout.engine import release_engine
     from qerl.train import dist
-    from qerl.train.loop import LogprobModule
-    from qerl.train.steps import logprobs_no_grad, micro_batches
+    from qerl.train.steps import merge, rollout_to
+    from qerl.train.update import LogprobModule, update_policy
 
     d = d or dist.Dist()
-    scorer = scorer if scorer is not None else LogprobModule(policy, with_entropy=False)
-    batch //= d.world  # this rank's sequences
-    seed = seed * 1000 + d.rank
-    ps = prompts(batch, prompt_len, policy.config.vocab_size, seed=seed)
-    s = SamplingSettings(temperature=1.0, max_new_tokens=gen_len)
+    scorer = scorer if scorer is not None else LogprobModule(policy)
+    cfg = _bench_config(batch, d.world, gen_len, micro)
+    mine = batch // d.world  # this rank's sequences
+    ps = prompts(mine, prompt_len, policy.config.vocab_size, seed=seed * 1000 + d.rank)
     t0 = _sync_time()
     policy.eval()
     parked = parking.park() if parking is not None else 0
     if parked and torch.cuda.is_available():  # the rollout phase's own peak, without the states just parked (the
         torch.cuda.reset_peak_memory_stats()  # step's peak stays the update's: weights + states + gradients + ...)
     with record_function("step:rollout"), (aqn.noise(0.01, seed) if aqn is not None else contextlib.nullcontext()):
-        r = generate(policy, tok, ps, s, seed=seed)
+        r = generate(policy, tok, ps, cfg.rollout, seed=seed, first_row=d.rank * mine)
         if not keep_cache:
             release_engine(policy)
     rollout_peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
     if pad_to is not None and pad_to > gen_len:
-        extra = torch.randint(100, policy.config.vocab_size - 100, (batch, pad_to - gen_len), device=r.completion_ids.device)
+        extra = torch.randint(100, policy.config.vocab_size - 100, (mine, pad_to - gen_len), device=r.completion_ids.device)
         r.completion_ids = torch.cat([r.completion_ids, extra], 1)
         r.completion_mask = torch.cat([r.completion_mask, torch.ones_like(extra)], 1)
         r.logprobs = torch.cat([r.logprobs, torch.zeros(extra.shape, device=extra.device)], 1)
+    tokens = int(r.completion_mask.sum())
+    if d.on:  # every rank continues on the whole batch, as the trainer's rollout gather leaves it
+        device = r.completion_ids.device
+        r = merge([rollout_to(p, device) for p in dist.gather(d, rollout_to(r, "cpu"), "gathering the rollouts")],
+                  tok.pad_token_id)
+    t1 = _sync_time()
     if prof is not None:
         prof.start()
-    t1 = _sync_time()
-    with record_function("step:logprob"):
-        if parking is not None:
-            parking.restore()
-        old = logprobs_no_grad(policy, r, 1.0, micro)
-    t2 = _sync_time()
-    ctx = record_function("step:update")
-    ctx.__enter__()
-    policy.train()
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    adv = torch.randn(batch, generator=g).to(old.device)
-    mask = r.completion_mask.float()
-    settings = LossSettings("grpo", 0.2, 0.2, 0.0, r.completion_ids.shape[1])
-    micro_list = list(micro_batches(batch, micro))
-    for k, m in enumerate(micro_list):
-        last = k == len(micro_list) - 1
-        with contextlib.nullcontext() if last or not d.on else scorer.no_sync():  # one all-reduce, at the last
-            logp = scorer(r.prompt_ids[m], r.prompt_mask[m], r.completion_ids[m], r.completion_mask[m])
-            loss, _ = policy_loss(logp, old[m], adv[m], mask[m], settings)
-            (loss * (m.stop - m.start) / batch).backward()
-    params = [p for p in policy.parameters() if p.requires_grad]
-    torch.nn.utils.clip_grad_norm_(params, 1.0)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    policy.eval()
-    ctx.__exit__(None, None, None)
+    rewards = torch.randn(batch, generator=torch.Generator(device="cpu").manual_seed(seed))
+    if parking is not None:
+        parking.restore()
+    phases = _Phases()
+    update_policy(policy, scorer, r, rewards, cfg, aqn, 0.0, 0, optimizer, d, phase=phases)
     t3 = _sync_time()
     if prof is not None:
         prof.stop()
-    st = {"rollout_s": t1 - t0, "logprob_s": t2 - t1, "update_s": t3 - t2, "total_s": t3 - t0,
-          "tokens": int(r.completion_mask.sum())}
+    st = {"rollout_s": t1 - t0, "logprob_s": phases.seconds["logprob"], "update_s": phases.seconds["update"],
+          "total_s": t3 - t0, "tokens": tokens}
     if parking is not None:
         st.update(offload_s=parking.seconds, parked_gb=parked / 1e9, rollout_peak_gb=rollout_peak / 1e9)
     if not d.on:
@@ -201,8 +222,8 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
     from qerl.models.random import build
     from qerl.models.random import CountTokenizer
     from qerl.train import dist
-    from qerl.train.loop import LogprobModule
     from qerl.train.plan import resolve_checkpointing
+    from qerl.train.update import LogprobModule
 
     d = d or dist.Dist()
     rows = []
@@ -221,7 +242,7 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
     from qerl.train.offload import StateOffload
 
     parking = StateOffload(opt) if offload else None
-    scorer = dist.wrap(LogprobModule(policy, with_entropy=False), d, torch.device("cuda", torch.cuda.current_device()))
+    scorer = dist.wrap(LogprobModule(policy), d, torch.device("cuda", torch.cuda.current_device()))
     tok = CountTokenizer()
     for b in batches:
         for g in gen_lens:

@@ -38,3 +38,11 @@ class Shape:
 
 QWEN25 = {"7B": Shape(3584, 18944, 28, 28, 4, 128, 152064), "14B": Shape(5120, 13824, 48, 40, 8, 128, 152064),
           "32B": Shape(5120, 27648, 64, 40, 8, 128, 152064)}
+
+
+def projections(model: str) -> dict[str, tuple[int, int]]:
+    """(N, K) of one layer's fused projections as the engine runs them (q/k/v and gate/up fused)."""
+    s = QWEN25[model]
+    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    return {"qkv": (q + 2 * kv, s.hidden), "o": (s.hidden, q), "gate_up": (2 * s.intermediate, s.hidden),
+            "down": (s.hidden, s.intermediate)}

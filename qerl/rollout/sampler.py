@@ -55,7 +55,16 @@ def generate(model, tokenizer, prompts: list[str], settings: SamplingSettings, s
              num_samples: int = 1, first_row: int = 0) -> Rollout:
     """Sample ``num_samples`` completions per prompt (see module docstring). Row ``i`` draws with the seed of
     global row ``first_row + i`` (:func:`qerl.rollout.sampling.row_seeds`: Gumbel-max on counter-based
-    uniforms, the engine's draw), so a row's tokens do not depend on which other rows share the call."""
+    uniforms, the engine's draw), so a row's tokens do not depend on which other rows share the call. The
+    adapters do not change during a rollout: their activation-dtype copies are made once
+    (:func:`qerl.lora.frozen_adapters`)."""
+    from qerl.lora import frozen_adapters
+
+    with frozen_adapters(model):
+        return _generate(model, tokenizer, prompts, settings, seed, num_samples, first_row)
+
+
+def _generate(model, tokenizer, prompts, settings, seed, num_samples, first_row) -> Rollout:
     from transformers import DynamicCache
 
     from qerl.ops.logits import head_logits

@@ -5,7 +5,6 @@ AQN noise lives in the norms' forward (see :mod:`qerl.rl.aqn`). Under ``torchrun
 every rank, each with its share of the rollouts and of the update (:mod:`qerl.train.dist`)."""
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -20,20 +19,18 @@ from qerl.data.context import fit_records, model_context
 from qerl.data.loading import load_train_records
 from qerl.models.source import resolve_model_dir
 from qerl.rewards.registry import build_reward
-from qerl.rl.advantages import group_advantages
 from qerl.rl.aqn import AQN, sigma_at
-from qerl.rl.losses import LossSettings, mismatch_stats, policy_loss, truncated_is_weights
 from qerl.rollout.engine import release_engine
-from qerl.rollout.sampler import sequence_logprobs
 from qerl.train import dist, ownership, sharding
 from qerl.train.config import TrainConfig, resolve_sharding, to_dict
 from qerl.train.methods import METHODS, build_policy, load_tokenizer, resolve_device
 from qerl.train.offload import StateOffload
 from qerl.train.state import TrainState, save_checkpoint
 from qerl.train.steps import (
-    PromptStream, TrainingError, collect_rollouts, derive_seed, logprobs_no_grad, micro_weight,
-    peak_memory_gb, warmup_cosine,
+    PromptStream, TrainingError, collect_rollouts, peak_memory_gb, warmup_cosine,
 )
+from qerl.train.update import LogprobModule
+from qerl.train.update import update_policy as _update  # (a module attribute: the tests inject failures here)
 from qerl.errors import TrainingInterrupted
 
 DETERMINISTIC_METRICS = ("reward_mean", "reward_std", "accuracy", "entropy", "kl", "clip_frac", "loss",
@@ -65,7 +62,6 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
     random.seed(cfg.seed), np.random.seed(cfg.seed % 2**32), torch.manual_seed(cfg.seed)
     method = METHODS[cfg.method]
     a = cfg.algorithm
-    loss_settings = LossSettings(a.name, a.clip_low, a.clip_high, a.kl_coef, cfg.rollout.max_new_tokens)
 
     # data (before the model: prompts that cannot fit the model's context are found without loading weights)
     src = resolve_model_dir(cfg.model.path, cfg.model.revision)
@@ -145,7 +141,7 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
             if parking is not None:
                 parking.restore()
             try:
-                info = _update(policy, scorer, batch, rewards, cfg, loss_settings, aqn, sigma, step, optimizer, d,
+                info = _update(policy, scorer, batch, rewards, cfg, aqn, sigma, step, optimizer, d,
                                shards) if batch else {}
             except torch.cuda.OutOfMemoryError as e:
                 optimizer.zero_grad(set_to_none=True)
@@ -267,101 +263,6 @@ def _check_memory(cfg: TrainConfig, world: int) -> dict | None:
               "fit; fewer sequences per step or a shorter rollout.max_new_tokens would decode them together)",
               flush=True)
     return res
-
-
-class LogprobModule(torch.nn.Module):
-    """The update's forward as a module (what DDP wraps under torchrun): teacher-forced log-probs and entropies
-    of completions under ``policy`` (:func:`qerl.rollout.sequence_logprobs`)."""
-
-    def __init__(self, policy, with_entropy: bool = True):
-        super().__init__()
-        self.policy, self.with_entropy = policy, with_entropy
-
-    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature: float = 1.0):
-        return sequence_logprobs(self.policy, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature,
-                                 with_entropy=self.with_entropy)
-
-
-def _rank_micro_batches(n: int, G: int, mb: int, d: dist.Dist) -> list[tuple[slice, bool]]:
-    """This rank's micro-batches of the global batch's ``n`` rows: ``(rows, real)``. Every rank runs the same
-    number (DDP all-reduces at the last one): a rank with fewer rows (DAPO kept a group count that does not
-    divide) repeats a micro-batch with ``real = False`` (its loss weighted 0)."""
-    groups = n // G
-    mine = dist.share(groups, d)
-    lo, hi = mine.start * G, mine.stop * G
-    own = [slice(s, min(hi, s + mb)) for s in range(lo, hi, mb)]
-    most = -(-(-(-groups // d.world) * G) // mb)
-    filler = own[0] if own else slice(0, min(n, mb))
-    return [(m, True) for m in own] + [(filler, False)] * (most - len(own))
-
-
-def _logprobs_global(policy, batch, T: float, micro: list, d: dist.Dist, what: str, lockstep: bool = False
-                     ) -> torch.Tensor:
-    """Log-probs ``[n, T]`` of the whole batch without grad, each rank computing its own rows' micro-batches
-    (``lockstep``, under FSDP2 whose forwards all-gather: the fillers too, so every rank runs as many)."""
-    run = [(m, real) for m, real in micro if real or lockstep]
-    outs = [(logprobs_no_grad(policy, batch, T, 0, [m]), real) for m, real in run]
-    part = torch.cat([p for p, real in outs if real]) if any(real for _, real in run) else None
-    if not d.on:
-        return part
-    parts = dist.gather(d, None if part is None else part.cpu(), what)
-    return torch.cat([p for p in parts if p is not None]).to(batch.logprobs.device)
-
-
-def _update(policy, scorer, batch, rewards, cfg, loss_settings, aqn, sigma, step, optimizer, d: dist.Dist,
-            shards: sharding.Replicated = sharding.Replicated()) -> dict:
-    """Advantages, old/ref log-probs, μ policy updates over micro-batches. Returns diagnostics. Under torchrun
-    each rank runs its share of the micro-batches (``scorer`` is DDP-wrapped: one gradient all-reduce per
-    optimizer step; under FSDP2 its hooks reduce-scatter at the last micro-batch) and the diagnostics are summed
-    over ranks."""
-    a = cfg.algorithm
-    T = cfg.rollout.temperature
-    adv = group_advantages(rewards, a.group_size, a.adv_scale).to(batch.logprobs.device)
-    mask = batch.completion_mask.float()
-    if a.overlong_mask:
-        mask = mask * (~batch.truncated).float()[:, None]
-    train_noise = aqn is not None and cfg.aqn.apply_to == "rollout+train" and sigma > 0
-    ctx = aqn.noise(sigma, derive_seed(cfg.seed, step, 0, "aqn")) if train_noise else contextlib.nullcontext()
-    n, mb = len(batch.texts), cfg.micro_batch_size
-    micro = _rank_micro_batches(n, a.group_size, mb, d)
-    with ctx:
-        old_logp = _logprobs_global(policy, batch, T, micro, d, f"gathering the old log-probs of step {step + 1}",
-                                    shards.lockstep)
-        mismatch = mismatch_stats(old_logp, batch.logprobs, mask)
-        ref_logp = None
-        if a.kl_coef > 0:
-            with policy.disable_adapter():
-                ref_logp = _logprobs_global(policy, batch, T, micro, d, f"gathering the reference log-probs of step {step + 1}")
-        is_w = truncated_is_weights(old_logp, batch.logprobs, a.tis_cap) if a.tis_cap else None
-        policy.train()
-        sums: dict[str, float] = {}
-        for update in range(a.updates_per_batch):
-            total = 0.0
-            for k, (m, real) in enumerate(micro):
-                sync = k == len(micro) - 1 or not d.on
-                with contextlib.nullcontext() if sync else shards.accumulating(policy, scorer):
-                    logp, ent = scorer(batch.prompt_ids[m], batch.prompt_mask[m], batch.completion_ids[m],
-                                       batch.completion_mask[m], T)
-                    loss, info = policy_loss(logp, old_logp[m], adv[m], mask[m], loss_settings,
-                                             None if ref_logp is None else ref_logp[m],
-                                             None if is_w is None else is_w[m], ent)
-                    w = micro_weight(a.name, mask, m) if real else 0.0
-                    if not torch.isfinite(loss):
-                        raise TrainingError(f"step {step}: loss is {float(loss)}; stopping (the last checkpoint is intact)")
-                    (loss * (w * d.world)).backward()  # DDP averages over ranks: x world = the one-process sum
-                total += loss.item() * w
-                if update == 0:
-                    for key, v in info.items():
-                        sums[key] = sums.get(key, 0.0) + v * w
-            params = [p for p in policy.parameters() if p.requires_grad]
-            grad_norm = shards.clip(policy, params, cfg.optim.grad_clip, d.world)
-            if not torch.isfinite(grad_norm):
-                raise TrainingError(f"step {step}: gradient norm is {float(grad_norm)}; stopping")
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-    policy.eval()
-    summed = dist.all_sum(d, {**sums, "loss": total}, f"summing the loss diagnostics of step {step + 1}")
-    return {**summed, "grad_norm": float(grad_norm), **mismatch}
 
 
 def _write_summary(out: Path, metrics_path: Path, cfg: TrainConfig) -> None:

@@ -174,9 +174,12 @@ def logprobs_no_grad(model, batch: Rollout, temperature: float, micro: int, rows
                      ) -> torch.Tensor:
     """Log-probs ``[rows, T]`` of ``batch``'s completions in micro-batches of ``micro`` rows (or of the given
     row slices, concatenated in order)."""
+    from qerl.lora import frozen_adapters
+
     rows = list(micro_batches(len(batch.texts), micro)) if rows is None else rows
-    return torch.cat([sequence_logprobs(model, batch.prompt_ids[m], batch.prompt_mask[m], batch.completion_ids[m],
-                                        batch.completion_mask[m], temperature) for m in rows])
+    with frozen_adapters(model):
+        return torch.cat([sequence_logprobs(model, batch.prompt_ids[m], batch.prompt_mask[m], batch.completion_ids[m],
+                                            batch.completion_mask[m], temperature) for m in rows])
 
 
 def micro_weight(algorithm: str, mask: torch.Tensor, m: slice) -> float:

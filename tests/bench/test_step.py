@@ -96,3 +96,4 @@ def test_bench_models_build_with_grad_enabled(monkeypatch, base):
     w = lm.model.layers[0].self_attn.q_proj
     assert (w.weight if base == "bf16" else w.dequantized_weight()).abs().sum() > 0
     assert torch.is_grad_enabled()
+

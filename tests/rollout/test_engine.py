@@ -116,6 +116,27 @@ def test_in_place_adapter_change_is_seen(quantized_dirs, tok):
         assert torch.equal(base.completion_ids, sampler.generate(model, tok, PROMPTS, s).completion_ids)
 
 
+def test_engine_registry_is_declared_and_weak(quantized_dirs, tok):
+    """`generate` keeps one engine per model in `qerl.rollout.engine`'s registry (not in the model's attributes):
+    the same engine for the next rollout, a new one for a new tokenizer, and none left once the model is dropped."""
+    import gc
+
+    from qerl.rollout import engine as engines
+
+    model = _lora(load_policy(quantized_dirs["qwen2"], dtype=torch.float32))
+    s = SamplingSettings(temperature=0, max_new_tokens=4, engine="engine")
+    generate(model, tok, PROMPTS, s)
+    eng = engines.cached_engine(model)
+    assert isinstance(eng, RolloutEngine) and "_qerl_engine" not in model.__dict__
+    generate(model, tok, PROMPTS, s)
+    assert engines.cached_engine(model) is eng and engines.release_engine(model)
+    assert engines.engine_for(model, AutoTokenizer.from_pretrained(quantized_dirs["qwen2"])) is not eng
+    before = len(engines._ENGINES)
+    del model, eng
+    gc.collect()
+    assert len(engines._ENGINES) == before - 1
+
+
 def test_aqn_noise_is_applied_and_norms_untouched(quantized_dirs, tok):
     from qerl.rl.aqn import AQN, AQNSettings
 

@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from qerl.train import dist
-from qerl.train.loop import DETERMINISTIC_METRICS, _rank_micro_batches
+from qerl.train.loop import DETERMINISTIC_METRICS
+from qerl.train.update import rank_micro_batches as _rank_micro_batches
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = DETERMINISTIC_METRICS + ("grad_norm", "groups_generated", "generated_tokens")

@@ -64,9 +64,10 @@ def test_qerl_plan_cli_and_refusal(tmp_path, capsys):
         plan.check_fits(c, tmp_path / "config.json", available=20e9)
 
 
-def test_bench_step_one_grpo_step_on_cpu(tiny_dirs):
-    """`qerl bench step`'s step on a tiny NVFP4 policy on CPU: rollout, old log-probs, update; the LoRA
-    weights move and every phase is timed; the report files carry the paper's column."""
+def test_bench_step_one_grpo_step_on_cpu(tiny_dirs, monkeypatch):
+    """`qerl bench step`'s step on a tiny NVFP4 policy on CPU: rollout, then the trainer's own update phase
+    (`qerl.train.update.update_policy`, called once with GRPO groups and the micro-batch asked for — not a copy);
+    the LoRA weights move and every phase is timed; the report files carry the paper's column."""
     from transformers import AutoTokenizer
 
     from qerl.lora import LoraSettings, apply_lora
@@ -74,16 +75,27 @@ def test_bench_step_one_grpo_step_on_cpu(tiny_dirs):
     from qerl.rl.aqn import AQN, AQNSettings
     from qerl.bench import step as bench_step
     from qerl.models.random import CountTokenizer
+    from qerl.train import update
 
+    calls, real = [], update.update_policy
+
+    def spy(policy, scorer, batch, rewards, cfg, *a, **k):
+        calls.append((len(batch.texts), cfg.algorithm.group_size, cfg.micro_batch_size, cfg.rollout.max_new_tokens))
+        return real(policy, scorer, batch, rewards, cfg, *a, **k)
+
+    monkeypatch.setattr(update, "update_policy", spy)
     policy = apply_lora(load_policy(tiny_dirs["qwen2"], base="nvfp4", dtype=torch.float32), LoraSettings(r=4))
     params = [p for p in policy.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
     opt = torch.optim.AdamW(params, lr=1e-2)
-    st = bench_step.one_step(policy, CountTokenizer(), AQN(policy, AQNSettings()), batch=3, prompt_len=5, gen_len=4,
+    st = bench_step.one_step(policy, CountTokenizer(), AQN(policy, AQNSettings()), batch=4, prompt_len=5, gen_len=4,
                              micro=2, optimizer=opt, seed=1)
-    assert st["tokens"] == 12 and all(st[k] > 0 for k in ("rollout_s", "logprob_s", "update_s"))
-    assert st["total_s"] == pytest.approx(st["rollout_s"] + st["logprob_s"] + st["update_s"])
+    assert calls == [(4, 4, 2, 4)]
+    assert st["tokens"] == 16 and all(st[k] > 0 for k in ("rollout_s", "logprob_s", "update_s"))
+    assert st["rollout_s"] + st["logprob_s"] + st["update_s"] <= st["total_s"] + 1e-6
     assert any(not torch.equal(a, p) for a, p in zip(before, params))
+    with pytest.raises(ValueError, match="batch 7: must be a multiple of 2"):
+        bench_step._bench_config(7, 1, 4, 2)
     assert AutoTokenizer  # (the tokenizer used is CountTokenizer: random-token prompts, EOS never sampled)
     # `--offload`: the same step with the AdamW states parked during the rollout moves the weights identically
     import copy
@@ -91,7 +103,7 @@ def test_bench_step_one_grpo_step_on_cpu(tiny_dirs):
     from qerl.train import offload
 
     snap = [p.detach().clone() for p in params], copy.deepcopy(opt.state_dict())
-    kept = bench_step.one_step(policy, CountTokenizer(), None, batch=3, prompt_len=5, gen_len=4, micro=2,
+    kept = bench_step.one_step(policy, CountTokenizer(), None, batch=4, prompt_len=5, gen_len=4, micro=2,
                                optimizer=opt, seed=2)
     after_kept = [p.detach().clone() for p in params]
     with torch.no_grad():
@@ -100,7 +112,7 @@ def test_bench_step_one_grpo_step_on_cpu(tiny_dirs):
     opt.load_state_dict(snap[1])
     offload.PARK_ON_CPU = True  # (CPU tensors: parked only under the tests' switch)
     try:
-        parked = bench_step.one_step(policy, CountTokenizer(), None, batch=3, prompt_len=5, gen_len=4, micro=2,
+        parked = bench_step.one_step(policy, CountTokenizer(), None, batch=4, prompt_len=5, gen_len=4, micro=2,
                                      optimizer=opt, seed=2, parking=offload.StateOffload(opt))
     finally:
         offload.PARK_ON_CPU = False

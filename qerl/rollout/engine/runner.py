@@ -84,7 +84,8 @@ class RolloutEngine:
 
     def __init__(self, model, tokenizer, attention: str = "auto", graphs: bool | None = None,
                  check_every: int = 16, max_slots: int | None = None, fuse: bool = True, compile: bool | None = None):
-        self.model, self.tokenizer = model, tokenizer
+        self.tokenizer = tokenizer  # (the model object is not kept: the registry of qerl.rollout.engine keys it weakly)
+        self.context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         self.view = view_model(model, fuse_siblings=fuse)
         self.device = self.view.device
         cuda = self.device.type == "cuda"
@@ -228,7 +229,7 @@ class RolloutEngine:
         if int(plen.min()) < 1:
             raise ValueError("rollout engine: an empty prompt (no tokens after tokenization)")
         G = settings.max_new_tokens
-        limit = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        limit = self.context
         if limit and P + G > limit:
             raise ValueError(f"rollout engine: prompt of {P} tokens + max_new_tokens {G} = {P + G} positions exceeds "
                              f"the model's max_position_embeddings {limit}")

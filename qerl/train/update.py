@@ -1,0 +1,130 @@
+"""The update phase of one RL step: old (and reference) log-probs, then μ policy updates over micro-batches.
+
+:func:`update_policy` is what ``qerl train`` runs after each rollout and what ``qerl bench step`` times, so the
+benchmark measures the trainer's own code. Under torchrun each rank runs its share of the micro-batches
+(:func:`rank_micro_batches`); the strategy object of :mod:`qerl.train.sharding` decides how gradients meet.
+
+Paper (QeRL eq. 2-3, GRPO / DAPO): advantages ``Â_i = (r_i - mean(r)) / std(r)`` within each group of G; the
+clipped surrogate ``min(ρ Â, clip(ρ, 1-ε_low, 1+ε_high) Â)`` with ``ρ = π_θ / π_old`` per token
+(:func:`qerl.rl.losses.policy_loss`).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from qerl.errors import TrainingError
+from qerl.lora import frozen_adapters
+from qerl.rl.advantages import group_advantages
+from qerl.rl.losses import LossSettings, mismatch_stats, policy_loss, truncated_is_weights
+from qerl.rollout.sampler import sequence_logprobs
+from qerl.train import dist, sharding
+from qerl.train.steps import derive_seed, logprobs_no_grad, micro_weight
+
+
+def _no_phase(name: str):
+    return contextlib.nullcontext()
+
+
+class LogprobModule(torch.nn.Module):
+    """The update's forward as a module (what DDP wraps under torchrun): teacher-forced log-probs and entropies
+    of completions under ``policy`` (:func:`qerl.rollout.sequence_logprobs`)."""
+
+    def __init__(self, policy, with_entropy: bool = True):
+        super().__init__()
+        self.policy, self.with_entropy = policy, with_entropy
+
+    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature: float = 1.0):
+        return sequence_logprobs(self.policy, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature,
+                                 with_entropy=self.with_entropy)
+
+
+def rank_micro_batches(n: int, G: int, mb: int, d: dist.Dist) -> list[tuple[slice, bool]]:
+    """This rank's micro-batches of the global batch's ``n`` rows: ``(rows, real)``. Every rank runs the same
+    number (DDP all-reduces at the last one): a rank with fewer rows (DAPO kept a group count that does not
+    divide) repeats a micro-batch with ``real = False`` (its loss weighted 0)."""
+    groups = n // G
+    mine = dist.share(groups, d)
+    lo, hi = mine.start * G, mine.stop * G
+    own = [slice(s, min(hi, s + mb)) for s in range(lo, hi, mb)]
+    most = -(-(-(-groups // d.world) * G) // mb)
+    filler = own[0] if own else slice(0, min(n, mb))
+    return [(m, True) for m in own] + [(filler, False)] * (most - len(own))
+
+
+def logprobs_global(policy, batch, T: float, micro: list, d: dist.Dist, what: str, lockstep: bool = False
+                    ) -> torch.Tensor:
+    """Log-probs ``[n, T]`` of the whole batch without grad, each rank computing its own rows' micro-batches
+    (``lockstep``, under FSDP2 whose forwards all-gather: the fillers too, so every rank runs as many)."""
+    run = [(m, real) for m, real in micro if real or lockstep]
+    outs = [(logprobs_no_grad(policy, batch, T, 0, [m]), real) for m, real in run]
+    part = torch.cat([p for p, real in outs if real]) if any(real for _, real in run) else None
+    if not d.on:
+        return part
+    parts = dist.gather(d, None if part is None else part.cpu(), what)
+    return torch.cat([p for p in parts if p is not None]).to(batch.logprobs.device)
+
+
+def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: int, optimizer,
+                  d: dist.Dist = dist.Dist(), shards: sharding.Replicated = sharding.Replicated(),
+                  phase=_no_phase) -> dict:
+    """Advantages, old/ref log-probs, ``μ = cfg.algorithm.updates_per_batch`` optimizer steps over micro-batches
+    of ``batch`` (a :class:`~qerl.rollout.Rollout` of ``n`` rows, the same on every rank) scored by ``rewards
+    [n]``. ``scorer``: :class:`LogprobModule` of ``policy`` (DDP-wrapped under torchrun: one gradient all-reduce
+    per optimizer step; under FSDP2 its hooks reduce-scatter at the last micro-batch). ``phase(name)``: a context
+    entered around the ``logprob`` and ``update`` phases (the step benchmark times them). Returns the loss
+    diagnostics summed over ranks, the gradient norm and the rollout / trainer mismatch statistics."""
+    a = cfg.algorithm
+    T = cfg.rollout.temperature
+    settings = LossSettings(a.name, a.clip_low, a.clip_high, a.kl_coef, cfg.rollout.max_new_tokens)
+    adv = group_advantages(rewards, a.group_size, a.adv_scale).to(batch.logprobs.device)
+    mask = batch.completion_mask.float()
+    if a.overlong_mask:
+        mask = mask * (~batch.truncated).float()[:, None]
+    train_noise = aqn is not None and cfg.aqn.apply_to == "rollout+train" and sigma > 0
+    ctx = aqn.noise(sigma, derive_seed(cfg.seed, step, 0, "aqn")) if train_noise else contextlib.nullcontext()
+    micro = rank_micro_batches(len(batch.texts), a.group_size, cfg.micro_batch_size, d)
+    with ctx:
+        with phase("logprob"):
+            old_logp = logprobs_global(policy, batch, T, micro, d, f"gathering the old log-probs of step {step + 1}",
+                                       shards.lockstep)
+            mismatch = mismatch_stats(old_logp, batch.logprobs, mask)
+            ref_logp = None
+            if a.kl_coef > 0:
+                with policy.disable_adapter():
+                    ref_logp = logprobs_global(policy, batch, T, micro, d,
+                                               f"gathering the reference log-probs of step {step + 1}")
+            is_w = truncated_is_weights(old_logp, batch.logprobs, a.tis_cap) if a.tis_cap else None
+        with phase("update"):
+            policy.train()
+            sums: dict[str, float] = {}
+            for update in range(a.updates_per_batch):
+                total = 0.0
+                with frozen_adapters(policy):  # (the adapters change at the optimizer step, after this block)
+                    for k, (m, real) in enumerate(micro):
+                        sync = k == len(micro) - 1 or not d.on
+                        with contextlib.nullcontext() if sync else shards.accumulating(policy, scorer):
+                            logp, ent = scorer(batch.prompt_ids[m], batch.prompt_mask[m], batch.completion_ids[m],
+                                               batch.completion_mask[m], T)
+                            loss, info = policy_loss(logp, old_logp[m], adv[m], mask[m], settings,
+                                                     None if ref_logp is None else ref_logp[m],
+                                                     None if is_w is None else is_w[m], ent)
+                            w = micro_weight(a.name, mask, m) if real else 0.0
+                            if not torch.isfinite(loss):
+                                raise TrainingError(f"step {step}: loss is {float(loss)}; stopping (the last "
+                                                    "checkpoint is intact)")
+                            (loss * (w * d.world)).backward()  # DDP averages over ranks: x world = the one-process sum
+                        total += loss.item() * w
+                        if update == 0:
+                            for key, v in info.items():
+                                sums[key] = sums.get(key, 0.0) + v * w
+                params = [p for p in policy.parameters() if p.requires_grad]
+                grad_norm = shards.clip(policy, params, cfg.optim.grad_clip, d.world)
+                if not torch.isfinite(grad_norm):
+                    raise TrainingError(f"step {step}: gradient norm is {float(grad_norm)}; stopping")
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            policy.eval()
+    summed = dist.all_sum(d, {**sums, "loss": total}, f"summing the loss diagnostics of step {step + 1}")
+    return {**summed, "grad_norm": float(grad_norm), **mismatch}
