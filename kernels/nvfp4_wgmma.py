@@ -61,6 +61,17 @@ _WORD_PAIRS = gl.constexpr(WORD_PAIRS_PTX.value)  # one scale operand ($5) for t
 _BYTE_PAIRS = gl.constexpr(FP4_PAIRS_PTX.value.replace("$6", "$5").replace("$7", "$5").replace("$8", "$5"))
 
 
+_SMS: dict = {}
+
+
+def _sms(device) -> int:
+    """Streaming multiprocessors of ``device`` (cached)."""
+    key = torch.device(device).index or 0
+    if key not in _SMS:
+        _SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
+    return _SMS[key]
+
+
 def perm_128(xg: int = 0):
     """``π`` as a list: logical k (0..127) -> physical k within each 128-wide block (see module doc);
     ``xg`` 1: the in-kernel gather's order (byte-pair decode); 2: the in-kernel staging's order (``XS``: word
@@ -259,6 +270,64 @@ def _pipelined(acc, t0, t1, wsm, ssm, xsm, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, s
 
 
 @gluon.jit
+def _plain(acc, t0, t1, wsm, ssm, xsm, xop, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, srow, scol, xrow, xcol, xmask,
+           stride_wn, stride_sn, stride_xm, AOP: gl.constexpr, LW: gl.constexpr, LS: gl.constexpr,
+           FLAT: gl.constexpr, RW: gl.constexpr, XG: gl.constexpr, NS: gl.constexpr, XS: gl.constexpr,
+           CX: gl.constexpr, BT: gl.constexpr):
+    """The main loop over K steps ``t0 … t1 - 1`` (t0 < t1): an ``NS``-stage ring, each step's decode then its
+    wgmma (``XS``: the activation tile staged into the operand tile first)."""
+    for i in gl.static_range(NS - 1):
+        _issue(gl.minimum(t0 + i, t1 - 1), i, wsm, ssm, xsm, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, srow, scol,
+               xrow, xcol, xmask, stride_wn, stride_sn, stride_xm)
+    for t in range(t0, t1):
+        slot = (t - t0) % NS
+        _issue(gl.minimum(t + NS - 1, t1 - 1), (t - t0 + NS - 1) % NS, wsm, ssm, xsm, wp_ptr, ws_ptr, xp_ptr,
+               wrow, wcol, srow, scol, xrow, xcol, xmask, stride_wn, stride_sn, stride_xm)
+        async_copy.wait_group(NS - 1)
+        gl.thread_barrier()
+        if XS:  # the tile as loaded -> the operand tile (every warp's stores before any wgmma reads it)
+            _stage_x(xsm.index(slot), xop, CX, BT)
+            fence_async_shared()
+            gl.thread_barrier()
+            a = _decode_slot(wsm, ssm, slot, AOP, LW, LS, FLAT, RW, XG, XS)
+            acc = warpgroup_mma(a, xop.permute((1, 0)), acc, is_async=True)
+        else:
+            fence_async_shared()
+            a = _decode_slot(wsm, ssm, slot, AOP, LW, LS, FLAT, RW, XG)
+            acc = warpgroup_mma(a, xsm.index(slot).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        gl.thread_barrier()  # every warp is done with this slot before it is refilled
+    async_copy.wait_group(0)
+    return acc
+
+
+@gluon.jit
+def _output(acc, n0, m0, M, N, out_ptr, stride_om, gs_ptr, bias_ptr, xa_ptr, lb_ptr, lora_scale,
+            HAS_BIAS: gl.constexpr, R: gl.constexpr, PDL: gl.constexpr, RW: gl.constexpr, BT: gl.constexpr,
+            NW: gl.constexpr, MMA: gl.constexpr):
+    """``y = acc · 2^7 / gs (+ bias) (+ s · xa · lora_bᵀ)`` of the tile at rows ``n0`` (weights), ``m0`` (tokens),
+    stored transposed into ``out [M, N]``."""
+    on = n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, MMA))
+    om = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, MMA))
+    omask = (on < N)[:, None] & (om < M)[None, :]
+    y = acc * (128.0 / gl.load(gs_ptr))
+    if HAS_BIAS:
+        y += gl.load(bias_ptr + on, mask=on < N, other=0.0).to(gl.float32)[:, None]
+    if R > 0:
+        if PDL:  # xa comes from the preceding lora_xa launch, which this one overlaps: wait for that grid
+            _gdc_wait()
+        y = _lora_up(y, xa_ptr, lb_ptr, lora_scale, n0, m0, M, N, RW, BT, R, NW, MMA)
+    gl.store(out_ptr + om[None, :] * stride_om + on[:, None], y.to(out_ptr.dtype.element_ty), mask=omask)
+
+
+@gluon.jit
+def _first_program(u, P, U):
+    """The stream-K program whose unit range ``[p·U // P, (p+1)·U // P)`` holds unit ``u``: ``((u+1)·P - 1) // U``
+    (:func:`stream_k_owner`, the host's copy)."""
+    return ((u + 1) * P - 1) // U
+
+
+@gluon.jit
 def _lora_up(y, xa_ptr, lb_ptr, lora_scale, n0, m0, M, N, RW: gl.constexpr, BT: gl.constexpr, R: gl.constexpr,
              NW: gl.constexpr, MMA: gl.constexpr):
     """``y + s · (xa · Bᵀ)ᵀ`` for this tile (``y [RW, BT]`` fp32 in the accumulator layout): one more
@@ -295,7 +364,7 @@ def _nvfp4_wgmma_kernel(
     M, N, K, stride_xm, stride_om, stride_wn, stride_sn, SPLIT, xa_ptr, lb_ptr, lora_scale,
     HAS_BIAS: gl.constexpr, USE_SPLIT: gl.constexpr, WG: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr,
     XG: gl.constexpr = True, PIPE: gl.constexpr = False, NSW: gl.constexpr = 0, MT: gl.constexpr = 1,
-    R: gl.constexpr = 0, PDL: gl.constexpr = False, XS: gl.constexpr = False,
+    R: gl.constexpr = 0, PDL: gl.constexpr = False, XS: gl.constexpr = False, SK: gl.constexpr = False,
 ):
     RW: gl.constexpr = 64 * WG * MT  # weight rows per program: MT m64 tiles per warpgroup (one x tile for all)
     NW: gl.constexpr = 4 * WG
@@ -313,28 +382,6 @@ def _nvfp4_wgmma_kernel(
     FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     XSL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
-    ws_ptr = ws_ptr.to(gl.pointer_type(gl.int32), bitcast=True)  # scale rows are 4-byte aligned (K % 64 == 0)
-    # activation-row tiles fastest: the programs of one weight tile run together (its second read hits L2)
-    m_tiles = gl.cdiv(M, BT)
-    pid_n = gl.program_id(0) // m_tiles
-    pid_m = gl.program_id(0) % m_tiles
-    pid_s = gl.program_id(1)
-    n0 = pid_n * RW
-    m0 = pid_m * BT
-
-    wrow = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, CW)), N - 1)[:, None]
-    wcol = gl.arange(0, 64, layout=gl.SliceLayout(0, CW))[None, :]
-    srow = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, CS)), N - 1)[:, None]
-    scol = gl.arange(0, 2, layout=gl.SliceLayout(0, CS))[None, :]
-    xr = m0 + gl.arange(0, BT, layout=gl.SliceLayout(1, CX))
-    xrow = xr[:, None]
-    kl = gl.arange(0, 128, layout=gl.SliceLayout(0, CX))
-    if XG:  # logical k = 16 j + 8 h + 2 c + e reads physical 32 c + 4 j + 2 h + e (pairs stay adjacent)
-        kp = 32 * ((kl // 2) % 4) + 4 * (kl // 16) + 2 * ((kl // 8) % 2) + kl % 2
-        kl = gl.max_contiguous(gl.multiple_of(kp, 2), 2)
-    xcol = kl[None, :]
-    xmask = xrow < M  # async_copy broadcasts it over the columns
-
     WSL: gl.constexpr = NSW if PIPE else NS  # W-ring slots
     wsm = gl.allocate_shared_memory(gl.uint8, [WSL, RW, 64], FLAT)
     ssm = gl.allocate_shared_memory(gl.int32, [WSL, RW, 2], FLAT)
@@ -343,76 +390,139 @@ def _nvfp4_wgmma_kernel(
         xop = gl.allocate_shared_memory(gl.bfloat16, [BT, 128], XSL)
     else:
         xsm = gl.allocate_shared_memory(gl.bfloat16, [NS, BT, 128], XSL)
-
+        xop = xsm
+    ws_ptr = ws_ptr.to(gl.pointer_type(gl.int32), bitcast=True)  # scale rows are 4-byte aligned (K % 64 == 0)
+    wcol = gl.arange(0, 64, layout=gl.SliceLayout(0, CW))[None, :]
+    scol = gl.arange(0, 2, layout=gl.SliceLayout(0, CS))[None, :]
+    kl = gl.arange(0, 128, layout=gl.SliceLayout(0, CX))
+    if XG:  # logical k = 16 j + 8 h + 2 c + e reads physical 32 c + 4 j + 2 h + e (pairs stay adjacent)
+        kp = 32 * ((kl // 2) % 4) + 4 * (kl // 16) + 2 * ((kl // 8) % 2) + kl % 2
+        kl = gl.max_contiguous(gl.multiple_of(kp, 2), 2)
+    xcol = kl[None, :]
     k_steps = K // 128
-    per = gl.cdiv(k_steps, SPLIT)
-    t0 = pid_s * per
-    t1 = gl.minimum(k_steps, t0 + per)
-    acc = gl.zeros([RW, BT], gl.float32, layout=MMA)
-    if PIPE:
-        if t0 < t1:
-            acc = _pipelined(acc, t0, t1, wsm, ssm, xsm, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, srow, scol, xrow, xcol,
-                             xmask, stride_wn, stride_sn, stride_xm, AOP, LW, LS, FLAT, RW, XG, NS, NSW)
-    elif t0 < t1:
-        for i in gl.static_range(NS - 1):
-            _issue(gl.minimum(t0 + i, t1 - 1), i, wsm, ssm, xsm, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, srow, scol,
-                   xrow, xcol, xmask, stride_wn, stride_sn, stride_xm)
-        for t in range(t0, t1):
-            slot = (t - t0) % NS
-            _issue(gl.minimum(t + NS - 1, t1 - 1), (t - t0 + NS - 1) % NS, wsm, ssm, xsm, wp_ptr, ws_ptr, xp_ptr,
-                   wrow, wcol, srow, scol, xrow, xcol, xmask, stride_wn, stride_sn, stride_xm)
-            async_copy.wait_group(NS - 1)
-            gl.thread_barrier()
-            if XS:  # the tile as loaded -> the operand tile (every warp's stores before any wgmma reads it)
-                _stage_x(xsm.index(slot), xop, CX, BT)
-                fence_async_shared()
-                gl.thread_barrier()
-                a = _decode_slot(wsm, ssm, slot, AOP, LW, LS, FLAT, RW, XG, XS)
-                acc = warpgroup_mma(a, xop.permute((1, 0)), acc, is_async=True)
-            else:
-                fence_async_shared()
-                a = _decode_slot(wsm, ssm, slot, AOP, LW, LS, FLAT, RW, XG)
-                acc = warpgroup_mma(a, xsm.index(slot).permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=[acc])
-            gl.thread_barrier()  # every warp is done with this slot before it is refilled
-        async_copy.wait_group(0)
+    # activation-row tiles fastest: the programs of one weight tile run together (its second read hits L2)
+    m_tiles = gl.cdiv(M, BT)
 
-    on = n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, MMA))
-    om = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, MMA))
-    omask = (on < N)[:, None] & (om < M)[None, :]
-    offs = om[None, :] * N + on[:, None]
-    last = True
-    if USE_SPLIT:
-        gl.store(part_ptr + pid_s * M * N + offs, acc, mask=omask)
-        gl.thread_barrier()
-        tile = gl.program_id(0)
-        ticket = gl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        last = ticket == SPLIT - 1
-        if last:
+    if SK:  # stream-K: program p runs units [p·U // P, (p+1)·U // P) of the U = tiles · k_steps (tile, K step) units
+        P = gl.num_programs(0)
+        U = gl.cdiv(N, RW) * m_tiles * k_steps
+        pid = gl.program_id(0)
+        u_start = pid * U // P
+        u = u_start
+        u_end = (pid + 1) * U // P
+        while u < u_end:
+            tile = u // k_steps
+            ks0 = u - tile * k_steps
+            ks1 = gl.minimum(k_steps, ks0 + (u_end - u))
+            n0 = (tile // m_tiles) * RW
+            m0 = (tile % m_tiles) * BT
+            wrow = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, CW)), N - 1)[:, None]
+            srow = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, CS)), N - 1)[:, None]
+            xrow = (m0 + gl.arange(0, BT, layout=gl.SliceLayout(1, CX)))[:, None]
+            xmask = xrow < M
             acc = gl.zeros([RW, BT], gl.float32, layout=MMA)
-            for j in range(SPLIT):
-                acc += gl.load(part_ptr + j * M * N + offs, mask=omask, other=0.0, cache_modifier=".cg")
-            gl.atomic_xchg(lock_ptr + tile, 0)
-    if last:
-        y = acc * (128.0 / gl.load(gs_ptr))
-        if HAS_BIAS:
-            y += gl.load(bias_ptr + on, mask=on < N, other=0.0).to(gl.float32)[:, None]
-        if R > 0:
-            if PDL:  # xa comes from the preceding lora_xa launch, which this one overlaps: wait for that grid
-                _gdc_wait()
-            y = _lora_up(y, xa_ptr, lb_ptr, lora_scale, n0, m0, M, N, RW, BT, R, NW, MMA)
-        gl.store(out_ptr + om[None, :] * stride_om + on[:, None], y.to(out_ptr.dtype.element_ty), mask=omask)
+            acc = _plain(acc, ks0, ks1, wsm, ssm, xsm, xop, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, srow, scol, xrow,
+                         xcol, xmask, stride_wn, stride_sn, stride_xm, AOP, LW, LS, FLAT, RW, XG, NS, XS, CX, BT)
+            if (ks0 == 0) & (ks1 == k_steps):  # the whole tile: straight out
+                _output(acc, n0, m0, M, N, out_ptr, stride_om, gs_ptr, bias_ptr, xa_ptr, lb_ptr, lora_scale,
+                        HAS_BIAS, R, PDL, RW, BT, NW, MMA)
+            else:  # a share of the tile: partial slot 2p (the range's first segment) or 2p + 1 (its last)
+                pr = gl.arange(0, RW, layout=gl.SliceLayout(1, MMA))
+                pc = gl.arange(0, BT, layout=gl.SliceLayout(0, MMA))
+                poffs = pr[:, None] * BT + pc[None, :]
+                mine = 2 * pid + (u_start < tile * k_steps).to(gl.int32)
+                gl.store(part_ptr + mine * (RW * BT) + poffs, acc)
+                gl.thread_barrier()
+                q0 = _first_program(tile * k_steps, P, U)
+                q1 = _first_program(tile * k_steps + k_steps - 1, P, U)
+                ticket = gl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
+                if ticket == q1 - q0:  # the last share to arrive sums them all, in program order (deterministic)
+                    acc = gl.zeros([RW, BT], gl.float32, layout=MMA)
+                    for q in range(q0, q1 + 1):
+                        slot = 2 * q + ((q * U // P) < tile * k_steps).to(gl.int32)
+                        acc += gl.load(part_ptr + slot * (RW * BT) + poffs, cache_modifier=".cg")
+                    gl.atomic_xchg(lock_ptr + tile, 0)
+                    _output(acc, n0, m0, M, N, out_ptr, stride_om, gs_ptr, bias_ptr, xa_ptr, lb_ptr, lora_scale,
+                            HAS_BIAS, R, PDL, RW, BT, NW, MMA)
+            u = tile * k_steps + ks1
+    else:
+        pid_n = gl.program_id(0) // m_tiles
+        pid_m = gl.program_id(0) % m_tiles
+        pid_s = gl.program_id(1)
+        n0 = pid_n * RW
+        m0 = pid_m * BT
+        wrow = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, CW)), N - 1)[:, None]
+        srow = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, CS)), N - 1)[:, None]
+        xrow = (m0 + gl.arange(0, BT, layout=gl.SliceLayout(1, CX)))[:, None]
+        xmask = xrow < M  # async_copy broadcasts it over the columns
+        per = gl.cdiv(k_steps, SPLIT)
+        t0 = pid_s * per
+        t1 = gl.minimum(k_steps, t0 + per)
+        acc = gl.zeros([RW, BT], gl.float32, layout=MMA)
+        if PIPE:
+            if t0 < t1:
+                acc = _pipelined(acc, t0, t1, wsm, ssm, xsm, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, srow, scol, xrow,
+                                 xcol, xmask, stride_wn, stride_sn, stride_xm, AOP, LW, LS, FLAT, RW, XG, NS, NSW)
+        elif t0 < t1:
+            acc = _plain(acc, t0, t1, wsm, ssm, xsm, xop, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, srow, scol, xrow, xcol,
+                         xmask, stride_wn, stride_sn, stride_xm, AOP, LW, LS, FLAT, RW, XG, NS, XS, CX, BT)
+        last = True
+        if USE_SPLIT:
+            on = n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, MMA))
+            om = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, MMA))
+            omask = (on < N)[:, None] & (om < M)[None, :]
+            offs = om[None, :] * N + on[:, None]
+            gl.store(part_ptr + pid_s * M * N + offs, acc, mask=omask)
+            gl.thread_barrier()
+            tile = gl.program_id(0)
+            ticket = gl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            last = ticket == SPLIT - 1
+            if last:
+                acc = gl.zeros([RW, BT], gl.float32, layout=MMA)
+                for j in range(SPLIT):
+                    acc += gl.load(part_ptr + j * M * N + offs, mask=omask, other=0.0, cache_modifier=".cg")
+                gl.atomic_xchg(lock_ptr + tile, 0)
+        if last:
+            _output(acc, n0, m0, M, N, out_ptr, stride_om, gs_ptr, bias_ptr, xa_ptr, lb_ptr, lora_scale,
+                    HAS_BIAS, R, PDL, RW, BT, NW, MMA)
+
+def stream_k_owner(u: int, P: int, U: int) -> int:
+    """The program of a stream-K launch of ``P`` programs over ``U`` units whose range ``[p·U // P, (p+1)·U // P)``
+    holds unit ``u`` (the kernel's ``_first_program``)."""
+    return ((u + 1) * P - 1) // U
+
+
+def stream_k_plan(tiles: int, k_steps: int, P: int) -> list[list[tuple[int, int, int, int]]]:
+    """The reference of the kernel's stream-K schedule: per program, its segments ``(tile, k0, k1, slot)`` in order
+    — K steps ``k0 … k1 - 1`` of ``tile``; ``slot`` the partial-sum slot (``2p`` for the range's first segment, ``2p
+    + 1`` for a later one; -1 where the segment is the whole tile and is stored directly). Every (tile, step) unit
+    appears exactly once; a tile's shares are summed by the last to arrive, in program order."""
+    U = tiles * k_steps
+    out = []
+    for p in range(P):
+        u, u_end, start, segs = p * U // P, (p + 1) * U // P, p * U // P, []
+        while u < u_end:
+            tile, k0 = divmod(u, k_steps)
+            k1 = min(k_steps, k0 + u_end - u)
+            whole = k0 == 0 and k1 == k_steps
+            segs.append((tile, k0, k1, -1 if whole else 2 * p + int(start < tile * k_steps)))
+            u = tile * k_steps + k1
+        out.append(segs)
+    return out
 
 
 def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lora_scale=1.0, *, WG=1, BT=64,
-                       NS=3, SPLIT=1, XG=0, PIPE=0, NSW=0, MT=1, XS=0, xp=None, part=None, lock=None, pdl=False,
-                       **_):
+                       NS=3, SPLIT=1, XG=0, PIPE=0, NSW=0, MT=1, XS=0, SK=0, xp=None, part=None, lock=None,
+                       pdl=False, **_):
     """``y [M, N] = x [M, K] · Ŵᵀ (+ bias) (+ lora_scale · xa · lora_bᵀ)`` (bf16; ``xa [M, R]``,
     ``lora_b [N, R]`` contiguous bf16, R a multiple of 16) with :func:`_nvfp4_wgmma_kernel`. ``XG=0``
     (default; faster at every tuned key): the activations are permuted first (:func:`permute_activations`,
     or ``xp`` if given); ``XG=1``: the kernel gathers them itself (4-byte copies); ``XS=1`` (plain loop
     only): it stages them through registers into the operand tile (no pre-pass). ``part`` / ``lock``: split-K
-    workspace (fp32 >= SPLIT·M·N) and tickets (int32 zeros >= tiles); allocated when not given. ``pdl``:
+    workspace (fp32 >= SPLIT·M·N) and tickets (int32 zeros >= tiles); allocated when not given. ``SK``: stream-K
+    (plain loop) — ``SK`` programs per SM share the ``tiles · K/128`` (tile, K step) units evenly, so no wave runs
+    part-empty whatever the tile count (:func:`stream_k_plan`); ``part`` then holds 2 partial tiles per program
+    (fp32 >= 2·P·RW·BT) and ``SPLIT`` is ignored. ``pdl``:
     launched as the dependent of the launch just before it (``xa`` from :mod:`qerl_kernels.lora_xa`; the
     tiles wait for it only before the LoRA epilogue).
     Validation is the caller's (:mod:`qerl_kernels.ops`); other keys (a config's) are ignored."""
@@ -428,13 +538,25 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None,
     elif xp is None:
         xp = permute_activations(x)
     out = torch.empty((M, N), device=x.device, dtype=torch.bfloat16)
-    grid = (triton.cdiv(N, 64 * WG * MT) * triton.cdiv(M, BT), SPLIT)
-    if SPLIT > 1:
+    RW = 64 * WG * MT
+    tiles = triton.cdiv(N, RW) * triton.cdiv(M, BT)
+    if SK:
+        if PIPE:
+            raise ValueError("nvfp4_wgmma: SK (stream-K) runs the plain loop, got PIPE=1")
+        P = min(int(SK) * _sms(x.device), tiles * (K // 128))
+        grid, SPLIT = (P, 1), 1
+        if part is None or part.numel() < 2 * P * RW * BT:
+            part = torch.empty(2 * P * RW * BT, device=x.device, dtype=torch.float32)
+        if lock is None or lock.numel() < tiles:
+            lock = torch.zeros(tiles, device=x.device, dtype=torch.int32)
+    elif SPLIT > 1:
+        grid = (tiles, SPLIT)
         if part is None:
             part = torch.empty(SPLIT * M * N, device=x.device, dtype=torch.float32)
         if lock is None:
             lock = torch.zeros(grid[0], device=x.device, dtype=torch.int32)
     else:
+        grid = (tiles, 1)
         part = out
         lock = torch.zeros(1, device=x.device, dtype=torch.int32) if lock is None else lock
     _nvfp4_wgmma_kernel[grid](
@@ -443,6 +565,6 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None,
         xa if xa is not None else out, lora_b if lora_b is not None else out, float(lora_scale),
         HAS_BIAS=bias is not None, USE_SPLIT=SPLIT > 1, WG=WG, BT=BT, NS=NS, XG=bool(XG), PIPE=bool(PIPE),
         NSW=max(int(NSW), NS) if PIPE else 0, MT=int(MT), R=lora_b.shape[1] if lora_b is not None else 0,
-        PDL=bool(pdl), XS=bool(XS), num_warps=4 * WG, **({"launch_pdl": True} if pdl else {}))
+        PDL=bool(pdl), XS=bool(XS), SK=bool(SK), num_warps=4 * WG, **({"launch_pdl": True} if pdl else {}))
     return out
 

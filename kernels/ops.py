@@ -453,7 +453,8 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
 
 
 def _launch_wgmma(c: _Call) -> torch.Tensor:
-    """Warpgroup MMA, decoded weights as the register operand (M 17..128; where tuned: 1..16, 256)."""
+    """Warpgroup MMA, decoded weights as the register operand (M 17..128; where tuned: 1..16, 256; ``SK``: the
+    stream-K schedule)."""
     import triton
 
     from qerl_kernels.nvfp4_wgmma import nvfp4_wgmma_matmul
@@ -464,8 +465,13 @@ def _launch_wgmma(c: _Call) -> torch.Tensor:
     tiles = triton.cdiv(c.N, 64 * wg * int(cfg.get("MT", 1))) * triton.cdiv(c.M, bt)
     if tiles > _LOCK_SLOTS - 4:
         split = 1
-    part = torch.empty(split * c.M * c.N if split > 1 else 1, device=c.x2.device, dtype=torch.float32)
     locks, xperm = _locks(c.x2.device), None
+    if cfg.get("SK") and tiles > _LOCK_SLOTS - 4:  # (more tiles than tickets: one program per tile)
+        cfg = {k: v for k, v in cfg.items() if k != "SK"}
+    if cfg.get("SK"):  # stream-K: the wrapper sizes its partial-tile workspace (2 tiles per program)
+        part = None
+    else:
+        part = torch.empty(split * c.M * c.N if split > 1 else 1, device=c.x2.device, dtype=torch.float32)
     if c.pdl:  # permute first: the PDL primary (xa [16, R]) must be the launch right before the kernel
         from qerl_kernels.nvfp4_wgmma import permute_activations
 

@@ -69,7 +69,12 @@ FORCED = {
             dict(WGMMA=1, WG=1, BT=64, NS=3, SPLIT=1, XG=0, MT=2),
             dict(WGMMA=1, WG=1, BT=64, NS=3, SPLIT=2, XG=0, PIPE=1, NSW=6),
             dict(WGMMA=1, WG=1, BT=16, NS=3, SPLIT=2, XG=0, XS=1), dict(WGMMA=1, WG=2, BT=32, NS=2, SPLIT=1, XG=0, XS=1),
-            dict(WGMMA=1, WG=1, BT=8, NS=2, SPLIT=3, XG=0, XS=1)],  # the M <= 8 tile
+            dict(WGMMA=1, WG=1, BT=8, NS=2, SPLIT=3, XG=0, XS=1),  # the M <= 8 tile
+            # the stream-K schedule: 256 / 128 / 64 weight rows, partial tiles summed by the last share
+            dict(WGMMA=1, WG=4, BT=64, NS=3, SPLIT=1, XG=0, SK=1), dict(WGMMA=1, WG=2, BT=64, NS=2, SPLIT=1, XG=0,
+                                                                          MT=2, SK=2),
+            dict(WGMMA=1, WG=1, BT=32, NS=3, SPLIT=1, XG=0, SK=2), dict(WGMMA=1, WG=4, BT=128, NS=2, SPLIT=1, XG=0,
+                                                                           SK=1)],
     "bwd": [dict(BM=16, BN=128, BK=64, SWAP=0, SPLIT=3, num_warps=4, num_stages=4),
             dict(BM=64, BN=64, BK=128, SWAP=1, SPLIT=1, num_warps=4, num_stages=4),
             dict(BM=128, BN=64, BK=128, SWAP=1, SPLIT=2, num_warps=8, num_stages=3),

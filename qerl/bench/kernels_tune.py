@@ -151,6 +151,20 @@ def _wgmma_large(M: int) -> list[dict]:
     return [c for c in out if M > 256 or c["BT"] == 128]
 
 
+def _stream_k_paths(M: int) -> list[dict]:
+    """M 17..512, K % 128 == 0: the warpgroup-MMA kernel on the stream-K schedule (``SK`` programs per SM share the
+    (tile, K step) units evenly: no part-empty last wave). Its point is larger weight tiles — 128 or 256 rows (2 | 4
+    warpgroups, or 2 m64 tiles each) read one activation tile from L2 where 64-row tiles read it 2-4 times; with
+    one program per tile those leave most of a wave empty (7B gate/up at 256 rows: 148 tiles on 132 SMs)."""
+    out = []
+    for (wg, mt, bt), ns, sk in itertools.product(((4, 1, 64), (4, 1, 128), (2, 2, 64), (2, 1, 64), (2, 1, 128),
+                                                   (1, 1, 64)), (2, 3, 4), (1, 2)):
+        if bt > max(64, -(-M // 64) * 64) or (bt == 128 and ns == 4):  # (BT 128 x 4 stages: out of shared memory)
+            continue
+        out.append(dict(WGMMA=1, WG=wg, BT=bt, NS=ns, SPLIT=1, XG=0, SK=sk, **({"MT": 2} if mt == 2 else {})))
+    return out
+
+
 def _dq_paths(M: int) -> list[dict]:
     """Dequantize windows of 8M / 32M / 64M / 128M weights (16-256 MiB of bf16 scratch) + cuBLAS."""
     return [dict(DQ=1, CHUNK=c) for c in (1 << 23, 1 << 25, 1 << 26, 1 << 27)] if M >= 64 else []
@@ -164,12 +178,17 @@ def candidates(kind: str, M: int, N: int, K: int, sms: int, paths: str = "all", 
         return _dq_paths(M) + ([current] if current and current not in _dq_paths(M) else [])
     if paths == "wgmma":  # only the warpgroup-MMA kernel against the config in use now
         out = _wgmma_paths(M, N, K, sms) if kind == "fwd" else []
+        out += _stream_k_paths(M) if kind == "fwd" and K % 128 == 0 and 16 < M <= 512 else []
+        return out + ([current] if out and current and current not in out else [])
+    if paths == "streamk":  # only the stream-K schedule against the config in use now
+        out = _stream_k_paths(M) if kind == "fwd" and K % 128 == 0 and 16 < M <= 512 else []
         return out + ([current] if out and current and current not in out else [])
     if paths == "decode":  # only the decode kernels (MMV / GEMV) against the config in use now
         out = _decode_paths(M, N, K, sms) if kind == "fwd" and M <= 32 else []
         return out + ([current] if out and current and current not in out else [])
     out = _decode_paths(M, N, K, sms) if kind == "fwd" and M <= 32 else []
     out += _wgmma_paths(M, N, K, sms) if kind == "fwd" else []
+    out += _stream_k_paths(M) if kind == "fwd" and K % 128 == 0 and 16 < M <= 512 else []
     for bm, bn, bk, swap, w, st in _tiles(kind, M):
         base = dict(BM=bm, BN=bn, BK=bk, SWAP=swap, num_warps=w, num_stages=st)
         loop = -(-(K if kind == "fwd" else N) // (bk if kind == "fwd" else bn))
@@ -249,7 +268,7 @@ def precompile(jobs: list[tuple], workers: int, progress: bool = True) -> int:
 def _current(paths: str, device: str, kind: str, M: int, N: int, K: int, sms: int) -> dict | None:
     """The config in use now, which the restricted searches time against: ``decode`` — the tuned entry,
     else the heuristic; ``dq`` — the tuned Triton entry, else the Triton-only heuristic."""
-    if paths in ("decode", "wgmma"):
+    if paths in ("decode", "wgmma", "streamk"):
         cur = ops.tuned_entry(device, kind, M, N, K) or ops.heuristic(kind, M, N, K, sms, wgmma=False)
         cur.pop("EAGER", None)  # the graph-mode config (keep_eager carries EAGER over)
         return cur
@@ -364,10 +383,11 @@ def main(argv=None) -> int:
     p.add_argument("--ms", nargs="*", type=int, default=[1, 16, 64, 2048])
     p.add_argument("--kinds", nargs="*", default=["fwd", "bwd"], choices=["fwd", "bwd"])
     p.add_argument("--csv", default=None, help="write every measurement here")
-    p.add_argument("--paths", default="all", choices=["all", "dq", "decode", "wgmma"],
+    p.add_argument("--paths", default="all", choices=["all", "dq", "decode", "wgmma", "streamk"],
                    help="all: every candidate; dq: the dequantize + cuBLAS windows against the config in use now; "
                         "decode: the decode kernels (forward, M <= 32) against the config in use now; "
-                        "wgmma: the warpgroup-MMA kernel (forward) against the config in use now")
+                        "wgmma: the warpgroup-MMA kernel (forward) against the config in use now; "
+                        "streamk: its stream-K schedule (forward, M 17..512) against the config in use now")
     p.add_argument("--workers", type=int, default=0,
                    help="compile the candidates in this many processes first (0/1: compile while timing)")
     p.add_argument("--no-progress", action="store_true")

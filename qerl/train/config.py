@@ -62,7 +62,9 @@ class AlgorithmConfig:
     """name: grpo | dapo | dr_grpo. group_size G (paper 8 GSM8K / 16 BigMath). clip_high defaults
     to 0.28 for dapo (clip-higher) and clip_low otherwise. dynamic_sampling / overlong_mask default
     on for dapo. updates_per_batch μ (paper 4 GSM8K / 1 BigMath). tis_cap: truncated importance
-    sampling cap C for the rollout-vs-trainer mismatch (None = off)."""
+    sampling cap C for the rollout-vs-trainer mismatch (None = off). old_logprob_pass: with μ = 1 the old
+    policy's log-probs are the update's own forward, detached (the ratio is 1 in value, its gradient that of
+    log π; TRL does the same), so no separate no-grad pass runs; true runs that pass anyway (μ > 1 always does)."""
 
     name: str = "grpo"
     group_size: int = 8
@@ -77,6 +79,7 @@ class AlgorithmConfig:
     overlong_penalty: bool = False
     overlong_cache: int = 0
     tis_cap: float | None = None
+    old_logprob_pass: bool = False
 
     def resolved(self) -> "AlgorithmConfig":
         dapo = self.name == "dapo"

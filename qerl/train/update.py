@@ -73,8 +73,11 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
     of ``batch`` (a :class:`~qerl.rollout.Rollout` of ``n`` rows, the same on every rank) scored by ``rewards
     [n]``. ``scorer``: :class:`LogprobModule` of ``policy`` (DDP-wrapped under torchrun: one gradient all-reduce
     per optimizer step; under FSDP2 its hooks reduce-scatter at the last micro-batch). ``phase(name)``: a context
-    entered around the ``logprob`` and ``update`` phases (the step benchmark times them). Returns the loss
-    diagnostics summed over ranks, the gradient norm and the rollout / trainer mismatch statistics."""
+    entered around the ``logprob`` and ``update`` phases (the step benchmark times them). With μ = 1 (and
+    ``algorithm.old_logprob_pass`` off) the old log-probs are the update's forward detached — ``ρ = exp(log π_θ -
+    sg(log π_θ)) = 1``, ``∇ρ = ∇ log π_θ``: the loss and gradient of the two-pass update without its no-grad pass
+    — and the mismatch statistics and TIS weights come from them. Returns the loss diagnostics summed over ranks,
+    the gradient norm and the rollout / trainer mismatch statistics."""
     a = cfg.algorithm
     T = cfg.rollout.temperature
     settings = LossSettings(a.name, a.clip_low, a.clip_high, a.kl_coef, cfg.rollout.max_new_tokens)
@@ -85,20 +88,23 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
     train_noise = aqn is not None and cfg.aqn.apply_to == "rollout+train" and sigma > 0
     ctx = aqn.noise(sigma, derive_seed(cfg.seed, step, 0, "aqn")) if train_noise else contextlib.nullcontext()
     micro = rank_micro_batches(len(batch.texts), a.group_size, cfg.micro_batch_size, d)
+    one_pass = a.updates_per_batch == 1 and not a.old_logprob_pass  # old log-probs = the update's forward
     with ctx:
         with phase("logprob"):
-            old_logp = logprobs_global(policy, batch, T, micro, d, f"gathering the old log-probs of step {step + 1}",
-                                       shards.lockstep)
-            mismatch = mismatch_stats(old_logp, batch.logprobs, mask)
-            ref_logp = None
+            old_logp = mismatch = is_w = ref_logp = None
+            if not one_pass:
+                old_logp = logprobs_global(policy, batch, T, micro, d,
+                                           f"gathering the old log-probs of step {step + 1}", shards.lockstep)
+                mismatch = mismatch_stats(old_logp, batch.logprobs, mask)
+                is_w = truncated_is_weights(old_logp, batch.logprobs, a.tis_cap) if a.tis_cap else None
             if a.kl_coef > 0:
                 with policy.disable_adapter():
                     ref_logp = logprobs_global(policy, batch, T, micro, d,
                                                f"gathering the reference log-probs of step {step + 1}")
-            is_w = truncated_is_weights(old_logp, batch.logprobs, a.tis_cap) if a.tis_cap else None
         with phase("update"):
             policy.train()
             sums: dict[str, float] = {}
+            own_old = []  # one pass: this rank's detached log-probs of its real micro-batches, in row order
             for update in range(a.updates_per_batch):
                 total = 0.0
                 with frozen_adapters(policy):  # (the adapters change at the optimizer step, after this block)
@@ -107,9 +113,15 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
                         with contextlib.nullcontext() if sync else shards.accumulating(policy, scorer):
                             logp, ent = scorer(batch.prompt_ids[m], batch.prompt_mask[m], batch.completion_ids[m],
                                                batch.completion_mask[m], T)
-                            loss, info = policy_loss(logp, old_logp[m], adv[m], mask[m], settings,
-                                                     None if ref_logp is None else ref_logp[m],
-                                                     None if is_w is None else is_w[m], ent)
+                            if one_pass:
+                                old_m = logp.detach()
+                                w_m = truncated_is_weights(old_m, batch.logprobs[m], a.tis_cap) if a.tis_cap else None
+                                if real:
+                                    own_old.append(old_m)
+                            else:
+                                old_m, w_m = old_logp[m], None if is_w is None else is_w[m]
+                            loss, info = policy_loss(logp, old_m, adv[m], mask[m], settings,
+                                                     None if ref_logp is None else ref_logp[m], w_m, ent)
                             w = micro_weight(a.name, mask, m) if real else 0.0
                             if not torch.isfinite(loss):
                                 raise TrainingError(f"step {step}: loss is {float(loss)}; stopping (the last "
@@ -126,5 +138,11 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             policy.eval()
+    if one_pass:  # the rollout / trainer mismatch over the whole batch, from the update's own log-probs
+        part = torch.cat(own_old) if own_old else None
+        if d.on:
+            parts = dist.gather(d, None if part is None else part.cpu(), f"gathering the log-probs of step {step + 1}")
+            part = torch.cat([p for p in parts if p is not None]).to(batch.logprobs.device)
+        mismatch = mismatch_stats(part, batch.logprobs, mask)
     summed = dist.all_sum(d, {**sums, "loss": total}, f"summing the loss diagnostics of step {step + 1}")
     return {**summed, "grad_norm": float(grad_norm), **mismatch}

@@ -162,3 +162,47 @@ def test_staged_activations_exclude_the_gather_and_the_pipelined_loop():
     for bad in (dict(XG=1), dict(PIPE=1, NSW=6)):
         with pytest.raises(ValueError, match="XS .* excludes XG and PIPE"):
             wg.nvfp4_wgmma_matmul(x, p, sc, gs, XS=1, **bad)
+
+
+@pytest.mark.parametrize("tiles,k_steps,P", [(148, 28, 132), (592, 28, 264), (72, 28, 132), (3, 40, 132), (1, 3, 5),
+                                             (40, 216, 132), (7, 7, 7), (130, 1, 132)])
+def test_stream_k_schedule_covers_every_unit_once_and_the_reducer_finds_every_share(tiles, k_steps, P):
+    """The stream-K schedule (`SK`): the programs' segments cover each (tile, K step) unit exactly once; whole tiles
+    go straight out; a program writes at most two partial tiles (slots 2p, 2p + 1, never shared); and for every
+    split tile the slots the kernel's last arriver sums — programs `owner(first unit) … owner(last unit)`, slot
+    `2q + (q's range starts before the tile)` — are exactly the shares' slots (`stream_k_plan` is the reference)."""
+    from qerl_kernels.nvfp4_wgmma import stream_k_owner, stream_k_plan
+
+    P = min(P, tiles * k_steps)  # (the launcher never starts more programs than units)
+    U = tiles * k_steps
+    plan = stream_k_plan(tiles, k_steps, P)
+    seen = [0] * U
+    shares: dict[int, set] = {}
+    for p, segs in enumerate(plan):
+        slots = [s for *_, s in segs if s >= 0]
+        assert len(slots) == len(set(slots)) <= 2 and all(s // 2 == p for s in slots)
+        for tile, k0, k1, slot in segs:
+            assert 0 <= k0 < k1 <= k_steps
+            for k in range(k0, k1):
+                seen[tile * k_steps + k] += 1
+            if slot >= 0:
+                shares.setdefault(tile, set()).add(slot)
+    assert seen == [1] * U
+    for tile, slots in shares.items():
+        q0, q1 = stream_k_owner(tile * k_steps, P, U), stream_k_owner(tile * k_steps + k_steps - 1, P, U)
+        assert {2 * q + int(q * U // P < tile * k_steps) for q in range(q0, q1 + 1)} == slots
+        assert len(slots) >= 2  # a share of one is a whole tile
+
+
+@pytest.mark.parametrize("WG,BT,MT", [(4, 64, 1), (4, 128, 1), (2, 64, 2), (1, 64, 1)])
+def test_stream_k_compiles_for_sm90_without_spills(WG, BT, MT):
+    """`SK`: the segment loop around the plain main loop, the partial tiles and the in-order reduction compile for
+    sm_90 with the weight operand in registers and no spills, also at 4 warpgroups (256 weight rows: the activation
+    tile read from L2 once per 256 rows instead of per 64)."""
+    from qerl_kernels.inspect_ir import compile_wgmma, registers_of, stack_of
+
+    k = compile_wgmma(WG, BT, 3, split=False, bias=True, XG=False, MT=MT, SK=True)
+    ptx = k.asm["ptx"]
+    assert len(re.findall(r"wgmma\.mma_async", ptx)) == 8 * MT
+    assert stack_of(k) == 0 and ".local" not in ptx
+    assert registers_of(k) <= (128 if WG == 4 else 255)

@@ -242,3 +242,36 @@ def test_out_of_memory_stops_with_sizes_and_resume_finishes_the_run(warm_model, 
     keys = ("reward_mean", "loss", "grad_norm", "mismatch_kl")
     flat = [r[k] for r in got for k in keys]
     assert flat == pytest.approx([r[k] for r in ref for k in keys], rel=1e-5, abs=1e-7)
+
+
+def test_one_update_per_batch_skips_the_old_logprob_pass_with_the_same_loss(warm_model, tmp_path, monkeypatch):
+    """μ = 1: the old log-probs are the update's own forward, detached — no separate no-grad pass runs, and the
+    loss, gradient norm, mismatch statistics (and, with TIS, its weights) equal the two-pass update's
+    (`algorithm.old_logprob_pass: true`) to float rounding; the weights after the step agree too."""
+    from qerl.train import update
+
+    calls = []
+    real = update.logprobs_no_grad
+
+    def spy(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(update, "logprobs_no_grad", spy)
+    runs = {}
+    for two_pass in (False, True):
+        calls.clear()
+        out = train(make_cfg(warm_model, tmp_path / f"p{int(two_pass)}", method="qerl", steps=1,
+                             **{"algorithm.old_logprob_pass": two_pass, "algorithm.tis_cap": 2.0,
+                                "aqn.apply_to": "rollout+train"}), tracker=NullTracker(), progress=False)
+        runs[two_pass] = (rows(out)[0], len(calls))
+    (one, n_one), (two, n_two) = runs[False], runs[True]
+    assert n_one == 0 and n_two == 1  # one micro-batch of 16 rows: one no-grad pass in the two-pass update
+    for k in ("loss", "grad_norm", "mismatch_kl", "is_ratio_mean", "is_ratio_max", "entropy", "clip_frac"):
+        assert one[k] == pytest.approx(two[k], rel=1e-4, abs=1e-6), k
+    assert one["reward_mean"] == two["reward_mean"]
+    from safetensors.torch import load_file
+
+    a = load_file(str(tmp_path / "p0" / "final" / "adapter_model.safetensors"))
+    b = load_file(str(tmp_path / "p1" / "final" / "adapter_model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6) for k in a)
