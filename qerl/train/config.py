@@ -127,7 +127,7 @@ class TrainConfig:
     output_dir: str = "results/train/run"
     steps: int = 100
     prompts_per_step: int = 16
-    micro_batch_size: int = 64
+    micro_batch_size: int | str = 64  # or auto: the largest the memory planner fits (qerl.train.plan.auto_micro_batch)
     seed: int = 0
     gradient_checkpointing: bool | str = "auto"  # true | false | auto (qerl.train.plan: on from 14B or when needed)
     checkpoint_every: int = 10
@@ -229,8 +229,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError("config.algorithm.tis_cap: must be > 0 (or null)")
     if a.overlong_penalty and not 0 < a.overlong_cache <= cfg.rollout.max_new_tokens:
         raise ConfigError("config.algorithm.overlong_cache: must be in (0, rollout.max_new_tokens] with overlong_penalty")
+    if isinstance(cfg.micro_batch_size, str) and cfg.micro_batch_size != "auto":
+        raise ConfigError(f"config.micro_batch_size: a positive integer or 'auto', got {cfg.micro_batch_size!r}")
     for name in ("steps", "prompts_per_step", "micro_batch_size", "checkpoint_every"):
-        if getattr(cfg, name) < 1:
+        if getattr(cfg, name) != "auto" and getattr(cfg, name) < 1:
             raise ConfigError(f"config.{name}: must be >= 1, got {getattr(cfg, name)}")
     o = cfg.optim
     for name, ok, want in (("lr", o.lr > 0, "> 0"), ("weight_decay", o.weight_decay >= 0, ">= 0"),

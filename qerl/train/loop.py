@@ -71,6 +71,16 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
     if note and d.main:
         print(note, flush=True)
 
+    # micro_batch_size: auto -> the largest the memory planner fits (the model's config.json; the device's memory)
+    if cfg.micro_batch_size == "auto":
+        from qerl.models.shapes import Shape
+        from qerl.train.plan import resolve_micro_batch
+
+        hf = json.loads((Path(src) / "config.json").read_text())
+        cfg, said = resolve_micro_batch(cfg, Shape.from_config(hf), d.world)
+        if d.main:
+            print(said, flush=True)
+
     # model & method (on a GPU, a configuration that cannot fit is refused before anything loads)
     plan = _check_memory(cfg, d.world) if device.type == "cuda" else None
     shards = sharding.strategy(resolve_sharding(cfg, d.world))  # none | optimizer (ZeRO-1) | fsdp (FSDP2)

@@ -226,6 +226,53 @@ def advice(est: dict, available: float, checkpointing: bool, micro: int) -> list
 
 
 
+def auto_micro_batch(s: Shape, base: str, rows: int, gen_len: int, rank: int = 32, eight_bit: bool = True,
+                     checkpointing="auto", available: float | None = None, **full) -> tuple[int, bool]:
+    """``micro_batch_size: auto``: ``(micro, checkpointing)`` — the largest micro-batch (a power of two up to the
+    ``rows`` of a step, or ``rows`` itself) whose planned peak stays within 90% of ``available`` (default: the
+    device) without gradient checkpointing (fewer, fatter launches: the update's host time per projection is
+    paid once per micro-batch, reports/step); where checkpointing is on (``True``, or ``auto`` from 14B shapes) or
+    no micro-batch fits without it, the largest that fits with it (at least 1)."""
+    budget = 0.9 * (device_bytes() if available is None else available)
+    sizes = sorted({min(rows, 1 << i) for i in range(rows.bit_length() + 1)} | {rows}, reverse=True)
+
+    def fits(m: int, ckpt: bool) -> bool:
+        return estimate(s, base, rows, PROMPT_TOKENS, gen_len, m, rank, ckpt, eight_bit, True, **full)[
+            "peak_bytes"] <= budget
+
+    forced = checkpointing in (True, "on", "true") or (checkpointing == "auto" and s.hidden >= 5120)
+    if checkpointing not in (True, "on", "true") and not forced:
+        for m in sizes:
+            if fits(m, False):
+                return m, False
+    if checkpointing in (False, "off", "false"):
+        return 1, False
+    return next((m for m in sizes if fits(m, True)), 1), True
+
+
+def resolve_micro_batch(cfg, s: Shape, world: int = 1, available: float | None = None):
+    """``cfg`` with ``micro_batch_size: auto`` resolved by :func:`auto_micro_batch` for a model of shape ``s``
+    (one process of ``world``), and a line saying what was chosen (None when the size was given)."""
+    import dataclasses
+    import importlib.util
+
+    from qerl.train.config import resolve_sharding
+
+    if cfg.micro_batch_size != "auto":
+        return cfg, None
+    method = METHODS[cfg.method]
+    sharding = resolve_sharding(cfg, world)
+    rows = max(1, cfg.prompts_per_step * cfg.algorithm.group_size // max(1, world))
+    eight = sharding != "fsdp" and (cfg.optim.eight_bit == "true" or (
+        cfg.optim.eight_bit == "auto" and importlib.util.find_spec("bitsandbytes") is not None))
+    fk = {} if method.lora else {"full": True, "world": world, "sharding": sharding}
+    micro, ckpt = auto_micro_batch(s, method.base, rows, cfg.rollout.max_new_tokens,
+                                   cfg.lora.r, eight, cfg.gradient_checkpointing, available, **fk)
+    said = (f"micro_batch_size auto: {micro} of {rows} sequences per update forward/backward (the largest the "
+            f"memory planner fits{' with' if ckpt else ' without'} gradient checkpointing)")
+    return dataclasses.replace(cfg, micro_batch_size=micro), said
+
+
 def plan_config(cfg, shape: str | None = None, available: float | None = None, world: int = 1) -> dict:
     """The estimate for a :class:`~qerl.train.config.TrainConfig` (``shape``: a Qwen2.5 size instead of the
     model's ``config.json``; ``world``: data-parallel processes, each holding ``1/world`` of a step's sequences):
@@ -246,6 +293,8 @@ def plan_config(cfg, shape: str | None = None, available: float | None = None, w
         s = Shape.from_config(json.loads(path.read_text()))
     from qerl.train.config import resolve_sharding
 
+    if cfg.micro_batch_size == "auto":
+        cfg, _ = resolve_micro_batch(cfg, s, world, available)
     method = METHODS[cfg.method]
     full = not method.lora
     sharding = resolve_sharding(cfg, world)

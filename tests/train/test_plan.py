@@ -250,3 +250,25 @@ def test_plan_config_covers_the_full_method(tmp_path):
     eight = plan.plan_config(cfg, shape="14B", available=80e9, world=8)
     assert eight["fits"] and "sharding fsdp" in eight["markdown"] and "gathered weights" in eight["markdown"]
 
+
+
+def test_auto_micro_batch_is_the_largest_the_planner_fits():
+    """`micro_batch_size: auto`: the largest power of two (or the whole step) whose planned peak stays within 90% of
+    the GPU without checkpointing; 14B shapes (checkpointing on) the largest that fits with it; a bad value is one
+    ConfigError naming the field."""
+    from qerl.models.shapes import QWEN25
+    from qerl.train.config import ConfigError, from_dict, validate, TrainConfig
+    from qerl.train.plan import auto_micro_batch, estimate, PROMPT_TOKENS
+
+    s = QWEN25["7B"]
+    m, ckpt = auto_micro_batch(s, "nvfp4", 64, 1024, available=80e9)
+    peak = lambda m, c: estimate(s, "nvfp4", 64, PROMPT_TOKENS, 1024, m, 32, c, True, True)["peak_bytes"]  # noqa: E731
+    assert not ckpt and 1 < m < 64 and peak(m, False) <= 72e9 < peak(2 * m, False)
+    assert auto_micro_batch(s, "nvfp4", 64, 1024, available=1000e9) == (64, False)  # everything fits: one forward
+    m14, ckpt14 = auto_micro_batch(QWEN25["14B"], "nvfp4", 64, 1024, available=80e9)
+    assert ckpt14 and m14 >= 1
+    assert auto_micro_batch(s, "nvfp4", 64, 1024, checkpointing=False, available=1e9) == (1, False)
+    cfg = validate(from_dict(TrainConfig, {"model": {"path": "m"}, "micro_batch_size": "auto"}))
+    assert cfg.micro_batch_size == "auto"
+    with pytest.raises(ConfigError, match=r"config.micro_batch_size: a positive integer or 'auto', got 'big'"):
+        validate(from_dict(TrainConfig, {"model": {"path": "m"}, "micro_batch_size": "big"}))

@@ -275,3 +275,10 @@ def test_one_update_per_batch_skips_the_old_logprob_pass_with_the_same_loss(warm
     a = load_file(str(tmp_path / "p0" / "final" / "adapter_model.safetensors"))
     b = load_file(str(tmp_path / "p1" / "final" / "adapter_model.safetensors"))
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6) for k in a)
+
+
+def test_auto_micro_batch_trains_and_says_what_it_chose(warm_model, tmp_path, capsys):
+    out = train(make_cfg(warm_model, tmp_path / "auto", steps=1, micro_batch_size="auto"), tracker=NullTracker(),
+                progress=False)
+    assert "micro_batch_size auto: 16 of 16 sequences" in capsys.readouterr().out
+    assert json.loads((out / "config.json").read_text())["micro_batch_size"] == 16 and len(rows(out)) == 1
