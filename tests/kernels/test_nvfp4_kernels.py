@@ -287,7 +287,8 @@ def test_committed_tables_use_compilable_tiles():
     """Every committed tuned table (H200, H100): non-swapped tiles with BM > 32 do not compile (wgmma B
     operand), none may be committed; the register-fragment decode kernel (MMV) has 16 x RB (1 | 2) weight
     rows per warp, 8..64 activation rows and 128-wide K steps; warpgroup-MMA entries (WGMMA) are forward,
-    M 1..256, with their own keys only and rings that fit in shared memory; both GPUs' tables exist."""
+    M 1..256, with their own keys only (``SK``: stream-K on the plain loop) and rings that fit in shared memory;
+    both GPUs' tables exist."""
     import json
     from pathlib import Path
 
@@ -300,10 +301,12 @@ def test_committed_tables_use_compilable_tiles():
         tiles = [c for c in table.values() if not c.get("MMV") and not c.get("GEMV") and not c.get("DQ")
                  and not c.get("WGMMA")]
         wg = {k: c for k, c in table.items() if c.get("WGMMA")}  # warpgroup MMA: forward, M 1..256 (tuned)
-        assert all(set(c) <= {"WGMMA", "WG", "BT", "NS", "SPLIT", "XG", "PIPE", "NSW", "MT", "XS", "EAGER"}
+        assert all(set(c) <= {"WGMMA", "WG", "BT", "NS", "SPLIT", "XG", "PIPE", "NSW", "MT", "XS", "SK", "EAGER"}
                    and k.startswith("fwd:")
                    and 1 <= int(k.split(":")[1]) <= 256 and c["BT"] % 8 == 0 and c["BT"] <= 256
-                   and c["WG"] in (1, 2) and c.get("MT", 1) in (1, 2) and c["NS"] >= 2 for k, c in wg.items()), path
+                   and c["WG"] in ((1, 2, 4) if c.get("SK") else (1, 2)) and c.get("MT", 1) in (1, 2)
+                   and c.get("SK", 0) in (0, 1, 2) and not (c.get("SK") and c.get("PIPE")) and c["NS"] >= 2
+                   for k, c in wg.items()), path  # (SK: the stream-K schedule, plain loop only)
         # NS * (activation tile + weight/scale slots) within the 227 KiB of shared memory an sm_90 program may use
         assert all(c["NS"] * c["BT"] * 256 + max(c["NS"], c.get("NSW", 0)) * 72 * 64 * c["WG"] * c.get("MT", 1)
                    <= 227 * 1024 for c in wg.values()), path
