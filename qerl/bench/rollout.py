@@ -7,11 +7,16 @@ Engines: ``qerl`` (:mod:`qerl.rollout.engine`), ``reference`` (:mod:`qerl.rollou
 ``transformers`` (``generate`` on the same PEFT model; both at ``--slow-gen-len`` tokens and batches
 ``--slow-batches``, said in the row's ``note``).
 
-Columns: ``device, model, base, engine, batch, prompt_len, gen_len, tok_s, ms_per_step, floor_ms,
-frac_of_floor, peak_gb, note``. ``tok_s`` = generated tokens / (prefill + decode seconds) — the one-time
+Realistic rollouts: ``--lengths SPEC ...`` (:mod:`qerl.bench.lengths`; e.g. ``lognormal:median=300,sigma=0.9``)
+stops each engine row at a seeded drawn length as if it sampled EOS there, so rows finish at different steps and
+the engine's slot refill and batch compaction are measured; ``--group-size G`` makes the batch GRPO-shaped
+(``batch / G`` prompts, ``G`` samples each). The slow engines always run fixed lengths.
+
+Columns: ``device, model, base, engine, batch, group_size, lengths, prompt_len, gen_len, tok_s, ms_per_step,
+floor_ms, frac_of_floor, peak_gb, note``. ``tok_s`` = generated tokens / (prefill + decode seconds) — the one-time
 CUDA-graph capture excluded and reported in ``note`` (it is paid once per engine, not per rollout);
 ``floor_ms`` = bytes one decode step must read (weights incl. lm_head and adapters + the KV cache at the
-average length) ÷ the card's measured copy bandwidth. Writes ``<device>.csv / .md / .png`` under ``--output``.
+average length) ÷ the card's measured copy bandwidth (fixed lengths only). Writes ``<device>.csv / .md / .png`` under ``--output``.
 """
 from __future__ import annotations
 
@@ -27,8 +32,10 @@ import torch
 
 from qerl.models.random import CountTokenizer, prompts
 
-COLUMNS = ["device", "model", "base", "engine", "batch", "prompt_len", "gen_len", "tok_s", "ms_per_step", "floor_ms",
-           "frac_of_floor", "peak_gb", "note"]
+COLUMNS = ["device", "model", "base", "engine", "batch", "group_size", "lengths", "prompt_len", "gen_len", "tok_s",
+           "ms_per_step", "floor_ms", "frac_of_floor", "peak_gb", "note"]
+#: columns added later: rows of older files read as these
+DEFAULTS = {"group_size": 1, "lengths": "fixed"}
 
 
 def floor_ms(wbytes: int, lm, batch: int, prompt_len: int, gen_len: int, copy_gbps: float) -> float:
@@ -38,24 +45,38 @@ def floor_ms(wbytes: int, lm, batch: int, prompt_len: int, gen_len: int, copy_gb
     return (wbytes + batch * kv_tok * avg_len) / (copy_gbps * 1e9) * 1e3
 
 
-def run_one(model, lm, tok, engine: str, batch: int, prompt_len: int, gen_len: int) -> dict:
+def run_one(model, lm, tok, engine: str, batch: int, prompt_len: int, gen_len: int, lengths=None,
+            group_size: int = 1) -> dict:
+    """One row: ``batch`` sequences (``batch / group_size`` prompts × ``group_size`` samples) of ``gen_len``
+    tokens, or each stopped at its drawn length (``lengths``, a :class:`qerl.bench.lengths.Lengths`; the
+    engine only)."""
+    from qerl.bench.lengths import summary
     from qerl.rollout import SamplingSettings, sampler
     from qerl.rollout.engine import engine_for
 
-    ps = prompts(batch, prompt_len, lm.config.vocab_size)
+    if batch % group_size:
+        raise ValueError(f"batch {batch}: not a multiple of --group-size {group_size}")
+    ps = prompts(batch // group_size, prompt_len, lm.config.vocab_size)
     s = SamplingSettings(temperature=1.0, max_new_tokens=gen_len)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     note = ""
     if engine == "qerl":
+        eos_at = None if lengths is None or lengths.fixed else lengths.draw(batch, gen_len)
         eng = engine_for(model, tok)
-        eng.generate(ps, SamplingSettings(temperature=1.0, max_new_tokens=2))  # compile prefill kernels
+        eng.generate(ps, SamplingSettings(temperature=1.0, max_new_tokens=2), num_samples=group_size)  # compile
         torch.cuda.reset_peak_memory_stats()
-        eng.generate(ps, s)
+        r = eng.generate(ps, s, num_samples=group_size, eos_at=eos_at)
         st = eng.last_stats
         secs, steps = st["prefill_s"] + st["decode_s"], max(1, st["decode_steps"])
         ms_step = 1e3 * st["decode_s"] / steps
         note = f"capture {st['capture_s']:.1f} s excluded; {st['rows']} rows on {st['slots']} KV slots"
+        if eos_at is not None:
+            tokens = int(r.completion_mask.sum())
+            note += (f"; lengths {summary(r.lengths.tolist(), gen_len)}; {steps} decode steps, "
+                     f"{st['admitted_later']} rows admitted into freed slots")
+            return {"tok_s": tokens / secs, "ms_per_step": ms_step, "gen_len": gen_len,
+                    "peak_gb": torch.cuda.max_memory_allocated() / 1e9, "note": note}
     elif engine == "reference":
         sampler.generate(model, tok, ps[:1], SamplingSettings(max_new_tokens=2))
         t0 = time.perf_counter()
@@ -165,22 +186,26 @@ def bench(args) -> list[dict]:
                 slow = engine != "qerl"
                 if slow:  # the engine's KV cache and graphs go first: the slow rows' peak_gb is theirs alone
                     _release(model)
-                for batch in (args.slow_batches if slow else args.batches):
+                for batch, spec in ([(b, None) for b in args.slow_batches] if slow else
+                                    [(b, sp) for sp in args.lengths for b in args.batches]):
                     gen = args.slow_gen_len if slow else args.gen_len
+                    group = 1 if slow else args.group_size
                     row = {"device": device, "model": m, "base": base, "engine": engine, "batch": batch,
+                           "group_size": group, "lengths": str(spec) if spec is not None else "fixed",
                            "prompt_len": args.prompt_len}
                     try:
-                        r = run_one(model, lm, tok, engine, batch, args.prompt_len, gen)
+                        r = run_one(model, lm, tok, engine, batch, args.prompt_len, gen, spec, group)
                     except torch.cuda.OutOfMemoryError as e:
                         r = {"tok_s": float("nan"), "ms_per_step": float("nan"), "gen_len": gen, "peak_gb": float("nan"),
                              "note": f"OOM: {str(e).splitlines()[0][:120]}"}
                         torch.cuda.empty_cache()
                     if slow:
                         r["note"] = (r["note"] + f"; {gen} generated tokens").lstrip("; ")
-                    if engine == "qerl" and batch in args.split_batches and r["tok_s"] == r["tok_s"]:
+                    fixed = spec is None or spec.fixed
+                    if engine == "qerl" and fixed and batch in args.split_batches and r["tok_s"] == r["tok_s"]:
                         sp = step_split(cached_engine(model), batch, args.prompt_len, gen)
                         r["note"] += "; step split ms: " + ", ".join(f"{k} {val}" for k, val in sp.items())
-                    fl = floor_ms(wb, lm, batch, args.prompt_len, r["gen_len"], bw)
+                    fl = floor_ms(wb, lm, batch, args.prompt_len, r["gen_len"], bw) if fixed else float("nan")
                     row.update(r, floor_ms=fl, frac_of_floor=r["ms_per_step"] / fl)
                     rows.append(row)
                     print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
@@ -201,16 +226,21 @@ def write(rows: list[dict], out: Path, device: str, copy_gbps: float) -> Path:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
         for r in rows:
-            w.writerow({k: (round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in COLUMNS})
+            w.writerow({k: (round(v, 4) if isinstance(v, float) else v)
+                        for k, v in ((k, r.get(k, DEFAULTS.get(k))) for k in COLUMNS)})
     tmp.replace(stem.with_suffix(".csv"))
     lines = [f"# Rollout throughput on {device}", "",
-             f"Copy bandwidth {copy_gbps:.0f} GB/s; LoRA rank 32 on all seven projections; EOS ignored. "
+             f"Copy bandwidth {copy_gbps:.0f} GB/s; LoRA rank 32 on all seven projections; EOS never sampled: "
+             "`lengths` fixed = every row generates `gen` tokens, else each row stops at a seeded drawn length "
+             "(qerl.bench.lengths); `group` = samples per prompt. "
              "`tok_s` = generated tokens / (prefill + decode) seconds (graph capture excluded, see note).", "",
-             "| model | base | engine | batch | prompt | gen | tok/s | ms/step | floor ms | × floor | peak GB | note |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | base | engine | batch | group | lengths | prompt | gen | tok/s | ms/step | floor ms | × floor | "
+             "peak GB | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['base']} | {r['engine']} | {r['batch']} | {r['prompt_len']} | {r['gen_len']} | "
-                     f"{r['tok_s']:.0f} | {r['ms_per_step']:.2f} | {r['floor_ms']:.2f} | {r['frac_of_floor']:.2f} | "
+        lines.append(f"| {r['model']} | {r['base']} | {r['engine']} | {r['batch']} | "
+                     f"{r.get('group_size', 1)} | {r.get('lengths', 'fixed')} | {r['prompt_len']} | {r['gen_len']} | "
+                     f"{r['tok_s']:.0f} | {r['ms_per_step']:.2f} | {_num(r['floor_ms'])} | {_num(r['frac_of_floor'])} | "
                      f"{r['peak_gb']:.1f} | {r['note']} |")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     plot(rows, stem.with_suffix(".png"), device)
@@ -229,9 +259,10 @@ def plot(rows: list[dict], path: Path, device: str) -> Path | None:
     bases = sorted({r["base"] for r in rows})
     fig, axes = plt.subplots(1, len(bases), figsize=(5 * len(bases), 4), squeeze=False)
     for ax, base in zip(axes[0], bases):
-        for key in sorted({(r["model"], r["engine"]) for r in rows if r["base"] == base}):
-            pts = sorted((r["batch"], r["tok_s"]) for r in rows if r["base"] == base and (r["model"], r["engine"]) == key)
-            ax.plot(*zip(*pts), marker="o", label=f"{key[0]} {key[1]}")
+        for key in sorted({(r["model"], r["engine"], _variant(r)) for r in rows if r["base"] == base}):
+            pts = sorted((r["batch"], r["tok_s"]) for r in rows
+                         if r["base"] == base and (r["model"], r["engine"], _variant(r)) == key)
+            ax.plot(*zip(*pts), marker="o", ls="-" if not key[2] else "--", label=" ".join(filter(None, key)))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("batch (sequences)")
@@ -248,29 +279,43 @@ def plot(rows: list[dict], path: Path, device: str) -> Path | None:
     return path
 
 
+def _num(v) -> str:
+    return "—" if v != v else f"{v:.2f}"  # NaN: not computed (floor: fixed lengths only)
+
+
+def _variant(r: dict) -> str:
+    """A row's completion shape for labels: '' (fixed lengths, one sample per prompt) or e.g. 'G16 lognormal'."""
+    g, lens = int(r.get("group_size") or 1), str(r.get("lengths") or "fixed")
+    return " ".join(filter(None, [f"G{g}" if g > 1 else "", lens.split(":")[0] if lens != "fixed" else ""]))
+
+
 def read(path: Path) -> list[dict]:
-    """Rows of a written CSV with their numeric columns typed."""
-    ints, floats = ("batch", "prompt_len", "gen_len"), ("tok_s", "ms_per_step", "floor_ms", "frac_of_floor", "peak_gb")
+    """Rows of a written CSV with their numeric columns typed (files written before the ``group_size`` /
+    ``lengths`` columns read as one sample per prompt, fixed lengths)."""
+    ints, floats = ("batch", "prompt_len", "gen_len", "group_size"), ("tok_s", "ms_per_step", "floor_ms",
+                                                                      "frac_of_floor", "peak_gb")
     with open(path) as f:
         rows = list(csv.DictReader(f))
-    if not rows or set(COLUMNS) - set(rows[0]):
+    if not rows or set(COLUMNS) - set(DEFAULTS) - set(rows[0]):
         raise ValueError(f"{path}: not a `qerl bench rollout` CSV (expected columns {', '.join(COLUMNS)})")
+    rows = [{**DEFAULTS, **{k: v for k, v in r.items() if v not in (None, "") or k not in DEFAULTS}} for r in rows]
     return [{**r, **{k: int(r[k]) for k in ints}, **{k: float(r[k]) for k in floats}} for r in rows]
 
 
 def merge(paths: list[Path], out: Path) -> Path:
     """One file set from several runs on one device (e.g. 7B, then 14B + 32B in a second process): a later
-    file's row replaces an earlier one with the same (model, base, engine, batch)."""
+    file's row replaces an earlier one with the same (model, base, engine, batch, group size, lengths)."""
     rows: dict = {}
     devices = set()
     for path in paths:
         for r in read(path):
             devices.add(r["device"])
-            rows[(r["model"], r["base"], r["engine"], r["batch"])] = r
+            rows[(r["model"], r["base"], r["engine"], r["batch"], r["group_size"], r["lengths"])] = r
     if len(devices) != 1:
         raise ValueError(f"--merge: the CSVs come from different devices {sorted(devices)}; merge one device's runs")
     order = {"7B": 0, "14B": 1, "32B": 2}
-    merged = sorted(rows.values(), key=lambda r: (r["base"] != "nvfp4", order.get(r["model"], 9), r["engine"], r["batch"]))
+    merged = sorted(rows.values(), key=lambda r: (r["base"] != "nvfp4", order.get(r["model"], 9), r["engine"],
+                                                  r["lengths"] != "fixed", r["lengths"], r["group_size"], r["batch"]))
     device = devices.pop()
     m = re.search(r"Copy bandwidth (\d+) GB/s", (paths[-1].with_suffix(".md")).read_text()) \
         if paths[-1].with_suffix(".md").exists() else None
@@ -294,6 +339,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-len", type=int, default=256, help="prompt tokens")
     p.add_argument("--gen-len", type=int, default=1024, help="generated tokens of the engine")
     p.add_argument("--slow-gen-len", type=int, default=64, help="generated tokens of the reference / transformers")
+    p.add_argument("--lengths", nargs="+", type=_lengths, default=None, metavar="SPEC",
+                   help="completion lengths of the engine rows: fixed | lognormal:median=M,sigma=S | "
+                        "uniform:low=A,high=B (each row stopped at a seeded drawn length; one set of rows per spec)")
+    p.add_argument("--group-size", type=int, default=1,
+                   help="samples per prompt of the engine rows (GRPO-shaped: batch / G prompts x G samples)")
     p.add_argument("--split-batches", nargs="*", type=int, default=[8], help="batches whose step is split into parts")
     p.add_argument("--plot", metavar="CSV", help="only redraw the figure of a written CSV (no GPU)")
     p.add_argument("--merge", nargs="+", metavar="CSV", type=Path,
@@ -301,8 +351,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _lengths(spec: str):
+    from qerl.bench.lengths import parse
+
+    try:
+        return parse(spec)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
+    if a.lengths is None:
+        a.lengths = [_lengths("fixed")]
+    bad = [b for b in a.batches if b % a.group_size]
+    if a.group_size < 1 or bad:
+        raise SystemExit(f"--group-size {a.group_size}: must be >= 1 and divide every batch (not {bad})")
     if a.merge:
         print(merge(a.merge, Path(a.output)))
         return 0

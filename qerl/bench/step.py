@@ -4,7 +4,8 @@ Random-weight Qwen2.5 7B / 14B / 32B shapes built on the GPU layer by layer (:mo
 LoRA rank 32 on the seven projections. One step, as ``qerl train`` runs it (:mod:`qerl.train.loop`):
 
 1. **rollout** — ``batch`` sequences of ``prompt_len`` random tokens, ``gen_len`` sampled tokens each (EOS never
-   sampled) through :func:`qerl.rollout.generate` (the engine on CUDA); QeRL with AQN noise (σ = 0.01) written
+   sampled; with ``--lengths SPEC`` each row stops at a seeded drawn length as if it sampled EOS there, the same
+   global rows on any number of ranks — so slot refill, compaction and the ranks' unequal shares are measured) through :func:`qerl.rollout.generate` (the engine on CUDA); QeRL with AQN noise (σ = 0.01) written
    into the norms for the rollout; the engine's KV cache is then released (``rollout.release_cache``);
 2. **logprob** and 3. **update** — the trainer's own update phase (:func:`qerl.train.update.update_policy`): the
    old policy's teacher-forced log-probs (no grad, micro-batches), then GRPO on random rewards in groups of 16
@@ -12,7 +13,8 @@ LoRA rank 32 on the seven projections. One step, as ``qerl train`` runs it (:mod
    one AdamW step (bitsandbytes 8-bit when importable, else torch AdamW).
 
 Each configuration runs a warm-up step (``--warmup-gen`` sampled tokens, the completions padded with random
-tokens to the measured length, so its update compiles and tunes for the same shapes), then the measured step (which
+tokens to the measured length, so its update compiles and tunes for the same shapes; with ``--lengths`` a whole step
+with the measured step's lengths, whose rows leave the batch at the same steps), then the measured step (which
 captures its own decode graphs, as every training step does once the cache is released). Peak memory = ``torch.cuda.max_memory_allocated`` over the measured step. On a card larger than
 ``--cap-gb`` the process is capped there (``torch.cuda.set_per_process_memory_fraction``), so an H200 answers
 "does it fit in 80 GB". An OOM is a row with ``status = oom``.
@@ -25,7 +27,8 @@ slowest rank's, ``rank_idle_s`` how long the fastest rank waited for it. Rows of
 table of the Markdown (:func:`scaling_lines`: against one GPU at the same batch per step and at the same batch per
 GPU, and the idle share).
 
-Columns: ``device, model, method, batch, prompt_len, gen_len, nproc, status, rollout_s, logprob_s, update_s,
+Columns: ``device, model, method, batch, prompt_len, gen_len, lengths (``fixed``, or the ``--lengths`` spec each
+row's completion was stopped at: :mod:`qerl.bench.lengths`), nproc, status, rollout_s, logprob_s, update_s,
 total_s, tokens_per_s, peak_gb, rank_idle_s, checkpointing, micro_batch, engine_cache (released | kept between
 steps, ``--keep-cache``), optimizer_states (gpu | parked in host memory during the rollout, ``--offload``: the park
 is timed in the rollout phase and the restore in the logprob phase, as ``qerl train`` runs them), optimizer,
@@ -45,7 +48,7 @@ from pathlib import Path
 
 import torch
 
-COLUMNS = ["device", "model", "method", "batch", "prompt_len", "gen_len", "nproc", "status", "rollout_s", "logprob_s",
+COLUMNS = ["device", "model", "method", "batch", "prompt_len", "gen_len", "lengths", "nproc", "status", "rollout_s", "logprob_s",
            "update_s", "total_s", "tokens_per_s", "peak_gb", "rank_idle_s", "checkpointing", "micro_batch",
            "engine_cache", "optimizer_states", "optimizer", "note"]
 BASE = {"lora": "bf16", "qlora": "nf4", "qerl": "nvfp4", "full": "bf16"}  # full: every weight trained
@@ -110,7 +113,7 @@ class _Phases:
 
 def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro: int, optimizer, seed: int,
              pad_to: int | None = None, prof=None, d=None, scorer=None, keep_cache: bool = False,
-             parking=None) -> dict:
+             parking=None, lengths=None) -> dict:
     """One GRPO step: a rollout of ``batch`` random prompts (this rank's share), then the trainer's own update
     phase (:func:`qerl.train.update.update_policy`: old log-probs, one optimizer step over micro-batches of
     ``micro``) on the gathered batch with random rewards. Returns the seconds of the three phases
@@ -119,10 +122,13 @@ def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro:
     the measured step's shapes, cheaply). ``prof``: a ``torch.profiler.profile`` started for the logprob and update
     phases only. ``d`` / ``scorer``: this rank of a data-parallel step (``batch`` is the global batch) and the
     DDP-wrapped :class:`~qerl.train.update.LogprobModule`; the phases are then the slowest rank's,
-    ``rank_idle_s`` the fastest rank's wait at the end of the rollout. ``keep_cache``: keep the engine's KV cache
+    ``rank_idle_s`` the fastest rank's wait at the end of the rollout (each rank's generation time, taken before
+    the gather that synchronises them). ``keep_cache``: keep the engine's KV cache
     and graphs for the next step (``rollout.release_cache: false``). ``parking``: a
     :class:`~qerl.train.offload.StateOffload` — the optimizer states leave the GPU before the rollout and come back
-    before the log-probs (``offload_s``, ``parked_gb``; ``rollout_peak_gb``: the rollout phase's peak)."""
+    before the log-probs (``offload_s``, ``parked_gb``; ``rollout_peak_gb``: the rollout phase's peak).
+    ``lengths``: a :class:`qerl.bench.lengths.Lengths` — each row stops at its drawn length (global rows, seeded by
+    ``seed``)."""
     from torch.profiler import record_function
 
     from qerl.models.random import prompts
@@ -143,9 +149,11 @@ def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro:
     if parked and torch.cuda.is_available():  # the rollout phase's own peak, without the states just parked (the
         torch.cuda.reset_peak_memory_stats()  # step's peak stays the update's: weights + states + gradients + ...)
     with record_function("step:rollout"), (aqn.noise(0.01, seed) if aqn is not None else contextlib.nullcontext()):
-        r = generate(policy, tok, ps, cfg.rollout, seed=seed, first_row=d.rank * mine)
+        eos_at = None if lengths is None or lengths.fixed else lengths.draw(mine, gen_len, seed, d.rank * mine)
+        r = generate(policy, tok, ps, cfg.rollout, seed=seed, first_row=d.rank * mine, eos_at=eos_at)
         if not keep_cache:
             release_engine(policy)
+    t_gen = _sync_time()  # this rank's own rollout, before the gather makes every rank wait for the slowest
     rollout_peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
     if pad_to is not None and pad_to > gen_len:
         extra = torch.randint(100, policy.config.vocab_size - 100, (mine, pad_to - gen_len), device=r.completion_ids.device)
@@ -169,16 +177,17 @@ def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro:
     if prof is not None:
         prof.stop()
     st = {"rollout_s": t1 - t0, "logprob_s": phases.seconds["logprob"], "update_s": phases.seconds["update"],
-          "total_s": t3 - t0, "tokens": tokens}
+          "total_s": t3 - t0, "tokens": tokens, "gen_s": t_gen - t0}
     if parking is not None:
         st.update(offload_s=parking.seconds, parked_gb=parked / 1e9, rollout_peak_gb=rollout_peak / 1e9)
     if not d.on:
+        st.pop("gen_s")
         return {**st, "rank_idle_s": 0.0}
     parts = dist.gather(d, st, "timing the step")
-    roll = [p["rollout_s"] for p in parts]
-    return {"rollout_s": max(roll), "logprob_s": max(p["logprob_s"] for p in parts),
+    gen = [p["gen_s"] for p in parts]
+    return {"rollout_s": max(p["rollout_s"] for p in parts), "logprob_s": max(p["logprob_s"] for p in parts),
             "update_s": max(p["update_s"] for p in parts), "total_s": max(p["total_s"] for p in parts),
-            "tokens": sum(p["tokens"] for p in parts), "rank_idle_s": max(roll) - min(roll)}
+            "tokens": sum(p["tokens"] for p in parts), "rank_idle_s": max(gen) - min(gen)}
 
 
 def _optimizer(params, lr: float = 1e-5):
@@ -211,10 +220,11 @@ def _profile(policy, tok, aqn, batch, prompt_len, gen_len, micro, opt, out: Path
 
 def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micro: int, checkpointing: str,
                device: str, progress=print, warmup_gen: int = 16, profile: Path | None = None, d=None,
-               keep_cache: bool = False, offload: bool = False) -> list[dict]:
+               keep_cache: bool = False, offload: bool = False, lengths=None) -> list[dict]:
     """Every (batch, gen_len) of one (model, method): the model is built once; each configuration runs a
     ``warmup_gen``-token step first (compilation, autotuning), then the measured step; ``profile``: one
-    profiled step of the first configuration written there."""
+    profiled step of the first configuration written there; ``lengths``: the measured step's completion lengths
+    (:mod:`qerl.bench.lengths`; the warm-up's stay fixed, padded to ``gen_len``)."""
     profiled: list = []
     from qerl.lora import LoraSettings, apply_lora
     from qerl.rl.aqn import AQN, AQNSettings
@@ -229,7 +239,7 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
     rows = []
     base = {"device": device, "model": model, "method": method, "prompt_len": prompt_len, "micro_batch": micro,
             "nproc": d.world, "engine_cache": "kept" if keep_cache else "released",
-            "optimizer_states": "parked" if offload else "gpu"}
+            "optimizer_states": "parked" if offload else "gpu", "lengths": str(lengths) if lengths else "fixed"}
     try:
         lm = build(model, BASE[method])
     except torch.cuda.OutOfMemoryError as e:
@@ -253,20 +263,27 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
             _set_checkpointing(policy, ckpt)
             row = {**base, "batch": b, "gen_len": g, "checkpointing": ckpt, "optimizer": opt_name}
             try:
-                first = one_step(policy, tok, aqn, b, prompt_len, min(warmup_gen, g), micro, opt, seed=1, pad_to=g,
-                                 d=d, scorer=scorer)
+                if lengths is None or lengths.fixed:
+                    first = one_step(policy, tok, aqn, b, prompt_len, min(warmup_gen, g), micro, opt, seed=1,
+                                     pad_to=g, d=d, scorer=scorer)
+                else:  # rows finishing at other steps visit the engine's smaller batch buckets, each with its own
+                    # kernels to compile: a whole warm-up step with the measured step's lengths
+                    first = one_step(policy, tok, aqn, b, prompt_len, g, micro, opt, seed=2, d=d, scorer=scorer,
+                                     lengths=lengths)
                 if keep_cache:  # a step whose rollout captures the graphs the measured one replays
-                    one_step(policy, tok, aqn, b, prompt_len, g, micro, opt, seed=3, d=d, scorer=scorer, keep_cache=True)
+                    one_step(policy, tok, aqn, b, prompt_len, g, micro, opt, seed=3, d=d, scorer=scorer, keep_cache=True,
+                             lengths=lengths)
                 if parking is not None:  # the host arena is built at the first park: not in the measured step
                     parking.park(), parking.restore()
                 torch.cuda.reset_peak_memory_stats()
                 st = one_step(policy, tok, aqn, b, prompt_len, g, micro, opt, seed=2, d=d, scorer=scorer,
-                              keep_cache=keep_cache, parking=parking)
+                              keep_cache=keep_cache, parking=parking, lengths=lengths)
                 parks = {k: st.pop(k) for k in ("offload_s", "parked_gb", "rollout_peak_gb") if k in st}
                 row.update(status="ok", **{k: round(v, 3) for k, v in st.items() if k != "tokens"},
                            tokens_per_s=round(st["tokens"] / st["total_s"], 1),
                            peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2),
-                           note=f"after a {warmup_gen}-token warm-up step of {first['total_s']:.1f} s (compilation)"
+                           note=f"after a {warmup_gen if lengths is None or lengths.fixed else g}-token warm-up step "
+                                f"of {first['total_s']:.1f} s (compilation)"
                                 + ("; engine cache kept between steps (graphs replayed)" if keep_cache else "")
                                 + (f"; optimizer states parked during the rollout: {parks['parked_gb']:.1f} GB "
                                    f"out and back in {parks['offload_s']:.2f} s, rollout-phase peak "
@@ -312,12 +329,13 @@ def write(rows: list[dict], out: Path, device: str) -> tuple[Path, Path]:
         w.writerows({k: r.get(k, "") for k in COLUMNS} for r in rows)
     tmp.replace(stem.with_suffix(".csv"))
     lines = [f"# GRPO step on {device}", "",
-             "One step = rollout (engine, fixed-length completions) + old log-probs + update (GRPO loss, backward, "
+             "One step = rollout (engine; `lengths` fixed: every completion `gen` tokens, else each stopped at a "
+             "seeded drawn length, qerl.bench.lengths) + old log-probs + update (GRPO loss, backward, "
              "AdamW). LoRA rank 32 on the seven projections; `batch` = sequences per step; times of the second "
              "step; peak = max allocated.", "",
-             "| model | method | batch | prompt | gen | GPUs | status | rollout s | logprob s | update s | total s | "
+             "| model | method | batch | prompt | gen | lengths | GPUs | status | rollout s | logprob s | update s | total s | "
              "tok/s | peak GB | ckpt | micro-batch | engine cache | optimizer states | paper (one H100) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(r, k):
         v = r.get(k, "")
@@ -325,7 +343,7 @@ def write(rows: list[dict], out: Path, device: str) -> tuple[Path, Path]:
 
     for r in rows:
         lines.append(f"| {r['model']} | {r['method']} | {r['batch']} | {r['prompt_len']} | {r['gen_len']} | "
-                     f"{r.get('nproc') or 1} | {r['status']} | {f(r, 'rollout_s')} | {f(r, 'logprob_s')} | "
+                     f"{r.get('lengths') or 'fixed'} | {r.get('nproc') or 1} | {r['status']} | {f(r, 'rollout_s')} | {f(r, 'logprob_s')} | "
                      f"{f(r, 'update_s')} | {f(r, 'total_s')} | {f(r, 'tokens_per_s')} | {f(r, 'peak_gb')} | "
                      f"{f(r, 'checkpointing')} | {f(r, 'micro_batch')} | {r.get('engine_cache') or 'released'} | "
                      f"{r.get('optimizer_states') or 'gpu'} | "
@@ -351,7 +369,7 @@ def scaling_lines(rows: list[dict]) -> list[str]:
     and the share of the N-GPU step that the fastest rank waited for the slowest one's rollout."""
     def config(r):
         return (r["model"], r["method"], r["batch"], r["prompt_len"], r["gen_len"], r.get("micro_batch"),
-                r.get("engine_cache") or "released", r.get("optimizer_states") or "gpu")
+                r.get("engine_cache") or "released", r.get("optimizer_states") or "gpu", r.get("lengths") or "fixed")
 
     one = {config(r): r for r in rows if (r.get("nproc") or 1) == 1 and r["status"] == "ok"}
     out = []
@@ -371,14 +389,14 @@ def scaling_lines(rows: list[dict]) -> list[str]:
         if per_gpu is not None:
             weak = f"{per_gpu['total_s']:.2f} s: **{n * per_gpu['total_s'] / r['total_s']:.2f}×**"
         idle = r.get("rank_idle_s") or 0.0
-        out.append(f"| {r['model']} | {r['method']} | {r['gen_len']} | {n} | {r['batch']} | {r['batch'] // n} | "
+        out.append(f"| {r['model']} | {r['method']} | {r['gen_len']} | {r.get('lengths') or 'fixed'} | {n} | {r['batch']} | {r['batch'] // n} | "
                    f"{r['total_s']:.2f} | {strong} | {weak} | {idle:.2f} s ({idle / r['total_s']:.1%}) |")
     measured = ["", "## Data-parallel scaling (measured)", "",
                 "Against one GPU at the same batch per step (speed-up, efficiency = speed-up / N) and at the same "
                 "batch per GPU (throughput in sequences per second, N at best).", "",
-                "| model | method | gen | GPUs | batch per step | per GPU | N-GPU step s | 1 GPU, same batch per step: "
-                "speed-up | 1 GPU, same batch per GPU: throughput | fastest rank's rollout wait |",
-                "|---|---|---|---|---|---|---|---|---|---|", *out] if out else []
+                "| model | method | gen | lengths | GPUs | batch per step | per GPU | N-GPU step s | 1 GPU, same batch per "
+                "step: speed-up | 1 GPU, same batch per GPU: throughput | fastest rank's rollout wait |",
+                "|---|---|---|---|---|---|---|---|---|---|---|", *out] if out else []
     return measured + projected_scaling_lines(rows, config)
 
 
@@ -421,7 +439,7 @@ def _typed(r: dict) -> dict:
 
 def merge(paths: list[Path], out: Path) -> tuple[Path, Path]:
     """One file set from several runs on one device (e.g. 7B, then 14B + 32B in a second process): a later
-    file's row replaces an earlier one with the same (model, method, batch, prompt_len, gen_len, GPUs, micro-batch,
+    file's row replaces an earlier one with the same (model, method, batch, prompt_len, gen_len, lengths, GPUs, micro-batch,
     engine cache, optimizer states)."""
     rows: dict = {}
     devices = set()
@@ -432,12 +450,14 @@ def merge(paths: list[Path], out: Path) -> tuple[Path, Path]:
                 r.setdefault("engine_cache", "released")  # files written before the column: every step released it
                 r["engine_cache"] = r["engine_cache"] or "released"
                 r["optimizer_states"] = r.get("optimizer_states") or "gpu"  # (before the column: on the GPU)
-                rows[(r["model"], r["method"], r["batch"], r["prompt_len"], r["gen_len"], r.get("nproc") or "1",
-                      r["micro_batch"], r["engine_cache"], r["optimizer_states"])] = _typed(r)
+                r["lengths"] = r.get("lengths") or "fixed"  # (before the column: every completion gen_len tokens)
+                rows[(r["model"], r["method"], r["batch"], r["prompt_len"], r["gen_len"], r["lengths"],
+                      r.get("nproc") or "1", r["micro_batch"], r["engine_cache"], r["optimizer_states"])] = _typed(r)
     if len(devices) != 1:
         raise ValueError(f"--merge: the CSVs come from different devices {sorted(devices)}; merge one device's runs")
     order = {"7B": 0, "14B": 1, "32B": 2}
-    merged = sorted(rows.values(), key=lambda r: (order.get(r["model"], 9), r["method"], -r["batch"], r["gen_len"],
+    merged = sorted(rows.values(), key=lambda r: (order.get(r["model"], 9), r["method"], r["lengths"] != "fixed",
+                                                  r["lengths"], -r["batch"], r["gen_len"],
                                                   r.get("nproc") or 1, r["micro_batch"], r["engine_cache"] != "released",
                                                   r["optimizer_states"] != "gpu"))
     return write(merged, out, devices.pop())
@@ -457,6 +477,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-lens", nargs="+", type=int, default=[1024, 2048], help="completion lengths")
     p.add_argument("--long-gen", type=int, default=4096, help="extra completion length for 32B QeRL (0: none)")
     p.add_argument("--prompt-len", type=int, default=256, help="prompt tokens")
+    p.add_argument("--lengths", type=_lengths, default=None, metavar="SPEC",
+                   help="completion lengths of the measured steps: fixed | lognormal:median=M,sigma=S | "
+                        "uniform:low=A,high=B (each row stopped at a seeded drawn length, as if it sampled EOS)")
     p.add_argument("--micro-batch", type=int, default=2, help="sequences per forward/backward of the update")
     p.add_argument("--checkpointing", choices=["auto", "on", "off"], default="auto",
                    help="gradient checkpointing (auto: the memory planner decides)")
@@ -473,6 +496,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--merge", nargs="+", metavar="CSV", type=Path,
                    help="only merge runs of one device into --output's file set (later files win; no GPU)")
     return p
+
+
+def _lengths(spec: str):
+    from qerl.bench.lengths import parse
+
+    try:
+        return parse(spec)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -515,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += run_config(m, method, a.batches, gens, a.prompt_len, a.micro_batch, a.checkpointing, device,
                                progress=lambda s: print(s, flush=True) if d.main else None, warmup_gen=a.warmup_gen,
                                profile=a.profile if not d.on else None, d=d, keep_cache=a.keep_cache,
-                               offload=a.offload)
+                               offload=a.offload, lengths=a.lengths)
             if d.main:
                 write(rows, Path(a.output), device)
     if d.main:

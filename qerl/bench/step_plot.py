@@ -20,6 +20,8 @@ def _label(r: dict) -> str:
         extra.append("cache kept")
     if (r.get("optimizer_states") or "gpu") != "gpu":
         extra.append("states parked")
+    if (r.get("lengths") or "fixed") != "fixed":
+        extra.append(str(r["lengths"]).split(":")[0] + " lengths")
     tail = f" [{', '.join(extra)}]" if extra else ""
     return f"{r['model']} {r['method']} b{r['batch']} × {r['gen_len']}{tail}"
 
@@ -43,7 +45,8 @@ def plot(rows: list[dict], png_path: Path, device: str) -> Path:
     if not ok:
         raise ValueError("no successful bench-step rows to plot")
     ok = sorted(ok, key=lambda r: (_size(r["model"]), int(r["gen_len"]), -int(r["batch"]), int(r.get("nproc") or 1),
-                                   str(r.get("micro_batch")), r.get("engine_cache") or "", r["method"]))
+                                   str(r.get("micro_batch")), r.get("engine_cache") or "", r.get("lengths") or "",
+                                   r["method"]))
     y = list(range(len(ok)))[::-1]
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(13, 1.2 + 0.32 * len(ok)), sharey=True,
                                      gridspec_kw={"width_ratios": [3, 1]})

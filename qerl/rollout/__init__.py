@@ -16,14 +16,15 @@ _WARNED: set = set()
 
 
 def generate(model, tokenizer, prompts: list[str], settings: SamplingSettings, seed: int = 0,
-             num_samples: int = 1, first_row: int = 0) -> Rollout:
+             num_samples: int = 1, first_row: int = 0, eos_at=None) -> Rollout:
     """Sample ``num_samples`` completions per prompt (groups contiguous), see :mod:`qerl.rollout.sampler`.
-    ``first_row``: the global index of this call's first row (its rows draw with those rows' seeds)."""
+    ``first_row``: the global index of this call's first row (its rows draw with those rows' seeds).
+    ``eos_at`` (benchmarks): one length per row at which it ends as if it had sampled EOS."""
     from qerl.rollout import sampler
 
     mode = settings.engine
     if mode == "reference" or (mode == "auto" and next(model.parameters()).device.type != "cuda"):
-        return sampler.generate(model, tokenizer, prompts, settings, seed, num_samples, first_row)
+        return sampler.generate(model, tokenizer, prompts, settings, seed, num_samples, first_row, eos_at)
     from qerl.rollout.engine import EngineUnsupported, engine_for
 
     try:
@@ -34,8 +35,8 @@ def generate(model, tokenizer, prompts: list[str], settings: SamplingSettings, s
         if str(e) not in _WARNED:
             _WARNED.add(str(e))
             log.warning("rollout engine not used (%s): falling back to the reference sampler", e)
-        return sampler.generate(model, tokenizer, prompts, settings, seed, num_samples, first_row)
-    return eng.generate(prompts, settings, seed, num_samples, first_row)
+        return sampler.generate(model, tokenizer, prompts, settings, seed, num_samples, first_row, eos_at)
+    return eng.generate(prompts, settings, seed, num_samples, first_row, eos_at)
 
 
 __all__ = ["Rollout", "SamplingSettings", "generate", "sequence_logprobs"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from qerl.rollout.sampling import SamplingSettings, row_seeds, sample
+from qerl.rollout.sampling import SamplingSettings, row_budget, row_seeds, sample
 
 
 @dataclass
@@ -52,19 +52,21 @@ def encode_prompts(tokenizer, prompts: list[str], num_samples: int):
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], settings: SamplingSettings, seed: int = 0,
-             num_samples: int = 1, first_row: int = 0) -> Rollout:
+             num_samples: int = 1, first_row: int = 0, eos_at=None) -> Rollout:
     """Sample ``num_samples`` completions per prompt (see module docstring). Row ``i`` draws with the seed of
     global row ``first_row + i`` (:func:`qerl.rollout.sampling.row_seeds`: Gumbel-max on counter-based
     uniforms, the engine's draw), so a row's tokens do not depend on which other rows share the call. The
     adapters do not change during a rollout: their activation-dtype copies are made once
-    (:func:`qerl.lora.frozen_adapters`)."""
+    (:func:`qerl.lora.frozen_adapters`). ``eos_at`` (benchmarks): one length per row at which the row ends as if
+    it had sampled EOS (as in the engine)."""
     from qerl.lora import frozen_adapters
 
     with frozen_adapters(model):
-        return _generate(model, tokenizer, prompts, settings, seed, num_samples, first_row)
+        return _generate(model, tokenizer, prompts, settings, seed, num_samples, first_row, eos_at)
 
 
-def _generate(model, tokenizer, prompts, settings, seed, num_samples, first_row) -> Rollout:
+def _generate(model, tokenizer, prompts, settings, seed, num_samples, first_row, eos_at=None) -> Rollout:
+
     from transformers import DynamicCache
 
     from qerl.ops.logits import head_logits
@@ -84,6 +86,7 @@ def _generate(model, tokenizer, prompts, settings, seed, num_samples, first_row)
     tokens, logps, alive_cols = [], [], []
     finished = torch.zeros(n, dtype=torch.bool, device=device)
     stop_hit = torch.zeros(n, dtype=torch.bool, device=device)
+    budget = torch.tensor(row_budget(eos_at, n, settings.max_new_tokens), device=device)
     max_stop = max((len(tokenizer.encode(x, add_special_tokens=False)) for x in settings.stop), default=0)
     for step in range(settings.max_new_tokens):
         tok, lp = sample(logits, settings, seeds, torch.tensor(step, device=device))
@@ -99,6 +102,10 @@ def _generate(model, tokenizer, prompts, settings, seed, num_samples, first_row)
                 if any(s_ in tail for s_ in settings.stop):
                     stop_hit[i] = True
             finished = finished | stop_hit
+        if eos_at is not None:  # a row at its eos_at length ends as with an EOS (below the max: not truncated)
+            at = alive & ~finished & (budget == step + 1)
+            stop_hit = stop_hit | (at & (budget < settings.max_new_tokens))
+            finished = finished | at
         if bool(finished.all()) or step == settings.max_new_tokens - 1:
             break
         attn = torch.cat([attn, alive.to(attn.dtype)[:, None]], dim=1)

@@ -111,3 +111,14 @@ def sample(logits: torch.Tensor, s: SamplingSettings, seed: torch.Tensor, step: 
     g = -torch.log(-torch.log(uniform(seed, step, logits.shape[-1])))
     tok = (filtered + g).argmax(-1)
     return tok, scaled.log_softmax(-1).gather(-1, tok[:, None])[:, 0]
+
+
+def row_budget(eos_at, n: int, G: int) -> list[int]:
+    """Each row's last token count: ``G``, or its ``eos_at`` length (checked: one per row, 1 … G)."""
+    if eos_at is None:
+        return [G] * n
+    out = [int(x) for x in eos_at]
+    if len(out) != n or not all(1 <= x <= G for x in out):
+        raise ValueError(f"rollout: eos_at needs one length in 1 … max_new_tokens {G} per row ({n} rows), got "
+                         f"{len(out)} values in [{min(out, default=0)}, {max(out, default=0)}]")
+    return out

@@ -33,3 +33,30 @@ def test_merge_refuses_two_devices_and_foreign_csvs(tmp_path):
     other.write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="not a `qerl bench rollout` CSV"):
         br.read(other)
+
+
+def test_lengths_and_groups_columns_and_old_files(tmp_path):
+    """Rows with a length distribution / GRPO groups are their own keys in a merge; files written before those
+    columns read as fixed lengths, one sample per prompt; the floor is not computed for drawn lengths."""
+    old = tmp_path / "old.csv"
+    cols = [c for c in br.COLUMNS if c not in br.DEFAULTS]
+    row = _row("7B", 64, 900.0)
+    old.write_text(",".join(cols) + "\n" + ",".join(str(row[c]) for c in cols) + "\n")
+    assert br.read(old)[0]["lengths"] == "fixed" and br.read(old)[0]["group_size"] == 1
+    real = {**_row("7B", 64, 700.0), "group_size": 16, "lengths": "lognormal:median=300,sigma=0.9",
+            "floor_ms": float("nan"), "frac_of_floor": float("nan")}
+    br.write([real], tmp_path / "new", "Test GPU", 3000.0)
+    path = br.merge([old, tmp_path / "new" / "Test_GPU.csv"], tmp_path / "out")
+    merged = br.read(path)
+    assert [(r["group_size"], r["lengths"], r["tok_s"]) for r in merged] == [
+        (1, "fixed", 900.0), (16, "lognormal:median=300,sigma=0.9", 700.0)]
+    md = (tmp_path / "out" / "Test_GPU.md").read_text()
+    assert "| 7B | nvfp4 | qerl | 64 | 16 | lognormal:median=300,sigma=0.9 | 256 | 1024 | 700 | 91.43 | — | — |" in md
+
+
+def test_cli_refuses_bad_lengths_and_groups(capsys):
+    with pytest.raises(SystemExit):
+        br.main(["--lengths", "lognormal:median=300"])
+    assert "takes median, sigma" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="--group-size 16: must be >= 1 and divide every batch"):
+        br.main(["--batches", "8", "64", "--group-size", "16"])

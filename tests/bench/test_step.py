@@ -24,7 +24,7 @@ def test_merge_later_rows_win_and_order(tmp_path):
         rows = list(csv.DictReader(f))
     assert [(r["model"], r["method"], r["total_s"]) for r in rows] == [
         ("7B", "qerl", "6.5"), ("14B", "lora", "37.0"), ("32B", "qerl", "45.0")]
-    assert "| 7B | qerl | 8 | 256 | 1024 | 1 | ok | 5.50 | 0.25 | 0.75 | 6.50 |" in md.read_text()
+    assert "| 7B | qerl | 8 | 256 | 1024 | fixed | 1 | ok | 5.50 | 0.25 | 0.75 | 6.50 |" in md.read_text()
 
 
 def test_merge_keeps_other_micro_batches_and_engine_cache_apart(tmp_path):
@@ -47,6 +47,7 @@ def test_merge_keeps_other_micro_batches_and_engine_cache_apart(tmp_path):
     assert [_label(r) for r in (base, kept, micro4, parked)] == [
         "7B qerl b8 × 1024", "7B qerl b8 × 1024 [cache kept]", "7B qerl b8 × 1024 [μ4]",
         "7B qerl b8 × 1024 [states parked]"]
+    assert _label({**base, "lengths": "lognormal:median=300,sigma=0.9"}) == "7B qerl b8 × 1024 [lognormal lengths]"
 
 
 def test_merge_refuses_two_devices(tmp_path):
@@ -64,11 +65,16 @@ def test_scaling_table_from_one_and_two_gpu_rows(tmp_path):
     two32 = {**_row("7B", "qerl", 32, 1024, 10.4), "nproc": 2, "rank_idle_s": 0.0}
     _, md = bench_step.write([one, one8, two, two32], tmp_path, "GPU X")
     text = md.read_text()
-    assert "| 7B | qerl | 16 | 256 | 1024 | 2 | ok |" in text
-    assert "| 7B | qerl | 1024 | 2 | 16 | 8 | 5.50 | 10.00 s: **1.82×** (91%) | 6.00 s: **2.18×** | 0.22 s (4.0%) |" \
-        in text
-    assert "| 7B | qerl | 1024 | 2 | 32 | 16 | 10.40 | — | 10.00 s: **1.92×** | 0.00 s (0.0%) |" in text
+    assert "| 7B | qerl | 16 | 256 | 1024 | fixed | 2 | ok |" in text
+    assert ("| 7B | qerl | 1024 | fixed | 2 | 16 | 8 | 5.50 | 10.00 s: **1.82×** (91%) | 6.00 s: **2.18×** | "
+            "0.22 s (4.0%) |") in text
+    assert "| 7B | qerl | 1024 | fixed | 2 | 32 | 16 | 10.40 | — | 10.00 s: **1.92×** | 0.00 s (0.0%) |" in text
     assert bench_step.scaling_lines([one]) == []  # nothing to compare
+    # drawn completion lengths are their own configuration: compared only with one GPU at the same lengths
+    lens = "lognormal:median=300,sigma=0.9"
+    real = [{**r, "lengths": lens} for r in (one, {**two, "total_s": 6.0, "rank_idle_s": 0.9})]
+    text = "\n".join(bench_step.scaling_lines([one, one8, two, two32] + real))
+    assert f"| 7B | qerl | 1024 | {lens} | 2 | 16 | 8 | 6.00 | 10.00 s: **1.67×** (83%) | — | 0.90 s (15.0%) |" in text
 
 
 def test_projected_scaling_from_one_gpu_rows(tmp_path):

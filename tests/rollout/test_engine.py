@@ -334,3 +334,29 @@ def test_split_rollout_draws_the_same_rows(tiny_dirs, tok, engine):
         ref = generate(model, tok, prompts, SamplingSettings(temperature=1.0, max_new_tokens=10, engine="reference"),
                        seed=11, num_samples=3)
         assert ref.texts == whole.texts
+
+
+def test_eos_at_ends_rows_like_an_eos_on_both_paths(tiny_dirs, tok):
+    """``eos_at`` (the benchmarks' completion lengths): each row is the free-running row cut at its length, ended
+    (not truncated) below the max, truncated at it; on 2 KV slots the freed slots are refilled; the reference
+    sampler gives the same rows; a wrong length list is a clear error."""
+    model = load_policy(tiny_dirs["qwen2"], base="bf16", dtype=torch.float32)
+    s = SamplingSettings(temperature=1.0, max_new_tokens=12, engine="engine")
+    free = generate(model, tok, PROMPTS, s, seed=3, num_samples=2)
+    free_len = free.lengths.tolist()
+    at = [1, 12, 5, 3, 12, 7]
+    want = [min(a, n) for a, n in zip(at, free_len)]
+    eng = RolloutEngine(model, tok, check_every=4, max_slots=2)
+    for r in (generate(model, tok, PROMPTS, s, seed=3, num_samples=2, eos_at=at),
+              eng.generate(PROMPTS, s, seed=3, num_samples=2, eos_at=at),
+              generate(model, tok, PROMPTS, SamplingSettings(temperature=1.0, max_new_tokens=12, engine="reference"),
+                       seed=3, num_samples=2, eos_at=at)):
+        assert r.lengths.tolist() == want
+        for i, n in enumerate(want):
+            assert torch.equal(r.completion_ids[i, :n], free.completion_ids[i, :n])
+            assert bool(r.truncated[i]) == (n == 12 and bool(free.truncated[i]))
+    assert eng.last_stats["admitted_later"] == 3  # row 0 (eos_at 1) ends at its prefill: row 2 takes its slot then
+    with pytest.raises(ValueError, match=r"eos_at needs one length in 1 … max_new_tokens 12 per row \(6 rows\)"):
+        generate(model, tok, PROMPTS, s, seed=3, num_samples=2, eos_at=[1, 2])
+    with pytest.raises(ValueError, match="eos_at"):
+        generate(model, tok, PROMPTS, s, seed=3, num_samples=2, eos_at=[13] * 6)

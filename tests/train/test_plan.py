@@ -118,6 +118,15 @@ def test_bench_step_one_grpo_step_on_cpu(tiny_dirs, monkeypatch):
         offload.PARK_ON_CPU = False
     assert "parked_gb" not in kept and parked["parked_gb"] > 0 and parked["offload_s"] > 0
     assert all(torch.equal(a, p) for a, p in zip(after_kept, params))
+    # `--lengths`: the rollout's rows stop at the drawn lengths (global rows, seeded by the step's seed)
+    from qerl.bench.lengths import parse
+
+    spec = parse("uniform:low=1,high=4")
+    drawn = spec.draw(4, 4, seed=3)
+    assert len(set(drawn)) > 1
+    st = bench_step.one_step(policy, CountTokenizer(), None, batch=4, prompt_len=5, gen_len=4, micro=2,
+                             optimizer=opt, seed=3, lengths=spec)
+    assert st["tokens"] == sum(drawn)
 
 
 def test_bench_step_report_files(tmp_path):
@@ -130,8 +139,8 @@ def test_bench_step_report_files(tmp_path):
                  note="CUDA out of memory")]
     csv_path, md = bench_step.write(rows, tmp_path, "GPU X")
     text = md.read_text()
-    assert "| 32B | qerl | 8 | 256 | 2048 | 1 | ok | 30.00 |" in text and "12.2 s/step (b8)" in text
-    assert "| 32B | lora | 8 | 256 | 2048 | 1 | oom |" in text
+    assert "| 32B | qerl | 8 | 256 | 2048 | fixed | 1 | ok | 30.00 |" in text and "12.2 s/step (b8)" in text
+    assert "| 32B | lora | 8 | 256 | 2048 | fixed | 1 | oom |" in text
     assert csv_path.read_text().splitlines()[0].split(",") == bench_step.COLUMNS
 
 

@@ -30,7 +30,7 @@ from qerl.rollout.engine import forward as fw
 from qerl.rollout.engine.model_view import EngineUnsupported, view_model
 from qerl.rl.aqn import active_noise
 from qerl.rollout.sampler import Rollout, encode_prompts
-from qerl.rollout.sampling import SamplingSettings, row_seeds, sample
+from qerl.rollout.sampling import SamplingSettings, row_budget, row_seeds, sample
 
 PREFILL_TOKENS = 8192  # prompt positions per prefill call (rows chunked so the activations stay bounded)
 
@@ -221,7 +221,11 @@ class RolloutEngine:
     # -- generate -------------------------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, prompts: list[str], settings: SamplingSettings, seed: int = 0, num_samples: int = 1,
-                 first_row: int = 0) -> Rollout:
+                 first_row: int = 0, eos_at=None) -> Rollout:
+        """See the module docstring. ``eos_at`` (benchmarks; a sequence of one length per row): row ``i`` ends
+        after ``eos_at[i]`` tokens as if it had sampled EOS there — found at the next host check like an EOS,
+        its slot refilled, the row counted as ended — so a random-weight model that never samples EOS runs a
+        completion-length distribution (:mod:`qerl.bench.lengths`)."""
         tk = self.tokenizer
         eos, pad, ids, mask = encode_prompts(tk, prompts, num_samples)
         n, P = ids.shape
@@ -250,6 +254,7 @@ class RolloutEngine:
         comp_lp = torch.zeros(n, G)
         ends = torch.full((n,), G, dtype=torch.long)  # generated length per row
         ended = torch.zeros(n, dtype=torch.bool)
+        self._eos_at = row_budget(eos_at, n, G)
         ctx = _launch_mode("graph") if self.use_graphs else contextlib.nullcontext()
         with ctx:
             steps_run, later = self._run_rows(n, slots, right, plen, seeds, settings, noisy, comp_tok, comp_lp, ends,
@@ -336,7 +341,7 @@ class RolloutEngine:
 
     def _finished_slots(self, live: dict, eos, s, G: int) -> list[int]:
         """Slots of ``live`` whose row is done: EOS among its tokens, a stop string in the tokens generated since
-        its last check (recorded in the row's state), or ``G`` tokens."""
+        its last check (recorded in the row's state), or ``G`` tokens (its ``eos_at`` length if given)."""
         if not live:
             return []
         order = sorted(live)
@@ -357,7 +362,7 @@ class RolloutEngine:
                         st[3] = step
                         break
                 st[2] = t
-            if len(hit) or st[3] is not None or t >= G:
+            if len(hit) or st[3] is not None or t >= self._eos_at[st[0]]:
                 done.append(sl)
         return done
 
@@ -370,7 +375,9 @@ class RolloutEngine:
         end = int(hit[0]) + 1 if len(hit) else t
         if stop_at is not None and stop_at + 1 < end:
             end = stop_at + 1
-        ended[row] = bool(len(hit)) or stop_at is not None
+        scripted = self._eos_at[row] < comp_tok.shape[1] and self._eos_at[row] <= end  # eos_at (benchmarks; at the max: truncated)
+        end = min(end, self._eos_at[row])
+        ended[row] = bool(len(hit)) or stop_at is not None or scripted
         ends[row] = end
         comp_tok[row, :t] = toks
         comp_lp[row, :t] = lps
