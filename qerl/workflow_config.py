@@ -114,6 +114,52 @@ def check_train_configs(config: dict, source: str, tracking_uri: str = "sqlite:/
             raise ConfigError(f"{where_}: {e}") from None
 
 
+def benchmark_names(config: dict) -> list[str]:
+    """Every benchmark the config evaluates on (``evaluation.benchmarks`` and the experiment blocks' own)."""
+    ev = config.get("evaluation", {})
+    out = dict.fromkeys(ev.get("benchmarks", []))
+    for block in config.get("experiments", []):
+        out.update(dict.fromkeys(block.get("benchmarks", [])))
+    return list(out)
+
+
+def check_benchmarks(config: dict, root: str = ".") -> None:
+    """Each benchmark named is registered or defined under ``evaluation.local_benchmarks`` with an existing file
+    (relative paths from ``root``, the workflow's directory); a ValueError names the culprit."""
+    from qerl.stages.evaluate import BENCHMARKS
+
+    local = config.get("evaluation", {}).get("local_benchmarks", {}) or {}
+    for name in benchmark_names(config):
+        if name not in BENCHMARKS and name not in local:
+            raise ValueError(f"config evaluation: benchmark {name!r} is neither registered ({', '.join(BENCHMARKS)}) "
+                             f"nor defined under evaluation.local_benchmarks (defined: {sorted(local)})")
+    for name, spec in local.items():
+        path = os.path.join(root, spec["path"])
+        if not os.path.isfile(path):
+            raise ValueError(f"config evaluation.local_benchmarks.{name}.path: {spec['path']} not found")
+
+
+def benchmark_args(config: dict, name: str) -> str:
+    """``qerl evaluate``'s benchmark arguments for ``name``: the registered name, or a local file with its fields,
+    answer format and name (shell-quoted)."""
+    import shlex
+
+    spec = config.get("evaluation", {}).get("local_benchmarks", {}).get(name)
+    if spec is None:
+        return shlex.quote(name)
+    args = [spec["path"], "--name", name]
+    for key in ("prompt_field", "answer_field", "answer_format"):
+        if key in spec:
+            args += [f"--{key.replace('_', '-')}", str(spec[key])]
+    return " ".join(map(shlex.quote, args))
+
+
+def benchmark_files(config: dict, name: str) -> list[str]:
+    """The local file a benchmark reads (an input of its evaluation jobs), or nothing."""
+    spec = config.get("evaluation", {}).get("local_benchmarks", {}).get(name)
+    return [spec["path"]] if spec else []
+
+
 def eval_targets(config: dict) -> list[str]:
     """``results/eval/...json`` paths: every trained run on its block's benchmarks (default:
     ``evaluation.benchmarks``) plus the untrained bases of each model on the same benchmarks."""

@@ -17,7 +17,14 @@ def add_evaluate(sub) -> None:
     v.add_argument("--base", choices=["bf16", "nvfp4", "nf4"], required=True, help="format to run the base in")
     v.add_argument("--adapter", default=None, help="PEFT adapter directory (trained LoRA)")
     v.add_argument("--benchmark", required=True,
-                   help="synthetic_test | gsm8k_test | math500 | aime24 | aime25 | amc23")
+                   help="synthetic_test | gsm8k_test | math500 | aime24 | aime25 | amc23, or a local .jsonl / .parquet "
+                        "file (no hub needed; see --prompt-field, --answer-field, --answer-format)")
+    v.add_argument("--prompt-field", default=None, help="local file: the field holding the problem (default prompt)")
+    v.add_argument("--answer-field", default=None, help="local file: the field holding the gold answer (default answer)")
+    v.add_argument("--answer-format", default=None, choices=["plain", "gsm8k", "boxed", "aime"],
+                   help="local file: how the answer field holds the answer (plain; gsm8k: after '####'; boxed: the "
+                        "last \\boxed{}; aime: an integer 0-999) (default plain)")
+    v.add_argument("--name", default=None, help="local file: the benchmark's name in the results (default: its stem)")
     v.add_argument("--output", required=True, help="summary JSON path")
     v.add_argument("--samples-output", default=None, help="per-sample JSONL (default: beside the JSON)")
     v.add_argument("--samples", type=POSITIVE, default=4, help="k samples per problem (pass@1 is their mean)")
@@ -43,14 +50,15 @@ def add_evaluate(sub) -> None:
 def run_evaluate(args) -> dict:
     from qerl import outputs
     from qerl.stages.evaluate import (
-        EvalSettings, benchmark_source, check_outputs_are_ours, evaluate, load_for_eval, precheck,
+        EvalSettings, check_outputs_are_ours, evaluate, load_for_eval, precheck, resolve_benchmark,
     )
     from qerl.train.methods import DTYPES, resolve_device
 
     settings = EvalSettings(samples=args.samples, temperature=args.temperature, top_p=args.top_p,
                             max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, limit=args.limit,
                             seed=args.seed, template=args.template)
-    benchmark_source(args.benchmark)  # an unknown benchmark is named before the model loads
+    # an unknown benchmark (or a missing file) is named before the model loads
+    bench = resolve_benchmark(args.benchmark, args.name, args.prompt_field, args.answer_field, args.answer_format)
     device = resolve_device(args.device)
     out = Path(args.output)
     samples = Path(args.samples_output) if args.samples_output else out.with_suffix(".samples.jsonl")
@@ -62,10 +70,10 @@ def run_evaluate(args) -> dict:
     with outputs.hold(out, "evaluate"):
         import torch
 
-        precheck(args.model, args.benchmark, settings, args.adapter)
+        precheck(args.model, bench, settings, args.adapter)
         model, tok = load_for_eval(args.model, args.base, args.adapter, DTYPES[args.dtype], device)
         with torch.no_grad():
-            summary = evaluate(model, tok, args.benchmark, settings, out, samples, progress=not args.no_progress,
+            summary = evaluate(model, tok, bench, settings, out, samples, progress=not args.no_progress,
                                meta={"model": str(args.model), "base": args.base, "adapter": str(args.adapter or "")})
     print(json.dumps({k: summary[k] for k in ("benchmark", "pass@1", "problems", "samples_per_problem")}))
     return {"pass_at_1": summary["pass@1"], "problems": summary["problems"]}

@@ -28,7 +28,7 @@ class HubSpec:
     split: str
     prompt_field: str
     answer_field: str
-    answer_format: str = "plain"  # "plain" | "gsm8k" (gold = text after ####)
+    answer_format: str = "plain"  # one of ANSWER_FORMATS
     revision: str = "main"
     max_prompt_chars: int | None = None
 
@@ -52,21 +52,48 @@ class DataError(ValueError):
     """A dataset is missing, unreadable or has rows without the mapped fields."""
 
 
+#: how a file's answer field holds the gold answer: ``plain`` (as is), ``gsm8k`` (the text after the last
+#: ``####``, commas removed), ``boxed`` (the last ``\\boxed{…}`` of a worked solution), ``aime`` (an integer
+#: 0 … 999, leading zeros dropped: "033" -> "33")
+ANSWER_FORMATS = ("plain", "gsm8k", "boxed", "aime")
+
+
+def gold_answer(answer: str, answer_format: str) -> str:
+    """The gold answer of an answer field in ``answer_format`` (:data:`ANSWER_FORMATS`); ValueError naming what
+    is wrong."""
+    from qerl.rewards.extract import extract_answer, gsm8k_gold
+
+    if answer_format == "plain":
+        return answer
+    if answer_format == "gsm8k":
+        return gsm8k_gold(answer)
+    if answer_format == "boxed":
+        got = extract_answer(answer, ("boxed",))
+        if not got:
+            raise ValueError(f"no \\boxed{{...}} answer in {answer[-80:]!r}")
+        return got
+    if answer_format == "aime":
+        text = answer.strip()
+        if not text.lstrip("-").isdigit() or not 0 <= int(text) <= 999:
+            raise ValueError(f"an AIME answer is an integer 0 ... 999, got {answer[:40]!r}")
+        return str(int(text))
+    raise ValueError(f"answer format {answer_format!r} is not one of {', '.join(ANSWER_FORMATS)}")
+
+
 def _map_rows(rows, prompt_field: str, answer_field: str, answer_format: str, source: str,
               max_prompt_chars: int | None = None) -> list[dict]:
-    from qerl.rewards.extract import gsm8k_gold
-
+    if answer_format not in ANSWER_FORMATS:
+        raise DataError(f"{source}: answer format {answer_format!r} is not one of {', '.join(ANSWER_FORMATS)}")
     out = []
     for i, row in enumerate(rows):
         missing = [f for f in (prompt_field, answer_field) if f not in row or row[f] is None]
         if missing:
             raise DataError(f"{source}: row {i} has no field(s) {missing} (fields: {sorted(row)})")
         prompt, answer = str(row[prompt_field]), str(row[answer_field])
-        if answer_format == "gsm8k":
-            try:
-                answer = gsm8k_gold(answer)
-            except ValueError as e:
-                raise DataError(f"{source}: row {i}: {e}") from None
+        try:
+            answer = gold_answer(answer, answer_format)
+        except ValueError as e:
+            raise DataError(f"{source}: row {i}, field {answer_field!r} ({answer_format} format): {e}") from None
         if max_prompt_chars is None or len(prompt) <= max_prompt_chars:
             out.append({"prompt": prompt, "answer": answer})
     return out

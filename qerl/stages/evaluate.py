@@ -14,6 +14,52 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 BENCHMARKS = ("synthetic_test", "gsm8k_test", "math500", "aime24", "aime25", "amc23")
+LOCAL_SUFFIXES = (".jsonl", ".parquet")
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """A benchmark: a registered name (:data:`BENCHMARKS`: the synthetic task or a hub dataset) or a local
+    ``.jsonl`` / ``.parquet`` file whose ``prompt_field`` holds the problem and ``answer_field`` the gold answer in
+    ``answer_format`` (:data:`qerl.data.tasks.ANSWER_FORMATS`: plain, gsm8k ``####``, boxed, aime integer) — read
+    by the same loader as training data (:func:`qerl.data.tasks.load_local`). ``name`` labels the results."""
+
+    name: str
+    path: str | None = None
+    prompt_field: str = "prompt"
+    answer_field: str = "answer"
+    answer_format: str = "plain"
+
+    @property
+    def source(self) -> str:
+        return "local" if self.path else ("synthetic" if self.name == "synthetic_test" else "hub")
+
+
+def resolve_benchmark(benchmark, name: str | None = None, prompt_field: str | None = None,
+                      answer_field: str | None = None, answer_format: str | None = None) -> Benchmark:
+    """``benchmark``: a :class:`Benchmark`, a registered name, or the path of a local file (then the field / format
+    options apply; ``name`` defaults to the file's stem). Anything else is a ValueError naming the choices."""
+    if isinstance(benchmark, Benchmark):
+        return benchmark
+    text = str(benchmark)
+    fields = {k: v for k, v in (("prompt_field", prompt_field), ("answer_field", answer_field),
+                                ("answer_format", answer_format)) if v is not None}
+    if text in BENCHMARKS:
+        if fields:
+            raise ValueError(f"--benchmark {text}: a registered benchmark; --prompt-field / --answer-field / "
+                             "--answer-format apply to local files only")
+        return Benchmark(name or text)
+    if Path(text).suffix in LOCAL_SUFFIXES:
+        from qerl.data.tasks import ANSWER_FORMATS
+
+        if not Path(text).is_file():
+            raise ValueError(f"--benchmark {text}: file not found")
+        fmt = fields.get("answer_format", "plain")
+        if fmt not in ANSWER_FORMATS:
+            raise ValueError(f"--answer-format {fmt!r}: not one of {', '.join(ANSWER_FORMATS)}")
+        return Benchmark(name or Path(text).stem, text, **fields)
+    raise ValueError(f"--benchmark {text!r} is neither a known benchmark ({', '.join(BENCHMARKS)}) nor a local "
+                     f"{' / '.join(LOCAL_SUFFIXES)} file")
 
 
 @dataclass(frozen=True)
@@ -30,23 +76,43 @@ class EvalSettings:
     synthetic_max_operand: int = 9
 
 
-def benchmark_source(name: str) -> str:
-    """Where a benchmark's problems come from (``synthetic`` or ``hub``); an unknown name is a ValueError."""
-    if name not in BENCHMARKS:
-        raise ValueError(f"--benchmark {name!r} is not a known benchmark; known: {', '.join(BENCHMARKS)}")
-    return "synthetic" if name == "synthetic_test" else "hub"
+def benchmark_source(benchmark) -> str:
+    """Where a benchmark's problems come from (``synthetic``, ``hub`` or ``local``); an unknown one is a
+    ValueError."""
+    return resolve_benchmark(benchmark).source
 
 
-def benchmark_records(name: str, s: EvalSettings) -> tuple[list[dict], str, str]:
-    """``(records, reward name, template)`` of a benchmark."""
-    from qerl.data.tasks import load_hub, synthetic_arithmetic
+def benchmark_records(benchmark, s: EvalSettings) -> tuple[list[dict], str, str]:
+    """``(records, reward name, template)`` of a benchmark (:func:`resolve_benchmark`)."""
+    from qerl.data.tasks import DataError, load_hub, load_local, synthetic_arithmetic
 
-    if benchmark_source(name) == "synthetic":  # a seed disjoint from training's stream
+    b = resolve_benchmark(benchmark)
+    if b.source == "synthetic":  # a seed disjoint from training's stream
         recs = synthetic_arithmetic(s.synthetic_size, seed=10_000 + s.seed, max_operand=s.synthetic_max_operand)
         kind, template = "exact", "raw"
+    elif b.source == "local":
+        recs, kind, template = load_local(b.path, b.prompt_field, b.answer_field, b.answer_format), "math", s.template
+        if not recs:
+            raise DataError(f"--benchmark {b.path}: holds no problems (an empty file)")
     else:
-        recs, kind, template = load_hub(name), "math", s.template
+        recs, kind, template = load_hub(b.name), "math", s.template
     return (recs[: s.limit] if s.limit is not None else recs), kind, template
+
+
+def benchmark_meta(benchmark) -> dict:
+    """What the summary records of a benchmark: its name and, for a local file, its path, fields and sha256 (so
+    a result names the exact problems it was computed on)."""
+    import hashlib
+
+    b = resolve_benchmark(benchmark)
+    if b.source != "local":
+        return {"benchmark": b.name}
+    h = hashlib.sha256()
+    with open(b.path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return {"benchmark": b.name, "benchmark_file": str(b.path), "benchmark_sha256": h.hexdigest(),
+            "benchmark_fields": {"prompt": b.prompt_field, "answer": b.answer_field, "format": b.answer_format}}
 
 
 def check_outputs_are_ours(summary: Path, samples: Path) -> None:
@@ -89,7 +155,7 @@ def precheck(model_dir: str | Path, benchmark: str, settings: EvalSettings, adap
                               "run's adapter is its final/ directory)")
     records, _, template = benchmark_records(benchmark, settings)
     check_records(records, load_tokenizer(src), template, settings.max_new_tokens, model_context(src),
-                  f"--benchmark {benchmark}")
+                  f"--benchmark {resolve_benchmark(benchmark).path or resolve_benchmark(benchmark).name}")
 
 
 def load_for_eval(base_path: str | Path, base: str, adapter: str | Path | None, dtype, device):
@@ -120,7 +186,9 @@ def evaluate(model, tokenizer, benchmark: str, settings: EvalSettings, out_json:
     from qerl.rewards.registry import RewardSettings, build_reward
     from qerl.rollout import SamplingSettings, generate
 
-    records, kind, template = benchmark_records(benchmark, settings)
+    bench = resolve_benchmark(benchmark)
+    benchmark = bench.name
+    records, kind, template = benchmark_records(bench, settings)
     reward = build_reward(RewardSettings(correctness=kind))
     sampling = SamplingSettings(temperature=settings.temperature, top_p=settings.top_p,
                                 max_new_tokens=settings.max_new_tokens)
@@ -157,7 +225,7 @@ def evaluate(model, tokenizer, benchmark: str, settings: EvalSettings, out_json:
     tmp = out_samples.with_suffix(".tmp")
     tmp.write_text("".join(json.dumps(x) + "\n" for x in lines))
     tmp.replace(out_samples)
-    summary = {"benchmark": benchmark, "pass@1": sum(per_problem) / max(1, len(per_problem)),
+    summary = {**benchmark_meta(bench), "pass@1": sum(per_problem) / max(1, len(per_problem)),
                "problems": len(per_problem), "samples_per_problem": k, "seconds": time.time() - t0,
                "settings": asdict(settings), **(meta or {})}
     write_json(out_json, summary)

@@ -24,7 +24,6 @@ METHOD_NAMES = NAMES  # (qerl.methods: the registry)
 SHARDING = ("auto", "none", "optimizer", "fsdp")
 OFFLOAD = ("auto", "none", "rollout")
 TEMPLATES = ("raw", "chat", "paper")
-ANSWER_FORMATS = ("plain", "gsm8k")
 
 
 class ConfigError(ValueError):
@@ -250,7 +249,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if not 1 <= cfg.data.synthetic_size <= 10_000_000 or cfg.data.synthetic_max_operand < 1:
         raise ConfigError(f"config.data: synthetic_size must be in [1, 1e7] and synthetic_max_operand >= 1, got "
                           f"{cfg.data.synthetic_size} and {cfg.data.synthetic_max_operand}")
-    from qerl.data.tasks import HUB_TASKS
+    from qerl.data.tasks import ANSWER_FORMATS, HUB_TASKS
 
     tasks = ("synthetic", "local", *sorted(HUB_TASKS))
     for name, value, allowed in (("task", cfg.data.task, tasks), ("template", cfg.data.template, TEMPLATES),

@@ -33,3 +33,51 @@ def test_evaluate_writes_summary_samples_and_progress_lines(tiny_dirs, tmp_path,
         holder.kill()
         holder.wait()
     assert json.loads(out.read_text()) == summary  # untouched by the refused writer
+
+
+def test_local_benchmark_files_evaluate_offline(tiny_dirs, tmp_path, capsys):
+    """A benchmark from a local file (no hub): the same loader as training data, its fields and answer format
+    named on the command line; the summary names the file and its sha256; the golds are parsed per format."""
+    import hashlib
+
+    import pandas as pd
+    import pytest
+
+    from qerl.data.tasks import DataError, gold_answer, load_local
+    from qerl.stages.evaluate import benchmark_records, EvalSettings, resolve_benchmark
+
+    gsm = tmp_path / "my_gsm8k.jsonl"
+    gsm.write_text("".join(json.dumps({"question": f"{a}+{a}=", "answer": f"{a} plus {a} #### {2 * a:,}"}) + "\n"
+                           for a in (3, 600, 7)))
+    out = tmp_path / "eval" / "gsm.json"
+    argv = ["evaluate", "--model", str(tiny_dirs["qwen2"]), "--base", "bf16", "--benchmark", str(gsm),
+            "--prompt-field", "question", "--answer-field", "answer", "--answer-format", "gsm8k", "--template", "raw",
+            "--output", str(out), "--samples", "1", "--max-new-tokens", "3", "--device", "cpu", "--no-progress"]
+    assert main(argv) == 0
+    summary = json.loads(out.read_text())
+    assert summary["benchmark"] == "my_gsm8k" and summary["problems"] == 3
+    assert summary["benchmark_file"] == str(gsm)
+    assert summary["benchmark_sha256"] == hashlib.sha256(gsm.read_bytes()).hexdigest()
+    golds = [json.loads(x)["gold"] for x in out.with_suffix(".samples.jsonl").read_text().splitlines()]
+    assert golds == ["6", "1200", "14"]
+    # boxed solutions in a Parquet file, AIME integers; both through the training loader too
+    pq = tmp_path / "olymp.parquet"
+    pd.DataFrame({"problem": ["p1", "p2"], "solution": ["so \\boxed{\\frac{1}{2}}.", "thus \\boxed{7}"]}).to_parquet(pq)
+    b = resolve_benchmark(str(pq), prompt_field="problem", answer_field="solution", answer_format="boxed")
+    recs, kind, _ = benchmark_records(b, EvalSettings())
+    assert [r["answer"] for r in recs] == ["\\frac{1}{2}", "7"] and kind == "math" and b.name == "olymp"
+    assert load_local(pq, "problem", "solution", "boxed") == recs
+    assert gold_answer("033", "aime") == "33"
+    aime = tmp_path / "aime.jsonl"
+    aime.write_text(json.dumps({"prompt": "x", "answer": "033"}) + "\n" + json.dumps({"prompt": "y", "answer": "1e3"}))
+    with pytest.raises(DataError, match=r"aime.jsonl: row 1, field 'answer' \(aime format\): an AIME answer is an "
+                                        r"integer 0 \.\.\. 999, got '1e3'"):
+        load_local(aime, answer_format="aime")
+    # bad invocations are named before any model loads
+    for extra, msg in ((["--benchmark", str(tmp_path / "nope.jsonl")], "nope.jsonl: file not found"),
+                       (["--benchmark", "gsm8k_test", "--answer-format", "gsm8k"], "apply to local files only"),
+                       (["--benchmark", str(tmp_path / "x.csv")], "neither a known benchmark")):
+        args = [a for a in argv if a not in ("--prompt-field", "question", "--answer-field", "answer",
+                                            "--answer-format", "gsm8k", "--benchmark", str(gsm))]
+        assert main(args + extra) == 2
+        assert msg in capsys.readouterr().err

@@ -302,3 +302,33 @@ def test_the_schema_names_the_registry_methods():
     text = json.dumps(schema)
     for enum in (list(NAMES), list(NAMES) + list(UNTRAINED)):
         assert json.dumps(enum) in text
+
+
+def test_a_local_benchmark_file_is_evaluated_offline_through_the_workflow(tmp_path):
+    """`evaluation.local_benchmarks`: a benchmark from a local JSONL (GSM8K-style fields, `####` answers) is an
+    input of its evaluation jobs and is evaluated for real (one untrained target, built offline); an undefined
+    name or a missing file stops the workflow before any job, naming it."""
+    (tmp_path / "bench").mkdir()
+    rows = [{"question": f"{a}+{b}=", "answer": f"so #### {a + b}"} for a, b in ((1, 2), (3, 4), (5, 0))]
+    (tmp_path / "bench" / "arith.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    over = tmp_path / "local.yaml"
+    over.write_text("models: {tiny-qwen2: {sft_steps: 5}}\n"
+                    "evaluation:\n  benchmarks: [arith]\n  untrained: [bf16]\n  limit: 3\n  samples: 1\n"
+                    "  template: raw\n  local_benchmarks:\n    arith: {path: bench/arith.jsonl, prompt_field: question, "
+                    "answer_field: answer, answer_format: gsm8k}\n")
+    target = "results/eval/tiny-qwen2/bf16/untrained/none/seed0/arith.json"
+    cfg = ("--configfile", str(ROOT / "config/config.yaml"), str(over))
+    dry = snakemake(*cfg, "--cores", "1", "--directory", str(tmp_path), "-n", "-p", target).stdout
+    assert "--benchmark bench/arith.jsonl --name arith --prompt-field question --answer-field answer " \
+           "--answer-format gsm8k" in dry
+    snakemake(*cfg, "--cores", "1", "--directory", str(tmp_path), target)
+    summary = json.loads((tmp_path / target).read_text())
+    assert summary["benchmark"] == "arith" and summary["problems"] == 3 and summary["benchmark_file"] == \
+        "bench/arith.jsonl" and len(summary["benchmark_sha256"]) == 64
+    for edit, culprit in (("evaluation: {benchmarks: [arith2]}\n", "benchmark 'arith2' is neither registered"),
+                          ("evaluation: {local_benchmarks: {arith: {path: bench/none.jsonl}}}\n",
+                           "local_benchmarks.arith.path: bench/none.jsonl not found")):
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(edit)
+        out = snakemake(*cfg, str(bad), "--cores", "1", "--directory", str(tmp_path), "-n", check=False)
+        assert out.returncode != 0 and culprit in out.stdout + out.stderr

@@ -51,6 +51,10 @@ def _check_names():
 
 
 _check_names()
+try:
+    wc.check_benchmarks(config)
+except ValueError as e:
+    raise WorkflowError(str(e)) from None
 if not _CONDA:  # every run's qerl-train config checked now (the field named), not inside its job
     try:
         wc.check_train_configs(config, " + ".join(map(str, workflow.configfiles)) or "config")
@@ -65,7 +69,7 @@ wildcard_constraints:
     model="|".join(re.escape(m) for m in MODELS),
     dataset="|".join(re.escape(d) for d in config["datasets"]) + "|none",
     seed=r"\d+",
-    benchmark="|".join(EVAL["benchmarks"]),
+    benchmark="|".join(re.escape(b) for b in wc.benchmark_names(config)),
 
 
 def resources(kind, key, default):

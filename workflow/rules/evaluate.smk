@@ -5,6 +5,7 @@ rule evaluate_trained:
     input:
         summary="results/train/{model}/{method}/{algo}/{dataset}/seed{seed}/summary.json",
         mlflow=MLFLOW_MARKER,
+        bench=lambda w: wc.benchmark_files(config, w.benchmark),
     output:
         "results/eval/{model}/{method}/{algo}/{dataset}/seed{seed}/{benchmark}.json",
     wildcard_constraints:
@@ -12,6 +13,7 @@ rule evaluate_trained:
         algo="|".join(wc.ALGORITHMS),
     params:
         policy=trained_policy,
+        bench=lambda w: wc.benchmark_args(config, w.benchmark),
         opts=eval_opts(),
         track=lambda w: track("eval", f"eval/{w.model}/{w.method}/{w.algo}/{w.dataset}/seed{w.seed}/{w.benchmark}",
                               model=w.model, method=w.method, algo=w.algo, dataset=w.dataset, seed=w.seed,
@@ -25,7 +27,7 @@ rule evaluate_trained:
     conda:
         "../envs/qerl.yaml"
     shell:
-        "QERL_CLAIM_GPUS={resources.gpu} qerl evaluate {params.policy} --benchmark {wildcards.benchmark} --output {output} {params.opts} "
+        "QERL_CLAIM_GPUS={resources.gpu} qerl evaluate {params.policy} --benchmark {params.bench} --output {output} {params.opts} "
         "--no-progress {params.track} > {log} 2>&1"
 
 
@@ -33,12 +35,14 @@ rule evaluate_untrained:
     input:
         model=lambda w: f"results/quantize/{w.model}/config.json" if w.method == "nvfp4" else model_marker(w.model),
         mlflow=MLFLOW_MARKER,
+        bench=lambda w: wc.benchmark_files(config, w.benchmark),
     output:
         "results/eval/{model}/{method}/untrained/none/seed0/{benchmark}.json",
     wildcard_constraints:
         method="bf16|nvfp4",
     params:
         src=lambda w, input: os.path.dirname(input.model),
+        bench=lambda w: wc.benchmark_args(config, w.benchmark),
         opts=eval_opts(),
         track=lambda w: track("eval", f"eval/{w.model}/{w.method}/untrained/none/seed0/{w.benchmark}",
                               model=w.model, method=w.method, algo="untrained", benchmark=w.benchmark),
@@ -51,5 +55,5 @@ rule evaluate_untrained:
     conda:
         "../envs/qerl.yaml"
     shell:
-        "QERL_CLAIM_GPUS={resources.gpu} qerl evaluate --model {params.src} --base {wildcards.method} --benchmark {wildcards.benchmark} "
+        "QERL_CLAIM_GPUS={resources.gpu} qerl evaluate --model {params.src} --base {wildcards.method} --benchmark {params.bench} "
         "--output {output} {params.opts} --no-progress {params.track} > {log} 2>&1"
