@@ -12,13 +12,17 @@ branch ``s · (x · Aᵀ) · Bᵀ`` (``lora_a [R, K]``, ``lora_b [N, R]``) the w
 autograd (rollouts, evaluation) a backend may run it in the same launch as the base product.
 
 Backends: the pure-torch reference below (dequantize, then ``F.linear``) is the readable
-definition and the CPU path. The GPU kernels (``qerl_kernels``, which import nothing from ``qerl``) become a
+definition and the CPU path. On CPU the dequantized weight is cached per packed weight (:func:`dequantized_weight`:
+LRU, ``QERL_CPU_WEIGHT_CACHE_MB``, default 4096, 0 = off; valid while the packed tensors are the same objects,
+unmodified), so generation does not rebuild every weight at every token. The GPU kernels (``qerl_kernels``, which import nothing from ``qerl``) become a
 backend here (:func:`kernel_backend`, on the first call, unless ``QERL_KERNELS=off``); setting the environment
 variable ``QERL_FORCE_REFERENCE=1`` forces the reference everywhere for debugging.
 """
 from __future__ import annotations
 
 import os
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -59,15 +63,63 @@ def use_reference() -> bool:
     return os.environ.get("QERL_FORCE_REFERENCE", "").lower() in ("1", "true", "yes")
 
 
+_CPU_CACHE: OrderedDict = OrderedDict()  # (id(packed), dtype) -> (weakref(packed), stamp, dense W); LRU order
+_CPU_CACHE_BYTES = [0]
+
+
+def _cpu_cache_limit() -> int:
+    try:
+        return int(float(os.environ.get("QERL_CPU_WEIGHT_CACHE_MB", "4096")) * 2 ** 20)
+    except ValueError:
+        raise ValueError(f"QERL_CPU_WEIGHT_CACHE_MB={os.environ['QERL_CPU_WEIGHT_CACHE_MB']!r}: expected a number "
+                         "of MB (0 = no cache)") from None
+
+
+def _drop(key) -> None:
+    entry = _CPU_CACHE.pop(key, None)
+    if entry is not None:
+        _CPU_CACHE_BYTES[0] -= entry[2].numel() * entry[2].element_size()
+
+
+def dequantized_weight(packed, scale, global_scale, dtype) -> torch.Tensor:
+    """``dequant(W)`` ``[N, K]`` in ``dtype`` (:func:`qerl.quant.nvfp4.dequantize`). On CPU the result is kept
+    (LRU within ``QERL_CPU_WEIGHT_CACHE_MB``) and reused while ``packed``, ``scale`` and ``global_scale`` are the
+    same tensors at the same in-place versions — an overwritten or replaced weight is dequantized again; an entry
+    goes when its packed tensor is freed. Elsewhere (the GPU reference path) nothing is kept: a dense copy would
+    undo the 4-bit memory saving."""
+    limit = _cpu_cache_limit() if packed.device.type == "cpu" else 0
+    if limit <= 0:
+        return dequantize(packed, scale, global_scale, dtype=dtype)
+    try:
+        stamp = (packed._version, id(scale), scale._version, id(global_scale), global_scale._version)
+    except RuntimeError:  # inference-mode tensors carry no version counter: do not cache them
+        return dequantize(packed, scale, global_scale, dtype=dtype)
+    key = (id(packed), dtype)
+    entry = _CPU_CACHE.get(key)
+    if entry is not None and entry[0]() is packed and entry[1] == stamp:
+        _CPU_CACHE.move_to_end(key)
+        return entry[2]
+    _drop(key)
+    w = dequantize(packed, scale, global_scale, dtype=dtype)
+    size = w.numel() * w.element_size()
+    if size > limit:
+        return w
+    while _CPU_CACHE and _CPU_CACHE_BYTES[0] + size > limit:
+        _drop(next(iter(_CPU_CACHE)))
+    _CPU_CACHE[key] = (weakref.ref(packed, lambda _, k=key: _drop(k)), stamp, w)
+    _CPU_CACHE_BYTES[0] += size
+    return w
+
+
 def reference_forward(x, packed, scale, global_scale, bias):
     """``x [..., K] · dequant(W)ᵀ [K, N] + bias`` in ``x.dtype`` (dequantize, then matmul)."""
-    w = dequantize(packed, scale, global_scale, dtype=x.dtype)
+    w = dequantized_weight(packed, scale, global_scale, x.dtype)
     return F.linear(x, w, bias)
 
 
 def reference_backward_input(grad_out, packed, scale, global_scale):
     """``dX [..., K] = dY [..., N] · dequant(W) [N, K]`` in ``grad_out.dtype``."""
-    w = dequantize(packed, scale, global_scale, dtype=grad_out.dtype)
+    w = dequantized_weight(packed, scale, global_scale, grad_out.dtype)
     return grad_out @ w
 
 
