@@ -19,7 +19,7 @@ from qerl.bench.timing import copy_bandwidth
 from qerl.bench.timing import eager_time as _eager_time, graph_time as _graph_time, graph_times as _graph_times
 from qerl.models.shapes import QWEN25, projections  # noqa: F401 (projections: the bench's public shape table)
 
-MODELS = tuple(QWEN25)  # the Qwen2.5 sizes whose projections are timed (qerl.models.shapes)
+MODELS = ("7B", "14B", "32B")  # the Qwen2.5 sizes whose projections are timed (their shapes: qerl.models.shapes)
 MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 2048, 8192)
 GEMLITE_MAX_M = 512  # the peer is a W4A16 decode / small-batch kernel; larger M go to the DQ path + cuBLAS
 

@@ -23,7 +23,7 @@ def qwen_config(model: str, dtype: torch.dtype = torch.bfloat16):
     return Qwen2Config(vocab_size=s.vocab, hidden_size=s.hidden, intermediate_size=s.intermediate,
                        num_hidden_layers=s.layers, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
                        max_position_embeddings=32768,
-                       rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False, torch_dtype=dtype)
+                       rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=s.tied, torch_dtype=dtype)
 
 
 def nf4_available() -> bool:
@@ -85,6 +85,8 @@ def build(model: str, base: str, device="cuda", dtype: torch.dtype = torch.bfloa
             for pname, p in list(mod.named_parameters(recurse=False)):
                 if p.is_meta:
                     setattr(mod, pname, nn.Parameter(torch.empty(p.shape, device=device, dtype=dtype), requires_grad=False))
+        if cfg.tie_word_embeddings:  # (the 3B shape) one matrix again
+            lm.lm_head.weight = lm.model.embed_tokens.weight
     for name, p in lm.named_parameters():
         if "norm" in name:
             p.fill_(1.0)

@@ -281,3 +281,18 @@ def test_auto_micro_batch_is_the_largest_the_planner_fits():
     assert cfg.micro_batch_size == "auto"
     with pytest.raises(ConfigError, match=r"config.micro_batch_size: a positive integer or 'auto', got 'big'"):
         validate(from_dict(TrainConfig, {"model": {"path": "m"}, "micro_batch_size": "big"}))
+
+
+def test_the_paper_3b_shape_plans_with_tied_embeddings(tmp_path):
+    """Qwen2.5-3B (the paper's GSM8K table): tied embeddings counted once; `qerl plan --shape 3B` answers."""
+    from qerl.cli import main
+    from qerl.models.random import qwen_config
+    from qerl.models.shapes import QWEN25
+
+    s3 = QWEN25["3B"]
+    assert s3.tied and qwen_config("3B").tie_word_embeddings and not qwen_config("7B").tie_word_embeddings
+    assert plan.weight_bytes(s3, "nvfp4")["embeddings+lm_head"] == s3.vocab * s3.hidden * 2
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("method: qerl\nmodel: {path: none}\nprompts_per_step: 8\nalgorithm: {group_size: 8}\n"
+                   "rollout: {max_new_tokens: 1024}\n")
+    assert main(["plan", "--config", str(cfg), "--shape", "3B", "--gpu-gb", "80", "--json"]) == 0
