@@ -114,6 +114,26 @@ def check_train_configs(config: dict, source: str, tracking_uri: str = "sqlite:/
             raise ConfigError(f"{where_}: {e}") from None
 
 
+def apply_lock(config: dict) -> dict[tuple[str, str], str]:
+    """With ``inputs_lock`` set: every hub model's and hub training set's ``revision`` in ``config`` replaced by its
+    locked commit (in place); returns ``{(kind, name): commit}`` (benchmarks' commits go to ``qerl evaluate
+    --revision``). Without: ``{}``. A lock that lacks an input or disagrees with the config is an error naming
+    it (:func:`qerl.inputs.locked_commits`)."""
+    from qerl.inputs import locked_commits, read_lock
+
+    if not config.get("inputs_lock"):
+        return {}
+    commits = locked_commits(config, read_lock(config["inputs_lock"]), f"inputs_lock {config['inputs_lock']}")
+    for (kind, name), commit in commits.items():
+        if kind == "model":
+            config["models"][name]["revision"] = commit
+        else:
+            for d in config.get("datasets", {}).values():
+                if d.get("task") == name:
+                    d["revision"] = commit
+    return commits
+
+
 def benchmark_names(config: dict) -> list[str]:
     """Every benchmark the config evaluates on (``evaluation.benchmarks`` and the experiment blocks' own)."""
     ev = config.get("evaluation", {})
@@ -139,14 +159,15 @@ def check_benchmarks(config: dict, root: str = ".") -> None:
             raise ValueError(f"config evaluation.local_benchmarks.{name}.path: {spec['path']} not found")
 
 
-def benchmark_args(config: dict, name: str) -> str:
-    """``qerl evaluate``'s benchmark arguments for ``name``: the registered name, or a local file with its fields,
-    answer format and name (shell-quoted)."""
+def benchmark_args(config: dict, name: str, commits: dict | None = None) -> str:
+    """``qerl evaluate``'s benchmark arguments for ``name``: the registered name (with ``--revision`` of its locked
+    commit, from :func:`apply_lock`), or a local file with its fields, answer format and name (shell-quoted)."""
     import shlex
 
     spec = config.get("evaluation", {}).get("local_benchmarks", {}).get(name)
     if spec is None:
-        return shlex.quote(name)
+        commit = (commits or {}).get(("dataset", name))
+        return shlex.quote(name) + (f" --revision {shlex.quote(commit)}" if commit else "")
     args = [spec["path"], "--name", name]
     for key in ("prompt_field", "answer_field", "answer_format"):
         if key in spec:

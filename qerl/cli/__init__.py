@@ -9,6 +9,7 @@ Verbs (each has ``--help``):
   evaluate       pass@1 over k samples on a benchmark
   report         paper-shaped tables, figures and index.md from results/
   download       hub snapshot at a pinned revision
+  fetch          every hub input of a workflow config into the cache + a lock file (then run offline)
   plan           estimate a training config's peak GPU memory (before loading anything)
   bench          GPU benchmarks: kernels, rollout, step
   mlflow-init    workflow helper: the MLflow store before parallel jobs
@@ -27,7 +28,7 @@ from qerl.cli.common import tracked
 
 # the verbs in the order `qerl --help` lists them: each module's add_<verb>(sub) builds its parser
 VERBS = (models.add_build_tiny, models.add_quantize, models.add_export_merged, models.add_sft, train.add_train,
-         evaluate.add_evaluate, evaluate.add_report, models.add_download, train.add_plan, bench.add_bench,
+         evaluate.add_evaluate, evaluate.add_report, models.add_download, models.add_fetch, train.add_plan, bench.add_bench,
          bench.add_mlflow_init)
 
 

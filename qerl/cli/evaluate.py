@@ -24,6 +24,9 @@ def add_evaluate(sub) -> None:
     v.add_argument("--answer-format", default=None, choices=["plain", "gsm8k", "boxed", "aime"],
                    help="local file: how the answer field holds the answer (plain; gsm8k: after '####'; boxed: the "
                         "last \\boxed{}; aime: an integer 0-999) (default plain)")
+    v.add_argument("--revision", default=None,
+                   help="hub benchmark: the dataset commit to read (the workflow's inputs lock; default its registered "
+                        "revision)")
     v.add_argument("--name", default=None, help="local file: the benchmark's name in the results (default: its stem)")
     v.add_argument("--output", required=True, help="summary JSON path")
     v.add_argument("--samples-output", default=None, help="per-sample JSONL (default: beside the JSON)")
@@ -58,7 +61,8 @@ def run_evaluate(args) -> dict:
                             max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, limit=args.limit,
                             seed=args.seed, template=args.template)
     # an unknown benchmark (or a missing file) is named before the model loads
-    bench = resolve_benchmark(args.benchmark, args.name, args.prompt_field, args.answer_field, args.answer_format)
+    bench = resolve_benchmark(args.benchmark, args.name, args.prompt_field, args.answer_field, args.answer_format,
+                              args.revision)
     device = resolve_device(args.device)
     out = Path(args.output)
     samples = Path(args.samples_output) if args.samples_output else out.with_suffix(".samples.jsonl")

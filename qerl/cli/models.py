@@ -149,6 +149,54 @@ def add_download(sub) -> None:
     d.set_defaults(func=run_download)
 
 
+def add_fetch(sub) -> None:
+    f = sub.add_parser("fetch", help="download every hub model / dataset a workflow config names, write its lock",
+                       description="Fetch once, run offline: download every hub model and dataset the workflow "
+                                   "config names (models, training sets, benchmarks) into the Hugging Face cache and "
+                                   "write a lock file of the commit each resolved to. Point the config at it "
+                                   "(`inputs_lock: FILE`): the workflow then uses those commits and runs its jobs "
+                                   "with the hub off (HF_HUB_OFFLINE=1). --check verifies, with the hub off, that "
+                                   "this machine's cache holds every locked input.")
+    f.add_argument("--configfile", nargs="+", required=True, type=Path,
+                   help="the workflow config file(s), deep-merged in order as snakemake does")
+    f.add_argument("--lock", type=Path, default=None,
+                   help="lock file to write / check (default: beside the first config, <name>.lock.yaml)")
+    f.add_argument("--check", action="store_true", help="only check that the cache holds every locked input")
+    f.add_argument("--dry-run", action="store_true", help="only list the hub inputs")
+    f.set_defaults(func=run_fetch)
+
+
+def run_fetch(args) -> dict:
+    import yaml
+
+    from qerl import inputs
+    from qerl.workflow_config import _merge
+
+    config: dict = {}
+    for path in args.configfile:
+        if not path.is_file():
+            raise inputs.InputsError(f"--configfile {path}: not found")
+        config = _merge(config, yaml.safe_load(path.read_text()) or {})
+    todo = inputs.hub_inputs(config)
+    lock_path = args.lock or inputs.default_lock_path(args.configfile[0])
+    if args.dry_run:
+        for x in todo:
+            print(f"{x.kind} {x.name}: {x.repo}@{x.revision}")
+        return {}
+    if args.check:
+        missing = inputs.check_cached(todo, inputs.read_lock(lock_path))
+        if missing:
+            files = " ".join(map(str, args.configfile))
+            raise inputs.InputsError(f"{len(missing)} of {len(todo)} locked inputs are missing here: "
+                                     + "; ".join(missing) + f". Run `qerl fetch --configfile {files}` on a machine "
+                                     "with network and copy its Hugging Face cache (HF_HOME) here")
+        print(f"all {len(todo)} hub inputs of {lock_path} are in the local cache")
+        return {}
+    lock = inputs.fetch(todo)
+    print(f"wrote {inputs.write_lock(lock, lock_path)} ({len(todo)} inputs); use it with `inputs_lock: {lock_path}`")
+    return {}
+
+
 def run_download(args) -> dict:
     from qerl.models.source import download
 

@@ -109,6 +109,13 @@ def load_hub(name: str, revision: str | None = None) -> list[dict]:
     try:
         ds = datasets.load_dataset(spec.repo, spec.config, split=spec.split, revision=revision or spec.revision)
     except Exception as e:
+        import os
+
+        if any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in ("HF_HUB_OFFLINE",
+                                                                                     "HF_DATASETS_OFFLINE")):
+            raise DataError(f"{name} ({spec.repo}{'@' + str(revision) if revision else ''}) is not in this machine's "
+                            "cache and the hub is off: run `qerl fetch --configfile <config>` on a machine with "
+                            "network and copy its cache (HF_HOME) here, or use a local JSONL/Parquet file") from None
         raise DataError(f"could not load {spec.repo} ({type(e).__name__}: {e}); without network use a "
                         "local JSONL/Parquet file or set HF_DATASETS_OFFLINE=1 with a cached copy") from None
     return _map_rows(ds, spec.prompt_field, spec.answer_field, spec.answer_format, spec.repo, spec.max_prompt_chars)

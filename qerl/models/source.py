@@ -34,6 +34,16 @@ def download(repo: str, revision: str | None = None, local_dir: str | Path | Non
     ``local_dir``; failures become a :class:`CheckpointError` that says what to do."""
     from huggingface_hub import snapshot_download
 
+    if _offline():  # the hub is off (a compute node after `qerl fetch`): the cache's snapshot, linked into local_dir
+        try:
+            cached = Path(snapshot_download(repo, revision=revision, allow_patterns=HUB_PATTERNS,
+                                            local_files_only=True))
+        except Exception:
+            raise CheckpointError(
+                f"{repo!r}{f' at revision {revision}' if revision else ''} is not in this machine's Hugging Face "
+                "cache and the hub is off (HF_HUB_OFFLINE): run `qerl fetch --configfile <config>` on a machine "
+                "with network and copy its cache (HF_HOME) here") from None
+        return cached if local_dir is None else _link_snapshot(cached, Path(local_dir))
     try:
         return Path(snapshot_download(repo, revision=revision, allow_patterns=HUB_PATTERNS,
                                       local_dir=None if local_dir is None else str(local_dir)))
@@ -44,3 +54,23 @@ def download(repo: str, revision: str | None = None, local_dir: str | Path | Non
             "the model elsewhere and pass its local directory, or set HF_HUB_OFFLINE=1 to use a "
             "cached copy; for gated models set HF_TOKEN."
         ) from None
+
+
+def _offline() -> bool:
+    import os
+
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+def _link_snapshot(cached: Path, local_dir: Path) -> Path:
+    """``local_dir`` holding symlinks to a cached snapshot's files (no copy of the weights)."""
+    import os
+
+    for f in cached.rglob("*"):
+        if f.is_file():
+            dest = local_dir / f.relative_to(cached)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if dest.is_symlink() or dest.exists():
+                dest.unlink()
+            os.symlink(f.resolve(), dest)
+    return local_dir

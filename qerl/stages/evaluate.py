@@ -29,6 +29,7 @@ class Benchmark:
     prompt_field: str = "prompt"
     answer_field: str = "answer"
     answer_format: str = "plain"
+    revision: str | None = None  # a hub benchmark's commit (the workflow's inputs lock), else its registered one
 
     @property
     def source(self) -> str:
@@ -36,7 +37,8 @@ class Benchmark:
 
 
 def resolve_benchmark(benchmark, name: str | None = None, prompt_field: str | None = None,
-                      answer_field: str | None = None, answer_format: str | None = None) -> Benchmark:
+                      answer_field: str | None = None, answer_format: str | None = None,
+                      revision: str | None = None) -> Benchmark:
     """``benchmark``: a :class:`Benchmark`, a registered name, or the path of a local file (then the field / format
     options apply; ``name`` defaults to the file's stem). Anything else is a ValueError naming the choices."""
     if isinstance(benchmark, Benchmark):
@@ -48,12 +50,16 @@ def resolve_benchmark(benchmark, name: str | None = None, prompt_field: str | No
         if fields:
             raise ValueError(f"--benchmark {text}: a registered benchmark; --prompt-field / --answer-field / "
                              "--answer-format apply to local files only")
-        return Benchmark(name or text)
+        if revision and text == "synthetic_test":
+            raise ValueError("--revision: synthetic_test is built offline, it has no revision")
+        return Benchmark(name or text, revision=revision)
     if Path(text).suffix in LOCAL_SUFFIXES:
         from qerl.data.tasks import ANSWER_FORMATS
 
         if not Path(text).is_file():
             raise ValueError(f"--benchmark {text}: file not found")
+        if revision:
+            raise ValueError(f"--revision: {text} is a local file (its sha256 pins it), not a hub dataset")
         fmt = fields.get("answer_format", "plain")
         if fmt not in ANSWER_FORMATS:
             raise ValueError(f"--answer-format {fmt!r}: not one of {', '.join(ANSWER_FORMATS)}")
@@ -95,7 +101,7 @@ def benchmark_records(benchmark, s: EvalSettings) -> tuple[list[dict], str, str]
         if not recs:
             raise DataError(f"--benchmark {b.path}: holds no problems (an empty file)")
     else:
-        recs, kind, template = load_hub(b.name), "math", s.template
+        recs, kind, template = load_hub(b.name, b.revision), "math", s.template
     return (recs[: s.limit] if s.limit is not None else recs), kind, template
 
 
@@ -106,7 +112,7 @@ def benchmark_meta(benchmark) -> dict:
 
     b = resolve_benchmark(benchmark)
     if b.source != "local":
-        return {"benchmark": b.name}
+        return {"benchmark": b.name, **({"benchmark_revision": b.revision} if b.revision else {})}
     h = hashlib.sha256()
     with open(b.path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

@@ -11,6 +11,13 @@ from snakemake.utils import validate
 from qerl import workflow_config as wc
 
 validate(config, os.path.join(workflow.basedir, "workflow/schemas/config.schema.yaml"))
+# `inputs_lock` (qerl fetch): hub models / training sets at the locked commits (in the config from here on), the
+# benchmarks' commits passed to `qerl evaluate --revision`, and every job with the hub off
+try:
+    LOCKED = wc.apply_lock(config)
+except ValueError as e:
+    raise WorkflowError(str(e)) from None
+_OFFLINE = "export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1; " if config.get("inputs_lock") else ""
 
 # Rules call `qerl ...`; in every job `qerl` is a shell function running the CLI with the interpreter
 # snakemake runs under (the one that just imported qerl), so jobs need no `qerl` on PATH (`.venv/bin/snakemake`
@@ -21,7 +28,7 @@ _CONDA = "CONDA" in {m.name for m in workflow.deployment_settings.deployment_met
 _CONFIG_HASH = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
 # (braces doubled twice: the f-string, then snakemake's formatting of every shell command)
 _QERL_FN = "" if _CONDA else f'qerl() {{{{ {shlex.quote(sys.executable)} -m qerl "$@"; }}}}; '
-shell.prefix(f"set -euo pipefail; export QERL_CONFIG_HASH={_CONFIG_HASH}; {_QERL_FN}")
+shell.prefix(f"set -euo pipefail; export QERL_CONFIG_HASH={_CONFIG_HASH}; {_OFFLINE}{_QERL_FN}")
 if not _CONDA and (_missing := wc.missing_dependencies()):
     raise WorkflowError(f"missing dependencies for the workflow's jobs: {', '.join(_missing)} not importable by "
                         f"{sys.executable} (install the project: `make install`, or `pip install -e .`)")
@@ -106,10 +113,26 @@ def train_config_text(w):
     return yaml.safe_dump(wc.train_config(config, run_of(w), MLFLOW_URI), sort_keys=False)
 
 
+def input_revisions(tags):
+    """The hub revisions a job reads (the locked commits with ``inputs_lock``), as MLflow tags."""
+    out = {}
+    m = config["models"].get(str(tags.get("model", "")))
+    if m and m.get("source") == "hub":
+        out["model_revision"] = m["revision"]
+    d = config["datasets"].get(str(tags.get("dataset", "")))
+    if d and d.get("revision"):
+        out["dataset_revision"] = d["revision"]
+    b = LOCKED.get(("dataset", str(tags.get("benchmark", ""))))
+    if b:
+        out["benchmark_revision"] = b
+    return out
+
+
 def track(stage, name, **tags):
     """CLI options that log a job as an MLflow run named after its output path (``config_hash`` is added from
     ``$QERL_CONFIG_HASH``, see above)."""
-    t = " ".join(f"--mlflow-tag {k}={v}" for k, v in {"stage": stage, **tags}.items())
+    tags = {"stage": stage, **tags, **input_revisions(tags)}
+    t = " ".join(f"--mlflow-tag {k}={v}" for k, v in tags.items())
     return f"--mlflow-uri '{MLFLOW_URI}' --mlflow-experiment {CONFIGURATION} --mlflow-run-name {name} {t}"
 
 

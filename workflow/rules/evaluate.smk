@@ -13,7 +13,7 @@ rule evaluate_trained:
         algo="|".join(wc.ALGORITHMS),
     params:
         policy=trained_policy,
-        bench=lambda w: wc.benchmark_args(config, w.benchmark),
+        bench=lambda w: wc.benchmark_args(config, w.benchmark, LOCKED),
         opts=eval_opts(),
         track=lambda w: track("eval", f"eval/{w.model}/{w.method}/{w.algo}/{w.dataset}/seed{w.seed}/{w.benchmark}",
                               model=w.model, method=w.method, algo=w.algo, dataset=w.dataset, seed=w.seed,
@@ -42,7 +42,7 @@ rule evaluate_untrained:
         method="bf16|nvfp4",
     params:
         src=lambda w, input: os.path.dirname(input.model),
-        bench=lambda w: wc.benchmark_args(config, w.benchmark),
+        bench=lambda w: wc.benchmark_args(config, w.benchmark, LOCKED),
         opts=eval_opts(),
         track=lambda w: track("eval", f"eval/{w.model}/{w.method}/untrained/none/seed0/{w.benchmark}",
                               model=w.model, method=w.method, algo="untrained", benchmark=w.benchmark),
