@@ -1,4 +1,4 @@
-"""``qerl bench kernels | rollout | step`` (the options of each: ``qerl bench <what> --help``) and ``qerl
+"""``qerl bench kernels | rollout | step | rehearsal`` (the options of each: ``qerl bench <what> --help``) and ``qerl
 mlflow-init`` (the workflow's helper that creates the MLflow store before parallel jobs)."""
 from __future__ import annotations
 
@@ -17,10 +17,13 @@ def add_bench(sub) -> None:
                                     "rollout tokens/s of the engine, the reference sampler and transformers "
                                     "(reports/rollout/<device>.csv / .md / .png). `qerl bench step [--models ...] "
                                     "[--methods lora qlora qerl] [--batches 2 8] [--gen-lens 1024 2048]` times full "
-                                    "GRPO steps and their peak memory (reports/step/<device>.csv / .md).")
-    bk.add_argument("what", choices=["kernels", "rollout", "step"], help="which benchmark")
+                                    "GRPO steps and their peak memory (reports/step/<device>.csv / .md). "
+                                    "`qerl bench rehearsal [--shapes 3B 7B] [--steps 2]` runs the paper's stages "
+                                    "(quantize, train, evaluate) on random-weight stand-ins, timed "
+                                    "(reports/reproduce/rehearsal_<device>.csv / .md).")
+    bk.add_argument("what", choices=["kernels", "rollout", "step", "rehearsal"], help="which benchmark")
     bk.add_argument("rest", nargs=argparse.REMAINDER,
-                    help="options of the benchmark (see `qerl bench kernels|rollout|step --help`)")
+                    help="options of the benchmark (see `qerl bench kernels|rollout|step|rehearsal --help`)")
     bk.set_defaults(func=run_bench)
 
 
@@ -33,6 +36,10 @@ def run_bench(args) -> int:
         from qerl.bench import step as bench_step
 
         return bench_step.main(args.rest)
+    if args.what == "rehearsal":
+        from qerl.bench import rehearsal
+
+        return rehearsal.main(args.rest)
     from qerl.bench import kernels as bench_kernels
 
     return bench_kernels.main(args.rest)
