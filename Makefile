@@ -11,6 +11,10 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade --quiet pip
 	$(BIN)/pip install --quiet -e ".[test]"
+	# test-only judge of the four-over-six scale rule: the authors' package, its pure-PyTorch reference (an sdist
+	# whose CUDA kernels are skipped; it builds against the torch installed above)
+	$(BIN)/pip install --quiet "setuptools>=75" packaging
+	SKIP_CUDA_BUILD=1 $(BIN)/pip install --quiet --no-build-isolation --no-deps fouroversix==1.0.5
 	touch $(STAMP)
 
 install: $(STAMP)

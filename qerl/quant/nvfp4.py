@@ -101,10 +101,26 @@ def e2m1_to_float(codes: torch.Tensor) -> torch.Tensor:
     return E2M1_LUT.to(codes.device)[codes.long()]
 
 
-def compute_global_scale(w: torch.Tensor) -> torch.Tensor:
-    """Per-tensor fp32 global scale ``[1]`` in the quantize direction: ``448*6 / amax(|w|)``."""
+#: block-scale rules: ``max6`` (the paper's: each block's largest value lands on ±6) and ``four-over-six``
+#: (Cook et al. 2025, arXiv 2512.02010: per block the scale mapping its largest value to 6 or to 4, whichever
+#: gives the smaller squared error — e2m1's step from 4 to 6 is its coarsest). Both write ordinary NVFP4.
+SCALE_RULES = ("max6", "four-over-six")
+#: four-over-six keeps the max-to-6 block scales <= 256 (global scale ``6 * 256 / amax``) so that the max-to-4
+#: candidate, 1.5x larger, still fits E4M3 (<= 384 < 448)
+FOS_SCALE_MAX = 256.0
+
+
+def _check_rule(scale_rule: str) -> None:
+    if scale_rule not in SCALE_RULES:
+        raise NVFP4Error(f"scale rule {scale_rule!r} is not one of {', '.join(SCALE_RULES)}")
+
+
+def compute_global_scale(w: torch.Tensor, scale_rule: str = "max6") -> torch.Tensor:
+    """Per-tensor fp32 global scale ``[1]`` in the quantize direction: ``448*6 / amax(|w|)`` (``max6``) or
+    ``256*6 / amax(|w|)`` (``four-over-six``)."""
+    _check_rule(scale_rule)
     amax = w.detach().abs().amax().float()
-    gs = (FP8_MAX * FP4_MAX) / amax
+    gs = ((FP8_MAX if scale_rule == "max6" else FOS_SCALE_MAX) * FP4_MAX) / amax
     # amax = 0 (or so tiny that 2688/amax overflows) -> 1.0, exactly as compressed-tensors does.
     gs = torch.nan_to_num(gs, nan=1.0, posinf=1.0, neginf=1.0)
     return gs.reshape(1).to(torch.float32)
@@ -114,9 +130,9 @@ def compute_global_scale(w: torch.Tensor) -> torch.Tensor:
 global_scale = compute_global_scale
 
 
-def fused_global_scale(weights: Iterable[torch.Tensor]) -> torch.Tensor:
+def fused_global_scale(weights: Iterable[torch.Tensor], scale_rule: str = "max6") -> torch.Tensor:
     """Shared global scale of fused projections (q/k/v or gate/up): the minimum of theirs."""
-    scales = [compute_global_scale(w) for w in weights]
+    scales = [compute_global_scale(w, scale_rule) for w in weights]
     if not scales:
         raise NVFP4Error("fused_global_scale: needs at least one weight")
     return torch.stack(scales).amin(dim=0)
@@ -159,33 +175,75 @@ def block_scales(w: torch.Tensor, gs: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def quantize(
-    w: torch.Tensor, global_scale: torch.Tensor | float | None = None, *, name: str = "weight"
+    w: torch.Tensor, global_scale: torch.Tensor | float | None = None, *, name: str = "weight",
+    scale_rule: str = "max6",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Quantize a Linear weight to NVFP4.
 
     Args:
         w: ``[N_out, K_in]`` float weight (any float dtype; math in fp32), K a multiple of 16.
         global_scale: fp32 global scale to use as is (e.g. the fused minimum); ``None`` computes
-            ``2688 / amax(|w|)``.
+            ``2688 / amax(|w|)`` (``1536 / amax`` under four-over-six).
         name: tensor name used in error messages.
+        scale_rule: :data:`SCALE_RULES` — ``max6`` (the paper's) or ``four-over-six``
+            (:func:`quantize_four_over_six`).
 
     Returns:
         ``(packed uint8 [N, K/2], scale float8_e4m3fn [N, K/16], global_scale float32 [1])``.
     """
     _check_weight(w, name)
+    _check_rule(scale_rule)
     if global_scale is None:
-        gs = compute_global_scale(w)
+        gs = compute_global_scale(w, scale_rule)
     else:
         # A given scale below 1 is the reciprocal convention unless this tensor's own is below 1.
-        own_below_one = float(compute_global_scale(w)) < 1.0
+        own_below_one = float(compute_global_scale(w, scale_rule)) < 1.0
         gs = check_global_scale(global_scale, name, reject_reciprocal=not own_below_one)
     gs = gs.to(w.device)
+    if scale_rule == "four-over-six":
+        return quantize_four_over_six(w, gs, own_scale=global_scale is None)
     n, k = w.shape
     scale = block_scales(w, gs)
     eff = scale.float() / gs  # [N, K/16]; computed exactly like compressed-tensors (no 1/gs)
     x = w.float().reshape(n, k // BLOCK_SIZE, BLOCK_SIZE) / eff.unsqueeze(-1)
     codes = rne_e2m1_codes(torch.clamp(x, -FP4_MAX, FP4_MAX)).reshape(n, k)
     return pack_fp4(codes), scale, gs.clone()
+
+
+def quantize_four_over_six(w: torch.Tensor, gs: torch.Tensor, own_scale: bool = True
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Four Over Six (Cook et al. 2025): per 16-block ``b`` of ``w`` ``[N, K]`` under global scale ``gs``
+    (``6·256 / amax``; ``amax = 6·256 / gs``, the tensor's own when ``own_scale``):
+
+    * candidates ``s6 = fp8(gs · amax_b / 6)`` and ``s4 = fp8(1.5 · gs · amax_b / 6)`` (largest value on 6 / on 4);
+    * ``q_c = rne_e2m1(w · 1 / (s_c / gs))``, ``ŵ_c = q_c · s_c · amax / 1536``;
+    * keep ``s4`` where ``Σ_b (ŵ_4 − w)² < Σ_b (ŵ_6 − w)²`` (strictly), else ``s6``.
+
+    The arithmetic follows the authors' reference (``fouroversix`` ``quantize_to_fp4``, ``ScaleRule.mse``) op for
+    op, so the codes and scales are theirs bit for bit (tests/quant/test_four_over_six.py); a block whose scale
+    rounds to 0 in fp8 is stored with scale 0.125 and zero codes — the same value, as ``max6`` stores it. Returns
+    ``(packed, scale, gs)`` like :func:`quantize`; vectorised (runs wherever ``w`` is)."""
+    n, k = w.shape
+    x = w.float().reshape(-1, BLOCK_SIZE)
+    amax = (FP4_MAX * FOS_SCALE_MAX) / gs.float() if not own_scale else w.detach().abs().amax().float()
+    enc = torch.tensor(FP4_MAX * FOS_SCALE_MAX, device=w.device) / amax
+    dec = 1 / enc
+    s6_hp = x.abs().amax(dim=-1) / torch.tensor(FP4_MAX, device=w.device) * enc
+    cands = []
+    for s_hp in (s6_hp, s6_hp * 1.5):
+        s = s_hp.to(torch.float8_e4m3fn)
+        sf = s.float()
+        scaled = torch.where(sf.unsqueeze(1) != 0, x * (1 / (dec * sf.unsqueeze(1))), torch.zeros_like(x))
+        codes = rne_e2m1_codes(torch.clamp(scaled, -FP4_MAX, FP4_MAX))
+        deq = e2m1_to_float(codes) * sf.unsqueeze(1) * amax / torch.tensor(FP4_MAX * FOS_SCALE_MAX, device=w.device)
+        cands.append((s, codes, ((deq - x) ** 2).sum(dim=-1)))
+    (s6, c6, e6), (s4, c4, e4) = cands
+    four = e4 < e6
+    codes = torch.where(four.unsqueeze(1), c4, c6).reshape(n, k)
+    scale = torch.where(four, s4.float(), s6.float())
+    zero = scale == 0
+    scale = torch.where(zero, torch.full_like(scale, ZERO_SCALE_REPLACEMENT), scale).to(torch.float8_e4m3fn)
+    return pack_fp4(codes), scale.reshape(n, k // BLOCK_SIZE), gs.reshape(1).to(torch.float32).clone()
 
 
 def dequantize(
