@@ -55,6 +55,9 @@ def add_quantize(sub) -> None:
     q.add_argument("--max-shard-size", default="2GB", help="output shard size, e.g. 500MB, 2GB")
     q.add_argument("--ignore", nargs="*", default=["lm_head"],
                    help="modules left unquantized: names, class names or 're:' regexes")
+    q.add_argument("--scale-rule", choices=["max6", "four-over-six"], default="max6",
+                   help="block scales: max6 (the paper's: each block's largest value on 6) or four-over-six (per "
+                        "block the max-to-6 or max-to-4 scale with the smaller squared error; ordinary NVFP4)")
     q.add_argument("--no-progress", action="store_true", help="no progress bar")
     q.set_defaults(func=run_quantize)
     add_tracking(q)
@@ -73,7 +76,8 @@ def run_quantize(args) -> int:
     with outputs.hold(args.output, "quantize"):
         summary = quantize_checkpoint(args.model, args.output, force=args.force,
                                       max_shard_size=args.max_shard_size, ignore=tuple(args.ignore),
-                                      revision=args.revision, progress=not args.no_progress)
+                                      revision=args.revision, progress=not args.no_progress,
+                                      scale_rule=args.scale_rule)
     if summary.pop("up_to_date"):
         print(f"{args.output}: already quantized from this source; nothing to do")
     print(json.dumps(summary, indent=2))

@@ -126,35 +126,44 @@ def plan(src: Path, ignore: tuple[str, ...]) -> tuple[dict, TensorIndex, list[_U
 _CHUNK_ELEMENTS = 1 << 21
 
 
-def _quantize_rows(w: torch.Tensor, gs: torch.Tensor, name: str):
+def _quantize_rows(w: torch.Tensor, gs: torch.Tensor, name: str, scale_rule: str = "max6"):
     """Quantize ``w`` under ``gs`` in row chunks; also return its error statistics.
 
     Row blocks are independent given the global scale, so chunking is bit-identical to
     ``nvfp4.quantize(w, gs)`` while keeping peak memory near one weight, not several fp32 copies.
     """
     rows = max(1, _CHUNK_ELEMENTS // w.shape[1])
-    packed, scales, err2, ref2 = [], [], 0.0, 0.0
+    packed, scales, err2, ref2, base2 = [], [], 0.0, 0.0, 0.0
+    gs6 = None if scale_rule == "max6" else gs * (nvfp4.FP8_MAX / nvfp4.FOS_SCALE_MAX)  # max6's, for comparison
     for chunk in w.split(rows):
-        p, s, _ = nvfp4.quantize(chunk, global_scale=gs, name=name)
+        p, s, _ = nvfp4.quantize(chunk, global_scale=gs, name=name, scale_rule=scale_rule)
         diff = chunk.double() - nvfp4.dequantize(p, s, gs, dtype=torch.float32).double()
         err2 += float(diff.square().sum())
         ref2 += float(chunk.double().square().sum())
+        if gs6 is not None:
+            p6, s6, _ = nvfp4.quantize(chunk, global_scale=gs6, name=name)
+            base2 += float((chunk.double() - nvfp4.dequantize(p6, s6, gs6, dtype=torch.float32).double()).square().sum())
         packed.append(p)
         scales.append(s)
     rel = math.sqrt(err2 / ref2) if ref2 > 0 else 0.0
     sqnr = 10 * math.log10(ref2 / err2) if err2 > 0 else float("inf")
-    return torch.cat(packed), torch.cat(scales), {"rel_fro_error": rel, "sqnr_db": sqnr}
+    err = {"rel_fro_error": rel, "sqnr_db": sqnr}
+    if gs6 is not None:  # the same layer under the paper's max6 rule: the report compares the two
+        err["max6_rel_fro_error"] = math.sqrt(base2 / ref2) if ref2 > 0 else 0.0
+        err["max6_sqnr_db"] = 10 * math.log10(ref2 / base2) if base2 > 0 else float("inf")
+    return torch.cat(packed), torch.cat(scales), err
 
 
-def _quantize_unit(unit: _Unit, index: TensorIndex, report: dict) -> dict[str, torch.Tensor]:
+def _quantize_unit(unit: _Unit, index: TensorIndex, report: dict, scale_rule: str = "max6"
+                   ) -> dict[str, torch.Tensor]:
     if unit.passthrough:
         return {unit.passthrough: index.get(unit.passthrough)}
     # The fused global scale needs every member's amax first; read them one at a time.
-    gs = torch.stack([nvfp4.global_scale(index.get(f"{n}.weight")) for n in unit.linears]).amin(0)
+    gs = torch.stack([nvfp4.global_scale(index.get(f"{n}.weight"), scale_rule) for n in unit.linears]).amin(0)
     out = {}
     for n in unit.linears:
         w = index.get(f"{n}.weight")
-        packed, scale, err = _quantize_rows(w, gs, f"{n}.weight")
+        packed, scale, err = _quantize_rows(w, gs, f"{n}.weight", scale_rule)
         out[f"{n}.weight_packed"] = packed
         out[f"{n}.weight_scale"] = scale
         out[f"{n}.weight_global_scale"] = gs.clone()
@@ -174,11 +183,14 @@ def quantize_checkpoint(
     ignore: tuple[str, ...] = ("lm_head",),
     revision: str | None = None,
     progress: bool = True,
+    scale_rule: str = "max6",
 ) -> dict:
     """Quantize ``src`` (local dir or hub id) into ``dst``; return the error report summary.
 
     A ``dst`` that already holds this quantization of the same source is left alone ("up to
-    date"); one that holds anything else is refused unless ``force``.
+    date"); one that holds anything else is refused unless ``force``. ``scale_rule``: ``max6`` (the paper's) or
+    ``four-over-six`` (:func:`qerl.quant.nvfp4.quantize_four_over_six`; recorded in the report and the manifest,
+    the checkpoint itself is ordinary NVFP4).
     """
     from tqdm.auto import tqdm
 
@@ -187,7 +199,9 @@ def quantize_checkpoint(
     check_patterns(ignore)
     src = resolve_model_dir(src, revision)
     dst = Path(dst)
-    settings = {"ignore": list(ignore), "format": "nvfp4-pack-quantized"}
+    nvfp4._check_rule(scale_rule)
+    settings = {"ignore": list(ignore), "format": "nvfp4-pack-quantized",
+                **({"scale_rule": scale_rule} if scale_rule != "max6" else {})}  # (max6: manifests before the rule)
     fingerprint = source_fingerprint(src)
     if is_nonempty_dir(dst) and not force:
         manifest = dst / MANIFEST
@@ -219,7 +233,7 @@ def quantize_checkpoint(
         for shard_name, shard_units in zip(names, shards):
             tensors: dict[str, torch.Tensor] = {}
             for u in shard_units:
-                tensors.update(_quantize_unit(u, index, report))
+                tensors.update(_quantize_unit(u, index, report, scale_rule))
                 bar.update(1)
             save_shard(tensors, tmp / shard_name)
             total += sum(t.numel() * t.element_size() for t in tensors.values())
@@ -234,7 +248,7 @@ def quantize_checkpoint(
         for f in src.iterdir():
             if f.is_file() and f.name not in _SKIP_COPY and f.suffix not in (".safetensors", ".bin", ".pt", ".pth"):
                 shutil.copy2(f, tmp / f.name)
-        summary = _summary(report, total)
+        summary = {**_summary(report, total), "scale_rule": scale_rule}
         write_json(tmp / REPORT, {"summary": summary, "layers": report})
         write_json(tmp / MANIFEST, {"source": str(src), "source_fingerprint": fingerprint,
                                     "settings": settings, "shards": names})
@@ -251,4 +265,14 @@ def _summary(report: dict, total_bytes: int) -> dict:
         "rel_fro_error_max": max(errs),
         "sqnr_db_mean": sum(sqnr) / len(sqnr),
         "sqnr_db_min": min(sqnr),
+        **_against_max6(report),
     }
+
+
+def _against_max6(report: dict) -> dict:
+    """With another scale rule: max6's mean SQNR on the same layers and the layers where the rule did worse."""
+    if not report or any("max6_sqnr_db" not in r for r in report.values()):
+        return {}
+    worse = [n for n, r in report.items() if r["rel_fro_error"] > r["max6_rel_fro_error"]]
+    return {"max6_sqnr_db_mean": sum(r["max6_sqnr_db"] for r in report.values()) / len(report),
+            "layers_worse_than_max6": worse}

@@ -68,9 +68,10 @@ def test_dequantize_bit_exact_both_directions(case):
     # their packing: our dequantize == their decompressor (bf16), and our fp32 rounds to it
     assert torch.equal(nvfp4.dequantize(cp, cs, cgs, dtype=bf16), ct_decompress(cp, cs, cgs))
     assert torch.equal(nvfp4.dequantize(cp, cs, cgs, dtype=torch.float32).to(bf16), ct_decompress(cp, cs, cgs))
-    # our packing: their decompressor == our dequantize
-    p, s, g = nvfp4.quantize(w.to(bf16))
-    assert torch.equal(ct_decompress(p, s, g), nvfp4.dequantize(p, s, g, dtype=bf16))
+    # our packing, either scale rule: their decompressor == our dequantize
+    for rule in nvfp4.SCALE_RULES:
+        p, s, g = nvfp4.quantize(w.to(bf16), scale_rule=rule)
+        assert torch.equal(ct_decompress(p, s, g), nvfp4.dequantize(p, s, g, dtype=bf16)), rule
 
 
 def test_fused_global_scale_bit_exact():

@@ -167,3 +167,31 @@ def test_cli_quantize(tiny_dirs, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out.split("per-layer")[0])["quantized_linears"] == 14
     assert main(["quantize", "--model", str(tiny_dirs["qwen2"]), "--output", str(dst), "--no-progress"]) == 2
     assert "--force" in capsys.readouterr().err
+
+
+def test_four_over_six_checkpoint_reports_the_rule_and_lower_error(tiny_dirs, tmp_path):
+    """`--scale-rule four-over-six`: an ordinary NVFP4 checkpoint (our loader reads it), the rule in its report
+    and manifest (so switching rules re-quantizes instead of calling the old one up to date), and a lower
+    relative error than max6 on (nearly) every layer of the tiny model — the report names any exception."""
+    import json
+
+    from qerl.models import load_policy
+
+    out = {r: tmp_path / r for r in ("max6", "four-over-six")}
+    for rule, dst in out.items():
+        summary = quantize_checkpoint(tiny_dirs["qwen2"], dst, progress=False, scale_rule=rule)
+        assert summary["scale_rule"] == rule
+    layers = {r: json.loads((d / "quantization_report.json").read_text())["layers"] for r, d in out.items()}
+    worse = [n for n in layers["max6"] if layers["four-over-six"][n]["rel_fro_error"] > layers["max6"][n]["rel_fro_error"]]
+    assert len(worse) <= len(layers["max6"]) // 10, worse
+    # the four-over-six report carries max6's error of each layer beside its own, and names where it is worse
+    fos = json.loads((out["four-over-six"] / "quantization_report.json").read_text())
+    n = next(iter(layers["max6"]))
+    assert abs(fos["layers"][n]["max6_rel_fro_error"] - layers["max6"][n]["rel_fro_error"]) < 1e-3
+    assert fos["summary"]["layers_worse_than_max6"] == worse
+    assert fos["summary"]["sqnr_db_mean"] > fos["summary"]["max6_sqnr_db_mean"]
+    load_policy(out["four-over-six"], base="nvfp4", dtype=torch.float32)
+    again = quantize_checkpoint(tiny_dirs["qwen2"], out["four-over-six"], progress=False, scale_rule="four-over-six")
+    assert again["up_to_date"]
+    with pytest.raises(CheckpointError, match="already holds a different model or quantization"):
+        quantize_checkpoint(tiny_dirs["qwen2"], out["four-over-six"], progress=False, scale_rule="max6")

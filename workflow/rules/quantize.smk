@@ -12,6 +12,7 @@ rule quantize:
         src=lambda w: model_path(w.model),
         out=lambda w, output: os.path.dirname(output.config),
         shard=config.get("quantize", {}).get("max_shard_size", "2GB"),
+        rule=config.get("quantize", {}).get("scale_rule", "max6"),
         track=lambda w: track("quantize", f"quantize/{w.model}", model=w.model),
     resources:
         mem_mb=resources("quantize", "mem_mb", 4000),
@@ -22,4 +23,5 @@ rule quantize:
         "../envs/qerl.yaml"
     shell:
         "qerl quantize --model {params.src} --output {params.out} --force --max-shard-size {params.shard} "
+        "--scale-rule {params.rule} "
         "--no-progress {params.track} > {log} 2>&1"
