@@ -58,6 +58,9 @@ def add_quantize(sub) -> None:
     q.add_argument("--scale-rule", choices=["max6", "four-over-six"], default="max6",
                    help="block scales: max6 (the paper's: each block's largest value on 6) or four-over-six (per "
                         "block the max-to-6 or max-to-4 scale with the smaller squared error; ordinary NVFP4)")
+    q.add_argument("--keep-bf16-last", type=float, default=0, metavar="N|FRACTION",
+                   help="leave the last decoder layers in bf16: a count (e.g. 4) or a fraction of the layers (e.g. "
+                        "0.15, rounded up); written into the checkpoint's ignore list")
     q.add_argument("--no-progress", action="store_true", help="no progress bar")
     q.set_defaults(func=run_quantize)
     add_tracking(q)
@@ -77,7 +80,7 @@ def run_quantize(args) -> int:
         summary = quantize_checkpoint(args.model, args.output, force=args.force,
                                       max_shard_size=args.max_shard_size, ignore=tuple(args.ignore),
                                       revision=args.revision, progress=not args.no_progress,
-                                      scale_rule=args.scale_rule)
+                                      scale_rule=args.scale_rule, keep_bf16_last=args.keep_bf16_last)
     if summary.pop("up_to_date"):
         print(f"{args.output}: already quantized from this source; nothing to do")
     print(json.dumps(summary, indent=2))

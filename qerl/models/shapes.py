@@ -20,20 +20,33 @@ class Shape:
     head_dim: int
     vocab: int
     tied: bool = False
+    bf16_layers: int = 0  # decoder layers an NVFP4 checkpoint keeps in bf16 (its ignore list; the planner's bytes)
 
     @classmethod
     def from_config(cls, cfg) -> "Shape":
         """From a transformers config object or a ``config.json`` dict."""
         g = cfg.get if isinstance(cfg, dict) else (lambda k, d=None: getattr(cfg, k, d))
         heads = g("num_attention_heads")
-        return cls(g("hidden_size"), g("intermediate_size"), g("num_hidden_layers"), heads,
+        layers = g("num_hidden_layers")
+        return cls(g("hidden_size"), g("intermediate_size"), layers, heads,
                    g("num_key_value_heads") or heads, g("head_dim") or g("hidden_size") // heads, g("vocab_size"),
-                   bool(g("tie_word_embeddings", False)))
+                   bool(g("tie_word_embeddings", False)), _bf16_layers(g("quantization_config"), layers))
 
     def projections(self) -> dict[str, tuple[int, int]]:
         """(K, N) of the seven projections of one layer."""
         H, I, q, kv = self.hidden, self.intermediate, self.heads * self.head_dim, self.kv_heads * self.head_dim
         return {"q": (H, q), "k": (H, kv), "v": (H, kv), "o": (q, H), "gate": (H, I), "up": (H, I), "down": (I, H)}
+
+
+def _bf16_layers(qcfg, layers: int) -> int:
+    """Decoder layers whose q_proj a compressed-tensors ``ignore`` list leaves unquantized (names or ``re:``)."""
+    import re
+
+    ignore = (qcfg or {}).get("ignore") or [] if isinstance(qcfg, dict) else []
+    def kept(i):
+        name = f"model.layers.{i}.self_attn.q_proj"
+        return any(re.match(p[3:], name) if p.startswith("re:") else p == name for p in ignore)
+    return sum(kept(i) for i in range(layers or 0))
 
 
 QWEN25 = {"3B": Shape(2048, 11008, 36, 16, 2, 128, 151936, tied=True),  # the paper's GSM8K table (Table 1)

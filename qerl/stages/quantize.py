@@ -184,13 +184,16 @@ def quantize_checkpoint(
     revision: str | None = None,
     progress: bool = True,
     scale_rule: str = "max6",
+    keep_bf16_last: float = 0,
 ) -> dict:
     """Quantize ``src`` (local dir or hub id) into ``dst``; return the error report summary.
 
     A ``dst`` that already holds this quantization of the same source is left alone ("up to
     date"); one that holds anything else is refused unless ``force``. ``scale_rule``: ``max6`` (the paper's) or
     ``four-over-six`` (:func:`qerl.quant.nvfp4.quantize_four_over_six`; recorded in the report and the manifest,
-    the checkpoint itself is ordinary NVFP4).
+    the checkpoint itself is ordinary NVFP4). ``keep_bf16_last``: the last decoder layers left in bf16 (a count,
+    or a fraction of the layers), written into the checkpoint's ignore list
+    (:func:`qerl.quant.format.last_layers_pattern`) so compressed-tensors, vLLM and our loader agree.
     """
     from tqdm.auto import tqdm
 
@@ -198,6 +201,12 @@ def quantize_checkpoint(
 
     check_patterns(ignore)
     src = resolve_model_dir(src, revision)
+    if keep_bf16_last:
+        from qerl.quant.format import last_layers_pattern
+
+        layers = int(read_json(src / "config.json").get("num_hidden_layers") or 0)
+        extra = last_layers_pattern(layers, keep_bf16_last)
+        ignore = tuple(ignore) + ((extra,) if extra else ())
     dst = Path(dst)
     nvfp4._check_rule(scale_rule)
     settings = {"ignore": list(ignore), "format": "nvfp4-pack-quantized",

@@ -48,9 +48,13 @@ PROMPT_TOKENS = 256  # prompt length assumed by the plan (the data is not read b
 
 
 def weight_bytes(s: Shape, base: str) -> dict[str, float]:
-    lin = s.layers * sum(k * n for k, n in s.projections().values())
+    """Bytes of the frozen weights: the decoder linears in ``base`` (the layers an NVFP4 checkpoint keeps in bf16,
+    ``s.bf16_layers``, at 2 B), embeddings / lm_head and norms in bf16."""
+    per_layer = sum(k * n for k, n in s.projections().values())
+    kept = s.bf16_layers if base != "bf16" else 0
+    lin = (s.layers - kept) * per_layer * PACKED_BYTES[base] + kept * per_layer * 2
     emb = s.vocab * s.hidden * 2 * (1 if s.tied else 2)
-    return {"linears": lin * PACKED_BYTES[base], "embeddings+lm_head": emb, "norms": (2 * s.layers + 1) * s.hidden * 2}
+    return {"linears": lin, "embeddings+lm_head": emb, "norms": (2 * s.layers + 1) * s.hidden * 2}
 
 
 def lora_bytes(s: Shape, rank: int, eight_bit: bool) -> dict[str, float]:

@@ -195,3 +195,42 @@ def test_four_over_six_checkpoint_reports_the_rule_and_lower_error(tiny_dirs, tm
     assert again["up_to_date"]
     with pytest.raises(CheckpointError, match="already holds a different model or quantization"):
         quantize_checkpoint(tiny_dirs["qwen2"], out["four-over-six"], progress=False, scale_rule="max6")
+
+
+def test_last_layers_kept_in_bf16_by_rule(tiny_dirs, tmp_path):
+    """`--keep-bf16-last`: the last decoder layers stay bf16, named in the checkpoint's ignore list; our loader
+    builds the mixed model from it (NVFP4 below, nn.Linear in the kept layer), the engine's greedy rollout on it
+    equals the reference sampler's; bad counts are named."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from qerl.models import load_policy
+    from qerl.models.nvfp4_linear import NVFP4Linear
+    from qerl.quant.format import last_layers_pattern
+    from qerl.rollout import SamplingSettings, generate
+
+    assert last_layers_pattern(28, 0.15) == "re:(.*\\.)?layers\\.(23|24|25|26|27)\\."
+    assert last_layers_pattern(28, 0) is None and last_layers_pattern(4, 1) == "re:(.*\\.)?layers\\.(3)\\."
+    for bad, msg in ((2.5, "a layer count"), (-1, "a layer count"), (40, "the model has 28 decoder layers")):
+        with pytest.raises(ValueError, match=msg):
+            last_layers_pattern(28, bad)
+    dst = tmp_path / "mixed"
+    summary = quantize_checkpoint(tiny_dirs["qwen2"], dst, progress=False, keep_bf16_last=1)
+    cfg = json.loads((dst / "config.json").read_text())
+    assert cfg["quantization_config"]["ignore"] == ["lm_head", "re:(.*\\.)?layers\\.(1)\\."]
+    assert summary["quantized_linears"] == 7  # layer 0's seven projections; layer 1 whole in bf16
+    model = load_policy(dst, base="nvfp4", dtype=torch.float32)
+    layers = model.model.layers
+    assert isinstance(layers[0].self_attn.q_proj, NVFP4Linear) and type(layers[1].mlp.down_proj) is torch.nn.Linear
+    tok = AutoTokenizer.from_pretrained(dst)
+    outs = [generate(model, tok, ["12+7=", "ab"], SamplingSettings(temperature=0, max_new_tokens=6, engine=e))
+            for e in ("engine", "reference")]
+    assert outs[0].texts == outs[1].texts
+    # transformers' own compressed-tensors loader reads the same mixed model (its ignore regex as ours)
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(dst)
+    x = torch.randint(3, 250, (2, 9))
+    with torch.no_grad():
+        assert torch.equal(hf(x).logits, load_policy(dst, base="nvfp4")(x).logits)

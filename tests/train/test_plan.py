@@ -296,3 +296,20 @@ def test_the_paper_3b_shape_plans_with_tied_embeddings(tmp_path):
     cfg.write_text("method: qerl\nmodel: {path: none}\nprompts_per_step: 8\nalgorithm: {group_size: 8}\n"
                    "rollout: {max_new_tokens: 1024}\n")
     assert main(["plan", "--config", str(cfg), "--shape", "3B", "--gpu-gb", "80", "--json"]) == 0
+
+
+def test_mixed_checkpoints_plan_their_bf16_layers():
+    """A checkpoint that keeps its last layers in bf16 (`qerl quantize --keep-bf16-last`): the planner reads them
+    from the ignore list and counts those layers' linears at 2 B per weight."""
+    from qerl.models.shapes import Shape
+    from qerl.quant.format import last_layers_pattern
+
+    cfg = {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+           "num_key_value_heads": 4, "vocab_size": 152064}
+    plain = Shape.from_config(cfg)
+    mixed = Shape.from_config({**cfg, "quantization_config": {"ignore": ["lm_head", last_layers_pattern(28, 0.15)]}})
+    assert plain.bf16_layers == 0 and mixed.bf16_layers == 5
+    per_layer = sum(k * n for k, n in plain.projections().values())
+    extra = plan.weight_bytes(mixed, "nvfp4")["linears"] - plan.weight_bytes(plain, "nvfp4")["linears"]
+    assert extra == pytest.approx(5 * per_layer * (2 - plan.PACKED_BYTES["nvfp4"]))
+    assert plan.weight_bytes(mixed, "bf16") == plan.weight_bytes(plain, "bf16")
