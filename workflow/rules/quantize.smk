@@ -12,7 +12,7 @@ rule quantize:
         src=lambda w: model_path(w.model),
         out=lambda w, output: os.path.dirname(output.config),
         shard=config.get("quantize", {}).get("max_shard_size", "2GB"),
-        rule=config.get("quantize", {}).get("scale_rule", "max6"),
+        rule=lambda w: config["models"][w.model].get("scale_rule", config.get("quantize", {}).get("scale_rule", "max6")),
         track=lambda w: track("quantize", f"quantize/{w.model}", model=w.model),
     resources:
         mem_mb=resources("quantize", "mem_mb", 4000),
