@@ -227,6 +227,18 @@ def test_last_layers_kept_in_bf16_by_rule(tiny_dirs, tmp_path):
     outs = [generate(model, tok, ["12+7=", "ab"], SamplingSettings(temperature=0, max_new_tokens=6, engine=e))
             for e in ("engine", "reference")]
     assert outs[0].texts == outs[1].texts
+    # the trainer: QeRL (LoRA on both kinds of layer, AQN) trains on the mixed model
+    import yaml
+
+    from qerl.cli import main
+
+    cfg = {"method": "qerl", "output_dir": str(tmp_path / "run"), "steps": 2, "prompts_per_step": 2,
+           "micro_batch_size": 4, "device": "cpu", "model": {"path": str(dst), "dtype": "float32"},
+           "data": {"task": "synthetic"}, "rollout": {"max_new_tokens": 4}, "algorithm": {"group_size": 2},
+           "lora": {"r": 4, "alpha": 8}, "reward": {"correctness": "exact"}, "tracking": {"backend": "none"}}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["train", "--config", str(tmp_path / "run.yaml"), "--no-progress"]) == 0
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2
     # transformers' own compressed-tensors loader reads the same mixed model (its ignore regex as ours)
     from transformers import AutoModelForCausalLM
 
