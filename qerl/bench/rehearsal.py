@@ -97,12 +97,20 @@ def paper_train_config(shape_dir: Path, data: Path, out: Path, steps: int, sets:
     return cfg
 
 
-def _run(args: list[str], log: Path, env: dict | None = None) -> float:
-    """``python -m qerl ARGS`` (its output to ``log``); seconds; a failure raises with the log's tail."""
+class StageTimeout(RuntimeError):
+    """A stage ran past its time budget (``--stage-timeout``); what it wrote so far is kept."""
+
+
+def _run(args: list[str], log: Path, env: dict | None = None, timeout: float | None = None) -> float:
+    """``python -m qerl ARGS`` (its output to ``log``); seconds; a failure raises with the log's tail, a stage past
+    ``timeout`` seconds is stopped (:class:`StageTimeout`)."""
     t0 = time.perf_counter()
     with open(log, "w") as f:
-        r = subprocess.run([sys.executable, "-m", "qerl", *args], stdout=f, stderr=subprocess.STDOUT,
-                           env={**os.environ, **(env or {})})
+        try:
+            r = subprocess.run([sys.executable, "-m", "qerl", *args], stdout=f, stderr=subprocess.STDOUT,
+                               env={**os.environ, **(env or {})}, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise StageTimeout(f"qerl {args[0]} stopped after {timeout:.0f} s (--stage-timeout)") from None
     secs = time.perf_counter() - t0
     if r.returncode:
         tail = log.read_text()[-2500:]
@@ -111,8 +119,9 @@ def _run(args: list[str], log: Path, env: dict | None = None) -> float:
 
 
 def rehearse(shape: str, work: Path, steps: int, eval_problems: int, sets: list[str], device: str,
-             emit) -> None:
-    """The stages for one shape; ``emit(row)`` after each."""
+             emit, stage_timeout: float | None = None) -> None:
+    """The stages for one shape; ``emit(row)`` after each. A train stage past ``stage_timeout`` is stopped and its
+    finished steps reported (status ``timeout``); evaluation then does not run."""
     import yaml
 
     work.mkdir(parents=True, exist_ok=True)
@@ -130,12 +139,26 @@ def rehearse(shape: str, work: Path, steps: int, eval_problems: int, sets: list[
     emit({**base, "stage": "quantize", "seconds": secs})
     cfg = paper_train_config(work / "nvfp4", data, work / "train", steps, sets)
     (work / "train.yaml").write_text(yaml.safe_dump(cfg))
-    secs = _run(["train", "--config", str(work / "train.yaml"), "--no-progress"], work / "train.log")
-    rows = [json.loads(x) for x in (work / "train" / "metrics.jsonl").read_text().splitlines()]
+    status, t_train = "ok", time.perf_counter()
+    try:
+        secs = _run(["train", "--config", str(work / "train.yaml"), "--no-progress"], work / "train.log",
+                    timeout=stage_timeout)
+    except StageTimeout:
+        status, secs = "timeout", time.perf_counter() - t_train
+    metrics = work / "train" / "metrics.jsonl"
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
     seqs = cfg["prompts_per_step"] * cfg["algorithm"]["group_size"]
+    if not rows:
+        emit({**base, "stage": "train", "status": status, "seconds": secs, "steps": 0,
+              "note": f"no step finished in {secs:.0f} s ({cfg['prompts_per_step']} prompts x G "
+                      f"{cfg['algorithm']['group_size']}, {cfg['rollout']['max_new_tokens']} new tokens, mu "
+                      f"{cfg['algorithm']['updates_per_batch']}); the log's last lines: "
+                      + " / ".join((work / "train.log").read_text().strip().splitlines()[-2:])[-300:]})
+        return
     last = rows[-1]
     step_s = last["rollout_seconds"] + last["train_seconds"]
-    emit({**base, "stage": "train", "seconds": secs, "steps": len(rows), "sequences": seqs * len(rows),
+    emit({**base, "stage": "train", "status": status, "seconds": secs, "steps": len(rows),
+          "sequences": seqs * len(rows),
           "generated_tokens": sum(r["generated_tokens"] for r in rows), "seconds_per_step": step_s,
           "tokens_per_second": last["tokens_per_second"], "peak_gb": max(r.get("peak_memory_gb", 0) for r in rows),
           "note": (f"last step: rollout {last['rollout_seconds']:.1f} s, update {last['train_seconds']:.1f} s; "
@@ -143,6 +166,8 @@ def rehearse(shape: str, work: Path, steps: int, eval_problems: int, sets: list[
                    f"{cfg['rollout']['max_new_tokens']} new tokens, mu {cfg['algorithm']['updates_per_batch']}, "
                    f"micro-batch {cfg['micro_batch_size']}; first step {rows[0]['rollout_seconds'] + rows[0]['train_seconds']:.1f} s"
                    + (f"; overrides {' '.join(sets)}" if sets else ""))})
+    if status != "ok":
+        return
     ev = yaml.safe_load(PAPER.read_text())["evaluation"]
     max_new = int(cfg["rollout"]["max_new_tokens"])
     secs = _run(["evaluate", "--model", str(work / "nvfp4"), "--base", "nvfp4", "--adapter",
@@ -197,6 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", type=Path, default=None, help="where the stand-ins and runs go (default: a temp dir)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override the train config")
     p.add_argument("--device", default="cuda", help="where the stand-in is built (cuda; cpu for a smoke test)")
+    p.add_argument("--stage-timeout", type=float, default=None,
+                   help="stop the train stage after this many seconds and report the steps it finished")
     return p
 
 
@@ -223,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for shape in a.shapes:
         try:
-            rehearse(shape, work / shape, a.steps, a.eval_problems, a.set, a.device, emit)
+            rehearse(shape, work / shape, a.steps, a.eval_problems, a.set, a.device, emit, a.stage_timeout)
         except (RuntimeError, torch.cuda.OutOfMemoryError) as e:
             emit({"shape": shape, "stage": "failed", "status": "error", "note": str(e)[-600:].replace("\n", " ")})
     return 0 if all(r["status"] == "ok" for r in rows) else 1

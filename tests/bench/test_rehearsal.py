@@ -38,3 +38,34 @@ def test_rehearsal_runs_every_stage_on_cpu(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "w" / "eval.json").read_text())["benchmark"] == "gsm8k_like"
     path = rehearsal.write([{"device": "CPU", **r} for r in rows], tmp_path / "out", "CPU")
     assert path.name == "rehearsal_CPU.csv" and "| tiny | train | ok |" in path.with_suffix(".md").read_text()
+
+
+def test_a_train_stage_past_its_budget_reports_the_steps_it_finished(tmp_path, monkeypatch):
+    """`--stage-timeout`: the train stage is stopped, its finished steps reported (status timeout), evaluation
+    skipped; with no finished step the row says so with the log's last lines."""
+    import subprocess
+
+    monkeypatch.setitem(QWEN25, "tiny", Shape(64, 128, 2, 4, 2, 16, 512))
+    real = rehearsal._run
+
+    def fake(args, log, env=None, timeout=None):
+        if args[0] != "train":
+            return real(args, log, env, timeout)
+        out = tmp_path / "w" / "train"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics.jsonl").write_text(json.dumps({"rollout_seconds": 3.0, "train_seconds": 4.0,
+                                                       "generated_tokens": 64, "tokens_per_second": 21.3}) + "\n")
+        log.write_text("step 1/2 ...\n")
+        raise rehearsal.StageTimeout("qerl train stopped after 5 s (--stage-timeout)")
+
+    monkeypatch.setattr(rehearsal, "_run", fake)
+    rows = []
+    rehearsal.rehearse("tiny", tmp_path / "w", 2, 1, ["device=cpu", "model.dtype=float32"], "cpu", rows.append, 5)
+    assert [r["stage"] for r in rows] == ["stand-in", "quantize", "train"]
+    assert rows[-1]["status"] == "timeout" and rows[-1]["steps"] == 1 and rows[-1]["seconds_per_step"] == 7.0
+    # the real runner turns subprocess's timeout into StageTimeout
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(subprocess.TimeoutExpired("x", 1)))
+    import pytest
+
+    with pytest.raises(rehearsal.StageTimeout, match="stopped after 1 s"):
+        real(["train"], tmp_path / "t.log", timeout=1)
