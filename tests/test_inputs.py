@@ -49,8 +49,8 @@ def test_fetch_writes_the_lock_and_check_finds_the_cache(tmp_path, fake_hub, cap
     lock_path = tmp_path / "paper.lock.yaml"
     assert main(["fetch", "--configfile", str(PAPER), "--dry-run"]) == 0
     listed = capsys.readouterr().out
-    assert "model qwen2.5-32b: Qwen/Qwen2.5-32B-Instruct@main" in listed and "dataset aime25: yentinglin/aime_2025@main" \
-        in listed
+    assert "model qwen2.5-32b: Qwen/Qwen2.5-32B-Instruct@main" in listed
+    assert "dataset aime25: yentinglin/aime_2025@main" in listed
     assert main(["fetch", "--configfile", str(PAPER), "--lock", str(lock_path)]) == 0
     lock = yaml.safe_load(lock_path.read_text())
     assert set(lock["models"]) == {"qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b"}

@@ -164,7 +164,8 @@ def rehearse(shape: str, work: Path, steps: int, eval_problems: int, sets: list[
           "note": (f"last step: rollout {last['rollout_seconds']:.1f} s, update {last['train_seconds']:.1f} s; "
                    f"{cfg['prompts_per_step']} prompts x G {cfg['algorithm']['group_size']}, "
                    f"{cfg['rollout']['max_new_tokens']} new tokens, mu {cfg['algorithm']['updates_per_batch']}, "
-                   f"micro-batch {cfg['micro_batch_size']}; first step {rows[0]['rollout_seconds'] + rows[0]['train_seconds']:.1f} s"
+                   f"micro-batch {cfg['micro_batch_size']}; first step "
+                   f"{rows[0]['rollout_seconds'] + rows[0]['train_seconds']:.1f} s"
                    + (f"; overrides {' '.join(sets)}" if sets else ""))})
     if status != "ok":
         return

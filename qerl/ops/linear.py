@@ -14,8 +14,8 @@ autograd (rollouts, evaluation) a backend may run it in the same launch as the b
 Backends: the pure-torch reference below (dequantize, then ``F.linear``) is the readable
 definition and the CPU path. On CPU the dequantized weight is cached per packed weight (:func:`dequantized_weight`:
 LRU, ``QERL_CPU_WEIGHT_CACHE_MB``, default 4096, 0 = off; valid while the packed tensors are the same objects,
-unmodified), so generation does not rebuild every weight at every token. The GPU kernels (``qerl_kernels``, which import nothing from ``qerl``) become a
-backend here (:func:`kernel_backend`, on the first call, unless ``QERL_KERNELS=off``); setting the environment
+unmodified), so generation does not rebuild every weight at every token. The GPU kernels (``qerl_kernels``, which
+import nothing from ``qerl``) become a backend here (:func:`kernel_backend`, on the first call, unless ``QERL_KERNELS=off``); setting the environment
 variable ``QERL_FORCE_REFERENCE=1`` forces the reference everywhere for debugging.
 """
 from __future__ import annotations

@@ -142,7 +142,8 @@ def _quantize_rows(w: torch.Tensor, gs: torch.Tensor, name: str, scale_rule: str
         ref2 += float(chunk.double().square().sum())
         if gs6 is not None:
             p6, s6, _ = nvfp4.quantize(chunk, global_scale=gs6, name=name)
-            base2 += float((chunk.double() - nvfp4.dequantize(p6, s6, gs6, dtype=torch.float32).double()).square().sum())
+            d6 = chunk.double() - nvfp4.dequantize(p6, s6, gs6, dtype=torch.float32).double()
+            base2 += float(d6.square().sum())
         packed.append(p)
         scales.append(s)
     rel = math.sqrt(err2 / ref2) if ref2 > 0 else 0.0

@@ -51,7 +51,8 @@ def test_lengths_and_groups_columns_and_old_files(tmp_path):
     assert [(r["group_size"], r["lengths"], r["tok_s"]) for r in merged] == [
         (1, "fixed", 900.0), (16, "lognormal:median=300,sigma=0.9", 700.0)]
     md = (tmp_path / "out" / "Test_GPU.md").read_text()
-    assert "| 7B | nvfp4 | qerl | 64 | 16 | lognormal:median=300,sigma=0.9 | 256 | 1024 | 700 | 91.43 | — | — |" in md
+    assert ("| 7B | nvfp4 | qerl | 64 | 16 | lognormal:median=300,sigma=0.9 | 256 | 1024 | 700 | 91.43 | — | — |"
+            in md)
 
 
 def test_cli_refuses_bad_lengths_and_groups(capsys):

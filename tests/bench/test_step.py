@@ -74,7 +74,8 @@ def test_scaling_table_from_one_and_two_gpu_rows(tmp_path):
     lens = "lognormal:median=300,sigma=0.9"
     real = [{**r, "lengths": lens} for r in (one, {**two, "total_s": 6.0, "rank_idle_s": 0.9})]
     text = "\n".join(bench_step.scaling_lines([one, one8, two, two32] + real))
-    assert f"| 7B | qerl | 1024 | {lens} | 2 | 16 | 8 | 6.00 | 10.00 s: **1.67×** (83%) | — | 0.90 s (15.0%) |" in text
+    assert (f"| 7B | qerl | 1024 | {lens} | 2 | 16 | 8 | 6.00 | 10.00 s: **1.67×** (83%) | — | 0.90 s (15.0%) |"
+            in text)
 
 
 def test_projected_scaling_from_one_gpu_rows(tmp_path):

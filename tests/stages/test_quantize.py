@@ -182,7 +182,8 @@ def test_four_over_six_checkpoint_reports_the_rule_and_lower_error(tiny_dirs, tm
         summary = quantize_checkpoint(tiny_dirs["qwen2"], dst, progress=False, scale_rule=rule)
         assert summary["scale_rule"] == rule
     layers = {r: json.loads((d / "quantization_report.json").read_text())["layers"] for r, d in out.items()}
-    worse = [n for n in layers["max6"] if layers["four-over-six"][n]["rel_fro_error"] > layers["max6"][n]["rel_fro_error"]]
+    worse = [n for n in layers["max6"]
+             if layers["four-over-six"][n]["rel_fro_error"] > layers["max6"][n]["rel_fro_error"]]
     assert len(worse) <= len(layers["max6"]) // 10, worse
     # the four-over-six report carries max6's error of each layer beside its own, and names where it is worse
     fos = json.loads((out["four-over-six"] / "quantization_report.json").read_text())

@@ -375,7 +375,8 @@ class RolloutEngine:
         end = int(hit[0]) + 1 if len(hit) else t
         if stop_at is not None and stop_at + 1 < end:
             end = stop_at + 1
-        scripted = self._eos_at[row] < comp_tok.shape[1] and self._eos_at[row] <= end  # eos_at (benchmarks; at the max: truncated)
+        # eos_at (benchmarks): stopped at its drawn length below the max = ended as with an EOS (at the max: truncated)
+        scripted = self._eos_at[row] < comp_tok.shape[1] and self._eos_at[row] <= end
         end = min(end, self._eos_at[row])
         ended[row] = bool(len(hit)) or stop_at is not None or scripted
         ends[row] = end
