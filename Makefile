@@ -7,7 +7,7 @@ STAMP := $(VENV)/.qerl-installed
 
 .PHONY: run test install example-report clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade --quiet pip
 	$(BIN)/pip install --quiet -e ".[test]"
