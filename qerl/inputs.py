@@ -54,16 +54,21 @@ def hub_inputs(config: dict) -> list[HubInput]:
     for d in config.get("datasets", {}).values():
         if d.get("task") in HUB_TASKS:
             tasks.setdefault(d["task"], d.get("revision"))
-    benches = dict.fromkeys(config.get("evaluation", {}).get("benchmarks", []))
-    for block in config.get("experiments", []):
-        benches.update(dict.fromkeys(block.get("benchmarks", [])))
-    for b in benches:
+    for b in benchmark_names(config):
         if b in BENCHMARKS and b in HUB_TASKS:
             tasks.setdefault(b, None)
     for task, rev in tasks.items():
         spec = HUB_TASKS[task]
         out.append(HubInput("dataset", task, spec.repo, str(rev or spec.revision), spec.config, spec.split))
     return out
+
+
+def benchmark_names(config: dict) -> list[str]:
+    """Every benchmark a workflow config evaluates on (``evaluation.benchmarks`` and the experiment blocks' own)."""
+    out = dict.fromkeys(config.get("evaluation", {}).get("benchmarks", []))
+    for block in config.get("experiments", []):
+        out.update(dict.fromkeys(block.get("benchmarks", [])))
+    return list(out)
 
 
 def default_lock_path(config_file: str | Path) -> Path:

@@ -134,18 +134,10 @@ def apply_lock(config: dict) -> dict[tuple[str, str], str]:
     return commits
 
 
-def benchmark_names(config: dict) -> list[str]:
-    """Every benchmark the config evaluates on (``evaluation.benchmarks`` and the experiment blocks' own)."""
-    ev = config.get("evaluation", {})
-    out = dict.fromkeys(ev.get("benchmarks", []))
-    for block in config.get("experiments", []):
-        out.update(dict.fromkeys(block.get("benchmarks", [])))
-    return list(out)
-
-
 def check_benchmarks(config: dict, root: str = ".") -> None:
     """Each benchmark named is registered or defined under ``evaluation.local_benchmarks`` with an existing file
     (relative paths from ``root``, the workflow's directory); a ValueError names the culprit."""
+    from qerl.inputs import benchmark_names
     from qerl.stages.evaluate import BENCHMARKS
 
     local = config.get("evaluation", {}).get("local_benchmarks", {}) or {}

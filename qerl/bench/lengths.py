@@ -99,3 +99,13 @@ def summary(lengths: list[int], max_len: int) -> str:
     q = lambda f: s[min(len(s) - 1, int(f * len(s)))]  # noqa: E731
     at_max = sum(x >= max_len for x in s) / len(s)
     return f"median {q(0.5)}, mean {sum(s) / len(s):.0f}, p90 {q(0.9)}, {at_max:.0%} at the max {max_len}"
+
+
+def argtype(spec: str) -> Lengths:
+    """:func:`parse` as an argparse ``type`` (a bad spec is a usage error naming it)."""
+    import argparse
+
+    try:
+        return parse(spec)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

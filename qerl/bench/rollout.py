@@ -324,6 +324,7 @@ def merge(paths: list[Path], out: Path) -> Path:
 
 def build_parser() -> argparse.ArgumentParser:
     from qerl.argtypes import HelpFormatter
+    from qerl.bench.lengths import argtype as lengths_arg
 
     p = argparse.ArgumentParser(prog="qerl bench rollout", description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter)
@@ -339,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-len", type=int, default=256, help="prompt tokens")
     p.add_argument("--gen-len", type=int, default=1024, help="generated tokens of the engine")
     p.add_argument("--slow-gen-len", type=int, default=64, help="generated tokens of the reference / transformers")
-    p.add_argument("--lengths", nargs="+", type=_lengths, default=None, metavar="SPEC",
+    p.add_argument("--lengths", nargs="+", type=lengths_arg, default=None, metavar="SPEC",
                    help="completion lengths of the engine rows: fixed | lognormal:median=M,sigma=S | "
                         "uniform:low=A,high=B (each row stopped at a seeded drawn length; one set of rows per spec)")
     p.add_argument("--group-size", type=int, default=1,
@@ -351,19 +352,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _lengths(spec: str):
-    from qerl.bench.lengths import parse
-
-    try:
-        return parse(spec)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     if a.lengths is None:
-        a.lengths = [_lengths("fixed")]
+        from qerl.bench.lengths import Lengths
+
+        a.lengths = [Lengths()]  # fixed
     bad = [b for b in a.batches if b % a.group_size]
     if a.group_size < 1 or bad:
         raise SystemExit(f"--group-size {a.group_size}: must be >= 1 and divide every batch (not {bad})")

@@ -465,6 +465,7 @@ def merge(paths: list[Path], out: Path) -> tuple[Path, Path]:
 
 def build_parser() -> argparse.ArgumentParser:
     from qerl.argtypes import HelpFormatter
+    from qerl.bench.lengths import argtype as lengths_arg
 
     p = argparse.ArgumentParser(prog="qerl bench step", description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter)
@@ -477,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-lens", nargs="+", type=int, default=[1024, 2048], help="completion lengths")
     p.add_argument("--long-gen", type=int, default=4096, help="extra completion length for 32B QeRL (0: none)")
     p.add_argument("--prompt-len", type=int, default=256, help="prompt tokens")
-    p.add_argument("--lengths", type=_lengths, default=None, metavar="SPEC",
+    p.add_argument("--lengths", type=lengths_arg, default=None, metavar="SPEC",
                    help="completion lengths of the measured steps: fixed | lognormal:median=M,sigma=S | "
                         "uniform:low=A,high=B (each row stopped at a seeded drawn length, as if it sampled EOS)")
     p.add_argument("--micro-batch", type=int, default=2, help="sequences per forward/backward of the update")
@@ -496,15 +497,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--merge", nargs="+", metavar="CSV", type=Path,
                    help="only merge runs of one device into --output's file set (later files win; no GPU)")
     return p
-
-
-def _lengths(spec: str):
-    from qerl.bench.lengths import parse
-
-    try:
-        return parse(spec)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def main(argv: list[str] | None = None) -> int:

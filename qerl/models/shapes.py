@@ -42,11 +42,9 @@ def _bf16_layers(qcfg, layers: int) -> int:
     """Decoder layers whose q_proj a compressed-tensors ``ignore`` list leaves unquantized (names or ``re:``)."""
     import re
 
-    ignore = (qcfg or {}).get("ignore") or [] if isinstance(qcfg, dict) else []
-    def kept(i):
-        name = f"model.layers.{i}.self_attn.q_proj"
-        return any(re.match(p[3:], name) if p.startswith("re:") else p == name for p in ignore)
-    return sum(kept(i) for i in range(layers or 0))
+    ignore = qcfg.get("ignore") or [] if isinstance(qcfg, dict) else []
+    names = [f"model.layers.{i}.self_attn.q_proj" for i in range(layers or 0)]
+    return sum(any(re.match(p[3:], n) if p.startswith("re:") else p == n for p in ignore) for n in names)
 
 
 QWEN25 = {"3B": Shape(2048, 11008, 36, 16, 2, 128, 151936, tied=True),  # the paper's GSM8K table (Table 1)

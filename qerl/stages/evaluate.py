@@ -159,9 +159,10 @@ def precheck(model_dir: str | Path, benchmark: str, settings: EvalSettings, adap
     if adapter is not None and not (Path(adapter) / "adapter_config.json").is_file():
         raise CheckpointError(f"--adapter {adapter}: not a PEFT adapter directory (no adapter_config.json; a trained "
                               "run's adapter is its final/ directory)")
-    records, _, template = benchmark_records(benchmark, settings)
+    bench = resolve_benchmark(benchmark)
+    records, _, template = benchmark_records(bench, settings)
     check_records(records, load_tokenizer(src), template, settings.max_new_tokens, model_context(src),
-                  f"--benchmark {resolve_benchmark(benchmark).path or resolve_benchmark(benchmark).name}")
+                  f"--benchmark {bench.path or bench.name}")
 
 
 def load_for_eval(base_path: str | Path, base: str, adapter: str | Path | None, dtype, device):

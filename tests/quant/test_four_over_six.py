@@ -19,7 +19,7 @@ def _judge(w):
 def _student_t(n, k, df=3.0, seed=0):
     g = torch.Generator().manual_seed(seed)
     z = torch.randn(n, k, generator=g)
-    chi = torch.distributions.Chi2(torch.tensor(df)).sample((n, k))  # (seeded below)
+    chi = torch.distributions.Chi2(torch.tensor(df)).sample((n, k))  # (torch's global RNG: the tests seed it)
     return (z / torch.sqrt(chi / df) * 0.02).to(torch.bfloat16)
 
 

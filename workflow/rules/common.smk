@@ -9,6 +9,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from qerl import workflow_config as wc
+from qerl.inputs import benchmark_names
 
 validate(config, os.path.join(workflow.basedir, "workflow/schemas/config.schema.yaml"))
 # `inputs_lock` (qerl fetch): hub models / training sets at the locked commits (in the config from here on), the
@@ -76,7 +77,7 @@ wildcard_constraints:
     model="|".join(re.escape(m) for m in MODELS),
     dataset="|".join(re.escape(d) for d in config["datasets"]) + "|none",
     seed=r"\d+",
-    benchmark="|".join(re.escape(b) for b in wc.benchmark_names(config)),
+    benchmark="|".join(re.escape(b) for b in benchmark_names(config)),
 
 
 def resources(kind, key, default):
