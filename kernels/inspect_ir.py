@@ -121,6 +121,26 @@ def compile_wgmma(WG=1, BT=64, NS=3, split=False, bias=False, XG=True, PIPE=Fals
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4 * WG})
 
 
+def compile_ws(C=2, MT=1, BT=64, NS=4, split=False, bias=False, R=0, PDL=False, OCC=1, SK=False):
+    """The warp-specialised warpgroup-MMA kernel (:mod:`qerl_kernels.nvfp4_wgmma_ws`, Gluon) for sm_90: C consumer
+    warpgroups of MT m64 tiles, BT activation rows, NS ring stages, OCC programs per SM (the register split),
+    stream-K schedule SK."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from qerl_kernels.nvfp4_wgmma_ws import PRODUCER_WARPS, _nvfp4_ws_kernel, register_split
+
+    maxnreg, creg, _ = register_split(C, OCC)
+    consts = {"HAS_BIAS": bool(bias), "USE_SPLIT": bool(split), "C": C, "MT": MT, "BT": BT, "NS": NS, "CREGS": creg,
+              "R": R, "PDL": bool(PDL), "SK": bool(SK)}
+    sig = {**WGMMA_SIG, **{k: "constexpr" for k in consts}}
+    names = list(sig)
+    attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in WGMMA_SIG
+             if k.endswith("_ptr") or k not in ("M", "SPLIT", "lora_scale")}
+    src = GluonASTSource(_nvfp4_ws_kernel, sig, {(names.index(k),): v for k, v in consts.items()}, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": PRODUCER_WARPS, "maxnreg": maxnreg})
+
+
 def sass_of(kernel) -> str:
     nvdisasm = os.path.join(triton.__path__[0], "backends", "nvidia", "bin", "nvdisasm")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:

@@ -461,8 +461,10 @@ def _launch_wgmma(c: _Call) -> torch.Tensor:
 
     cfg, (bias, xa, lb) = c.cfg, c.extra
     split = int(cfg.get("SPLIT", 1))
-    wg, bt = int(cfg.get("WG", 1)), int(cfg.get("BT", 64))
+    wg, bt = int(cfg.get("C", 2) if cfg.get("WS") else cfg.get("WG", 1)), int(cfg.get("BT", 64))
     tiles = triton.cdiv(c.N, 64 * wg * int(cfg.get("MT", 1))) * triton.cdiv(c.M, bt)
+    if cfg.get("WS"):  # one ticket per consumer sub-tile
+        tiles *= wg
     if tiles > _LOCK_SLOTS - 4:
         split = 1
     locks, xperm = _locks(c.x2.device), None

@@ -165,6 +165,30 @@ def _stream_k_paths(M: int) -> list[dict]:
     return out
 
 
+def _ws_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
+    """M 17..512, K % 128 == 0: the warp-specialised kernel (``WS``, :mod:`qerl_kernels.nvfp4_wgmma_ws`) — C consumer
+    warpgroups of MT m64 tiles (64·C·MT weight rows per program over one activation tile of BT rows), OCC programs
+    per SM, NS ring stages (within 227 KiB of shared memory per SM), on the stream-K schedule (``SK``) or split-K
+    (the split that fills the SMs, and none)."""
+    from qerl_kernels.nvfp4_wgmma_ws import ring_bytes
+
+    out = []
+    bts = (32,) if M <= 32 else (64,) if M <= 64 else (64, 128)
+    for bt in bts:
+        for c, mt, occ in ((1, 1, 2), (2, 1, 1), (4, 1, 1), (2, 2, 1)):
+            if (c * mt > 2 or occ > 1) and bt > 64:  # (registers: 96 per consumer thread at C = 4)
+                continue
+            for ns in ((4, 6) if bt <= 64 else (3, 4)):
+                if ring_bytes(c, mt, bt, ns, R=32) * occ > 227 * 1024:  # (with the LoRA-32 epilogue's xa tiles)
+                    continue
+                base = dict(WGMMA=1, WS=1, C=c, MT=mt, BT=bt, NS=ns, OCC=occ)
+                tiles = -(-N // (64 * c * mt)) * -(-M // bt)
+                fill = max(1, min(K // 512, round(occ * sms / tiles)))
+                out.append({**base, "SPLIT": 1, "SK": 1})
+                out += [{**base, "SPLIT": sp} for sp in sorted({1, fill})]
+    return out
+
+
 def _dq_paths(M: int) -> list[dict]:
     """Dequantize windows of 8M / 32M / 64M / 128M weights (16-256 MiB of bf16 scratch) + cuBLAS."""
     return [dict(DQ=1, CHUNK=c) for c in (1 << 23, 1 << 25, 1 << 26, 1 << 27)] if M >= 64 else []
@@ -179,6 +203,9 @@ def candidates(kind: str, M: int, N: int, K: int, sms: int, paths: str = "all", 
     if paths == "wgmma":  # only the warpgroup-MMA kernel against the config in use now
         out = _wgmma_paths(M, N, K, sms) if kind == "fwd" else []
         out += _stream_k_paths(M) if kind == "fwd" and K % 128 == 0 and 16 < M <= 512 else []
+        return out + ([current] if out and current and current not in out else [])
+    if paths == "ws":  # only the warp-specialised kernel against the config in use now
+        out = _ws_paths(M, N, K, sms) if kind == "fwd" and K % 128 == 0 and 16 < M <= 512 else []
         return out + ([current] if out and current and current not in out else [])
     if paths == "streamk":  # only the stream-K schedule against the config in use now
         out = _stream_k_paths(M) if kind == "fwd" and K % 128 == 0 and 16 < M <= 512 else []
@@ -268,7 +295,7 @@ def precompile(jobs: list[tuple], workers: int, progress: bool = True) -> int:
 def _current(paths: str, device: str, kind: str, M: int, N: int, K: int, sms: int) -> dict | None:
     """The config in use now, which the restricted searches time against: ``decode`` — the tuned entry,
     else the heuristic; ``dq`` — the tuned Triton entry, else the Triton-only heuristic."""
-    if paths in ("decode", "wgmma", "streamk"):
+    if paths in ("decode", "wgmma", "streamk", "ws"):
         cur = ops.tuned_entry(device, kind, M, N, K) or ops.heuristic(kind, M, N, K, sms, wgmma=False)
         cur.pop("EAGER", None)  # the graph-mode config (keep_eager carries EAGER over)
         return cur
@@ -383,11 +410,12 @@ def main(argv=None) -> int:
     p.add_argument("--ms", nargs="*", type=int, default=[1, 16, 64, 2048])
     p.add_argument("--kinds", nargs="*", default=["fwd", "bwd"], choices=["fwd", "bwd"])
     p.add_argument("--csv", default=None, help="write every measurement here")
-    p.add_argument("--paths", default="all", choices=["all", "dq", "decode", "wgmma", "streamk"],
+    p.add_argument("--paths", default="all", choices=["all", "dq", "decode", "wgmma", "streamk", "ws"],
                    help="all: every candidate; dq: the dequantize + cuBLAS windows against the config in use now; "
                         "decode: the decode kernels (forward, M <= 32) against the config in use now; "
                         "wgmma: the warpgroup-MMA kernel (forward) against the config in use now; "
-                        "streamk: its stream-K schedule (forward, M 17..512) against the config in use now")
+                        "streamk: its stream-K schedule (forward, M 17..512) against the config in use now; "
+                        "ws: the warp-specialised kernel (forward, M 17..512) against the config in use now")
     p.add_argument("--workers", type=int, default=0,
                    help="compile the candidates in this many processes first (0/1: compile while timing)")
     p.add_argument("--no-progress", action="store_true")

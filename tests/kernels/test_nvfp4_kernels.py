@@ -288,10 +288,12 @@ def test_committed_tables_use_compilable_tiles():
     operand), none may be committed; the register-fragment decode kernel (MMV) has 16 x RB (1 | 2) weight
     rows per warp, 8..64 activation rows and 128-wide K steps; warpgroup-MMA entries (WGMMA) are forward,
     M 1..256, with their own keys only (``SK``: stream-K on the plain loop) and rings that fit in shared memory;
-    both GPUs' tables exist."""
+    warp-specialised entries (WS) are forward, M 17..512, with rings (and LoRA-32 epilogue tiles) that fit and a
+    register split that exists; both GPUs' tables exist."""
     import json
     from pathlib import Path
 
+    import qerl_kernels.nvfp4_wgmma_ws as ws_mod
     import qerl_kernels.ops as ops
 
     paths = sorted((Path(ops.__file__).parent / "tuned").glob("*.json"))
@@ -300,7 +302,12 @@ def test_committed_tables_use_compilable_tiles():
         table = json.loads(path.read_text())
         tiles = [c for c in table.values() if not c.get("MMV") and not c.get("GEMV") and not c.get("DQ")
                  and not c.get("WGMMA")]
-        wg = {k: c for k, c in table.items() if c.get("WGMMA")}  # warpgroup MMA: forward, M 1..256 (tuned)
+        wsk = {k: c for k, c in table.items() if c.get("WS")}  # warp-specialised: forward, M 17..512
+        assert all(set(c) <= {"WGMMA", "WS", "C", "MT", "BT", "NS", "OCC", "SPLIT", "SK"} and k.startswith("fwd:")
+                   and 17 <= int(k.split(":")[1]) <= 512 and c["C"] in (1, 2, 4) and c["MT"] in (1, 2)
+                   and c["BT"] in (32, 64, 128) and ws_mod.ring_bytes(c["C"], c["MT"], c["BT"], c["NS"], R=32)
+                   * c["OCC"] <= 227 * 1024 and ws_mod.register_split(c["C"], c["OCC"]) for k, c in wsk.items()), path
+        wg = {k: c for k, c in table.items() if c.get("WGMMA") and not c.get("WS")}  # warpgroup MMA: fwd, M 1..256
         assert all(set(c) <= {"WGMMA", "WG", "BT", "NS", "SPLIT", "XG", "PIPE", "NSW", "MT", "XS", "SK", "EAGER"}
                    and k.startswith("fwd:")
                    and 1 <= int(k.split(":")[1]) <= 256 and c["BT"] % 8 == 0 and c["BT"] <= 256

@@ -1,0 +1,341 @@
+"""Warp-specialised NVFP4 W4A16 matmul for M = 17 … 512 on Hopper (``WS`` configs of the warpgroup-MMA route):
+the same product as :mod:`.nvfp4_wgmma` — ``yᵀ [N, M] = Ŵ [N, K] · xᵀ`` (+ bias) (+ ``s · (xa · lora_bᵀ)ᵀ``),
+``Ŵ = FP4 · S_FP8 · S_FP32`` (paper Eq. 1), the decoded weights as the wgmma register operand in the
+permuted reduction order of that module — with the loads and the math in different warps.
+
+Why (reports/kernels/README.md, "What limits each size range"): in :mod:`.nvfp4_wgmma` every warp of a program
+issues its share of the ``cp.async`` loads and one CTA-wide barrier per K step keeps all warpgroups in lockstep
+(all decode, then all wait on their wgmma), so a program's decode never overlaps its own MMA and a 64-row weight
+tile re-reads the whole activation tile from L2 (7B gate/up at M = 64: 271 MB from L2 per call against 76 MB
+of packed weights). Here a program owns ``C · 64 · MT`` weight rows (C consumer warpgroups, MT m64 tiles each)
+over one activation tile of ``BT`` rows, and
+
+* the **producer** (the default partition, 4 warps) runs up to ``NS`` K steps ahead: per step it waits for the
+  ring slot to be free (``empty``), issues the ``cp.async`` of the packed weights ``[RW, 64 B]``, their block
+  scales ``[RW, 8 B]`` and the activation tile ``[BT, 128]`` (128-byte swizzled: the wgmma B operand as is), and
+  has the copies' completion arrive on the slot's ``full`` mbarrier (``cp.async.mbarrier.arrive.noinc``);
+* each **consumer** (a worker partition of 4 warps) waits on ``full``, decodes its own ``64 · MT`` rows into
+  the A operand, runs its wgmma on the shared activation tile, waits for it, and arrives on ``empty`` — no
+  barrier with the other consumers, so the warp schedulers overlap one consumer's decode with another's MMA;
+  the activation tile is read from L2 once per ``C · 64 · MT`` weight rows instead of once per 64.
+
+Split-K over programs (``SPLIT``) as in :mod:`.nvfp4_wgmma` (deterministic, ticketed; one ticket per consumer
+sub-tile); the epilogue (``2^7 / gs``, bias, LoRA up-projection) is that module's ``_output``, run by each
+consumer on its own sub-tile. Registers: the launch asks for ``maxnreg`` so that ``OCC`` programs fit an SM, the
+consumers get ``CREGS`` each (``setmaxnreg``) and the producer the rest (>= 24).
+
+Reference: :func:`qerl.ops.linear` (the seam's pure-torch forward); CPU-checkable logic: the ring's slot /
+phase sequence (:func:`ring_schedule`) and the register split (:func:`register_split`);
+``tests/kernels/test_wgmma_ws.py`` replays them and compiles the kernel for sm_90 without a GPU.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma, \
+    warpgroup_mma_wait
+
+from qerl_kernels.nvfp4_wgmma import _a_operand, _issue_w, _issue_x, _output, _scales_layout, _sms, _words_layout
+
+REGS_PER_SM = 65536
+PRODUCER_WARPS = 4  # the default partition (the kernel's num_warps)
+PRODUCER_REGS = 80  # the producer's cp.async address tensors spill below ~56 at BT = 64 and ~80 at BT = 128 (sm_90 compile, C = 2)
+
+
+def register_split(C: int, OCC: int = 1, preg: int = PRODUCER_REGS) -> tuple[int, int, int]:
+    """``(maxnreg, consumer_regs, producer_regs)`` per thread for ``C`` consumer warpgroups + the 4-warp producer
+    at ``OCC`` programs per SM: the launch's ``maxnreg`` (a multiple of 8, <= 255) fits ``OCC`` programs in the
+    register file; the consumers get the most that leaves the producer >= ``preg`` (multiples of 8, <= 256)."""
+    if C < 1 or OCC < 1:
+        raise ValueError(f"register_split: C and OCC must be >= 1, got C={C} OCC={OCC}")
+    warps = PRODUCER_WARPS + 4 * C
+    maxnreg = min(255, REGS_PER_SM // (32 * warps * OCC)) // 8 * 8
+    budget = maxnreg * warps  # registers x warps / 32 threads
+    creg = min(256, (budget - preg * PRODUCER_WARPS) // (4 * C) // 8 * 8)
+    preg = (budget - creg * 4 * C) // PRODUCER_WARPS
+    if creg < 64:
+        raise ValueError(f"register_split: C={C} consumers at OCC={OCC} programs per SM leave {creg} registers "
+                         "per consumer thread (< 64)")
+    return maxnreg, creg, preg
+
+
+def ring_bytes(C: int, MT: int, BT: int, NS: int, R: int = 0) -> int:
+    """Shared memory of one program: ``NS`` slots of packed weights (64 B per row) + scales (8 B per row) for
+    ``64·C·MT`` rows and a ``[BT, 128]`` bf16 activation tile, + the two mbarrier arrays (and Triton's slack), +
+    with a rank-``R`` LoRA epilogue each consumer's ``[BT, R]`` bf16 ``xa`` tile."""
+    return NS * (64 * C * MT * 72 + BT * 256) + 2048 + C * BT * R * 2
+
+
+def ring_schedule(steps: int, NS: int) -> list[tuple[int, int, int, int]]:
+    """The reference of the ring protocol: per K step ``i``, ``(slot, full_phase, empty_wait_phase, refill)`` —
+    the producer waits on ``empty[slot]`` for phase ``empty_wait_phase`` (1 on a fresh barrier: passes at once)
+    and fills the slot; the consumers wait on ``full[slot]`` for ``full_phase``. ``refill`` is how many times the
+    slot was filled before. A slot is refilled only after every consumer arrived on its ``empty`` for the
+    previous fill (the phase the producer waits for is the one that arrival completes)."""
+    out = []
+    for i in range(steps):
+        s, n = i % NS, i // NS
+        out.append((s, n & 1, (n & 1) ^ 1, n))
+    return out
+
+
+@gluon.jit
+def _coords(M, N, K, SPLIT, RW: gl.constexpr, BT: gl.constexpr):
+    """This program's weight rows ``n0``, activation rows ``m0`` and K steps ``t0 … t1 - 1`` (the activation-row
+    tiles of one weight tile adjacent in the grid, as in :mod:`.nvfp4_wgmma`)."""
+    m_tiles = gl.cdiv(M, BT)
+    n0 = (gl.program_id(0) // m_tiles) * RW
+    m0 = (gl.program_id(0) % m_tiles) * BT
+    k_steps = K // 128
+    per = gl.cdiv(k_steps, SPLIT)
+    t0 = gl.program_id(1) * per
+    t1 = gl.minimum(k_steps, t0 + per)
+    return n0, m0, t0, t1
+
+
+@gluon.jit
+def _segment(u, u_end, k_steps, m_tiles, RW: gl.constexpr, BT: gl.constexpr):
+    """Stream-K: the segment starting at unit ``u`` of a program whose range ends at ``u_end`` — its tile, weight
+    rows ``n0``, activation rows ``m0`` and K steps ``ks0 … ks1 - 1`` (as :mod:`.nvfp4_wgmma`'s ``SK``)."""
+    tile = u // k_steps
+    ks0 = u - tile * k_steps
+    ks1 = gl.minimum(k_steps, ks0 + (u_end - u))
+    return tile, (tile // m_tiles) * RW, (tile % m_tiles) * BT, ks0, ks1
+
+
+@gluon.jit
+def _units(M, N, K, RW: gl.constexpr, BT: gl.constexpr):
+    """Stream-K: this program's unit range ``[p·U // P, (p+1)·U // P)`` of the ``U = tiles · K/128`` (tile, K step)
+    units, with ``K/128``, the activation-row tiles, ``U`` and ``P``."""
+    k_steps = K // 128
+    m_tiles = gl.cdiv(M, BT)
+    P = gl.num_programs(0)
+    U = gl.cdiv(N, RW) * m_tiles * k_steps
+    pid = gl.program_id(0)
+    return pid * U // P, (pid + 1) * U // P, k_steps, m_tiles, U, P
+
+
+@gluon.jit
+def _fill(it, t0, t1, n0, m0, xp_ptr, wp_ptr, ws32, wsm, ssm, xsm, full, empty, M, N, stride_xm, stride_wn, stride_sn,
+          RW: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr):
+    """Producer: K steps ``t0 … t1 - 1`` of the tile at (``n0``, ``m0``) into the ring, ring position ``it`` on;
+    returns the position after them."""
+    PW: gl.constexpr = gl.num_warps()
+    CW: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [PW, 1], [1, 0])  # [RW, 64] uint8, 16 B per copy
+    CS: gl.constexpr = gl.BlockedLayout([1, 1], [16, 2], [PW, 1], [1, 0])  # [RW, 2] int32: the 8 scale bytes
+    CX: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [PW, 1], [1, 0])  # [BT, 128] bf16, 16 B per copy
+    wrow = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, CW)), N - 1)[:, None]
+    wcol = gl.arange(0, 64, layout=gl.SliceLayout(0, CW))[None, :]
+    srow = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, CS)), N - 1)[:, None]
+    scol = gl.arange(0, 2, layout=gl.SliceLayout(0, CS))[None, :]
+    xrow = (m0 + gl.arange(0, BT, layout=gl.SliceLayout(1, CX)))[:, None]
+    xcol = gl.arange(0, 128, layout=gl.SliceLayout(0, CX))[None, :]
+    xmask = xrow < M
+    for t in range(t0, t1):
+        s = it % NS
+        mbarrier.wait(empty.index(s), ((it // NS) & 1) ^ 1)  # every consumer is done with the slot's last fill
+        _issue_w(t, s, wsm, ssm, wp_ptr, ws32, wrow, wcol, srow, scol, stride_wn, stride_sn)
+        _issue_x(t, s, xsm, xp_ptr, xrow, xcol, xmask, stride_xm)
+        async_copy.mbarrier_arrive(full.index(s), increment_count=False)  # when this thread's copies land
+        it += 1
+    return it
+
+
+@gluon.jit
+def _producer(xp_ptr, wp_ptr, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_xm, stride_wn, stride_sn, SPLIT,
+              RW: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr, SK: gl.constexpr):
+    """The default partition: the ``cp.async`` ring, up to ``NS`` steps ahead of the slowest consumer."""
+    ws32 = ws_ptr.to(gl.pointer_type(gl.int32), bitcast=True)  # scale rows are 4-byte aligned (K % 64 == 0)
+    if SK:
+        u, u_end, k_steps, m_tiles, U, P = _units(M, N, K, RW, BT)
+        it = 0
+        while u < u_end:
+            tile, n0, m0, ks0, ks1 = _segment(u, u_end, k_steps, m_tiles, RW, BT)
+            it = _fill(it, ks0, ks1, n0, m0, xp_ptr, wp_ptr, ws32, wsm, ssm, xsm, full, empty, M, N, stride_xm,
+                       stride_wn, stride_sn, RW, BT, NS)
+            u = tile * k_steps + ks1
+    else:
+        n0, m0, t0, t1 = _coords(M, N, K, SPLIT, RW, BT)
+        _fill(t0 * 0, t0, t1, n0, m0, xp_ptr, wp_ptr, ws32, wsm, ssm, xsm, full, empty, M, N, stride_xm, stride_wn,
+              stride_sn, RW, BT, NS)
+
+
+@gluon.jit
+def _mma_steps(acc, it, t0, t1, wsm, ssm, xsm, full, empty, CI: gl.constexpr, RWC: gl.constexpr, NS: gl.constexpr,
+               MMA: gl.constexpr, MT: gl.constexpr):
+    """Consumer: K steps ``t0 … t1 - 1`` from the ring (position ``it`` on) into ``acc``: wait for the slot, decode
+    this consumer's rows, wgmma on the shared activation tile, release the slot. Returns ``(acc, it)``."""
+    LW: gl.constexpr = _words_layout(1, MT)
+    LS: gl.constexpr = _scales_layout(1, MT)
+    AOP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    for _t in range(t0, t1):
+        s = it % NS
+        mbarrier.wait(full.index(s), (it // NS) & 1)
+        fence_async_shared()  # the cp.async writes (generic proxy) before the wgmma's reads (async proxy)
+        q = wsm.index(s).slice(CI * RWC, RWC)._reinterpret(gl.int32, [RWC, 16], FLAT).load(LW)
+        sb = ssm.index(s).slice(CI * RWC, RWC)._reinterpret(gl.uint8, [RWC, 8], FLAT).load(LS)
+        a = _a_operand(q, sb, AOP, LW, RWC, False)
+        acc = warpgroup_mma(a, xsm.index(s).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        mbarrier.arrive(empty.index(s), count=1)  # (one arrival: the wgmma read every warp's operand)
+        it += 1
+    return acc, it
+
+
+@gluon.jit
+def _consumer(wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr, lora_scale,
+              M, N, K, stride_om, SPLIT, CI: gl.constexpr, C: gl.constexpr, MT: gl.constexpr, BT: gl.constexpr,
+              NS: gl.constexpr, HAS_BIAS: gl.constexpr, USE_SPLIT: gl.constexpr, R: gl.constexpr, PDL: gl.constexpr,
+              SK: gl.constexpr):
+    """Consumer warpgroup ``CI``: rows ``CI · 64 · MT …`` of the program's weight tile(s); its epilogue."""
+    RWC: gl.constexpr = 64 * MT
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+    if SK:
+        u, u_end, k_steps, m_tiles, U, P = _units(M, N, K, C * RWC, BT)
+        u_start = u
+        it = 0
+        pid = gl.program_id(0)
+        pr = gl.arange(0, RWC, layout=gl.SliceLayout(1, MMA))
+        pc = gl.arange(0, BT, layout=gl.SliceLayout(0, MMA))
+        poffs = pr[:, None] * BT + pc[None, :]
+        while u < u_end:
+            tile, n0, m0, ks0, ks1 = _segment(u, u_end, k_steps, m_tiles, C * RWC, BT)
+            n0 = n0 + CI * RWC
+            acc = gl.zeros([RWC, BT], gl.float32, layout=MMA)
+            acc, it = _mma_steps(acc, it, ks0, ks1, wsm, ssm, xsm, full, empty, CI, RWC, NS, MMA, MT)
+            if (ks0 == 0) & (ks1 == k_steps):  # the whole tile: straight out
+                _output(acc, n0, m0, M, N, out_ptr, stride_om, gs_ptr, bias_ptr, xa_ptr, lb_ptr, lora_scale, HAS_BIAS,
+                        R, PDL, RWC, BT, 4, MMA)
+            else:  # a share: partial slot 2p (the range's first segment) or 2p + 1 (its last), per consumer
+                mine = (2 * pid + (u_start < tile * k_steps).to(gl.int32)) * C + CI
+                gl.store(part_ptr + mine * (RWC * BT) + poffs, acc)
+                gl.thread_barrier()  # (this partition's warps)
+                q0 = ((tile * k_steps + 1) * P - 1) // U  # the programs holding the tile's first and last unit
+                q1 = ((tile * k_steps + k_steps) * P - 1) // U
+                ticket = gl.atomic_add(lock_ptr + tile * C + CI, 1, sem="acq_rel", scope="gpu")
+                if ticket == q1 - q0:  # the last share sums them all, in program order (deterministic)
+                    acc = gl.zeros([RWC, BT], gl.float32, layout=MMA)
+                    for q in range(q0, q1 + 1):
+                        slot = (2 * q + ((q * U // P) < tile * k_steps).to(gl.int32)) * C + CI
+                        acc += gl.load(part_ptr + slot * (RWC * BT) + poffs, cache_modifier=".cg")
+                    gl.atomic_xchg(lock_ptr + tile * C + CI, 0)
+                    _output(acc, n0, m0, M, N, out_ptr, stride_om, gs_ptr, bias_ptr, xa_ptr, lb_ptr, lora_scale,
+                            HAS_BIAS, R, PDL, RWC, BT, 4, MMA)
+            u = tile * k_steps + ks1
+    else:
+        n0, m0, t0, t1 = _coords(M, N, K, SPLIT, C * RWC, BT)
+        n0 = n0 + CI * RWC
+        acc = gl.zeros([RWC, BT], gl.float32, layout=MMA)
+        acc, it = _mma_steps(acc, t0 * 0, t0, t1, wsm, ssm, xsm, full, empty, CI, RWC, NS, MMA, MT)
+        last = True
+        if USE_SPLIT:
+            on = n0 + gl.arange(0, RWC, layout=gl.SliceLayout(1, MMA))
+            om = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, MMA))
+            omask = (on < N)[:, None] & (om < M)[None, :]
+            offs = om[None, :] * N + on[:, None]
+            gl.store(part_ptr + gl.program_id(1) * M * N + offs, acc, mask=omask)
+            gl.thread_barrier()  # (this partition's warps)
+            tile = gl.program_id(0) * C + CI
+            ticket = gl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            last = ticket == SPLIT - 1
+            if last:  # the last share sums them all, in split order (deterministic)
+                acc = gl.zeros([RWC, BT], gl.float32, layout=MMA)
+                for j in range(SPLIT):
+                    acc += gl.load(part_ptr + j * M * N + offs, mask=omask, other=0.0, cache_modifier=".cg")
+                gl.atomic_xchg(lock_ptr + tile, 0)
+        if last:
+            _output(acc, n0, m0, M, N, out_ptr, stride_om, gs_ptr, bias_ptr, xa_ptr, lb_ptr, lora_scale, HAS_BIAS, R,
+                    PDL, RWC, BT, 4, MMA)
+
+
+@gluon.jit(do_not_specialize=["M", "SPLIT"])
+def _nvfp4_ws_kernel(
+    xp_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr,
+    M, N, K, stride_xm, stride_om, stride_wn, stride_sn, SPLIT, xa_ptr, lb_ptr, lora_scale,
+    HAS_BIAS: gl.constexpr, USE_SPLIT: gl.constexpr, C: gl.constexpr, MT: gl.constexpr, BT: gl.constexpr,
+    NS: gl.constexpr, CREGS: gl.constexpr, R: gl.constexpr = 0, PDL: gl.constexpr = False, SK: gl.constexpr = False,
+):
+    RW: gl.constexpr = 64 * C * MT
+    FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    XSL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    wsm = gl.allocate_shared_memory(gl.uint8, [NS, RW, 64], FLAT)
+    ssm = gl.allocate_shared_memory(gl.int32, [NS, RW, 2], FLAT)
+    xsm = gl.allocate_shared_memory(gl.bfloat16, [NS, BT, 128], XSL)
+    full = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(NS):
+        mbarrier.init(full.index(s), count=32 * gl.num_warps())  # one noinc arrival per producer thread
+        mbarrier.init(empty.index(s), count=C)  # one arrival per consumer warpgroup
+    # (the argument tuples are written out in the call: a tuple built in a variable turns constexprs into tensors)
+    if C == 1:
+        gl.warp_specialize([
+            (_producer, (xp_ptr, wp_ptr, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_xm, stride_wn, stride_sn,
+                         SPLIT, RW, BT, NS, SK)),
+            (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
+                         lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK)),
+        ], [4], [CREGS])
+    elif C == 2:
+        gl.warp_specialize([
+            (_producer, (xp_ptr, wp_ptr, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_xm, stride_wn, stride_sn,
+                         SPLIT, RW, BT, NS, SK)),
+            (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
+                         lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK)),
+            (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
+                         lora_scale, M, N, K, stride_om, SPLIT, 1, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK)),
+        ], [4, 4], [CREGS, CREGS])
+    else:
+        gl.static_assert(C == 4, "C (consumer warpgroups) must be 1, 2 or 4")
+        gl.warp_specialize([
+            (_producer, (xp_ptr, wp_ptr, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_xm, stride_wn, stride_sn,
+                         SPLIT, RW, BT, NS, SK)),
+            (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
+                         lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK)),
+            (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
+                         lora_scale, M, N, K, stride_om, SPLIT, 1, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK)),
+            (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
+                         lora_scale, M, N, K, stride_om, SPLIT, 2, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK)),
+            (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
+                         lora_scale, M, N, K, stride_om, SPLIT, 3, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK)),
+        ], [4, 4, 4, 4], [CREGS, CREGS, CREGS, CREGS])
+
+
+def nvfp4_ws_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lora_scale=1.0, *, xp, C=2, MT=1, BT=64,
+                    NS=4, SPLIT=1, OCC=1, SK=0, part=None, lock=None, pdl=False):
+    """``y [M, N]`` bf16 with :func:`_nvfp4_ws_kernel`; ``xp``: the activations in the kernel's reduction order
+    (:func:`qerl_kernels.nvfp4_wgmma.permute_activations`). ``SK``: the stream-K schedule — ``OCC`` programs per SM
+    share the ``tiles · K/128`` (tile, K step) units evenly (:func:`qerl_kernels.nvfp4_wgmma.stream_k_plan`, per
+    consumer sub-tile), ``SPLIT`` ignored; else ``SPLIT`` programs per tile. ``part`` / ``lock``: the workspace
+    (fp32 >= SPLIT·M·N, or 2·P·RW·BT for stream-K) and tickets (int32 zeros >= tiles · C), allocated when not
+    given. Called by :func:`qerl_kernels.nvfp4_wgmma.nvfp4_wgmma_matmul` for ``WS`` configs (validation is the
+    caller's)."""
+    M, K = x.shape
+    N = packed.shape[0]
+    RW = 64 * C * MT
+    tiles = triton.cdiv(N, RW) * triton.cdiv(M, BT)
+    maxnreg, creg, _ = register_split(C, OCC)
+    out = torch.empty((M, N), device=x.device, dtype=torch.bfloat16)
+    if SK:
+        P = min(int(OCC) * _sms(x.device), tiles * (K // 128))
+        grid, SPLIT = (P, 1), 1
+        if part is None or part.numel() < 2 * P * RW * BT:
+            part = torch.empty(2 * P * RW * BT, device=x.device, dtype=torch.float32)
+    else:
+        grid = (tiles, max(1, SPLIT))
+        if SPLIT > 1 and part is None:
+            part = torch.empty(SPLIT * M * N, device=x.device, dtype=torch.float32)
+        elif SPLIT <= 1:
+            part = out
+    if lock is None or lock.numel() < tiles * C:
+        lock = torch.zeros(tiles * C, device=x.device, dtype=torch.int32)
+    _nvfp4_ws_kernel[grid](
+        xp, packed, scale_u8, gs, out, bias if bias is not None else out, part, lock,
+        M, N, K, xp.stride(0), out.stride(0), packed.stride(0), scale_u8.stride(0), max(1, SPLIT),
+        xa if xa is not None else out, lora_b if lora_b is not None else out, float(lora_scale),
+        HAS_BIAS=bias is not None, USE_SPLIT=SPLIT > 1, C=int(C), MT=int(MT), BT=int(BT), NS=int(NS), CREGS=creg,
+        R=lora_b.shape[1] if lora_b is not None else 0, PDL=bool(pdl), SK=bool(SK), num_warps=PRODUCER_WARPS,
+        maxnreg=maxnreg, **({"launch_pdl": True} if pdl else {}))
+    return out
