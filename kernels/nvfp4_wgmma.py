@@ -512,8 +512,8 @@ def stream_k_plan(tiles: int, k_steps: int, P: int) -> list[list[tuple[int, int,
 
 
 def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lora_scale=1.0, *, WG=1, BT=64,
-                       NS=3, SPLIT=1, XG=0, PIPE=0, NSW=0, MT=1, XS=0, SK=0, WS=0, C=2, OCC=1, xp=None, part=None,
-                       lock=None, pdl=False, **_):
+                       NS=3, SPLIT=1, XG=0, PIPE=0, NSW=0, MT=1, XS=0, SK=0, xp=None, part=None, lock=None,
+                       pdl=False, **_):
     """``y [M, N] = x [M, K] · Ŵᵀ (+ bias) (+ lora_scale · xa · lora_bᵀ)`` (bf16; ``xa [M, R]``,
     ``lora_b [N, R]`` contiguous bf16, R a multiple of 16) with :func:`_nvfp4_wgmma_kernel`. ``XG=0``
     (default; faster at every tuned key): the activations are permuted first (:func:`permute_activations`,
@@ -525,24 +525,11 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None,
     (fp32 >= 2·P·RW·BT) and ``SPLIT`` is ignored. ``pdl``:
     launched as the dependent of the launch just before it (``xa`` from :mod:`qerl_kernels.lora_xa`; the
     tiles wait for it only before the LoRA epilogue).
-    ``WS``: the warp-specialised kernel (:mod:`qerl_kernels.nvfp4_wgmma_ws`: a producer partition and ``C``
-    consumer warpgroups of ``MT`` m64 tiles each, ``OCC`` programs per SM; pre-permuted activations; split-K or
-    stream-K ``SK``).
     Validation is the caller's (:mod:`qerl_kernels.ops`); other keys (a config's) are ignored."""
     M, K = x.shape
     N = packed.shape[0]
     if scale_u8.dtype != torch.uint8:
         scale_u8 = scale_u8.view(torch.uint8)
-    if WS:
-        from qerl_kernels.nvfp4_wgmma_ws import nvfp4_ws_matmul
-
-        if XG or XS or PIPE:
-            raise ValueError(f"nvfp4_wgmma: WS (warp-specialised) takes pre-permuted activations, got XG={XG} "
-                             f"XS={XS} PIPE={PIPE}")
-        xp = permute_activations(x) if xp is None else xp
-        return nvfp4_ws_matmul(x, packed, scale_u8, gs, bias, xa, lora_b, lora_scale, xp=xp, C=int(C), MT=int(MT),
-                               BT=int(BT), NS=int(NS), SPLIT=int(SPLIT), OCC=int(OCC), SK=int(SK), part=part, lock=lock,
-                               pdl=pdl)
     if XS and (XG or PIPE):
         raise ValueError(f"nvfp4_wgmma: XS (activations staged in the kernel) excludes XG and PIPE, got XG={XG} "
                          f"PIPE={PIPE}")

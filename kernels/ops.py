@@ -454,7 +454,8 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
 
 def _launch_wgmma(c: _Call) -> torch.Tensor:
     """Warpgroup MMA, decoded weights as the register operand (M 17..128; where tuned: 1..16, 256; ``SK``: the
-    stream-K schedule)."""
+    stream-K schedule; ``WS``: the warp-specialised kernel, :mod:`qerl_kernels.nvfp4_wgmma_ws`, M 32..512 where
+    tuned)."""
     import triton
 
     from qerl_kernels.nvfp4_wgmma import nvfp4_wgmma_matmul
@@ -479,6 +480,14 @@ def _launch_wgmma(c: _Call) -> torch.Tensor:
 
         xperm = None if cfg.get("XG") or cfg.get("XS") else permute_activations(c.x2)
         xa = _pdl_primary(c.x2, c.lora_a, c.M, c.K, c.r, locks)
+    if cfg.get("WS"):  # the warp-specialised kernel (pre-permuted activations; split-K or stream-K)
+        from qerl_kernels.nvfp4_wgmma import permute_activations
+        from qerl_kernels.nvfp4_wgmma_ws import nvfp4_ws_matmul
+
+        return nvfp4_ws_matmul(c.x2, c.packed, c.scale.view(torch.uint8), c.gs, bias, xa, lb, c.lora_scale,
+                               xp=permute_activations(c.x2) if xperm is None else xperm, C=int(cfg.get("C", 2)),
+                               MT=int(cfg.get("MT", 1)), BT=bt, NS=int(cfg.get("NS", 4)), SPLIT=split,
+                               OCC=int(cfg.get("OCC", 1)), SK=int(cfg.get("SK", 0)), part=part, lock=locks, pdl=c.pdl)
     return nvfp4_wgmma_matmul(c.x2, c.packed, c.scale.view(torch.uint8), c.gs, bias, xa, lb, c.lora_scale,
                               **{**cfg, "SPLIT": split}, xp=xperm, part=part, lock=locks, pdl=c.pdl)
 
