@@ -20,10 +20,12 @@ def add_bench(sub) -> None:
                                     "GRPO steps and their peak memory (reports/step/<device>.csv / .md). "
                                     "`qerl bench rehearsal [--shapes 3B 7B] [--steps 2]` runs the paper's stages "
                                     "(quantize, train, evaluate) on random-weight stand-ins, timed "
-                                    "(reports/reproduce/rehearsal_<device>.csv / .md).")
-    bk.add_argument("what", choices=["kernels", "rollout", "step", "rehearsal"], help="which benchmark")
+                                    "(reports/reproduce/rehearsal_<device>.csv / .md). `qerl bench cost "
+                                    "[--configfile config/paper.yaml]` projects each paper table's GPU-hours from "
+                                    "those measurements (no GPU; reports/reproduce/cost_<device>.csv / .md).")
+    bk.add_argument("what", choices=["kernels", "rollout", "step", "rehearsal", "cost"], help="which benchmark")
     bk.add_argument("rest", nargs=argparse.REMAINDER,
-                    help="options of the benchmark (see `qerl bench kernels|rollout|step|rehearsal --help`)")
+                    help="options of the benchmark (see `qerl bench kernels|rollout|step|rehearsal|cost --help`)")
     bk.set_defaults(func=run_bench)
 
 
@@ -36,6 +38,10 @@ def run_bench(args) -> int:
         from qerl.bench import step as bench_step
 
         return bench_step.main(args.rest)
+    if args.what == "cost":
+        from qerl.bench import cost as bench_cost
+
+        return bench_cost.main(args.rest)
     if args.what == "rehearsal":
         from qerl.bench import rehearsal
 

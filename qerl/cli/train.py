@@ -115,6 +115,13 @@ def add_plan(sub) -> None:
                     help="memory to plan for (default: this GPU, else 80)")
     pl.add_argument("--json", action="store_true", help="JSON instead of Markdown")
     pl.add_argument("--nproc", type=POSITIVE, default=1, help="data-parallel processes sharing each step (per-process plan)")
+    pl.add_argument("--cost", action="store_true",
+                    help="also project the run's GPU time on an H100 from the measured rates "
+                         "(qerl.bench.projection; needs --shape): every completion at the cap, and completions drawn "
+                         "from --lengths")
+    pl.add_argument("--lengths", default="lognormal:median=300,sigma=0.9", metavar="SPEC",
+                    help="assumed completion lengths for --cost (fixed | lognormal:median=M,sigma=S | "
+                         "uniform:low=A,high=B)")
     pl.set_defaults(func=run_plan)
 
 
@@ -125,5 +132,32 @@ def run_plan(args) -> int:
     cfg = load_config(args.config, overrides(args.set))
     res = plan_config(cfg, shape=args.shape, available=None if args.gpu_gb is None else args.gpu_gb * 1e9,
                       world=args.nproc)
-    print(json.dumps(res, default=float) if args.json else res["markdown"], end="\n" if args.json else "")
+    if args.cost:
+        res["cost"] = _plan_cost(args, cfg)
+    print(json.dumps(res, default=float) if args.json else res["markdown"] + res.get("cost", {}).get("markdown", ""),
+          end="\n" if args.json else "")
     return 0 if res["fits"] else 3
+
+
+def _plan_cost(args, cfg) -> dict:
+    """``qerl plan --cost``: the run's projected hours at the cap and with ``--lengths``
+    (:func:`qerl.bench.projection.run_cost`)."""
+    from qerl.bench.lengths import parse
+    from qerl.train.config import ConfigError
+    from qerl.bench.projection import DEVICE, run_cost
+
+    if args.shape is None:
+        raise ConfigError("qerl plan --cost: pass --shape 3B|7B|14B|32B (the measured rates are per Qwen2.5 shape)")
+    spec = parse(args.lengths)  # (a bad spec: a clear error naming it)
+    gb = 80.0 if args.gpu_gb is None else args.gpu_gb
+    cap = run_cost(cfg, args.shape, None, gb)
+    real = None if spec.fixed else run_cost(cfg, args.shape, str(spec), gb)
+    out = {"device": DEVICE, "cap": cap, "assumed": real}
+    lines = [f"\nProjected time on one {DEVICE} ({cfg.steps} steps, {cap['rows']} sequences × {cap['cap']} tokens, "
+             f"μ = {cfg.algorithm.updates_per_batch}; qerl.bench.projection):"]
+    for name, c in (("every completion at the cap", cap), (f"completions `{spec}`", real)):
+        if c is not None:
+            lines.append(f"- {name}: {c['step_s']:.0f} s per step (rollout {c['rollout_s']:.0f} s, log-prob + update "
+                         f"{c['update_s']:.0f} s) → **{c['hours']:.1f} GPU-hours**")
+    out["markdown"] = "\n".join(lines) + "\n"
+    return out

@@ -293,7 +293,7 @@ def plan_config(cfg, shape: str | None = None, available: float | None = None, w
         path = Path(cfg.model.path) / "config.json"
         if not path.exists():
             raise ConfigError(f"{path}: no config.json to plan from (a local model directory is needed; "
-                              "or pass --shape 7B|14B|32B)")
+                              "or pass --shape 3B|7B|14B|32B)")
         s = Shape.from_config(json.loads(path.read_text()))
     from qerl.train.config import resolve_sharding
 

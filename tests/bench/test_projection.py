@@ -1,0 +1,101 @@
+"""The cost projection (qerl.bench.projection, `qerl bench cost`, `qerl plan --cost`) against hand-computed values
+and the measured rehearsal it is calibrated on."""
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from qerl.models.shapes import QWEN25
+from qerl.bench import projection as cost
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_linear_weights_by_hand():
+    H, I, L, V = 3584, 18944, 28, 152064  # Qwen2.5 7B: q 3584, k / v 512 each
+    per_layer = H * (3584 + 2 * 512) + 3584 * H + 2 * H * I + I * H
+    assert cost.linear_weights(QWEN25["7B"]) == L * per_layer + V * H
+
+
+def test_update_passes():
+    s = QWEN25["3B"]
+    unit = 2.0 * cost.linear_weights(s) * 1000
+    assert cost.update_flops(s, 1000, 4) == unit * (4 * 3 + 1)  # μ = 4: fwd, dX, re-fwd each + the old-log-prob pass
+    assert cost.update_flops(s, 1000, 1) == unit * 3  # μ = 1: one pass (old log-probs from the update's forward)
+    assert cost.update_flops(s, 1000, 1, checkpointing=False, old_pass=True) == unit * 3
+    assert cost.update_flops(s, 1000, 2, full=True, ref_pass=True) == unit * (2 * 4 + 1 + 1)
+
+
+def test_rollout_closed_form_and_slots():
+    a, b = cost.INTERCEPT_SHARE * 10.0, (1 - cost.INTERCEPT_SHARE) * 10.0 / 4
+    sec = lambda makespan, total: (a * makespan + b * total) / 1e3  # noqa: E731
+    assert cost.rollout_seconds([3, 1, 2], 10.0, 4) == pytest.approx(sec(3, 6))
+    assert cost.rollout_seconds([3, 1, 2], 10.0, 4, slots=1) == pytest.approx(sec(6, 6))
+    assert cost.rollout_seconds([3, 1, 2], 10.0, 4, slots=2) == pytest.approx(sec(3, 6))  # 2 joins the slot 1 freed
+    assert cost.rollout_seconds([4, 4, 4, 4], 10.0, 4) == pytest.approx(4 * 10.0 / 1e3)  # every row active: a + 4 b
+    assert cost.rollout_seconds([], 10.0, 4) == 0.0
+
+
+def test_lpt_makespan():
+    assert cost.lpt_makespan([5, 4, 3, 3, 3], 2) == 10  # 5 | 4 -> 5 | 7 -> 8 | 7 -> 8 | 10
+    assert cost.lpt_makespan([5, 4, 3], 8) == 5 and cost.lpt_makespan([1, 2], 1) == 3
+
+
+def test_calibration_reproduces_the_measured_steps():
+    for shape, r in cost.REHEARSALS.items():
+        assert cost.rollout_seconds([r.cap] * r.rows, r.decode_ms, 128) == pytest.approx(r.rollout_s)
+        flops = cost.update_flops(QWEN25[shape], r.rows * cost.PROMPT + r.generated, r.updates)
+        assert flops / (r.update_tflops * 1e12) == pytest.approx(r.update_s)
+    # and the committed rehearsal report holds these numbers
+    rows = {(x["shape"], x["stage"]): x for x in
+            csv.DictReader(open(ROOT / "reports" / "reproduce" / "rehearsal_NVIDIA_H100_80GB_HBM3.csv"))}
+    for shape, r in cost.REHEARSALS.items():
+        train = rows[(shape, "train")]
+        assert int(train["generated_tokens"]) == r.generated and f"rollout {r.rollout_s:.1f} s" in train["note"]
+
+
+def test_paper_projection_is_consistent():
+    res = cost.paper_projection(yaml.safe_load((ROOT / "config" / "paper.yaml").read_text()))
+    t1, t2 = res["tables"]["table1"], res["tables"]["table2"]
+    assert len(t1["runs"]) == 10 and len(t2["runs"]) == 10
+    qerl3 = next(x for x in t1["runs"] if x["shape"] == "3B" and x["method"] == "qerl")
+    assert qerl3["step_s_cap"] == pytest.approx(285.9, rel=0.02)  # the measured step (519,574 vs 524,288 tokens)
+    assert all(x["step_s_assumed"] < x["step_s_cap"] for t in (t1, t2) for x in t["runs"])
+    by = {(x["shape"], x["method"]): x for x in t2["runs"]}
+    assert by[("32B", "qerl")]["slots"] > 5 * by[("32B", "lora")]["slots"]  # NVFP4's memory: more rows decode at once
+    assert by[("32B", "qerl")]["train_h_assumed"] < by[("32B", "lora")]["train_h_assumed"]
+    for t in (t1, t2):
+        for key in ("cap", "assumed"):
+            hours = [x[f"train_h_{key}"] + x[f"eval_h_{key}"] for x in t["runs"]]
+            assert t[key]["gpu_hours"] == pytest.approx(sum(hours))
+            assert max(hours) / 8 <= t[key]["wall_h_8gpu"] <= sum(hours)
+
+
+def test_bench_cost_cli_writes_the_report(tmp_path, capsys):
+    from qerl.bench import cost as bench_cost
+
+    assert bench_cost.main(["--output", str(tmp_path), "--gpus", "4"]) == 0
+    out = json.loads(capsys.readouterr().out.splitlines()[0])
+    md = (tmp_path / "cost_NVIDIA_H100_80GB_HBM3.md").read_text()
+    assert "| table1 | 10 |" in md and "on 4 GPUs" in md and "lognormal:median=300,sigma=0.9" in md
+    rows = list(csv.DictReader(open(tmp_path / "cost_NVIDIA_H100_80GB_HBM3.csv")))
+    assert len(rows) == 20 and out["tables"]["table1"]["assumed"]["gpu_hours"] > 0
+    with pytest.raises(SystemExit, match="no such config file"):
+        bench_cost.main(["--configfile", str(tmp_path / "nope.yaml")])
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("models: {}\n")
+    with pytest.raises(SystemExit, match="no report.table"):
+        bench_cost.main(["--configfile", str(empty), "--output", str(tmp_path)])
+
+
+def test_plan_cost_needs_a_shape_and_a_valid_spec(tmp_path, capsys):
+    from qerl.cli import main
+
+    cfg = ROOT / "config" / "train" / "tiny.yaml"
+    assert main(["plan", "--config", str(cfg), "--shape", "3B", "--cost", "--set", "steps=10"]) == 0
+    text = capsys.readouterr().out
+    assert "Projected time on one NVIDIA H100 80GB HBM3 (10 steps" in text and "GPU-hours" in text
+    assert main(["plan", "--config", str(cfg), "--shape", "3B", "--cost", "--lengths", "bogus"]) == 2
+    assert "unknown distribution 'bogus'" in capsys.readouterr().err
