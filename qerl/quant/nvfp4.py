@@ -222,7 +222,10 @@ def quantize_four_over_six(w: torch.Tensor, gs: torch.Tensor, own_scale: bool = 
     The arithmetic follows the authors' reference (``fouroversix`` ``quantize_to_fp4``, ``ScaleRule.mse``) op for
     op, so the codes and scales are theirs bit for bit (tests/quant/test_four_over_six.py); a block whose scale
     rounds to 0 in fp8 is stored with scale 0.125 and zero codes — the same value, as ``max6`` stores it. Returns
-    ``(packed, scale, gs)`` like :func:`quantize`; vectorised (runs wherever ``w`` is)."""
+    ``(packed, scale, gs)`` like :func:`quantize`; vectorised (runs wherever ``w`` is). On a GPU the block sums of
+    squared errors are reduced in another order than on the CPU, so a block whose two candidates err equally to fp32
+    rounding may take the other one (H100, Student-t 7B q/k/v and o weights: 1 of 1,032,192 and 3 of 802,816
+    blocks, float64 error gap <= 8.7e-7 relative; the same reconstruction error to 7 digits)."""
     n, k = w.shape
     x = w.float().reshape(-1, BLOCK_SIZE)
     amax = (FP4_MAX * FOS_SCALE_MAX) / gs.float() if not own_scale else w.detach().abs().amax().float()
