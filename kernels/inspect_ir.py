@@ -141,6 +141,30 @@ def compile_ws(C=2, MT=1, BT=64, NS=4, split=False, bias=False, R=0, PDL=False, 
                           options={"num_warps": PRODUCER_WARPS, "maxnreg": maxnreg})
 
 
+def compile_ws_tma(C=2, MT=1, BT=64, NS=4, split=False, bias=False, R=0, PDL=False, OCC=1, SK=False):
+    """:func:`compile_ws` with the TMA producer (:func:`qerl_kernels.nvfp4_wgmma_ws._nvfp4_ws_tma_kernel`)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from qerl_kernels.nvfp4_wgmma_ws import PRODUCER_WARPS, W_TMA_LAYOUT, X_TMA_LAYOUT, _nvfp4_ws_tma_kernel, \
+        register_split
+
+    maxnreg, creg, _ = register_split(C, OCC)
+    consts = {"HAS_BIAS": bool(bias), "USE_SPLIT": bool(split), "C": C, "MT": MT, "BT": BT, "NS": NS, "CREGS": creg,
+              "R": R, "PDL": bool(PDL), "SK": bool(SK)}
+    args = {"w_desc": f"tensordesc<u8[{64 * C * MT}, 64],{W_TMA_LAYOUT!r}>",
+            "x_desc": f"tensordesc<bf16[{BT}, 128],{X_TMA_LAYOUT!r}>",
+            **{k: v for k, v in WGMMA_SIG.items() if k not in ("xp_ptr", "wp_ptr", "stride_xm", "stride_wn")}}
+    order = ["w_desc", "x_desc", "ws_ptr", "gs_ptr", "out_ptr", "bias_ptr", "part_ptr", "lock_ptr", "M", "N", "K",
+             "stride_om", "stride_sn", "SPLIT", "xa_ptr", "lb_ptr", "lora_scale"]
+    sig = {**{k: args[k] for k in order}, **{k: "constexpr" for k in consts}}
+    names = list(sig)
+    attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in order
+             if k.endswith("_ptr") or k in ("N", "K", "stride_om", "stride_sn")}
+    src = GluonASTSource(_nvfp4_ws_tma_kernel, sig, {(names.index(k),): v for k, v in consts.items()}, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": PRODUCER_WARPS, "maxnreg": maxnreg})
+
+
 def sass_of(kernel) -> str:
     nvdisasm = os.path.join(triton.__path__[0], "backends", "nvidia", "bin", "nvdisasm")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:

@@ -35,7 +35,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma, \
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, \
     warpgroup_mma_wait
 
 from qerl_kernels.nvfp4_wgmma import _a_operand, _issue_w, _issue_x, _output, _scales_layout, _sms, _words_layout
@@ -161,6 +161,47 @@ def _producer(xp_ptr, wp_ptr, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, strid
         n0, m0, t0, t1 = _coords(M, N, K, SPLIT, RW, BT)
         _fill(t0 * 0, t0, t1, n0, m0, xp_ptr, wp_ptr, ws32, wsm, ssm, xsm, full, empty, M, N, stride_xm, stride_wn,
               stride_sn, RW, BT, NS)
+
+
+@gluon.jit
+def _fill_tma(it, t0, t1, n0, m0, w_desc, x_desc, ws32, wsm, ssm, xsm, full, empty, N, stride_sn, RW: gl.constexpr,
+              BT: gl.constexpr, NS: gl.constexpr):
+    """Producer, ``TMA``: per K step one bulk copy of the packed weights ``[RW, 64 B]`` and one of the activation
+    tile ``[BT, 128]`` (rows past N / M zero-filled by the TMA unit; completion by transaction count on ``full``),
+    and the 8 scale bytes of each row by ``cp.async`` (a TMA box needs >= 16 bytes per row), whose completion
+    arrives on the same mbarrier."""
+    PW: gl.constexpr = gl.num_warps()
+    CS: gl.constexpr = gl.BlockedLayout([1, 1], [16, 2], [PW, 1], [1, 0])  # [RW, 2] int32: the 8 scale bytes
+    srow = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, CS)), N - 1)[:, None]
+    scol = gl.arange(0, 2, layout=gl.SliceLayout(0, CS))[None, :]
+    for t in range(t0, t1):
+        s = it % NS
+        mbarrier.wait(empty.index(s), ((it // NS) & 1) ^ 1)
+        mbarrier.expect(full.index(s), RW * 64 + BT * 256)
+        tma.async_copy_global_to_shared(w_desc, [n0, t * 64], full.index(s), wsm.index(s))
+        tma.async_copy_global_to_shared(x_desc, [m0, t * 128], full.index(s), xsm.index(s))
+        async_copy.async_copy_global_to_shared(ssm.index(s), ws32 + srow * (stride_sn // 4) + t * 2 + scol)
+        async_copy.mbarrier_arrive(full.index(s), increment_count=False)
+        it += 1
+    return it
+
+
+@gluon.jit
+def _producer_tma(w_desc, x_desc, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_sn, SPLIT, RW: gl.constexpr,
+                  BT: gl.constexpr, NS: gl.constexpr, SK: gl.constexpr):
+    """The default partition of the ``TMA`` kernel (the schedule of :func:`_producer`)."""
+    ws32 = ws_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
+    if SK:
+        u, u_end, k_steps, m_tiles, U, P = _units(M, N, K, RW, BT)
+        it = 0
+        while u < u_end:
+            tile, n0, m0, ks0, ks1 = _segment(u, u_end, k_steps, m_tiles, RW, BT)
+            it = _fill_tma(it, ks0, ks1, n0, m0, w_desc, x_desc, ws32, wsm, ssm, xsm, full, empty, N, stride_sn, RW,
+                           BT, NS)
+            u = tile * k_steps + ks1
+    else:
+        n0, m0, t0, t1 = _coords(M, N, K, SPLIT, RW, BT)
+        _fill_tma(t0 * 0, t0, t1, n0, m0, w_desc, x_desc, ws32, wsm, ssm, xsm, full, empty, N, stride_sn, RW, BT, NS)
 
 
 @gluon.jit
@@ -303,9 +344,50 @@ def _nvfp4_ws_kernel(
         ], [4, 4, 4, 4], [CREGS, CREGS, CREGS, CREGS])
 
 
+@gluon.jit(do_not_specialize=["M", "SPLIT"])
+def _nvfp4_ws_tma_kernel(
+    w_desc, x_desc, ws_ptr, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr,
+    M, N, K, stride_om, stride_sn, SPLIT, xa_ptr, lb_ptr, lora_scale,
+    HAS_BIAS: gl.constexpr, USE_SPLIT: gl.constexpr, C: gl.constexpr, MT: gl.constexpr, BT: gl.constexpr,
+    NS: gl.constexpr, CREGS: gl.constexpr, R: gl.constexpr = 0, PDL: gl.constexpr = False, SK: gl.constexpr = False,
+):
+    """:func:`_nvfp4_ws_kernel` with the TMA producer (:func:`_fill_tma`); C = 1 | 2 consumers."""
+    RW: gl.constexpr = 64 * C * MT
+    FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    wsm = gl.allocate_shared_memory(gl.uint8, [NS, RW, 64], w_desc.layout)
+    ssm = gl.allocate_shared_memory(gl.int32, [NS, RW, 2], FLAT)
+    xsm = gl.allocate_shared_memory(gl.bfloat16, [NS, BT, 128], x_desc.layout)
+    full = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(NS):
+        mbarrier.init(full.index(s), count=1 + 32 * gl.num_warps())  # the expect-tx arrival + the scales' copies
+        mbarrier.init(empty.index(s), count=C)
+    if C == 1:
+        gl.warp_specialize([
+            (_producer_tma, (w_desc, x_desc, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_sn, SPLIT, RW, BT,
+                             NS, SK)),
+            (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
+                         lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK)),
+        ], [4], [CREGS])
+    else:
+        gl.static_assert(C == 2, "the TMA kernel takes C = 1 or 2 consumer warpgroups")
+        gl.warp_specialize([
+            (_producer_tma, (w_desc, x_desc, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_sn, SPLIT, RW, BT,
+                             NS, SK)),
+            (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
+                         lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK)),
+            (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
+                         lora_scale, M, N, K, stride_om, SPLIT, 1, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK)),
+        ], [4, 4], [CREGS, CREGS])
+
+
+W_TMA_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)  # rows of 64 B, as read
+X_TMA_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)  # the wgmma B operand
+
+
 def nvfp4_ws_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lora_scale=1.0, *, xp, C=2, MT=1, BT=64,
-                    NS=4, SPLIT=1, OCC=1, SK=0, part=None, lock=None, pdl=False):
-    """``y [M, N]`` bf16 with :func:`_nvfp4_ws_kernel`; ``xp``: the activations in the kernel's reduction order
+                    NS=4, SPLIT=1, OCC=1, SK=0, TMA=0, part=None, lock=None, pdl=False):
+    """``y [M, N]`` bf16 with :func:`_nvfp4_ws_kernel` (``TMA``: :func:`_nvfp4_ws_tma_kernel`, C = 1 | 2); ``xp``: the activations in the kernel's reduction order
     (:func:`qerl_kernels.nvfp4_wgmma.permute_activations`). ``SK``: the stream-K schedule — ``OCC`` programs per SM
     share the ``tiles · K/128`` (tile, K step) units evenly (:func:`qerl_kernels.nvfp4_wgmma.stream_k_plan`, per
     consumer sub-tile), ``SPLIT`` ignored; else ``SPLIT`` programs per tile. ``part`` / ``lock``: the workspace
@@ -331,6 +413,21 @@ def nvfp4_ws_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lo
             part = out
     if lock is None or lock.numel() < tiles * C:
         lock = torch.zeros(tiles * C, device=x.device, dtype=torch.int32)
+    if TMA:
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        if C not in (1, 2):
+            raise ValueError(f"nvfp4_ws: the TMA producer takes C = 1 or 2 consumer warpgroups, got C={C}")
+        w_desc = TensorDescriptor.from_tensor(packed, [RW, 64], W_TMA_LAYOUT)
+        x_desc = TensorDescriptor.from_tensor(xp, [BT, 128], X_TMA_LAYOUT)
+        _nvfp4_ws_tma_kernel[grid](
+            w_desc, x_desc, scale_u8, gs, out, bias if bias is not None else out, part, lock,
+            M, N, K, out.stride(0), scale_u8.stride(0), max(1, SPLIT),
+            xa if xa is not None else out, lora_b if lora_b is not None else out, float(lora_scale),
+            HAS_BIAS=bias is not None, USE_SPLIT=SPLIT > 1, C=int(C), MT=int(MT), BT=int(BT), NS=int(NS),
+            CREGS=creg, R=lora_b.shape[1] if lora_b is not None else 0, PDL=bool(pdl), SK=bool(SK),
+            num_warps=PRODUCER_WARPS, maxnreg=maxnreg, **({"launch_pdl": True} if pdl else {}))
+        return out
     _nvfp4_ws_kernel[grid](
         xp, packed, scale_u8, gs, out, bias if bias is not None else out, part, lock,
         M, N, K, xp.stride(0), out.stride(0), packed.stride(0), scale_u8.stride(0), max(1, SPLIT),

@@ -169,7 +169,7 @@ def _ws_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
     """M 17..512, K % 128 == 0: the warp-specialised kernel (``WS``, :mod:`qerl_kernels.nvfp4_wgmma_ws`) — C consumer
     warpgroups of MT m64 tiles (64·C·MT weight rows per program over one activation tile of BT rows), OCC programs
     per SM, NS ring stages (within 227 KiB of shared memory per SM), on the stream-K schedule (``SK``) or split-K
-    (the split that fills the SMs, and none)."""
+    (the split that fills the SMs, and none); C = 1 | 2 also with the TMA producer (``TMA``)."""
     from qerl_kernels.nvfp4_wgmma_ws import ring_bytes
 
     out = []
@@ -184,8 +184,9 @@ def _ws_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
                 base = dict(WGMMA=1, WS=1, C=c, MT=mt, BT=bt, NS=ns, OCC=occ)
                 tiles = -(-N // (64 * c * mt)) * -(-M // bt)
                 fill = max(1, min(K // 512, round(occ * sms / tiles)))
-                out.append({**base, "SPLIT": 1, "SK": 1})
-                out += [{**base, "SPLIT": sp} for sp in sorted({1, fill})]
+                for tma in ({}, {"TMA": 1}) if c <= 2 else ({},):  # TMA: bulk copies of the weights and x
+                    out.append({**base, **tma, "SPLIT": 1, "SK": 1})
+                    out += [{**base, **tma, "SPLIT": sp} for sp in sorted({1, fill})]
     return out
 
 

@@ -128,3 +128,18 @@ def test_tuner_ws_candidates_fit():
             assert c["BT"] <= max(64, M) and (c.get("SK") or c["SPLIT"] >= 1)
     assert candidates("fwd", 16, 37888, 3584, 132, "ws", None) == []  # decode sizes: not this kernel's
     assert candidates("bwd", 128, 37888, 3584, 132, "ws", None) == []
+
+
+@pytest.mark.parametrize("C,BT,kw", [(2, 128, dict(SK=True, bias=True)), (1, 64, dict(split=True, R=32, PDL=True))])
+def test_tma_producer_compiles_for_sm90(C, BT, kw):
+    """``TMA``: the weights and the activation tile as bulk tensor copies (the tile in two 64-column boxes, the
+    128-byte swizzle's width), the scales by cp.async, both completing on the same mbarrier; no spills."""
+    from qerl_kernels.inspect_ir import compile_ws_tma, stack_of
+
+    k = compile_ws_tma(C, 1, BT, 4 if BT == 64 else 3, **kw)
+    ptx = k.asm["ptx"]
+    assert "cp.async.bulk.tensor.2d.shared::cluster.global" in ptx and "mbarrier.arrive.expect_tx" in ptx
+    assert re.search(r"cp\.async\.mbarrier\.arrive\.noinc", ptx)
+    assert stack_of(k) == 0
+    meta = {tuple(m["block_size"]) for m in k.metadata.tensordesc_meta}
+    assert meta == {(64 * C, 64), (BT, 64)}
