@@ -24,12 +24,12 @@ bulk tensor copies from one thread (completion by transaction count on ``full``,
 scales (8 bytes per row and step, under TMA's 16-byte box minimum) still go by ``cp.async``, arriving on the same
 barrier — 1.02–1.18x faster than the ``cp.async`` producer at every H100 key measured (reports/kernels/README.md).
 
-Split-K over programs (``SPLIT``) as in :mod:`.nvfp4_wgmma` (deterministic, ticketed; one ticket per consumer
-sub-tile); the epilogue (``2^7 / gs``, bias, LoRA up-projection) is that module's ``_output``, run by each
+Split-K over programs (``SPLIT``) or the stream-K schedule (``SK``) as in :mod:`.nvfp4_wgmma` (deterministic,
+ticketed; one ticket per consumer sub-tile); the epilogue (``2^7 / gs``, bias, LoRA up-projection) is that module's ``_output``, run by each
 consumer on its own sub-tile. Registers: the launch asks for ``maxnreg`` so that ``OCC`` programs fit an SM, the
-consumers get ``CREGS`` each (``setmaxnreg``) and the producer the rest (>= 24).
+consumers get ``CREGS`` each (``setmaxnreg``) and the producer the rest (>= :data:`PRODUCER_REGS`).
 
-Reference: :func:`qerl.ops.linear` (the seam's pure-torch forward); CPU-checkable logic: the ring's slot /
+Reference: :func:`qerl.ops.linear.reference_forward` (the seam's pure-torch forward); CPU-checkable logic: the ring's slot /
 phase sequence (:func:`ring_schedule`) and the register split (:func:`register_split`);
 ``tests/kernels/test_wgmma_ws.py`` replays them and compiles the kernel for sm_90 without a GPU.
 """
