@@ -35,7 +35,8 @@ def markdown(res: dict, source: str) -> str:
               "|---|---|---|---|---|---|---|---|"]
     for name, t in res["tables"].items():
         for x in t["runs"]:
-            lines.append(f"| {name} | {x['run']} | {x['steps']} × {x['rows']} × {x['cap']}, {x['updates']} | "
+            what = f"{x['steps']} × {x['rows']} × {x['cap']}, {x['updates']}" if x["steps"] else "evaluation only"
+            lines.append(f"| {name} | {x['run']} | {what} | "
                          f"{x['slots']} | {x['step_s_assumed']:.0f} / {x['step_s_cap']:.0f} s | "
                          f"{x['train_h_assumed']:.1f} / "
                          f"{x['train_h_cap']:.1f} | {x['eval_h_assumed']:.1f} / {x['eval_h_cap']:.1f} | "

@@ -231,7 +231,7 @@ BENCHMARK_PROBLEMS = {"gsm8k_test": 1319, "math500": 500, "aime24": 30, "aime25"
 
 def paper_projection(config: dict, gpus: int = 8, gpu_gb: float = 80.0, seed: int = 0) -> dict:
     """Every table of a workflow config (``report.table*``): per run the projected hours at the cap and with the
-    assumed lengths, the evaluations, the table's GPU-hours on one GPU and its wall-clock on ``gpus`` GPUs (runs
+    assumed lengths, the evaluations (each trained run's, and ``evaluation.untrained`` bases' of each model), the table's GPU-hours on one GPU and its wall-clock on ``gpus`` GPUs (runs
     on one GPU each, longest first; a run that does not fit one GPU is spread over all of them, FSDP, at the
     same GPU-hours)."""
     from qerl.train.config import TrainConfig, from_dict, validate
@@ -270,6 +270,21 @@ def paper_projection(config: dict, gpus: int = 8, gpu_gb: float = 80.0, seed: in
                          "lengths": ASSUMED_LENGTHS[fam], "benchmarks": " ".join(benches)})
         if not rows:
             continue
+        seen = {}  # the untrained bases of each model on the table's benchmarks (the table's first rows)
+        for x in rows:
+            seen.setdefault(x["run"].split("/")[0], x)
+        for model, x in seen.items():
+            fam_spec, benches = x["lengths"], x["benchmarks"].split()
+            for base in ev.get("untrained", []):
+                e_cap = sum(eval_hours(x["shape"], BENCHMARK_PROBLEMS.get(b, 500), samples, batch, ecap, None, base)
+                            for b in benches)
+                e_real = sum(eval_hours(x["shape"], BENCHMARK_PROBLEMS.get(b, 500), samples, batch, ecap, fam_spec,
+                                        base, seed) for b in benches)
+                rows.append({"run": f"{model}/untrained {base}", "shape": x["shape"], "method": f"untrained {base}",
+                             "steps": 0, "rows": 0, "cap": ecap, "updates": 0, "slots": x["slots"],
+                             "fits_one_gpu": True, "step_s_cap": 0.0, "step_s_assumed": 0.0, "rollout_s_assumed": 0.0,
+                             "update_s_assumed": 0.0, "train_h_cap": 0.0, "train_h_assumed": 0.0, "eval_h_cap": e_cap,
+                             "eval_h_assumed": e_real, "lengths": fam_spec, "benchmarks": x["benchmarks"]})
         out = {}
         for key in ("cap", "assumed"):
             per = [x[f"train_h_{key}"] + x[f"eval_h_{key}"] for x in rows]

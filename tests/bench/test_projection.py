@@ -59,10 +59,14 @@ def test_calibration_reproduces_the_measured_steps():
 def test_paper_projection_is_consistent():
     res = cost.paper_projection(yaml.safe_load((ROOT / "config" / "paper.yaml").read_text()))
     t1, t2 = res["tables"]["table1"], res["tables"]["table2"]
-    assert len(t1["runs"]) == 10 and len(t2["runs"]) == 10
+    trained = [[x for x in t["runs"] if x["steps"]] for t in (t1, t2)]
+    assert [len(r) for r in trained] == [10, 10]
+    untrained = [x["run"] for x in t1["runs"] if not x["steps"]]  # bf16 / NVFP4 bases of 3B and 7B on GSM8K
+    assert untrained == ["qwen2.5-3b/untrained bf16", "qwen2.5-3b/untrained nvfp4", "qwen2.5-7b/untrained bf16",
+                         "qwen2.5-7b/untrained nvfp4"]
     qerl3 = next(x for x in t1["runs"] if x["shape"] == "3B" and x["method"] == "qerl")
     assert qerl3["step_s_cap"] == pytest.approx(285.9, rel=0.02)  # the measured step (519,574 vs 524,288 tokens)
-    assert all(x["step_s_assumed"] < x["step_s_cap"] for t in (t1, t2) for x in t["runs"])
+    assert all(x["step_s_assumed"] < x["step_s_cap"] for r in trained for x in r)
     by = {(x["shape"], x["method"]): x for x in t2["runs"]}
     assert by[("32B", "qerl")]["slots"] > 5 * by[("32B", "lora")]["slots"]  # NVFP4's memory: more rows decode at once
     assert by[("32B", "qerl")]["train_h_assumed"] < by[("32B", "lora")]["train_h_assumed"]
@@ -79,9 +83,9 @@ def test_bench_cost_cli_writes_the_report(tmp_path, capsys):
     assert bench_cost.main(["--output", str(tmp_path), "--gpus", "4"]) == 0
     out = json.loads(capsys.readouterr().out.splitlines()[0])
     md = (tmp_path / "cost_NVIDIA_H100_80GB_HBM3.md").read_text()
-    assert "| table1 | 10 |" in md and "on 4 GPUs" in md and "lognormal:median=300,sigma=0.9" in md
+    assert "| table1 | 14 |" in md and "on 4 GPUs" in md and "lognormal:median=300,sigma=0.9" in md
     rows = list(csv.DictReader(open(tmp_path / "cost_NVIDIA_H100_80GB_HBM3.csv")))
-    assert len(rows) == 20 and out["tables"]["table1"]["assumed"]["gpu_hours"] > 0
+    assert len(rows) == 20 + 4 + 6 and out["tables"]["table1"]["assumed"]["gpu_hours"] > 0  # + untrained bases
     with pytest.raises(SystemExit, match="no such config file"):
         bench_cost.main(["--configfile", str(tmp_path / "nope.yaml")])
     empty = tmp_path / "empty.yaml"
