@@ -1,4 +1,5 @@
-"""Warp-specialised NVFP4 W4A16 matmul for M = 17 … 512 on Hopper (``WS`` configs of the warpgroup-MMA route):
+"""Warp-specialised NVFP4 W4A16 matmul for mid-size M on Hopper (``WS`` configs of the warpgroup-MMA route, tuned at
+M = 32 … 512):
 the same product as :mod:`.nvfp4_wgmma` — ``yᵀ [N, M] = Ŵ [N, K] · xᵀ`` (+ bias) (+ ``s · (xa · lora_bᵀ)ᵀ``),
 ``Ŵ = FP4 · S_FP8 · S_FP32`` (paper Eq. 1), the decoded weights as the wgmma register operand in the
 permuted reduction order of that module — with the loads and the math in different warps.
@@ -392,13 +393,13 @@ X_TMA_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
 
 def nvfp4_ws_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lora_scale=1.0, *, xp, C=2, MT=1, BT=64,
                     NS=4, SPLIT=1, OCC=1, SK=0, TMA=0, part=None, lock=None, pdl=False):
-    """``y [M, N]`` bf16 with :func:`_nvfp4_ws_kernel` (``TMA``: :func:`_nvfp4_ws_tma_kernel`, C = 1 | 2); ``xp``: the activations in the kernel's reduction order
-    (:func:`qerl_kernels.nvfp4_wgmma.permute_activations`). ``SK``: the stream-K schedule — ``OCC`` programs per SM
-    share the ``tiles · K/128`` (tile, K step) units evenly (:func:`qerl_kernels.nvfp4_wgmma.stream_k_plan`, per
-    consumer sub-tile), ``SPLIT`` ignored; else ``SPLIT`` programs per tile. ``part`` / ``lock``: the workspace
-    (fp32 >= SPLIT·M·N, or 2·P·RW·BT for stream-K) and tickets (int32 zeros >= tiles · C), allocated when not
-    given. Called by :func:`qerl_kernels.nvfp4_wgmma.nvfp4_wgmma_matmul` for ``WS`` configs (validation is the
-    caller's)."""
+    """``y [M, N]`` bf16 with :func:`_nvfp4_ws_kernel` (``TMA``: :func:`_nvfp4_ws_tma_kernel`, C = 1 | 2); ``xp``:
+    the activations in the kernel's reduction order (:func:`qerl_kernels.nvfp4_wgmma.permute_activations`). ``SK``:
+    the stream-K schedule — ``OCC`` programs per SM share the ``tiles · K/128`` (tile, K step) units evenly
+    (:func:`qerl_kernels.nvfp4_wgmma.stream_k_plan`, per consumer sub-tile), ``SPLIT`` ignored; else ``SPLIT``
+    programs per tile. ``part`` / ``lock``: the workspace (fp32 >= SPLIT·M·N, or 2·P·RW·BT for stream-K) and tickets
+    (int32 zeros >= tiles · C), allocated when not given. Called by :func:`qerl_kernels.ops._launch_wgmma` for ``WS``
+    configs (validation is the caller's)."""
     M, K = x.shape
     N = packed.shape[0]
     RW = 64 * C * MT
@@ -418,6 +419,11 @@ def nvfp4_ws_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lo
             part = out
     if lock is None or lock.numel() < tiles * C:
         lock = torch.zeros(tiles * C, device=x.device, dtype=torch.int32)
+    epilogue = (gs, out, bias if bias is not None else out, part, lock)
+    lora = (xa if xa is not None else out, lora_b if lora_b is not None else out, float(lora_scale))
+    consts = dict(HAS_BIAS=bias is not None, USE_SPLIT=SPLIT > 1, C=int(C), MT=int(MT), BT=int(BT), NS=int(NS),
+                  CREGS=creg, R=lora_b.shape[1] if lora_b is not None else 0, PDL=bool(pdl), SK=bool(SK),
+                  num_warps=PRODUCER_WARPS, maxnreg=maxnreg, **({"launch_pdl": True} if pdl else {}))
     if TMA:
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -425,19 +431,9 @@ def nvfp4_ws_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lo
             raise ValueError(f"nvfp4_ws: the TMA producer takes C = 1 or 2 consumer warpgroups, got C={C}")
         w_desc = TensorDescriptor.from_tensor(packed, [RW, 64], W_TMA_LAYOUT)
         x_desc = TensorDescriptor.from_tensor(xp, [BT, 128], X_TMA_LAYOUT)
-        _nvfp4_ws_tma_kernel[grid](
-            w_desc, x_desc, scale_u8, gs, out, bias if bias is not None else out, part, lock,
-            M, N, K, out.stride(0), scale_u8.stride(0), max(1, SPLIT),
-            xa if xa is not None else out, lora_b if lora_b is not None else out, float(lora_scale),
-            HAS_BIAS=bias is not None, USE_SPLIT=SPLIT > 1, C=int(C), MT=int(MT), BT=int(BT), NS=int(NS),
-            CREGS=creg, R=lora_b.shape[1] if lora_b is not None else 0, PDL=bool(pdl), SK=bool(SK),
-            num_warps=PRODUCER_WARPS, maxnreg=maxnreg, **({"launch_pdl": True} if pdl else {}))
-        return out
-    _nvfp4_ws_kernel[grid](
-        xp, packed, scale_u8, gs, out, bias if bias is not None else out, part, lock,
-        M, N, K, xp.stride(0), out.stride(0), packed.stride(0), scale_u8.stride(0), max(1, SPLIT),
-        xa if xa is not None else out, lora_b if lora_b is not None else out, float(lora_scale),
-        HAS_BIAS=bias is not None, USE_SPLIT=SPLIT > 1, C=int(C), MT=int(MT), BT=int(BT), NS=int(NS), CREGS=creg,
-        R=lora_b.shape[1] if lora_b is not None else 0, PDL=bool(pdl), SK=bool(SK), num_warps=PRODUCER_WARPS,
-        maxnreg=maxnreg, **({"launch_pdl": True} if pdl else {}))
+        _nvfp4_ws_tma_kernel[grid](w_desc, x_desc, scale_u8, *epilogue, M, N, K, out.stride(0), scale_u8.stride(0),
+                                   max(1, SPLIT), *lora, **consts)
+    else:
+        _nvfp4_ws_kernel[grid](xp, packed, scale_u8, *epilogue, M, N, K, xp.stride(0), out.stride(0), packed.stride(0),
+                               scale_u8.stride(0), max(1, SPLIT), *lora, **consts)
     return out

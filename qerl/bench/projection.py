@@ -74,7 +74,17 @@ REHEARSALS = {
 #: rollout benchmark (reports/rollout, H100, 2026-11-24/25), NVFP4 engine, prompt 256, 1,024 tokens: ms per
 #: decode step at batch 64 and 256
 BENCH_STEP_MS = {"7B": (8.28, 20.43), "14B": (15.76, 27.08), "32B": (25.44, 32.94)}
-INTERCEPT_SHARE = 4.23 / 12.6  # 7B: a = 4.23 ms, a + 128 b = 12.6 ms (batch 64 -> 256 slope 0.0633 ms per row)
+
+
+def bench_step_ms(shape: str, rows: int = 128) -> float:
+    """The rollout benchmark's decode step at ``rows`` rows, on the line through its batch-64 and batch-256 steps."""
+    lo, hi = BENCH_STEP_MS[shape]
+    return lo + (hi - lo) * (rows - 64) / 192
+
+
+#: the weight-bound share of a 7B decode step at 128 rows: the intercept of that line over its value at 128
+#: (a = 4.23 ms, a + 128 b = 12.33 ms)
+INTERCEPT_SHARE = bench_step_ms("7B", 0) / bench_step_ms("7B")
 BF16_ROLLOUT = 9513 / 9055  # 7B batch 128, fixed lengths: NVFP4 / bf16 tokens per second (bf16 is this much slower)
 QLORA_ROLLOUT = 65.68 / 4.99  # 7B batch 8, 1,024 tokens: QLoRA / QeRL rollout seconds (reports/step)
 #: assumed completion lengths (stated in every projection): GSM8K answers of the Qwen2.5 Instruct models run a few
@@ -84,9 +94,8 @@ ASSUMED_LENGTHS = {"gsm8k": "lognormal:median=300,sigma=0.9", "bigmath": "lognor
 
 def bench_to_train() -> float:
     """The 7B training loop's decode step over the benchmark engine's at 128 rows (longer contexts, the loop's
-    host work): measured 26.0 ms (rehearsal, 2,048 tokens) vs 14.4 ms (benchmark, 1,024 tokens)."""
-    lo, hi = BENCH_STEP_MS["7B"]
-    return REHEARSALS["7B"].decode_ms / (lo + (hi - lo) * (128 - 64) / 192)
+    host work): measured 26.0 ms (rehearsal, 2,048 tokens) vs 12.3 ms (benchmark, 1,024 tokens) = 2.1."""
+    return REHEARSALS["7B"].decode_ms / bench_step_ms("7B")
 
 
 def linear_weights(s: Shape) -> int:
@@ -125,9 +134,7 @@ def decode_step_ms(shape: str) -> tuple[float, str]:
     if shape in REHEARSALS:
         r = REHEARSALS[shape]
         return r.decode_ms, f"rehearsed ({r.cap}-token cap)"
-    lo, hi = BENCH_STEP_MS[shape]
-    bench = lo + (hi - lo) * (128 - 64) / 192
-    return bench * bench_to_train(), "rollout benchmark x the 7B loop / benchmark ratio"
+    return bench_step_ms(shape) * bench_to_train(), "rollout benchmark x the 7B loop / benchmark ratio"
 
 
 def update_rate(shape: str) -> tuple[float, str]:
@@ -141,10 +148,6 @@ def update_rate(shape: str) -> tuple[float, str]:
 class StepCost:
     rollout_s: float
     update_s: float
-
-    @property
-    def total_s(self) -> float:
-        return self.rollout_s + self.update_s
 
 
 def step_cost(shape: str, method: str, rows: int, lengths: list[int], updates: int, checkpointing: bool = True,
@@ -229,16 +232,23 @@ def eval_hours(shape: str, problems: int, samples: int, batch: int, cap: int, le
 BENCHMARK_PROBLEMS = {"gsm8k_test": 1319, "math500": 500, "aime24": 30, "aime25": 30, "amc23": 40}
 
 
+def _evals(shape: str, benches: list[str], base: str, spec: str, ev: dict, seed: int) -> tuple[float, float]:
+    """Hours to evaluate one model on ``benches`` (``evaluation`` settings ``ev``): every completion at the cap, and
+    with the lengths ``spec``."""
+    samples, batch, cap = int(ev.get("samples", 8)), int(ev.get("batch_size", 64)), int(ev.get("max_new_tokens", 4096))
+    return tuple(sum(eval_hours(shape, BENCHMARK_PROBLEMS.get(b, 500), samples, batch, cap, lens, base, seed)
+                     for b in benches) for lens in (None, spec))
+
+
 def paper_projection(config: dict, gpus: int = 8, gpu_gb: float = 80.0, seed: int = 0) -> dict:
     """Every table of a workflow config (``report.table*``): per run the projected hours at the cap and with the
-    assumed lengths, the evaluations (each trained run's, and ``evaluation.untrained`` bases' of each model), the table's GPU-hours on one GPU and its wall-clock on ``gpus`` GPUs (runs
-    on one GPU each, longest first; a run that does not fit one GPU is spread over all of them, FSDP, at the
-    same GPU-hours)."""
+    assumed lengths, the evaluations (each trained run's, and ``evaluation.untrained`` bases' of each model), the
+    table's GPU-hours on one GPU and its wall-clock on ``gpus`` GPUs (runs on one GPU each, longest first; a run
+    that does not fit one GPU is spread over all of them, FSDP, at the same GPU-hours)."""
     from qerl.train.config import TrainConfig, from_dict, validate
     from qerl.workflow_config import runs, train_config
 
     ev = config.get("evaluation", {})
-    samples, batch, ecap = int(ev.get("samples", 8)), int(ev.get("batch_size", 64)), int(ev.get("max_new_tokens", 4096))
     tables = {}
     for name, t in sorted((config.get("report") or {}).items()):
         if not name.startswith("table"):
@@ -257,10 +267,7 @@ def paper_projection(config: dict, gpus: int = 8, gpu_gb: float = 80.0, seed: in
             real = run_cost(cfg, shape, ASSUMED_LENGTHS[fam], gpu_gb, seed)
             benches = [t["benchmark"]] if "benchmark" in t else list(t.get("benchmarks", []))
             base = "bf16" if r.method in ("lora", "full") else "nvfp4"
-            e_cap = sum(eval_hours(shape, BENCHMARK_PROBLEMS.get(b, 500), samples, batch, ecap, None, base)
-                        for b in benches)
-            e_real = sum(eval_hours(shape, BENCHMARK_PROBLEMS.get(b, 500), samples, batch, ecap, ASSUMED_LENGTHS[fam],
-                                    base, seed) for b in benches)
+            e_cap, e_real = _evals(shape, benches, base, ASSUMED_LENGTHS[fam], ev, seed)
             rows.append({"run": r.path, "shape": shape, "method": r.method, "steps": cfg.steps, "rows": cap["rows"],
                          "cap": cap["cap"], "updates": cfg.algorithm.updates_per_batch, "slots": cap["slots"],
                          "fits_one_gpu": cap["fits_one_gpu"], "step_s_cap": cap["step_s"],
@@ -276,12 +283,10 @@ def paper_projection(config: dict, gpus: int = 8, gpu_gb: float = 80.0, seed: in
         for model, x in seen.items():
             fam_spec, benches = x["lengths"], x["benchmarks"].split()
             for base in ev.get("untrained", []):
-                e_cap = sum(eval_hours(x["shape"], BENCHMARK_PROBLEMS.get(b, 500), samples, batch, ecap, None, base)
-                            for b in benches)
-                e_real = sum(eval_hours(x["shape"], BENCHMARK_PROBLEMS.get(b, 500), samples, batch, ecap, fam_spec,
-                                        base, seed) for b in benches)
+                e_cap, e_real = _evals(x["shape"], benches, base, fam_spec, ev, seed)
                 rows.append({"run": f"{model}/untrained {base}", "shape": x["shape"], "method": f"untrained {base}",
-                             "steps": 0, "rows": 0, "cap": ecap, "updates": 0, "slots": x["slots"],
+                             "steps": 0, "rows": 0, "cap": int(ev.get("max_new_tokens", 4096)), "updates": 0,
+                             "slots": x["slots"],
                              "fits_one_gpu": True, "step_s_cap": 0.0, "step_s_assumed": 0.0, "rollout_s_assumed": 0.0,
                              "update_s_assumed": 0.0, "train_h_cap": 0.0, "train_h_assumed": 0.0, "eval_h_cap": e_cap,
                              "eval_h_assumed": e_real, "lengths": fam_spec, "benchmarks": x["benchmarks"]})

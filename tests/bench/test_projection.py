@@ -56,6 +56,26 @@ def test_calibration_reproduces_the_measured_steps():
         assert int(train["generated_tokens"]) == r.generated and f"rollout {r.rollout_s:.1f} s" in train["note"]
 
 
+def test_benchmark_constants_are_the_committed_measurements():
+    """The rollout / step rates the projection takes from the benchmarks are those of the committed H100 reports."""
+    rollout = list(csv.DictReader(open(ROOT / "reports" / "rollout" / "NVIDIA_H100_80GB_HBM3.csv")))
+
+    def roll(model, base, batch, field):
+        return float(next(r[field] for r in rollout if (r["model"], r["base"], r["engine"], r["batch"], r["lengths"])
+                          == (model, base, "qerl", str(batch), "fixed")))
+
+    for shape, (lo, hi) in cost.BENCH_STEP_MS.items():
+        assert (lo, hi) == pytest.approx((roll(shape, "nvfp4", 64, "ms_per_step"),
+                                          roll(shape, "nvfp4", 256, "ms_per_step")), abs=0.01)
+    assert cost.BF16_ROLLOUT == pytest.approx(roll("7B", "nvfp4", 128, "tok_s") / roll("7B", "bf16", 128, "tok_s"),
+                                              rel=1e-3)
+    step = list(csv.DictReader(open(ROOT / "reports" / "step" / "NVIDIA_H100_80GB_HBM3.csv")))
+    b8 = {r["method"]: float(r["rollout_s"]) for r in step if (r["model"], r["batch"], r["gen_len"], r["lengths"])
+          == ("7B", "8", "1024", "fixed") and r["method"] in ("qlora", "qerl")}
+    assert cost.QLORA_ROLLOUT == pytest.approx(b8["qlora"] / b8["qerl"], rel=0.05)  # (qerl: one of its b8 rows)
+    assert cost.INTERCEPT_SHARE == pytest.approx(4.23 / 12.33, rel=1e-3)
+
+
 def test_paper_projection_is_consistent():
     res = cost.paper_projection(yaml.safe_load((ROOT / "config" / "paper.yaml").read_text()))
     t1, t2 = res["tables"]["table1"], res["tables"]["table2"]
