@@ -121,7 +121,7 @@ def compile_wgmma(WG=1, BT=64, NS=3, split=False, bias=False, XG=True, PIPE=Fals
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4 * WG})
 
 
-def compile_ws(C=2, MT=1, BT=64, NS=4, split=False, bias=False, R=0, PDL=False, OCC=1, SK=False):
+def compile_ws(C=2, MT=1, BT=64, NS=4, split=False, bias=False, R=0, PDL=False, OCC=1, SK=False, DB=False):
     """The warp-specialised warpgroup-MMA kernel (:mod:`qerl_kernels.nvfp4_wgmma_ws`, Gluon) for sm_90: C consumer
     warpgroups of MT m64 tiles, BT activation rows, NS ring stages, OCC programs per SM (the register split),
     stream-K schedule SK."""
@@ -131,7 +131,7 @@ def compile_ws(C=2, MT=1, BT=64, NS=4, split=False, bias=False, R=0, PDL=False, 
 
     maxnreg, creg, _ = register_split(C, OCC)
     consts = {"HAS_BIAS": bool(bias), "USE_SPLIT": bool(split), "C": C, "MT": MT, "BT": BT, "NS": NS, "CREGS": creg,
-              "R": R, "PDL": bool(PDL), "SK": bool(SK)}
+              "R": R, "PDL": bool(PDL), "SK": bool(SK), "DB": bool(DB)}
     sig = {**WGMMA_SIG, **{k: "constexpr" for k in consts}}
     names = list(sig)
     attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in WGMMA_SIG
@@ -141,7 +141,7 @@ def compile_ws(C=2, MT=1, BT=64, NS=4, split=False, bias=False, R=0, PDL=False, 
                           options={"num_warps": PRODUCER_WARPS, "maxnreg": maxnreg})
 
 
-def compile_ws_tma(C=2, MT=1, BT=64, NS=4, split=False, bias=False, R=0, PDL=False, OCC=1, SK=False):
+def compile_ws_tma(C=2, MT=1, BT=64, NS=4, split=False, bias=False, R=0, PDL=False, OCC=1, SK=False, DB=False):
     """:func:`compile_ws` with the TMA producer (:func:`qerl_kernels.nvfp4_wgmma_ws._nvfp4_ws_tma_kernel`)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -150,7 +150,7 @@ def compile_ws_tma(C=2, MT=1, BT=64, NS=4, split=False, bias=False, R=0, PDL=Fal
 
     maxnreg, creg, _ = register_split(C, OCC)
     consts = {"HAS_BIAS": bool(bias), "USE_SPLIT": bool(split), "C": C, "MT": MT, "BT": BT, "NS": NS, "CREGS": creg,
-              "R": R, "PDL": bool(PDL), "SK": bool(SK)}
+              "R": R, "PDL": bool(PDL), "SK": bool(SK), "DB": bool(DB)}
     args = {"w_desc": f"tensordesc<u8[{64 * C * MT}, 64],{W_TMA_LAYOUT!r}>",
             "x_desc": f"tensordesc<bf16[{BT}, 128],{X_TMA_LAYOUT!r}>",
             **{k: v for k, v in WGMMA_SIG.items() if k not in ("xp_ptr", "wp_ptr", "stride_xm", "stride_wn")}}
@@ -171,6 +171,19 @@ def sass_of(kernel) -> str:
         f.write(kernel.asm["cubin"])
         f.flush()
         return subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def ptxas_warnings(kernel) -> list[str]:
+    """ptxas's performance warnings (``C75xx``, e.g. C7512 / C7513: every wgmma serialised) for the kernel's PTX,
+    re-assembled with ``ptxas -v`` for sm_90a (Triton's own ptxas call does not show them)."""
+    ptxas = os.path.join(triton.__path__[0], "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        with open(src, "w") as f:
+            f.write(kernel.asm["ptx"])
+        r = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", src, "-o", os.path.join(d, "k.cubin")],
+                           capture_output=True, text=True, check=True)
+    return [line.strip() for line in (r.stdout + r.stderr).splitlines() if re.search(r"\(C75\d\d\)", line)]
 
 
 def _resource_usage(kernel) -> str:

@@ -30,8 +30,13 @@ ticketed; one ticket per consumer sub-tile); the epilogue (``2^7 / gs``, bias, L
 consumer on its own sub-tile. Registers: the launch asks for ``maxnreg`` so that ``OCC`` programs fit an SM, the
 consumers get ``CREGS`` each (``setmaxnreg``) and the producer the rest (>= :data:`PRODUCER_REGS`).
 
+``DB`` (:func:`_mma_steps_db`, tuned where ptxas compiles it without serialising the wgmmas): each consumer decodes
+step k + 1 while step k's wgmma runs (two A operands in registers, never loop-carried), releasing a slot one step
+later (:func:`consumer_events`).
+
 Reference: :func:`qerl.ops.linear.reference_forward` (the seam's pure-torch forward); CPU-checkable logic: the ring's slot /
-phase sequence (:func:`ring_schedule`) and the register split (:func:`register_split`);
+phase sequence (:func:`ring_schedule`), a consumer's read / release order (:func:`consumer_events`) and the register
+split (:func:`register_split`);
 ``tests/kernels/test_wgmma_ws.py`` replays them and compiles the kernel for sm_90 without a GPU.
 """
 from __future__ import annotations
@@ -85,6 +90,27 @@ def ring_schedule(steps: int, NS: int) -> list[tuple[int, int, int, int]]:
     for i in range(steps):
         s, n = i % NS, i // NS
         out.append((s, n & 1, (n & 1) ^ 1, n))
+    return out
+
+
+def consumer_events(steps: int, DB: bool = False) -> list[tuple[str, int]]:
+    """The reference of a consumer's order of slot reads and releases over ``steps`` K steps: ``("read", i)`` (wait
+    on ``full``, decode, issue the wgmma) and ``("release", i)`` (arrive on ``empty`` once step i's wgmma is done).
+    Plain: read i, release i. ``DB`` (:func:`_mma_steps_db`): steps in pairs, step i released only after step i + 1
+    was read (its wgmma issued), so a consumer holds two slots; an odd last step goes alone."""
+    if not DB:
+        return [e for i in range(steps) for e in (("read", i), ("release", i))]
+    out = []
+    pairs = steps // 2
+    for p in range(pairs):
+        out.append(("read", 2 * p))
+        if p > 0:
+            out.append(("release", 2 * p - 1))
+        out += [("read", 2 * p + 1), ("release", 2 * p)]
+    if pairs:
+        out.append(("release", 2 * pairs - 1))
+    if steps % 2:
+        out += [("read", steps - 1), ("release", steps - 1)]
     return out
 
 
@@ -234,10 +260,67 @@ def _mma_steps(acc, it, t0, t1, wsm, ssm, xsm, full, empty, CI: gl.constexpr, RW
 
 
 @gluon.jit
+def _decode_own(wsm, ssm, s, CI: gl.constexpr, RWC: gl.constexpr, AOP: gl.constexpr, LW: gl.constexpr,
+                LS: gl.constexpr, FLAT: gl.constexpr):
+    """This consumer's rows of ring slot ``s`` -> the decoded A operand ``[RWC, 128]`` bf16."""
+    q = wsm.index(s).slice(CI * RWC, RWC)._reinterpret(gl.int32, [RWC, 16], FLAT).load(LW)
+    sb = ssm.index(s).slice(CI * RWC, RWC)._reinterpret(gl.uint8, [RWC, 8], FLAT).load(LS)
+    return _a_operand(q, sb, AOP, LW, RWC, False)
+
+
+@gluon.jit
+def _mma_steps_db(acc, it, t0, t1, wsm, ssm, xsm, full, empty, CI: gl.constexpr, RWC: gl.constexpr,
+                  NS: gl.constexpr, MMA: gl.constexpr, MT: gl.constexpr):
+    """:func:`_mma_steps` with each step's decode under the previous step's wgmma (``DB``): the steps go in pairs
+    with two A operands that are *not* loop-carried — a loop-carried register operand is decoded into the registers
+    the in-flight wgmma still reads, which makes ptxas serialise every wgmma (C7513, the removed ``PIPE``). Per
+    pair: decode A0, wgmma A0, wait until one wgmma is outstanding (the previous pair's A1 done: release its slot),
+    decode A1 under A0's wgmma, wgmma A1, wait for A0 (release its slot). An odd last step goes alone."""
+    LW: gl.constexpr = _words_layout(1, MT)
+    LS: gl.constexpr = _scales_layout(1, MT)
+    AOP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    pairs = (t1 - t0) // 2
+    for p in range(pairs):
+        s0 = it % NS
+        mbarrier.wait(full.index(s0), (it // NS) & 1)
+        fence_async_shared()
+        a0 = _decode_own(wsm, ssm, s0, CI, RWC, AOP, LW, LS, FLAT)
+        acc = warpgroup_mma(a0, xsm.index(s0).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(1, deps=[acc])
+        if p > 0:
+            mbarrier.arrive(empty.index((it + NS - 1) % NS), count=1)  # the previous pair's second step
+        s1 = (it + 1) % NS
+        mbarrier.wait(full.index(s1), ((it + 1) // NS) & 1)
+        fence_async_shared()
+        a1 = _decode_own(wsm, ssm, s1, CI, RWC, AOP, LW, LS, FLAT)
+        acc = warpgroup_mma(a1, xsm.index(s1).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(1, deps=[acc])
+        mbarrier.arrive(empty.index(s0), count=1)
+        it += 2
+    acc = warpgroup_mma_wait(0, deps=[acc])
+    if pairs > 0:
+        mbarrier.arrive(empty.index((it + NS - 1) % NS), count=1)
+    if (t1 - t0) % 2 == 1:
+        acc, it = _mma_steps(acc, it, t1 - 1, t1, wsm, ssm, xsm, full, empty, CI, RWC, NS, MMA, MT)
+    return acc, it
+
+
+@gluon.jit
+def _steps(acc, it, t0, t1, wsm, ssm, xsm, full, empty, CI: gl.constexpr, RWC: gl.constexpr, NS: gl.constexpr,
+           MMA: gl.constexpr, MT: gl.constexpr, DB: gl.constexpr):
+    if DB:
+        acc, it = _mma_steps_db(acc, it, t0, t1, wsm, ssm, xsm, full, empty, CI, RWC, NS, MMA, MT)
+    else:
+        acc, it = _mma_steps(acc, it, t0, t1, wsm, ssm, xsm, full, empty, CI, RWC, NS, MMA, MT)
+    return acc, it
+
+
+@gluon.jit
 def _consumer(wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr, lora_scale,
               M, N, K, stride_om, SPLIT, CI: gl.constexpr, C: gl.constexpr, MT: gl.constexpr, BT: gl.constexpr,
               NS: gl.constexpr, HAS_BIAS: gl.constexpr, USE_SPLIT: gl.constexpr, R: gl.constexpr, PDL: gl.constexpr,
-              SK: gl.constexpr):
+              SK: gl.constexpr, DB: gl.constexpr):
     """Consumer warpgroup ``CI``: rows ``CI · 64 · MT …`` of the program's weight tile(s); its epilogue."""
     RWC: gl.constexpr = 64 * MT
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
@@ -253,7 +336,7 @@ def _consumer(wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, l
             tile, n0, m0, ks0, ks1 = _segment(u, u_end, k_steps, m_tiles, C * RWC, BT)
             n0 = n0 + CI * RWC
             acc = gl.zeros([RWC, BT], gl.float32, layout=MMA)
-            acc, it = _mma_steps(acc, it, ks0, ks1, wsm, ssm, xsm, full, empty, CI, RWC, NS, MMA, MT)
+            acc, it = _steps(acc, it, ks0, ks1, wsm, ssm, xsm, full, empty, CI, RWC, NS, MMA, MT, DB)
             if (ks0 == 0) & (ks1 == k_steps):  # the whole tile: straight out
                 _output(acc, n0, m0, M, N, out_ptr, stride_om, gs_ptr, bias_ptr, xa_ptr, lb_ptr, lora_scale, HAS_BIAS,
                         R, PDL, RWC, BT, 4, MMA)
@@ -277,7 +360,7 @@ def _consumer(wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, l
         n0, m0, t0, t1 = _coords(M, N, K, SPLIT, C * RWC, BT)
         n0 = n0 + CI * RWC
         acc = gl.zeros([RWC, BT], gl.float32, layout=MMA)
-        acc, it = _mma_steps(acc, t0 * 0, t0, t1, wsm, ssm, xsm, full, empty, CI, RWC, NS, MMA, MT)
+        acc, it = _steps(acc, t0 * 0, t0, t1, wsm, ssm, xsm, full, empty, CI, RWC, NS, MMA, MT, DB)
         last = True
         if USE_SPLIT:
             on = n0 + gl.arange(0, RWC, layout=gl.SliceLayout(1, MMA))
@@ -305,6 +388,7 @@ def _nvfp4_ws_kernel(
     M, N, K, stride_xm, stride_om, stride_wn, stride_sn, SPLIT, xa_ptr, lb_ptr, lora_scale,
     HAS_BIAS: gl.constexpr, USE_SPLIT: gl.constexpr, C: gl.constexpr, MT: gl.constexpr, BT: gl.constexpr,
     NS: gl.constexpr, CREGS: gl.constexpr, R: gl.constexpr = 0, PDL: gl.constexpr = False, SK: gl.constexpr = False,
+    DB: gl.constexpr = False,
 ):
     RW: gl.constexpr = 64 * C * MT
     FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
@@ -323,16 +407,16 @@ def _nvfp4_ws_kernel(
             (_producer, (xp_ptr, wp_ptr, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_xm, stride_wn, stride_sn,
                          SPLIT, RW, BT, NS, SK)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
-                         lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK)),
+                         lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB)),
         ], [4], [CREGS])
     elif C == 2:
         gl.warp_specialize([
             (_producer, (xp_ptr, wp_ptr, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_xm, stride_wn, stride_sn,
                          SPLIT, RW, BT, NS, SK)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
-                         lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK)),
+                         lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
-                         lora_scale, M, N, K, stride_om, SPLIT, 1, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK)),
+                         lora_scale, M, N, K, stride_om, SPLIT, 1, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB)),
         ], [4, 4], [CREGS, CREGS])
     else:
         gl.static_assert(C == 4, "C (consumer warpgroups) must be 1, 2 or 4")
@@ -340,13 +424,13 @@ def _nvfp4_ws_kernel(
             (_producer, (xp_ptr, wp_ptr, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_xm, stride_wn, stride_sn,
                          SPLIT, RW, BT, NS, SK)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
-                         lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK)),
+                         lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
-                         lora_scale, M, N, K, stride_om, SPLIT, 1, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK)),
+                         lora_scale, M, N, K, stride_om, SPLIT, 1, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
-                         lora_scale, M, N, K, stride_om, SPLIT, 2, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK)),
+                         lora_scale, M, N, K, stride_om, SPLIT, 2, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
-                         lora_scale, M, N, K, stride_om, SPLIT, 3, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK)),
+                         lora_scale, M, N, K, stride_om, SPLIT, 3, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB)),
         ], [4, 4, 4, 4], [CREGS, CREGS, CREGS, CREGS])
 
 
@@ -356,6 +440,7 @@ def _nvfp4_ws_tma_kernel(
     M, N, K, stride_om, stride_sn, SPLIT, xa_ptr, lb_ptr, lora_scale,
     HAS_BIAS: gl.constexpr, USE_SPLIT: gl.constexpr, C: gl.constexpr, MT: gl.constexpr, BT: gl.constexpr,
     NS: gl.constexpr, CREGS: gl.constexpr, R: gl.constexpr = 0, PDL: gl.constexpr = False, SK: gl.constexpr = False,
+    DB: gl.constexpr = False,
 ):
     """:func:`_nvfp4_ws_kernel` with the TMA producer (:func:`_fill_tma`); C = 1 | 2 consumers."""
     RW: gl.constexpr = 64 * C * MT
@@ -373,7 +458,7 @@ def _nvfp4_ws_tma_kernel(
             (_producer_tma, (w_desc, x_desc, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_sn, SPLIT, RW, BT,
                              NS, SK)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
-                         lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK)),
+                         lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB)),
         ], [4], [CREGS])
     else:
         gl.static_assert(C == 2, "the TMA kernel takes C = 1 or 2 consumer warpgroups")
@@ -381,9 +466,9 @@ def _nvfp4_ws_tma_kernel(
             (_producer_tma, (w_desc, x_desc, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_sn, SPLIT, RW, BT,
                              NS, SK)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
-                         lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK)),
+                         lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
-                         lora_scale, M, N, K, stride_om, SPLIT, 1, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK)),
+                         lora_scale, M, N, K, stride_om, SPLIT, 1, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB)),
         ], [4, 4], [CREGS, CREGS])
 
 
@@ -392,7 +477,7 @@ X_TMA_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
 
 
 def nvfp4_ws_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lora_scale=1.0, *, xp, C=2, MT=1, BT=64,
-                    NS=4, SPLIT=1, OCC=1, SK=0, TMA=0, part=None, lock=None, pdl=False):
+                    NS=4, SPLIT=1, OCC=1, SK=0, TMA=0, DB=0, part=None, lock=None, pdl=False):
     """``y [M, N]`` bf16 with :func:`_nvfp4_ws_kernel` (``TMA``: :func:`_nvfp4_ws_tma_kernel`, C = 1 | 2); ``xp``:
     the activations in the kernel's reduction order (:func:`qerl_kernels.nvfp4_wgmma.permute_activations`). ``SK``:
     the stream-K schedule — ``OCC`` programs per SM share the ``tiles · K/128`` (tile, K step) units evenly
@@ -422,7 +507,7 @@ def nvfp4_ws_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lo
     epilogue = (gs, out, bias if bias is not None else out, part, lock)
     lora = (xa if xa is not None else out, lora_b if lora_b is not None else out, float(lora_scale))
     consts = dict(HAS_BIAS=bias is not None, USE_SPLIT=SPLIT > 1, C=int(C), MT=int(MT), BT=int(BT), NS=int(NS),
-                  CREGS=creg, R=lora_b.shape[1] if lora_b is not None else 0, PDL=bool(pdl), SK=bool(SK),
+                  CREGS=creg, R=lora_b.shape[1] if lora_b is not None else 0, PDL=bool(pdl), SK=bool(SK), DB=bool(DB),
                   num_warps=PRODUCER_WARPS, maxnreg=maxnreg, **({"launch_pdl": True} if pdl else {}))
     if TMA:
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor

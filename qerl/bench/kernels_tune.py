@@ -175,7 +175,7 @@ def _ws_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
     out = []
     bts = (32,) if M <= 32 else (64,) if M <= 64 else (64, 128)
     for bt in bts:
-        for c, mt, occ in ((1, 1, 2), (2, 1, 1), (4, 1, 1), (2, 2, 1)):
+        for c, mt, occ in ((1, 1, 2), (1, 1, 1), (2, 1, 1), (4, 1, 1), (2, 2, 1)):
             if (c * mt > 2 or occ > 1) and bt > 64:  # (registers: 96 per consumer thread at C = 4)
                 continue
             for ns in ((4, 6) if bt <= 64 else (3, 4)):
@@ -184,9 +184,15 @@ def _ws_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
                 base = dict(WGMMA=1, WS=1, C=c, MT=mt, BT=bt, NS=ns, OCC=occ)
                 tiles = -(-N // (64 * c * mt)) * -(-M // bt)
                 fill = max(1, min(K // 512, round(occ * sms / tiles)))
-                for tma in ({}, {"TMA": 1}) if c <= 2 else ({},):  # TMA: bulk copies of the weights and x
-                    out.append({**base, **tma, "SPLIT": 1, "SK": 1})
-                    out += [{**base, **tma, "SPLIT": sp} for sp in sorted({1, fill})]
+                # TMA: bulk copies of the weights and x; DB: each step's decode under the previous step's wgmma,
+                # where ptxas compiles it without serialising the wgmmas (two A operands live: C = 1 at one
+                # program per SM, 248 registers; C = 2 at BT = 32), with TMA
+                db = c == 1 and occ == 1 or c == 2 and mt == 1 and bt == 32
+                variants = ({}, {"TMA": 1}) if c <= 2 else ({},)
+                variants = ((({"TMA": 1, "DB": 1},) if db else ()) + (variants if occ > 1 or c > 1 else ()))
+                for v in variants:
+                    out.append({**base, **v, "SPLIT": 1, "SK": 1})
+                    out += [{**base, **v, "SPLIT": sp} for sp in sorted({1, fill})]
     return out
 
 

@@ -5,6 +5,7 @@ Hopper GPU:
   against a model of mbarrier phase parity under random interleavings of a producer and C consumers: every
   consumer reads each K step's data exactly once, in order, and the producer never refills a slot a consumer has
   not released — nor does it deadlock;
+* a consumer's read / release order (``consumer_events``, plain and ``DB``) in the same replay;
 * the register split fits the register file and leaves the producer its minimum;
 * the kernel compiles for sm_90 with ptxas (split-K with bias and a PDL LoRA epilogue; stream-K; two programs per
   SM): one wgmma chain per consumer from registers, the ``cp.async`` completions arriving on mbarriers, the
@@ -39,42 +40,66 @@ class _Barrier:
             self.pending = self.count
 
 
-@pytest.mark.parametrize("steps,NS,C", [(1, 4, 2), (7, 3, 1), (13, 4, 2), (29, 6, 4), (5, 2, 4)])
-def test_ring_protocol_delivers_every_step_once_in_order_without_overwrites(steps, NS, C):
+def test_consumer_events_read_in_order_and_release_each_step_once():
+    assert ws.consumer_events(3) == [("read", 0), ("release", 0), ("read", 1), ("release", 1), ("read", 2),
+                                     ("release", 2)]
+    # DB: step i's slot is held until step i + 1's wgmma was issued (two slots per consumer); an odd tail alone
+    assert ws.consumer_events(5, DB=True) == [("read", 0), ("read", 1), ("release", 0), ("read", 2), ("release", 1),
+                                              ("read", 3), ("release", 2), ("release", 3), ("read", 4),
+                                              ("release", 4)]
+    for steps in range(0, 12):
+        ev = ws.consumer_events(steps, DB=True)
+        assert [i for e, i in ev if e == "read"] == list(range(steps))
+        assert sorted(i for e, i in ev if e == "release") == list(range(steps))
+        held = set()
+        for e, i in ev:
+            held.add(i) if e == "read" else held.remove(i)
+            assert len(held) <= 2
+
+
+@pytest.mark.parametrize("steps,NS,C,DB", [(1, 4, 2, False), (7, 3, 1, False), (13, 4, 2, False), (29, 6, 4, False),
+                                           (5, 2, 4, False), (7, 3, 1, True), (13, 4, 2, True), (8, 2, 2, True),
+                                           (29, 6, 1, True), (1, 4, 1, True)])
+def test_ring_protocol_delivers_every_step_once_in_order_without_overwrites(steps, NS, C, DB):
     sched = ws.ring_schedule(steps, NS)
+    events = ws.consumer_events(steps, DB)
     assert [s for s, *_ in sched] == [i % NS for i in range(steps)]
     for seed in range(20):
         rng = random.Random(seed)
         full, empty = [_Barrier(1) for _ in range(NS)], [_Barrier(C) for _ in range(NS)]
         slot_data = [None] * NS
         readers = [set() for _ in range(NS)]  # consumers still to read the slot's current fill
-        prod, cons = 0, [0] * C
+        prod, cons = 0, [0] * C  # the producer's next step; each consumer's next event
         seen = [[] for _ in range(C)]
-        while prod < steps or min(cons) < steps:
+        while prod < steps or min(cons) < len(events):
             movable = []
             if prod < steps:
                 s, _, ep, _ = sched[prod]
                 if empty[s].passes(ep):
                     movable.append(-1)
             for c in range(C):
-                if cons[c] < steps:
-                    s, fp, _, _ = sched[cons[c]]
-                    if full[s].passes(fp):
+                if cons[c] < len(events):
+                    kind, i = events[cons[c]]
+                    s, fp, _, _ = sched[i]
+                    if kind == "release" or full[s].passes(fp):
                         movable.append(c)
             assert movable, f"deadlock at producer {prod}, consumers {cons}"
             who = rng.choice(movable)
             if who == -1:
                 s = sched[prod][0]
-                assert not readers[s], f"slot {s} refilled before consumers {readers[s]} read step {slot_data[s]}"
+                assert not readers[s], f"slot {s} refilled before consumers {readers[s]} released step {slot_data[s]}"
                 slot_data[s], readers[s] = prod, set(range(C))
                 full[s].arrive()
                 prod += 1
             else:
-                s = sched[cons[who]][0]
-                assert slot_data[s] == cons[who], "consumer read a slot holding another step"
-                seen[who].append(slot_data[s])
-                readers[s].discard(who)
-                empty[s].arrive()
+                kind, i = events[cons[who]]
+                s = sched[i][0]
+                assert slot_data[s] == i, "consumer used a slot holding another step"
+                if kind == "read":
+                    seen[who].append(slot_data[s])
+                else:  # the slot stays the consumer's (unrefillable) until its release
+                    readers[s].discard(who)
+                    empty[s].arrive()
                 cons[who] += 1
         assert all(v == list(range(steps)) for v in seen)
 
@@ -143,3 +168,32 @@ def test_tma_producer_compiles_for_sm90(C, BT, kw):
     assert stack_of(k) == 0
     meta = {tuple(m["block_size"]) for m in k.metadata.tensordesc_meta}
     assert meta == {(64 * C, 64), (BT, 64)}
+
+
+@pytest.mark.parametrize("C,OCC,BT,NS,kw", [(1, 1, 64, 6, dict(SK=True, bias=True, R=32, PDL=True)),
+                                            (1, 1, 128, 4, dict(SK=True)), (2, 1, 32, 6, dict(SK=True))])
+def test_db_compiles_without_serialised_wgmma(C, OCC, BT, NS, kw):
+    """``DB`` (two A operands live, neither loop-carried): ptxas keeps the wgmmas asynchronous (no C7512 / C7513)
+    at the register caps the tuner gives it — C = 1 at one program per SM (248 registers), C = 2 at BT = 32."""
+    from qerl_kernels.inspect_ir import compile_ws_tma, ptxas_warnings, stack_of
+
+    k = compile_ws_tma(C, 1, BT, NS, OCC=OCC, DB=True, **kw)
+    assert ptxas_warnings(k) == [] and stack_of(k) == 0
+    ptx = k.asm["ptx"]
+    assert re.search(r"wgmma\.wait_group\.sync\.aligned 1;", ptx)  # one wgmma left in flight under the decode
+
+
+def test_db_where_the_tuner_leaves_it_out_is_serialised():
+    """Why the tuner offers no ``DB`` at C = 2, BT = 64 (168 registers with the 4-warp producer): ptxas serialises
+    the wgmmas there (C7512, insufficient registers) — and a loop-carried A operand (v11's ``PIPE``) does with
+    C7513."""
+    from qerl_kernels.inspect_ir import compile_wgmma, compile_ws_tma, ptxas_warnings
+
+    assert any("C7512" in w for w in ptxas_warnings(compile_ws_tma(2, 1, 64, 4, DB=True)))
+    assert any("C7513" in w for w in ptxas_warnings(compile_wgmma(1, 64, 4, XG=False, PIPE=True, NSW=4)))
+    from qerl.bench.kernels_tune import candidates
+
+    for M in (32, 64, 128, 256, 512):
+        for c in candidates("fwd", M, 37888, 3584, 132, "ws", None):
+            if c.get("DB"):
+                assert c.get("TMA") and (c["C"], c["OCC"]) == (1, 1) or (c["C"], c["BT"]) == (2, 32), c
