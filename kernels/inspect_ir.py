@@ -121,7 +121,8 @@ def compile_wgmma(WG=1, BT=64, NS=3, split=False, bias=False, XG=True, PIPE=Fals
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4 * WG})
 
 
-def compile_ws(C=2, MT=1, BT=64, NS=4, split=False, bias=False, R=0, PDL=False, OCC=1, SK=False, DB=False):
+def compile_ws(C=2, MT=1, BT=64, NS=4, split=False, bias=False, R=0, PDL=False, OCC=1, SK=False, DB=False,
+               KS=False):
     """The warp-specialised warpgroup-MMA kernel (:mod:`qerl_kernels.nvfp4_wgmma_ws`, Gluon) for sm_90: C consumer
     warpgroups of MT m64 tiles, BT activation rows, NS ring stages, OCC programs per SM (the register split),
     stream-K schedule SK."""
@@ -131,7 +132,8 @@ def compile_ws(C=2, MT=1, BT=64, NS=4, split=False, bias=False, R=0, PDL=False, 
 
     maxnreg, creg, _ = register_split(C, OCC)
     consts = {"HAS_BIAS": bool(bias), "USE_SPLIT": bool(split), "C": C, "MT": MT, "BT": BT, "NS": NS, "CREGS": creg,
-              "R": R, "PDL": bool(PDL), "SK": bool(SK), "DB": bool(DB)}
+              "R": R, "PDL": bool(PDL), "SK": bool(SK), "DB": bool(DB),
+              "KS": bool(KS)}
     sig = {**WGMMA_SIG, **{k: "constexpr" for k in consts}}
     names = list(sig)
     attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in WGMMA_SIG
@@ -141,7 +143,8 @@ def compile_ws(C=2, MT=1, BT=64, NS=4, split=False, bias=False, R=0, PDL=False, 
                           options={"num_warps": PRODUCER_WARPS, "maxnreg": maxnreg})
 
 
-def compile_ws_tma(C=2, MT=1, BT=64, NS=4, split=False, bias=False, R=0, PDL=False, OCC=1, SK=False, DB=False):
+def compile_ws_tma(C=2, MT=1, BT=64, NS=4, split=False, bias=False, R=0, PDL=False, OCC=1, SK=False, DB=False,
+                   KS=False):
     """:func:`compile_ws` with the TMA producer (:func:`qerl_kernels.nvfp4_wgmma_ws._nvfp4_ws_tma_kernel`)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -150,8 +153,9 @@ def compile_ws_tma(C=2, MT=1, BT=64, NS=4, split=False, bias=False, R=0, PDL=Fal
 
     maxnreg, creg, _ = register_split(C, OCC)
     consts = {"HAS_BIAS": bool(bias), "USE_SPLIT": bool(split), "C": C, "MT": MT, "BT": BT, "NS": NS, "CREGS": creg,
-              "R": R, "PDL": bool(PDL), "SK": bool(SK), "DB": bool(DB)}
-    args = {"w_desc": f"tensordesc<u8[{64 * C * MT}, 64],{W_TMA_LAYOUT!r}>",
+              "R": R, "PDL": bool(PDL), "SK": bool(SK), "DB": bool(DB),
+              "KS": bool(KS)}
+    args = {"w_desc": f"tensordesc<u8[{64 * MT * (1 if KS else C)}, 64],{W_TMA_LAYOUT!r}>",
             "x_desc": f"tensordesc<bf16[{BT}, 128],{X_TMA_LAYOUT!r}>",
             **{k: v for k, v in WGMMA_SIG.items() if k not in ("xp_ptr", "wp_ptr", "stride_xm", "stride_wn")}}
     order = ["w_desc", "x_desc", "ws_ptr", "gs_ptr", "out_ptr", "bias_ptr", "part_ptr", "lock_ptr", "M", "N", "K",

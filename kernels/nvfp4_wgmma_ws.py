@@ -30,9 +30,19 @@ ticketed; one ticket per consumer sub-tile); the epilogue (``2^7 / gs``, bias, L
 consumer on its own sub-tile. Registers: the launch asks for ``maxnreg`` so that ``OCC`` programs fit an SM, the
 consumers get ``CREGS`` each (``setmaxnreg``) and the producer the rest (>= :data:`PRODUCER_REGS`).
 
-``DB`` (:func:`_mma_steps_db`, tuned where ptxas compiles it without serialising the wgmmas): each consumer decodes
-step k + 1 while step k's wgmma runs (two A operands in registers, never loop-carried), releasing a slot one step
-later (:func:`consumer_events`).
+Registers: ptxas compiles every partition under the launch's ``maxnreg`` (``setmaxnreg`` does not raise its cap);
+:func:`qerl_kernels.inspect_ir.ptxas_warnings` shows where that serialises the wgmmas.
+
+``DB`` (:func:`_mma_steps_db`, tuned where ptxas compiles it without serialising the wgmmas: C = 1 at one program
+per SM, C = 2 at BT = 32): each consumer decodes step k + 1 while step k's wgmma runs (two A operands in registers,
+never loop-carried), releasing a slot one step later (:func:`consumer_events`).
+
+``KS``: the C consumers share one ``64 · MT``-row tile and take its K steps round-robin (a slot is read by one
+consumer: ``empty`` counts one arrival); consumers 1 … C-1 leave their partial sums in shared memory and consumer 0
+adds them in order and runs the epilogue — more decoders per weight tile where the tiles are fewer than the SMs
+(7B / 14B q/k/v and o at M <= 64), without the split-K tickets. Only a ``KS`` kernel allocates that memory: the
+non-``KS`` kernels compile to the same PTX as before it (an extra allocation in them made split-K tickets come
+out wrong under CUDA-graph replays, reports/kernels/README.md).
 
 Reference: :func:`qerl.ops.linear.reference_forward` (the seam's pure-torch forward); CPU-checkable logic: the ring's slot /
 phase sequence (:func:`ring_schedule`), a consumer's read / release order (:func:`consumer_events`) and the register
@@ -73,11 +83,14 @@ def register_split(C: int, OCC: int = 1, preg: int = PRODUCER_REGS) -> tuple[int
     return maxnreg, creg, preg
 
 
-def ring_bytes(C: int, MT: int, BT: int, NS: int, R: int = 0) -> int:
+def ring_bytes(C: int, MT: int, BT: int, NS: int, R: int = 0, KS: bool = False) -> int:
     """Shared memory of one program: ``NS`` slots of packed weights (64 B per row) + scales (8 B per row) for
-    ``64·C·MT`` rows and a ``[BT, 128]`` bf16 activation tile, + the two mbarrier arrays (and Triton's slack), +
-    with a rank-``R`` LoRA epilogue each consumer's ``[BT, R]`` bf16 ``xa`` tile."""
-    return NS * (64 * C * MT * 72 + BT * 256) + 2048 + C * BT * R * 2
+    ``64·C·MT`` rows (``KS``: ``64·MT``) and a ``[BT, 128]`` bf16 activation tile, + the two mbarrier arrays (and
+    Triton's slack), + with a rank-``R`` LoRA epilogue each consumer's ``[BT, R]`` bf16 ``xa`` tile, + with ``KS``
+    the C - 1 fp32 partial sums ``[64·MT, BT]`` (else a 256-byte stub)."""
+    rows = 64 * MT * (1 if KS else C)
+    red = (C - 1) * rows * BT * 4 if KS and C > 1 else 256
+    return NS * (rows * 72 + BT * 256) + 2048 + C * BT * R * 2 + red
 
 
 def ring_schedule(steps: int, NS: int) -> list[tuple[int, int, int, int]]:
@@ -93,24 +106,27 @@ def ring_schedule(steps: int, NS: int) -> list[tuple[int, int, int, int]]:
     return out
 
 
-def consumer_events(steps: int, DB: bool = False) -> list[tuple[str, int]]:
-    """The reference of a consumer's order of slot reads and releases over ``steps`` K steps: ``("read", i)`` (wait
-    on ``full``, decode, issue the wgmma) and ``("release", i)`` (arrive on ``empty`` once step i's wgmma is done).
-    Plain: read i, release i. ``DB`` (:func:`_mma_steps_db`): steps in pairs, step i released only after step i + 1
-    was read (its wgmma issued), so a consumer holds two slots; an odd last step goes alone."""
+def consumer_events(steps: int, DB: bool = False, stride: int = 1, first: int = 0) -> list[tuple[str, int]]:
+    """The reference of a consumer's order of slot reads and releases over a program's ``steps`` K steps, of which
+    it takes ``first, first + stride, …`` (``KS``: consumer CI of C takes ``first = CI``, ``stride = C``; else all):
+    ``("read", i)`` (wait on ``full``, decode, issue the wgmma) and ``("release", i)`` (arrive on ``empty`` once
+    step i's wgmma is done). Plain: read i, release i. ``DB`` (:func:`_mma_steps_db`): its steps in pairs, each
+    released only after the next one was read (its wgmma issued), so a consumer holds two slots; an odd last step
+    goes alone."""
+    own = list(range(first, steps, stride))
     if not DB:
-        return [e for i in range(steps) for e in (("read", i), ("release", i))]
+        return [e for i in own for e in (("read", i), ("release", i))]
     out = []
-    pairs = steps // 2
+    pairs = len(own) // 2
     for p in range(pairs):
-        out.append(("read", 2 * p))
+        out.append(("read", own[2 * p]))
         if p > 0:
-            out.append(("release", 2 * p - 1))
-        out += [("read", 2 * p + 1), ("release", 2 * p)]
+            out.append(("release", own[2 * p - 1]))
+        out += [("read", own[2 * p + 1]), ("release", own[2 * p])]
     if pairs:
-        out.append(("release", 2 * pairs - 1))
-    if steps % 2:
-        out += [("read", steps - 1), ("release", steps - 1)]
+        out.append(("release", own[2 * pairs - 1]))
+    if len(own) % 2:
+        out += [("read", own[-1]), ("release", own[-1])]
     return out
 
 
@@ -237,40 +253,39 @@ def _producer_tma(w_desc, x_desc, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, s
 
 
 @gluon.jit
-def _mma_steps(acc, it, t0, t1, wsm, ssm, xsm, full, empty, CI: gl.constexpr, RWC: gl.constexpr, NS: gl.constexpr,
-               MMA: gl.constexpr, MT: gl.constexpr):
-    """Consumer: K steps ``t0 … t1 - 1`` from the ring (position ``it`` on) into ``acc``: wait for the slot, decode
-    this consumer's rows, wgmma on the shared activation tile, release the slot. Returns ``(acc, it)``."""
+def _mma_steps(acc, it, t0, t1, wsm, ssm, xsm, full, empty, R0: gl.constexpr, RWC: gl.constexpr, NS: gl.constexpr,
+               MMA: gl.constexpr, MT: gl.constexpr, STRIDE: gl.constexpr):
+    """Consumer: K steps ``t0, t0 + STRIDE, … < t1`` from the ring (position ``it`` on, advancing by ``STRIDE``)
+    into ``acc``: wait for the slot, decode this consumer's rows (``R0 …`` of the slot), wgmma on the slot's
+    activation tile, release the slot. Returns ``(acc, it)``."""
     LW: gl.constexpr = _words_layout(1, MT)
     LS: gl.constexpr = _scales_layout(1, MT)
     AOP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    for _t in range(t0, t1):
+    for _t in range(t0, t1, STRIDE):
         s = it % NS
         mbarrier.wait(full.index(s), (it // NS) & 1)
         fence_async_shared()  # the cp.async writes (generic proxy) before the wgmma's reads (async proxy)
-        q = wsm.index(s).slice(CI * RWC, RWC)._reinterpret(gl.int32, [RWC, 16], FLAT).load(LW)
-        sb = ssm.index(s).slice(CI * RWC, RWC)._reinterpret(gl.uint8, [RWC, 8], FLAT).load(LS)
-        a = _a_operand(q, sb, AOP, LW, RWC, False)
+        a = _decode_own(wsm, ssm, s, R0, RWC, AOP, LW, LS, FLAT)
         acc = warpgroup_mma(a, xsm.index(s).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=[acc])
         mbarrier.arrive(empty.index(s), count=1)  # (one arrival: the wgmma read every warp's operand)
-        it += 1
+        it += STRIDE
     return acc, it
 
 
 @gluon.jit
-def _decode_own(wsm, ssm, s, CI: gl.constexpr, RWC: gl.constexpr, AOP: gl.constexpr, LW: gl.constexpr,
+def _decode_own(wsm, ssm, s, R0: gl.constexpr, RWC: gl.constexpr, AOP: gl.constexpr, LW: gl.constexpr,
                 LS: gl.constexpr, FLAT: gl.constexpr):
-    """This consumer's rows of ring slot ``s`` -> the decoded A operand ``[RWC, 128]`` bf16."""
-    q = wsm.index(s).slice(CI * RWC, RWC)._reinterpret(gl.int32, [RWC, 16], FLAT).load(LW)
-    sb = ssm.index(s).slice(CI * RWC, RWC)._reinterpret(gl.uint8, [RWC, 8], FLAT).load(LS)
+    """Rows ``R0 … R0 + RWC - 1`` of ring slot ``s`` -> the decoded A operand ``[RWC, 128]`` bf16."""
+    q = wsm.index(s).slice(R0, RWC)._reinterpret(gl.int32, [RWC, 16], FLAT).load(LW)
+    sb = ssm.index(s).slice(R0, RWC)._reinterpret(gl.uint8, [RWC, 8], FLAT).load(LS)
     return _a_operand(q, sb, AOP, LW, RWC, False)
 
 
 @gluon.jit
-def _mma_steps_db(acc, it, t0, t1, wsm, ssm, xsm, full, empty, CI: gl.constexpr, RWC: gl.constexpr,
-                  NS: gl.constexpr, MMA: gl.constexpr, MT: gl.constexpr):
+def _mma_steps_db(acc, it, t0, t1, wsm, ssm, xsm, full, empty, R0: gl.constexpr, RWC: gl.constexpr,
+                  NS: gl.constexpr, MMA: gl.constexpr, MT: gl.constexpr, STRIDE: gl.constexpr):
     """:func:`_mma_steps` with each step's decode under the previous step's wgmma (``DB``): the steps go in pairs
     with two A operands that are *not* loop-carried — a loop-carried register operand is decoded into the registers
     the in-flight wgmma still reads, which makes ptxas serialise every wgmma (C7513, the removed ``PIPE``). Per
@@ -280,39 +295,47 @@ def _mma_steps_db(acc, it, t0, t1, wsm, ssm, xsm, full, empty, CI: gl.constexpr,
     LS: gl.constexpr = _scales_layout(1, MT)
     AOP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    pairs = (t1 - t0) // 2
+    if STRIDE == 1:
+        own = t1 - t0
+    else:  # this consumer's steps t0, t0 + STRIDE, …
+        own = (t1 - t0 + STRIDE - 1) // STRIDE
+    pairs = own // 2
     for p in range(pairs):
         s0 = it % NS
         mbarrier.wait(full.index(s0), (it // NS) & 1)
         fence_async_shared()
-        a0 = _decode_own(wsm, ssm, s0, CI, RWC, AOP, LW, LS, FLAT)
+        a0 = _decode_own(wsm, ssm, s0, R0, RWC, AOP, LW, LS, FLAT)
         acc = warpgroup_mma(a0, xsm.index(s0).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(1, deps=[acc])
         if p > 0:
-            mbarrier.arrive(empty.index((it + NS - 1) % NS), count=1)  # the previous pair's second step
-        s1 = (it + 1) % NS
-        mbarrier.wait(full.index(s1), ((it + 1) // NS) & 1)
+            mbarrier.arrive(empty.index((it + NS - STRIDE) % NS), count=1)  # the previous pair's second step
+        s1 = (it + STRIDE) % NS
+        mbarrier.wait(full.index(s1), ((it + STRIDE) // NS) & 1)
         fence_async_shared()
-        a1 = _decode_own(wsm, ssm, s1, CI, RWC, AOP, LW, LS, FLAT)
+        a1 = _decode_own(wsm, ssm, s1, R0, RWC, AOP, LW, LS, FLAT)
         acc = warpgroup_mma(a1, xsm.index(s1).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(1, deps=[acc])
         mbarrier.arrive(empty.index(s0), count=1)
-        it += 2
+        it += 2 * STRIDE
     acc = warpgroup_mma_wait(0, deps=[acc])
     if pairs > 0:
-        mbarrier.arrive(empty.index((it + NS - 1) % NS), count=1)
-    if (t1 - t0) % 2 == 1:
-        acc, it = _mma_steps(acc, it, t1 - 1, t1, wsm, ssm, xsm, full, empty, CI, RWC, NS, MMA, MT)
+        mbarrier.arrive(empty.index((it + NS - STRIDE) % NS), count=1)
+    if STRIDE == 1:
+        if (t1 - t0) % 2 == 1:
+            acc, it = _mma_steps(acc, it, t1 - 1, t1, wsm, ssm, xsm, full, empty, R0, RWC, NS, MMA, MT, STRIDE)
+    elif own % 2 == 1:
+        tl = t0 + 2 * pairs * STRIDE
+        acc, it = _mma_steps(acc, it, tl, tl + 1, wsm, ssm, xsm, full, empty, R0, RWC, NS, MMA, MT, STRIDE)
     return acc, it
 
 
 @gluon.jit
-def _steps(acc, it, t0, t1, wsm, ssm, xsm, full, empty, CI: gl.constexpr, RWC: gl.constexpr, NS: gl.constexpr,
-           MMA: gl.constexpr, MT: gl.constexpr, DB: gl.constexpr):
+def _steps(acc, it, t0, t1, wsm, ssm, xsm, full, empty, R0: gl.constexpr, RWC: gl.constexpr, NS: gl.constexpr,
+           MMA: gl.constexpr, MT: gl.constexpr, DB: gl.constexpr, STRIDE: gl.constexpr):
     if DB:
-        acc, it = _mma_steps_db(acc, it, t0, t1, wsm, ssm, xsm, full, empty, CI, RWC, NS, MMA, MT)
+        acc, it = _mma_steps_db(acc, it, t0, t1, wsm, ssm, xsm, full, empty, R0, RWC, NS, MMA, MT, STRIDE)
     else:
-        acc, it = _mma_steps(acc, it, t0, t1, wsm, ssm, xsm, full, empty, CI, RWC, NS, MMA, MT)
+        acc, it = _mma_steps(acc, it, t0, t1, wsm, ssm, xsm, full, empty, R0, RWC, NS, MMA, MT, STRIDE)
     return acc, it
 
 
@@ -320,8 +343,11 @@ def _steps(acc, it, t0, t1, wsm, ssm, xsm, full, empty, CI: gl.constexpr, RWC: g
 def _consumer(wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr, lora_scale,
               M, N, K, stride_om, SPLIT, CI: gl.constexpr, C: gl.constexpr, MT: gl.constexpr, BT: gl.constexpr,
               NS: gl.constexpr, HAS_BIAS: gl.constexpr, USE_SPLIT: gl.constexpr, R: gl.constexpr, PDL: gl.constexpr,
-              SK: gl.constexpr, DB: gl.constexpr):
-    """Consumer warpgroup ``CI``: rows ``CI · 64 · MT …`` of the program's weight tile(s); its epilogue."""
+              SK: gl.constexpr, DB: gl.constexpr, KS: gl.constexpr, red, done):
+    """Consumer warpgroup ``CI``: rows ``CI · 64 · MT …`` of the program's weight tile(s) and its epilogue; ``KS``:
+    every consumer on all ``64 · MT`` rows, consumer ``CI`` on the program's K steps ``CI, CI + C, …``, the partial
+    sums added up in consumer order through shared memory (``red``; ``done`` counts the C - 1 stores) and consumer
+    0 alone runs the epilogue."""
     RWC: gl.constexpr = 64 * MT
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
     if SK:
@@ -336,7 +362,7 @@ def _consumer(wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, l
             tile, n0, m0, ks0, ks1 = _segment(u, u_end, k_steps, m_tiles, C * RWC, BT)
             n0 = n0 + CI * RWC
             acc = gl.zeros([RWC, BT], gl.float32, layout=MMA)
-            acc, it = _steps(acc, it, ks0, ks1, wsm, ssm, xsm, full, empty, CI, RWC, NS, MMA, MT, DB)
+            acc, it = _steps(acc, it, ks0, ks1, wsm, ssm, xsm, full, empty, CI * RWC, RWC, NS, MMA, MT, DB, 1)
             if (ks0 == 0) & (ks1 == k_steps):  # the whole tile: straight out
                 _output(acc, n0, m0, M, N, out_ptr, stride_om, gs_ptr, bias_ptr, xa_ptr, lb_ptr, lora_scale, HAS_BIAS,
                         R, PDL, RWC, BT, 4, MMA)
@@ -357,29 +383,41 @@ def _consumer(wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, l
                             HAS_BIAS, R, PDL, RWC, BT, 4, MMA)
             u = tile * k_steps + ks1
     else:
-        n0, m0, t0, t1 = _coords(M, N, K, SPLIT, C * RWC, BT)
-        n0 = n0 + CI * RWC
         acc = gl.zeros([RWC, BT], gl.float32, layout=MMA)
-        acc, it = _steps(acc, t0 * 0, t0, t1, wsm, ssm, xsm, full, empty, CI, RWC, NS, MMA, MT, DB)
-        last = True
-        if USE_SPLIT:
-            on = n0 + gl.arange(0, RWC, layout=gl.SliceLayout(1, MMA))
-            om = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, MMA))
-            omask = (on < N)[:, None] & (om < M)[None, :]
-            offs = om[None, :] * N + on[:, None]
-            gl.store(part_ptr + gl.program_id(1) * M * N + offs, acc, mask=omask)
-            gl.thread_barrier()  # (this partition's warps)
-            tile = gl.program_id(0) * C + CI
-            ticket = gl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            last = ticket == SPLIT - 1
-            if last:  # the last share sums them all, in split order (deterministic)
-                acc = gl.zeros([RWC, BT], gl.float32, layout=MMA)
-                for j in range(SPLIT):
-                    acc += gl.load(part_ptr + j * M * N + offs, mask=omask, other=0.0, cache_modifier=".cg")
-                gl.atomic_xchg(lock_ptr + tile, 0)
-        if last:
-            _output(acc, n0, m0, M, N, out_ptr, stride_om, gs_ptr, bias_ptr, xa_ptr, lb_ptr, lora_scale, HAS_BIAS, R,
-                    PDL, RWC, BT, 4, MMA)
+        if KS:  # all consumers on the same rows, K steps round-robin
+            n0, m0, t0, t1 = _coords(M, N, K, SPLIT, RWC, BT)
+            acc, it = _steps(acc, t0 * 0 + CI, t0 + CI, t1, wsm, ssm, xsm, full, empty, 0, RWC, NS, MMA, MT, DB, C)
+            if CI > 0:
+                red.index(CI - 1).store(acc)
+                mbarrier.arrive(done.index(0), count=1)
+            elif C > 1:
+                mbarrier.wait(done.index(0), 0)
+                for ci in gl.static_range(1, C):
+                    acc += red.index(ci - 1).load(MMA)
+        else:
+            n0, m0, t0, t1 = _coords(M, N, K, SPLIT, C * RWC, BT)
+            n0 = n0 + CI * RWC
+            acc, it = _steps(acc, t0 * 0, t0, t1, wsm, ssm, xsm, full, empty, CI * RWC, RWC, NS, MMA, MT, DB, 1)
+        if not KS or CI == 0:  # (KS: consumer 0 holds the sum)
+            last = True
+            if USE_SPLIT:
+                on = n0 + gl.arange(0, RWC, layout=gl.SliceLayout(1, MMA))
+                om = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, MMA))
+                omask = (on < N)[:, None] & (om < M)[None, :]
+                offs = om[None, :] * N + on[:, None]
+                gl.store(part_ptr + gl.program_id(1) * M * N + offs, acc, mask=omask)
+                gl.thread_barrier()  # (this partition's warps)
+                tile = gl.program_id(0) * C + CI
+                ticket = gl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
+                last = ticket == SPLIT - 1
+                if last:  # the last share sums them all, in split order (deterministic)
+                    acc = gl.zeros([RWC, BT], gl.float32, layout=MMA)
+                    for j in range(SPLIT):
+                        acc += gl.load(part_ptr + j * M * N + offs, mask=omask, other=0.0, cache_modifier=".cg")
+                    gl.atomic_xchg(lock_ptr + tile, 0)
+            if last:
+                _output(acc, n0, m0, M, N, out_ptr, stride_om, gs_ptr, bias_ptr, xa_ptr, lb_ptr, lora_scale, HAS_BIAS,
+                        R, PDL, RWC, BT, 4, MMA)
 
 
 @gluon.jit(do_not_specialize=["M", "SPLIT"])
@@ -388,9 +426,9 @@ def _nvfp4_ws_kernel(
     M, N, K, stride_xm, stride_om, stride_wn, stride_sn, SPLIT, xa_ptr, lb_ptr, lora_scale,
     HAS_BIAS: gl.constexpr, USE_SPLIT: gl.constexpr, C: gl.constexpr, MT: gl.constexpr, BT: gl.constexpr,
     NS: gl.constexpr, CREGS: gl.constexpr, R: gl.constexpr = 0, PDL: gl.constexpr = False, SK: gl.constexpr = False,
-    DB: gl.constexpr = False,
+    DB: gl.constexpr = False, KS: gl.constexpr = False,
 ):
-    RW: gl.constexpr = 64 * C * MT
+    RW: gl.constexpr = 64 * MT if KS else 64 * C * MT
     FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     XSL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     wsm = gl.allocate_shared_memory(gl.uint8, [NS, RW, 64], FLAT)
@@ -400,23 +438,34 @@ def _nvfp4_ws_kernel(
     empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(NS):
         mbarrier.init(full.index(s), count=32 * gl.num_warps())  # one noinc arrival per producer thread
-        mbarrier.init(empty.index(s), count=C)  # one arrival per consumer warpgroup
+        mbarrier.init(empty.index(s), count=1 if KS else C)  # one arrival per consumer warpgroup reading the slot
+    gl.static_assert(not (KS and SK), "KS (K split over the consumers) runs on split-K or no split, not stream-K")
+    if KS and C > 1:  # the partial sums of consumers 1 … C-1 and the barrier that counts them
+        red = gl.allocate_shared_memory(gl.float32, [C - 1, RW, BT], FLAT)
+        done = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(done.index(0), count=C - 1)
+    else:  # (unused: nothing more allocated, the kernel is the one without KS)
+        red = ssm
+        done = full
     # (the argument tuples are written out in the call: a tuple built in a variable turns constexprs into tensors)
     if C == 1:
         gl.warp_specialize([
             (_producer, (xp_ptr, wp_ptr, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_xm, stride_wn, stride_sn,
                          SPLIT, RW, BT, NS, SK)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
-                         lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB)),
+                         lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB,
+                         KS, red, done)),
         ], [4], [CREGS])
     elif C == 2:
         gl.warp_specialize([
             (_producer, (xp_ptr, wp_ptr, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_xm, stride_wn, stride_sn,
                          SPLIT, RW, BT, NS, SK)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
-                         lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB)),
+                         lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB,
+                         KS, red, done)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
-                         lora_scale, M, N, K, stride_om, SPLIT, 1, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB)),
+                         lora_scale, M, N, K, stride_om, SPLIT, 1, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB,
+                         KS, red, done)),
         ], [4, 4], [CREGS, CREGS])
     else:
         gl.static_assert(C == 4, "C (consumer warpgroups) must be 1, 2 or 4")
@@ -424,13 +473,17 @@ def _nvfp4_ws_kernel(
             (_producer, (xp_ptr, wp_ptr, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_xm, stride_wn, stride_sn,
                          SPLIT, RW, BT, NS, SK)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
-                         lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB)),
+                         lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB,
+                         KS, red, done)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
-                         lora_scale, M, N, K, stride_om, SPLIT, 1, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB)),
+                         lora_scale, M, N, K, stride_om, SPLIT, 1, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB,
+                         KS, red, done)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
-                         lora_scale, M, N, K, stride_om, SPLIT, 2, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB)),
+                         lora_scale, M, N, K, stride_om, SPLIT, 2, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB,
+                         KS, red, done)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
-                         lora_scale, M, N, K, stride_om, SPLIT, 3, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB)),
+                         lora_scale, M, N, K, stride_om, SPLIT, 3, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB,
+                         KS, red, done)),
         ], [4, 4, 4, 4], [CREGS, CREGS, CREGS, CREGS])
 
 
@@ -440,10 +493,10 @@ def _nvfp4_ws_tma_kernel(
     M, N, K, stride_om, stride_sn, SPLIT, xa_ptr, lb_ptr, lora_scale,
     HAS_BIAS: gl.constexpr, USE_SPLIT: gl.constexpr, C: gl.constexpr, MT: gl.constexpr, BT: gl.constexpr,
     NS: gl.constexpr, CREGS: gl.constexpr, R: gl.constexpr = 0, PDL: gl.constexpr = False, SK: gl.constexpr = False,
-    DB: gl.constexpr = False,
+    DB: gl.constexpr = False, KS: gl.constexpr = False,
 ):
     """:func:`_nvfp4_ws_kernel` with the TMA producer (:func:`_fill_tma`); C = 1 | 2 consumers."""
-    RW: gl.constexpr = 64 * C * MT
+    RW: gl.constexpr = 64 * MT if KS else 64 * C * MT
     FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     wsm = gl.allocate_shared_memory(gl.uint8, [NS, RW, 64], w_desc.layout)
     ssm = gl.allocate_shared_memory(gl.int32, [NS, RW, 2], FLAT)
@@ -452,13 +505,22 @@ def _nvfp4_ws_tma_kernel(
     empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(NS):
         mbarrier.init(full.index(s), count=1 + 32 * gl.num_warps())  # the expect-tx arrival + the scales' copies
-        mbarrier.init(empty.index(s), count=C)
+        mbarrier.init(empty.index(s), count=1 if KS else C)
+    gl.static_assert(not (KS and SK), "KS (K split over the consumers) runs on split-K or no split, not stream-K")
+    if KS and C > 1:  # the partial sums of consumers 1 … C-1 and the barrier that counts them
+        red = gl.allocate_shared_memory(gl.float32, [C - 1, RW, BT], FLAT)
+        done = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(done.index(0), count=C - 1)
+    else:  # (unused: nothing more allocated, the kernel is the one without KS)
+        red = ssm
+        done = full
     if C == 1:
         gl.warp_specialize([
             (_producer_tma, (w_desc, x_desc, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_sn, SPLIT, RW, BT,
                              NS, SK)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
-                         lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB)),
+                         lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB,
+                         KS, red, done)),
         ], [4], [CREGS])
     else:
         gl.static_assert(C == 2, "the TMA kernel takes C = 1 or 2 consumer warpgroups")
@@ -466,9 +528,11 @@ def _nvfp4_ws_tma_kernel(
             (_producer_tma, (w_desc, x_desc, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_sn, SPLIT, RW, BT,
                              NS, SK)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
-                         lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB)),
+                         lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB,
+                         KS, red, done)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
-                         lora_scale, M, N, K, stride_om, SPLIT, 1, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB)),
+                         lora_scale, M, N, K, stride_om, SPLIT, 1, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB,
+                         KS, red, done)),
         ], [4, 4], [CREGS, CREGS])
 
 
@@ -477,9 +541,9 @@ X_TMA_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
 
 
 def nvfp4_ws_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lora_scale=1.0, *, xp, C=2, MT=1, BT=64,
-                    NS=4, SPLIT=1, OCC=1, SK=0, TMA=0, DB=0, part=None, lock=None, pdl=False):
-    """``y [M, N]`` bf16 with :func:`_nvfp4_ws_kernel` (``TMA``: :func:`_nvfp4_ws_tma_kernel`, C = 1 | 2); ``xp``:
-    the activations in the kernel's reduction order (:func:`qerl_kernels.nvfp4_wgmma.permute_activations`). ``SK``:
+                    NS=4, SPLIT=1, OCC=1, SK=0, TMA=0, DB=0, KS=0, part=None, lock=None, pdl=False):
+    """``y [M, N]`` bf16 with :func:`_nvfp4_ws_kernel` (``TMA``: :func:`_nvfp4_ws_tma_kernel`, C = 1 | 2; ``DB``,
+    ``KS``: see the module doc); ``xp``: the activations in the kernel's reduction order (:func:`qerl_kernels.nvfp4_wgmma.permute_activations`). ``SK``:
     the stream-K schedule — ``OCC`` programs per SM share the ``tiles · K/128`` (tile, K step) units evenly
     (:func:`qerl_kernels.nvfp4_wgmma.stream_k_plan`, per consumer sub-tile), ``SPLIT`` ignored; else ``SPLIT``
     programs per tile. ``part`` / ``lock``: the workspace (fp32 >= SPLIT·M·N, or 2·P·RW·BT for stream-K) and tickets
@@ -487,7 +551,7 @@ def nvfp4_ws_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lo
     configs (validation is the caller's)."""
     M, K = x.shape
     N = packed.shape[0]
-    RW = 64 * C * MT
+    RW = 64 * MT * (1 if KS else C)
     tiles = triton.cdiv(N, RW) * triton.cdiv(M, BT)
     maxnreg, creg, _ = register_split(C, OCC)
     out = torch.empty((M, N), device=x.device, dtype=torch.bfloat16)
@@ -508,6 +572,7 @@ def nvfp4_ws_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lo
     lora = (xa if xa is not None else out, lora_b if lora_b is not None else out, float(lora_scale))
     consts = dict(HAS_BIAS=bias is not None, USE_SPLIT=SPLIT > 1, C=int(C), MT=int(MT), BT=int(BT), NS=int(NS),
                   CREGS=creg, R=lora_b.shape[1] if lora_b is not None else 0, PDL=bool(pdl), SK=bool(SK), DB=bool(DB),
+                  KS=bool(KS),
                   num_warps=PRODUCER_WARPS, maxnreg=maxnreg, **({"launch_pdl": True} if pdl else {}))
     if TMA:
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor

@@ -463,8 +463,9 @@ def _launch_wgmma(c: _Call) -> torch.Tensor:
     cfg, (bias, xa, lb) = c.cfg, c.extra
     split = int(cfg.get("SPLIT", 1))
     wg, bt = int(cfg.get("C", 2) if cfg.get("WS") else cfg.get("WG", 1)), int(cfg.get("BT", 64))
-    tiles = triton.cdiv(c.N, 64 * wg * int(cfg.get("MT", 1))) * triton.cdiv(c.M, bt)
-    if cfg.get("WS"):  # one ticket per consumer sub-tile
+    rows = 64 * int(cfg.get("MT", 1)) * (1 if cfg.get("KS") else wg)  # weight rows per program (KS: C share 64·MT)
+    tiles = triton.cdiv(c.N, rows) * triton.cdiv(c.M, bt)
+    if cfg.get("WS"):  # one ticket per consumer sub-tile (KS: consumer 0's)
         tiles *= wg
     if tiles > _LOCK_SLOTS - 4:
         split = 1
@@ -488,7 +489,7 @@ def _launch_wgmma(c: _Call) -> torch.Tensor:
                                xp=permute_activations(c.x2) if xperm is None else xperm, C=int(cfg.get("C", 2)),
                                MT=int(cfg.get("MT", 1)), BT=bt, NS=int(cfg.get("NS", 4)), SPLIT=split,
                                OCC=int(cfg.get("OCC", 1)), SK=int(cfg.get("SK", 0)), TMA=int(cfg.get("TMA", 0)),
-                               DB=int(cfg.get("DB", 0)), part=part, lock=locks, pdl=c.pdl)
+                               DB=int(cfg.get("DB", 0)), KS=int(cfg.get("KS", 0)), part=part, lock=locks, pdl=c.pdl)
     return nvfp4_wgmma_matmul(c.x2, c.packed, c.scale.view(torch.uint8), c.gs, bias, xa, lb, c.lora_scale,
                               **{**cfg, "SPLIT": split}, xp=xperm, part=part, lock=locks, pdl=c.pdl)
 

@@ -3,7 +3,8 @@ odd M (activation-row masking), bias, LoRA (``lora_a`` and explicit ``xa``), spl
 tickets (called three times: they must come back to zero), an N that is not a multiple of 64, and CUDA-graph
 capture and replay with new inputs — against the dequantized fp32 reference; then forced configs: decode
 sizes M <= 16 (BT 8 | 16, split, LoRA through the PDL primary ``lora_xa``) and every large-tile candidate
-of the tuner (M > 128: BT 128 | 256, gathered or pre-permuted activations, pipelined), with bias and LoRA.
+of the tuner (M > 128: BT 128 | 256, gathered or pre-permuted activations, pipelined) and the warp-specialised
+kernel's DB / KS / split / stream-K variants, with bias and LoRA.
 
 ``python tools/wgmma_check.py [OUT.json]`` — one line per case; exit status 1 if any case fails.
 """
@@ -55,6 +56,17 @@ def main(out=None) -> int:
     forced += [(M, dict(WGMMA=1, WG=wg, BT=bt, NS=ns, SPLIT=sp, XG=0, XS=1))  # activations staged in the kernel
                for M, bt in ((1, 8), (16, 16), (50, 64)) for wg, ns, sp in ((1, 3, 1), (1, 2, 4), (2, 3, 2))]
     forced += [(M, c) for M in (200, 1000, 2048) for c in _wgmma_large(M)]
+    # the warp-specialised kernel's variants: DB (decode under the previous wgmma), KS (K steps split over the
+    # consumers of one 64-row tile), with split-K / stream-K, TMA and cp.async producers
+    ws = dict(WGMMA=1, WS=1, MT=1)
+    forced += [(M, {**ws, **c}) for M, bt in ((33, 64), (64, 64), (100, 128), (200, 128)) for c in (
+        dict(C=1, BT=bt, NS=4, OCC=1, TMA=1, DB=1, SPLIT=1), dict(C=1, BT=bt, NS=4, OCC=1, TMA=1, DB=1, SPLIT=3),
+        dict(C=1, BT=bt, NS=3, OCC=1, TMA=1, DB=1, SPLIT=1, SK=1), dict(C=2, BT=bt, NS=4, OCC=1, TMA=1, KS=1, SPLIT=1),
+        dict(C=2, BT=bt, NS=4, OCC=1, KS=1, SPLIT=2), dict(C=4, BT=64, NS=4, OCC=1, KS=1, SPLIT=1))]
+    forced += [(M, {**ws, **c}) for M in (17, 32) for c in (
+        dict(C=2, BT=32, NS=6, OCC=1, TMA=1, DB=1, SPLIT=1, SK=1), dict(C=2, BT=32, NS=6, OCC=1, TMA=1, DB=1, KS=1,
+                                                                       SPLIT=2),
+        dict(C=1, MT=2, BT=32, NS=4, OCC=1, TMA=1, DB=1, SPLIT=1))]
     for N, K in ((3584, 3584), (520, 18944)):
         p, s, gs = nvfp4.quantize(torch.randn(N, K, device=dev, generator=g) * 0.02)
         wref = nvfp4.dequantize(p, s, gs, torch.float32)
@@ -96,14 +108,17 @@ def main(out=None) -> int:
     gerr = float((y.float() - want).norm() / want.norm())
     bad += not gerr < 5e-3
     print("cuda graph replay M=40 rel_err", f"{gerr:.2e}", flush=True)
-    # CUDA graphs of the PDL pair (lora_xa + the WGMMA kernel; M = 50: four 16-row blocks of xa), replayed
-    # with new activations
+    # CUDA graphs of the PDL pair (lora_xa + the WGMMA kernel; M = 50: four 16-row blocks of xa; the WS kernel with
+    # DB and with KS at M = 64), replayed with new activations
     la = (torch.randn(32, K, device=dev, generator=g) * 0.02).bfloat16()
     lb = (torch.randn(N, 32, device=dev, generator=g) * 0.02).bfloat16()
     perr = {}
-    for M, bt in ((16, 16), (50, 64)):
-        xm = torch.randn(M, K, device=dev, generator=g).bfloat16()
-        os.environ["QERL_KERNEL_CONFIG"] = json.dumps(dict(WGMMA=1, WG=1, BT=bt, NS=4, SPLIT=4, XG=0))
+    for M, cfg in ((16, dict(WGMMA=1, WG=1, BT=16, NS=4, SPLIT=4, XG=0)),
+                   (50, dict(WGMMA=1, WG=1, BT=64, NS=4, SPLIT=4, XG=0)),
+                   ("64 DB", dict(WGMMA=1, WS=1, C=1, MT=1, BT=64, NS=4, OCC=1, TMA=1, DB=1, SPLIT=2)),
+                   ("64 KS", dict(WGMMA=1, WS=1, C=2, MT=1, BT=64, NS=6, OCC=1, TMA=1, KS=1, SPLIT=2))):
+        xm = torch.randn(int(str(M).split()[0]), K, device=dev, generator=g).bfloat16()
+        os.environ["QERL_KERNEL_CONFIG"] = json.dumps(cfg)
         try:
             ops.nvfp4_matmul(xm, p, s, gs, None, None, lb, 2.0, lora_a=la)
             graph = torch.cuda.CUDAGraph()
@@ -111,7 +126,7 @@ def main(out=None) -> int:
                 ym = ops.nvfp4_matmul(xm, p, s, gs, None, None, lb, 2.0, lora_a=la)
         finally:
             os.environ.pop("QERL_KERNEL_CONFIG")
-        xm.copy_(torch.randn(M, K, device=dev, generator=g).bfloat16())
+        xm.copy_(torch.randn(xm.shape[0], K, device=dev, generator=g).bfloat16())
         graph.replay()
         want = xm.float() @ nvfp4.dequantize(p, s, gs, torch.float32).T + 2.0 * ((xm @ la.T).float() @ lb.float().T)
         perr[M] = float((ym.float() - want).norm() / want.norm())

@@ -169,13 +169,15 @@ def _ws_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
     """M 17..512, K % 128 == 0: the warp-specialised kernel (``WS``, :mod:`qerl_kernels.nvfp4_wgmma_ws`) — C consumer
     warpgroups of MT m64 tiles (64·C·MT weight rows per program over one activation tile of BT rows), OCC programs
     per SM, NS ring stages (within 227 KiB of shared memory per SM), on the stream-K schedule (``SK``) or split-K
-    (the split that fills the SMs, and none); C = 1 | 2 also with the TMA producer (``TMA``)."""
+    (the split that fills the SMs, and none); C = 1 | 2 also with the TMA producer (``TMA``); each step's decode
+    under the previous step's wgmma (``DB``) where it compiles unserialised; C = 2 | 4 consumers splitting the K
+    steps of one 64-row tile (``KS``)."""
     from qerl_kernels.nvfp4_wgmma_ws import ring_bytes
 
     out = []
     bts = (32,) if M <= 32 else (64,) if M <= 64 else (64, 128)
     for bt in bts:
-        for c, mt, occ in ((1, 1, 2), (1, 1, 1), (2, 1, 1), (4, 1, 1), (2, 2, 1)):
+        for c, mt, occ in ((1, 1, 2), (1, 1, 1), (1, 2, 1), (2, 1, 1), (4, 1, 1), (2, 2, 1)):
             if (c * mt > 2 or occ > 1) and bt > 64:  # (registers: 96 per consumer thread at C = 4)
                 continue
             for ns in ((4, 6) if bt <= 64 else (3, 4)):
@@ -186,13 +188,18 @@ def _ws_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
                 fill = max(1, min(K // 512, round(occ * sms / tiles)))
                 # TMA: bulk copies of the weights and x; DB: each step's decode under the previous step's wgmma,
                 # where ptxas compiles it without serialising the wgmmas (two A operands live: C = 1 at one
-                # program per SM, 248 registers; C = 2 at BT = 32), with TMA
-                db = c == 1 and occ == 1 or c == 2 and mt == 1 and bt == 32
+                # program per SM, 248 registers — MT = 2 up to BT = 64; C = 2 at BT = 32), with TMA
+                db = c == 1 and occ == 1 and (mt == 1 or bt <= 64) or c == 2 and mt == 1 and bt == 32
                 variants = ({}, {"TMA": 1}) if c <= 2 else ({},)
                 variants = ((({"TMA": 1, "DB": 1},) if db else ()) + (variants if occ > 1 or c > 1 else ()))
                 for v in variants:
                     out.append({**base, **v, "SPLIT": 1, "SK": 1})
                     out += [{**base, **v, "SPLIT": sp} for sp in sorted({1, fill})]
+                if c > 1 and mt == 1 and ring_bytes(c, 1, bt, ns, R=32, KS=True) <= 227 * 1024:
+                    # KS: the C consumers on the same 64 rows, K steps round-robin (few weight tiles: more
+                    # decoders per tile, no split tickets); TMA at C = 2 (with DB at BT = 32), cp.async at C = 4
+                    for v in (({"TMA": 1}, {}) + (({"TMA": 1, "DB": 1},) if bt == 32 else ())) if c == 2 else ({},):
+                        out.append({**base, **v, "KS": 1, "SPLIT": 1})
     return out
 
 

@@ -303,12 +303,13 @@ def test_committed_tables_use_compilable_tiles():
         tiles = [c for c in table.values() if not c.get("MMV") and not c.get("GEMV") and not c.get("DQ")
                  and not c.get("WGMMA")]
         wsk = {k: c for k, c in table.items() if c.get("WS")}  # warp-specialised: forward, M 17..512
-        assert all(set(c) <= {"WGMMA", "WS", "C", "MT", "BT", "NS", "OCC", "SPLIT", "SK", "TMA", "DB"}
+        assert all(set(c) <= {"WGMMA", "WS", "C", "MT", "BT", "NS", "OCC", "SPLIT", "SK", "TMA", "DB", "KS"}
+                   and not (c.get("KS") and (c.get("SK") or c["C"] == 1 or c["SPLIT"] > 1))
                    and k.startswith("fwd:") and (not c.get("DB") or c.get("TMA") and (c["C"], c["OCC"]) == (1, 1)
-                                                 or (c["C"], c["BT"]) == (2, 32))
+                                                 and (c["MT"] == 1 or c["BT"] <= 64) or (c["C"], c["BT"]) == (2, 32))
                    and 17 <= int(k.split(":")[1]) <= 512 and c["C"] in (1, 2, 4) and c["MT"] in (1, 2)
-                   and c["BT"] in (32, 64, 128) and ws_mod.ring_bytes(c["C"], c["MT"], c["BT"], c["NS"], R=32)
-                   * c["OCC"] <= 227 * 1024 and ws_mod.register_split(c["C"], c["OCC"]) for k, c in wsk.items()), path
+                   and c["BT"] in (32, 64, 128) and ws_mod.ring_bytes(c["C"], c["MT"], c["BT"], c["NS"], R=32,
+                                                                     KS=bool(c.get("KS"))) * c["OCC"] <= 227 * 1024 and ws_mod.register_split(c["C"], c["OCC"]) for k, c in wsk.items()), path
         wg = {k: c for k, c in table.items() if c.get("WGMMA") and not c.get("WS")}  # warpgroup MMA: fwd, M 1..256
         assert all(set(c) <= {"WGMMA", "WG", "BT", "NS", "SPLIT", "XG", "PIPE", "NSW", "MT", "XS", "SK", "EAGER"}
                    and k.startswith("fwd:")

@@ -47,39 +47,48 @@ def test_consumer_events_read_in_order_and_release_each_step_once():
     assert ws.consumer_events(5, DB=True) == [("read", 0), ("read", 1), ("release", 0), ("read", 2), ("release", 1),
                                               ("read", 3), ("release", 2), ("release", 3), ("read", 4),
                                               ("release", 4)]
+    # KS: consumer 1 of 3 takes steps 1, 4, 7
+    assert ws.consumer_events(9, DB=True, stride=3, first=1) == [("read", 1), ("read", 4), ("release", 1),
+                                                                  ("release", 4), ("read", 7), ("release", 7)]
     for steps in range(0, 12):
-        ev = ws.consumer_events(steps, DB=True)
-        assert [i for e, i in ev if e == "read"] == list(range(steps))
-        assert sorted(i for e, i in ev if e == "release") == list(range(steps))
-        held = set()
-        for e, i in ev:
-            held.add(i) if e == "read" else held.remove(i)
-            assert len(held) <= 2
+        for DB, stride, first in ((True, 1, 0), (True, 2, 1), (False, 4, 3), (True, 4, 2)):
+            ev = ws.consumer_events(steps, DB, stride, first)
+            assert [i for e, i in ev if e == "read"] == list(range(first, steps, stride))
+            assert sorted(i for e, i in ev if e == "release") == list(range(first, steps, stride))
+            held = set()
+            for e, i in ev:
+                held.add(i) if e == "read" else held.remove(i)
+                assert len(held) <= (2 if DB else 1)
 
 
-@pytest.mark.parametrize("steps,NS,C,DB", [(1, 4, 2, False), (7, 3, 1, False), (13, 4, 2, False), (29, 6, 4, False),
-                                           (5, 2, 4, False), (7, 3, 1, True), (13, 4, 2, True), (8, 2, 2, True),
-                                           (29, 6, 1, True), (1, 4, 1, True)])
-def test_ring_protocol_delivers_every_step_once_in_order_without_overwrites(steps, NS, C, DB):
+@pytest.mark.parametrize("steps,NS,C,DB,KS", [(1, 4, 2, False, False), (7, 3, 1, False, False),
+                                              (13, 4, 2, False, False), (29, 6, 4, False, False),
+                                              (5, 2, 4, False, False), (7, 3, 1, True, False), (13, 4, 2, True, False),
+                                              (8, 2, 2, True, False), (29, 6, 1, True, False), (1, 4, 1, True, False),
+                                              (13, 4, 2, False, True), (29, 6, 2, True, True), (28, 6, 4, False, True),
+                                              (9, 4, 2, True, True), (3, 6, 4, False, True)])
+def test_ring_protocol_delivers_every_step_once_in_order_without_overwrites(steps, NS, C, DB, KS):
+    """``KS``: consumer c reads only the steps c, c + C, … and each slot waits for one release (``empty`` count 1)."""
     sched = ws.ring_schedule(steps, NS)
-    events = ws.consumer_events(steps, DB)
+    events = [ws.consumer_events(steps, DB, C, c) if KS else ws.consumer_events(steps, DB) for c in range(C)]
+    owners = (lambda i: {i % C}) if KS else (lambda i: set(range(C)))
     assert [s for s, *_ in sched] == [i % NS for i in range(steps)]
     for seed in range(20):
         rng = random.Random(seed)
-        full, empty = [_Barrier(1) for _ in range(NS)], [_Barrier(C) for _ in range(NS)]
+        full, empty = [_Barrier(1) for _ in range(NS)], [_Barrier(1 if KS else C) for _ in range(NS)]
         slot_data = [None] * NS
         readers = [set() for _ in range(NS)]  # consumers still to read the slot's current fill
         prod, cons = 0, [0] * C  # the producer's next step; each consumer's next event
         seen = [[] for _ in range(C)]
-        while prod < steps or min(cons) < len(events):
+        while prod < steps or any(cons[c] < len(events[c]) for c in range(C)):
             movable = []
             if prod < steps:
                 s, _, ep, _ = sched[prod]
                 if empty[s].passes(ep):
                     movable.append(-1)
             for c in range(C):
-                if cons[c] < len(events):
-                    kind, i = events[cons[c]]
+                if cons[c] < len(events[c]):
+                    kind, i = events[c][cons[c]]
                     s, fp, _, _ = sched[i]
                     if kind == "release" or full[s].passes(fp):
                         movable.append(c)
@@ -88,11 +97,11 @@ def test_ring_protocol_delivers_every_step_once_in_order_without_overwrites(step
             if who == -1:
                 s = sched[prod][0]
                 assert not readers[s], f"slot {s} refilled before consumers {readers[s]} released step {slot_data[s]}"
-                slot_data[s], readers[s] = prod, set(range(C))
+                slot_data[s], readers[s] = prod, owners(prod)
                 full[s].arrive()
                 prod += 1
             else:
-                kind, i = events[cons[who]]
+                kind, i = events[who][cons[who]]
                 s = sched[i][0]
                 assert slot_data[s] == i, "consumer used a slot holding another step"
                 if kind == "read":
@@ -101,7 +110,7 @@ def test_ring_protocol_delivers_every_step_once_in_order_without_overwrites(step
                     readers[s].discard(who)
                     empty[s].arrive()
                 cons[who] += 1
-        assert all(v == list(range(steps)) for v in seen)
+        assert all(v == [i for i in range(steps) if who in owners(i)] for who, v in enumerate(seen))
 
 
 @pytest.mark.parametrize("C,OCC", [(1, 1), (1, 2), (2, 1), (2, 2), (4, 1)])
@@ -148,7 +157,9 @@ def test_tuner_ws_candidates_fit():
         wsc = [c for c in cands if c.get("WS")]
         assert wsc and cands[-1] == {"DQ": 1}  # the config in use now is timed against them
         for c in wsc:
-            assert ws.ring_bytes(c["C"], c["MT"], c["BT"], c["NS"], R=32) * c["OCC"] <= 227 * 1024  # (LoRA-32 too)
+            assert ws.ring_bytes(c["C"], c["MT"], c["BT"], c["NS"], R=32, KS=bool(c.get("KS"))) * c["OCC"] \
+                <= 227 * 1024  # (LoRA-32 too)
+            assert not c.get("KS") or (c["C"] > 1 and not c.get("SK") and c["MT"] == 1 and c["SPLIT"] == 1)
             ws.register_split(c["C"], c["OCC"])
             assert c["BT"] <= max(64, M) and (c.get("SK") or c["SPLIT"] >= 1)
     assert candidates("fwd", 16, 37888, 3584, 132, "ws", None) == []  # decode sizes: not this kernel's
@@ -196,4 +207,20 @@ def test_db_where_the_tuner_leaves_it_out_is_serialised():
     for M in (32, 64, 128, 256, 512):
         for c in candidates("fwd", M, 37888, 3584, 132, "ws", None):
             if c.get("DB"):
-                assert c.get("TMA") and (c["C"], c["OCC"]) == (1, 1) or (c["C"], c["BT"]) == (2, 32), c
+                assert (c.get("TMA") and (c["C"], c["OCC"]) == (1, 1) and (c["MT"] == 1 or c["BT"] <= 64)
+                        or (c["C"], c["BT"]) == (2, 32)), c
+
+
+@pytest.mark.parametrize("C,BT,kw", [(2, 64, dict(split=True, bias=True, R=32, PDL=True)), (2, 32, dict(DB=True))])
+def test_ks_compiles_for_sm90(C, BT, kw):
+    """``KS``: the program's 64 rows shared by the C consumers (the weight box is 64 rows), K steps round-robin, the
+    partial sums through shared memory (one fp32 ``[64, BT]`` tile per extra consumer) into consumer 0's epilogue."""
+    from qerl_kernels.inspect_ir import compile_ws, compile_ws_tma, ptxas_warnings, stack_of
+
+    k = compile_ws_tma(C, 1, BT, 6, KS=True, **kw)
+    assert ptxas_warnings(k) == [] and stack_of(k) == 0
+    assert {tuple(m["block_size"]) for m in k.metadata.tensordesc_meta} == {(64, 64), (BT, 64)}
+    assert k.metadata.shared <= ws.ring_bytes(C, 1, BT, 6, kw.get("R", 0), KS=True)
+    assert k.metadata.shared > ws.ring_bytes(1, 1, BT, 6, kw.get("R", 0))  # + the partial-sum tile
+    k4 = compile_ws(4, 1, 64, 4, KS=True)
+    assert stack_of(k4) == 0 and k4.metadata.shared <= ws.ring_bytes(4, 1, 64, 4, KS=True)
