@@ -72,7 +72,9 @@ REHEARSALS = {
     "7B": Rehearsal("7B", 128, 2048, 261388, 53.2, 163.7, 4),
 }
 #: rollout benchmark (reports/rollout, H100, 2026-11-24/25), NVFP4 engine, prompt 256, 1,024 tokens: ms per
-#: decode step at batch 64 and 256
+#: decode step at batch 64 and 256 — the measurements with the GEMM the rehearsals ran (v12), so that the
+#: loop / benchmark ratio (:func:`bench_to_train`) compares one code; later GEMMs decode faster (7B 7.76 / 19.15 ms
+#: with v15, 2026-11-26), so the projections lean long until the rehearsals are repeated
 BENCH_STEP_MS = {"7B": (8.28, 20.43), "14B": (15.76, 27.08), "32B": (25.44, 32.94)}
 
 
@@ -85,7 +87,7 @@ def bench_step_ms(shape: str, rows: int = 128) -> float:
 #: the weight-bound share of a 7B decode step at 128 rows: the intercept of that line over its value at 128
 #: (a = 4.23 ms, a + 128 b = 12.33 ms)
 INTERCEPT_SHARE = bench_step_ms("7B", 0) / bench_step_ms("7B")
-BF16_ROLLOUT = 9513 / 9055  # 7B batch 128, fixed lengths: NVFP4 / bf16 tokens per second (bf16 is this much slower)
+BF16_ROLLOUT = 9513 / 9055  # 7B batch 128, fixed lengths: NVFP4 / bf16 tokens per second (bf16 is this much slower; v12)
 QLORA_ROLLOUT = 65.68 / 4.99  # 7B batch 8, 1,024 tokens: QLoRA / QeRL rollout seconds (reports/step)
 #: assumed completion lengths (stated in every projection): GSM8K answers of the Qwen2.5 Instruct models run a few
 #: hundred tokens (the benchmarks' realistic spec); BigMath / DAPO reasoning runs longer
