@@ -71,8 +71,8 @@ def test_lora_trace_summary_reads_the_stamps():
 
 def test_targets_recomputed_from_the_committed_runs(tmp_path, capsys):
     """`qerl bench kernels --targets CSV [--against OLD]` (no GPU) recomputes the numbers that
-    reports/kernels/README.md quotes for the committed runs: the M >= 2048 counts (H200 48/48, H100 40/48), no
-    decode row and one H100 M = 64 row at the target, LoRA <= 10% at 3/60 (H200) and 3/60 (H100); against an older run whose kernels were
+    reports/kernels/README.md quotes for the committed runs: the M >= 2048 counts (H200 47/48, H100 40/48), no
+    decode row and one H100 M = 64 row at the target, LoRA <= 10% at 6/60 (H200) and 3/60 (H100); against an older run whose kernels were
     10% slower at M = 2 (LoRA overhead unchanged) the M = 2 median speed-up drops by 1/1.1 and the base + LoRA
     time ratio is 1/1.1; a CSV that is not a benchmark is refused by name."""
     from pathlib import Path
@@ -84,10 +84,10 @@ def test_targets_recomputed_from_the_committed_runs(tmp_path, capsys):
     h100, copy_h100, _ = bt.read_csv(kdir / "NVIDIA_H100_80GB_HBM3.csv")
     t200, t100 = bt.targets(h200, copy_h200), bt.targets(h100, copy_h100)
     assert dev == "NVIDIA H200" and len(h200) == len(h100) == 288
-    assert (t200["large_met"], t100["large_met"]) == (48, 40) and t200["large_speedup"]["n"] == 48
-    assert t200["large_missed"] == [] and all(0.79 <= m[-1] < 0.85 for m in t100["large_missed"])
+    assert (t200["large_met"], t100["large_met"]) == (47, 40) and t200["large_speedup"]["n"] == 48
+    assert all(0.79 <= m[-1] < 0.85 for m in t100["large_missed"] + t200["large_missed"])
     assert t200["decode_met"] == t100["decode_met"] == 0 and (t200["m64_met"], t100["m64_met"]) == (0, 1)
-    assert (t200["lora_decode_met"], t100["lora_decode_met"]) == (3, 3) and t200["lora_decode"]["n"] == 60
+    assert (t200["lora_decode_met"], t100["lora_decode_met"]) == (6, 3) and t200["lora_decode"]["n"] == 60
     assert round(t100["decode_speedup"]["median"], 2) == 2.05 and round(t100["m64_speedup"]["median"], 2) == 1.54
     old = tmp_path / "old.csv"
     with open(kdir / "NVIDIA_H200.csv") as f:
@@ -102,7 +102,7 @@ def test_targets_recomputed_from_the_committed_runs(tmp_path, capsys):
     assert cmp[1]["old_median"] == cmp[1]["new_median"] and cmp[1]["base_plus_lora_ratio"] == pytest.approx(1.0)
     assert bench_kernels.main(["--targets", str(kdir / "NVIDIA_H200.csv"), "--against", str(old)]) == 0
     out = capsys.readouterr().out
-    assert "| M ≥ 2048 fwd + bwd | ≥ 0.85x |" in out and "48/48" in out
+    assert "| M ≥ 2048 fwd + bwd | ≥ 0.85x |" in out and "47/48" in out
     assert f"{new2 / 1.1:.2f}x → {new2:.2f}x | -9% |" in out
     bad = tmp_path / "x.csv"
     bad.write_text("a,b\n1,2\n")
