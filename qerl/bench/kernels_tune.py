@@ -320,14 +320,17 @@ def _current(paths: str, device: str, kind: str, M: int, N: int, K: int, sms: in
 
 
 def tune_all(shapes, ms, progress: bool = True, csv_path: Path | None = None, kinds=("fwd", "bwd"),
-             paths: str = "all", workers: int = 0) -> Path:
+             paths: str = "all", workers: int = 0, lora: int = 0) -> Path:
     """Time every candidate of every (kind, M, N, K) in CUDA graphs (``launch_mode("graph")``) and write the
-    fastest into ``kernels/tuned/<device>.json`` (:func:`keep_eager` at decode sizes)."""
+    fastest into ``kernels/tuned/<device>.json`` (:func:`keep_eager` at decode sizes). ``lora``: time the forward
+    calls with a rank-``lora`` adapter on them (``lora_a`` / ``lora_b``, as the rollout engine calls every
+    projection), so that the LoRA route each candidate takes (fused into the decode kernel, or the PDL primary in
+    front of the MMA kernels) is part of its time."""
     with ops.launch_mode("graph"):
-        return _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers)
+        return _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers, lora)
 
 
-def _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers) -> Path:
+def _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers, lora=0) -> Path:
     from tqdm.auto import tqdm
 
     from qerl.quant import nvfp4
@@ -341,7 +344,7 @@ def _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers) -> Path:
     log = []
     weights: dict = {}
     if workers > 1:
-        planned = [(kind, M, c) for kind, M, N, K in jobs
+        planned = [(kind, M, c, lora if kind == "fwd" else 0, K) for kind, M, N, K in jobs
                    for c in candidates(kind, M, N, K, sms, paths, _current(paths, device, kind, M, N, K, sms))]
         bad = precompile(planned, workers, progress)
         print(json.dumps({"precompiled": len({_compile_key(*j) for j in planned}), "failed": bad}), flush=True)
@@ -356,6 +359,11 @@ def _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers) -> Path:
         x = torch.randn(M, K if kind == "fwd" else N, device="cuda", dtype=torch.bfloat16)
         ref = _reference(kind, x, *ws[0])
         op = ops.nvfp4_matmul if kind == "fwd" else ops.nvfp4_matmul_t
+        if lora and kind == "fwd":  # the call as the engine makes it: y = x Ŵᵀ + 2 · (x Aᵀ) Bᵀ
+            la = torch.randn(lora, K, device="cuda", dtype=torch.bfloat16) * 0.02
+            lb = torch.randn(N, lora, device="cuda", dtype=torch.bfloat16) * 0.02
+            ref = ref + 2.0 * ((x @ la.T).float() @ lb.float().T)
+            op = (lambda x_, *w, la=la, lb=lb: ops.nvfp4_matmul(x_, *w, None, None, lb, 2.0, lora_a=la))
         dense = [nvfp4.dequantize(*w, torch.bfloat16) for w in ws[:max(2, min(4, 2 ** 28 // (N * K * 2) + 1))]]
         f_dense = (lambda w: torch.nn.functional.linear(x, w)) if kind == "fwd" else (lambda w: x @ w)
         t_cublas = _graph_time([lambda w=w: f_dense(w) for w in dense], reps=9)
@@ -373,7 +381,8 @@ def _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers) -> Path:
                 err = repr(e)[:80]
             finally:
                 os.environ.pop("QERL_KERNEL_CONFIG", None)
-            log.append({"device": device, "kind": kind, "M": M, "N": N, "K": K, **cfg, "us": t * 1e6,
+            log.append({"device": device, "kind": kind, "M": M, "N": N, "K": K, "lora": lora if kind == "fwd" else 0,
+                        **cfg, "us": t * 1e6,
                         "cublas_us": t_cublas * 1e6, "speedup": t_cublas / t, "rel_err": err})
             if best is None or t < best[0]:
                 best = (t, cfg)
@@ -432,11 +441,14 @@ def main(argv=None) -> int:
                         "ws: the warp-specialised kernel (forward, M 17..512) against the config in use now")
     p.add_argument("--workers", type=int, default=0,
                    help="compile the candidates in this many processes first (0/1: compile while timing)")
+    p.add_argument("--lora", type=int, default=0, metavar="R",
+                   help="time the forward candidates with a rank-R LoRA adapter on the call (as the rollout engine "
+                        "calls every projection); 0: without")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     shapes = [nk for m in a.models for name, nk in projections(m).items() if a.projs is None or name in a.projs]
     path = tune_all(shapes, a.ms, progress=not a.no_progress, csv_path=Path(a.csv) if a.csv else None,
-                    kinds=tuple(a.kinds), paths=a.paths, workers=a.workers)
+                    kinds=tuple(a.kinds), paths=a.paths, workers=a.workers, lora=a.lora)
     print(json.dumps({"tuned": str(path)}))
     return 0
 

@@ -103,3 +103,17 @@ def test_keep_eager_carries_the_single_launch_config():
     assert tune.keep_eager(mmv, wgc, 32) == wgc and tune.keep_eager(None, wgc, 16) == wgc
     assert tune.keep_eager(dict(BM=16, SPLIT=1), wgc, 16) == wgc  # a tile entry is no single-launch decode config
     assert tune.keep_eager(None, wgc, 8, decode=mmv) == {**wgc, "EAGER": mmv}  # a new key: the search's best decode
+
+
+def test_lora_option_reaches_the_search(monkeypatch):
+    """``--lora R``: the search times the forward candidates with a rank-R adapter on the call (the rollout's
+    call); the flag reaches :func:`tune_all`, and the ahead-of-time compile jobs carry the rank and K (the LoRA
+    launch compiles its own kernels)."""
+    seen = {}
+    monkeypatch.setattr(tune, "tune_all", lambda shapes, ms, **kw: seen.update(kw, shapes=shapes, ms=ms) or "t.json")
+    assert tune.main(["--models", "7B", "--projs", "o", "--ms", "8", "--kinds", "fwd", "--lora", "32",
+                      "--paths", "decode"]) == 0
+    assert seen["lora"] == 32 and seen["shapes"] == [(3584, 3584)] and seen["kinds"] == ("fwd",)
+    assert tune.main(["--models", "7B", "--projs", "o", "--ms", "8"]) == 0 and seen["lora"] == 0
+    key = tune._compile_key("fwd", 8, {"MMV": 1, "BM": 8, "SPLIT": 1}, 32, 3584)
+    assert key[3] == 32 and key[1] == 8  # the LoRA launch: the real M
