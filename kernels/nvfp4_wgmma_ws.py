@@ -87,9 +87,9 @@ def ring_bytes(C: int, MT: int, BT: int, NS: int, R: int = 0, KS: bool = False) 
     """Shared memory of one program: ``NS`` slots of packed weights (64 B per row) + scales (8 B per row) for
     ``64·C·MT`` rows (``KS``: ``64·MT``) and a ``[BT, 128]`` bf16 activation tile, + the two mbarrier arrays (and
     Triton's slack), + with a rank-``R`` LoRA epilogue each consumer's ``[BT, R]`` bf16 ``xa`` tile, + with ``KS``
-    the C - 1 fp32 partial sums ``[64·MT, BT]`` (else a 256-byte stub)."""
+    the C - 1 fp32 partial sums ``[64·MT, BT]`` and their mbarrier."""
     rows = 64 * MT * (1 if KS else C)
-    red = (C - 1) * rows * BT * 4 if KS and C > 1 else 256
+    red = (C - 1) * rows * BT * 4 + 8 if KS and C > 1 else 0
     return NS * (rows * 72 + BT * 256) + 2048 + C * BT * R * 2 + red
 
 
