@@ -190,6 +190,23 @@ def ptxas_warnings(kernel) -> list[str]:
     return [line.strip() for line in (r.stdout + r.stderr).splitlines() if re.search(r"\(C75\d\d\)", line)]
 
 
+def mbarrier_overlaps(ptx: str) -> list[tuple[int, int]]:
+    """``(scratch offset, mbarrier offset)`` pairs where a plain ``ld`` / ``st.shared`` at a constant offset of the
+    kernel's shared memory (``global_smem+N``, e.g. a scalar broadcast or a layout-conversion scratch) touches the 8
+    bytes of an mbarrier the kernel initialises (``mbarrier.init`` at ``global_smem + M``). Triton's allocator may
+    give a dead allocation's bytes to later scratch; for an mbarrier that is undefined unless it was invalidated
+    first — the cause of the split-K ticket failures found with ``KS`` (reports/kernels/README.md)."""
+    base = set(re.findall(r"mov\.b32 \t(%r\d+), global_smem;", ptx))
+    offsets = {r: int(n) for r, b, n in re.findall(r"add\.s32 \t(%r\d+), (%r\d+), (\d+);", ptx) if b in base}
+    bars = {offsets[r] for r in re.findall(r"mbarrier\.init\.shared::cta\.b64 \[(%r\d+)\]", ptx) if r in offsets}
+    invalidated = {offsets[r] for r in re.findall(r"mbarrier\.inval\.shared::cta\.b64 \[(%r\d+)\]", ptx)
+                   if r in offsets}
+    scratch = {int(m) for m in re.findall(r"(?:ld|st)\.shared(?:\.v\d)?\.b\d+ \t?[^;]*global_smem\+(\d+)\]", ptx)}
+    scratch |= {offsets[r] for r in re.findall(r"(?:ld|st)\.shared(?:\.v\d)?\.b\d+ \t?\[ ?(%r\d+) \+ 0 ?\]", ptx)
+                if r in offsets}
+    return sorted((s, b) for s in scratch for b in bars - invalidated if b <= s < b + 8)
+
+
 def _resource_usage(kernel) -> str:
     cuobjdump = os.path.join(triton.__path__[0], "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:

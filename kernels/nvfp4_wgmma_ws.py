@@ -41,8 +41,10 @@ never loop-carried), releasing a slot one step later (:func:`consumer_events`).
 consumer: ``empty`` counts one arrival); consumers 1 … C-1 leave their partial sums in shared memory and consumer 0
 adds them in order and runs the epilogue — more decoders per weight tile where the tiles are fewer than the SMs
 (7B / 14B q/k/v and o at M <= 64), without the split-K tickets. Only a ``KS`` kernel allocates that memory: the
-non-``KS`` kernels compile to the same PTX as before it (an extra allocation in them made split-K tickets come
-out wrong under CUDA-graph replays, reports/kernels/README.md).
+non-``KS`` kernels compile to the same PTX as before it: an unused, initialised mbarrier in them was given the
+same shared bytes as the consumer's split-K ticket broadcast (the allocator reuses a dead allocation's memory; an
+mbarrier must be invalidated first), which made tickets come out wrong under CUDA-graph replays
+(:func:`qerl_kernels.inspect_ir.mbarrier_overlaps` checks the compiled kernels for it).
 
 Reference: :func:`qerl.ops.linear.reference_forward` (the seam's pure-torch forward); CPU-checkable logic: the ring's slot /
 phase sequence (:func:`ring_schedule`), a consumer's read / release order (:func:`consumer_events`) and the register

@@ -224,3 +224,39 @@ def test_ks_compiles_for_sm90(C, BT, kw):
     assert k.metadata.shared > ws.ring_bytes(1, 1, BT, 6, kw.get("R", 0))  # + the partial-sum tile
     k4 = compile_ws(4, 1, 64, 4, KS=True)
     assert stack_of(k4) == 0 and k4.metadata.shared <= ws.ring_bytes(4, 1, 64, 4, KS=True)
+
+
+def test_mbarrier_overlap_detector_finds_a_reused_barrier():
+    """The pattern behind the split-K ticket failures found with ``KS``: a scalar broadcast's ``st`` / ``ld.shared``
+    on the bytes of an initialised, never-invalidated mbarrier (the allocator reused a dead allocation)."""
+    from qerl_kernels.inspect_ir import mbarrier_overlaps
+
+    ptx = """
+	mov.b32 	%r225, global_smem;
+	add.s32 	%r224, %r225, 76800;
+	@%p28 mbarrier.init.shared::cta.b64 [%r224], 1;
+	add.s32 	%r212, %r225, 76944;
+	@%p28 mbarrier.init.shared::cta.b64 [%r212], 129;
+	mov.b32 	%r32, global_smem;
+	add.s32 	%r123, %r32, 76800;
+	@%p7 st.shared.b32 [ %r123 + 0 ], %r121;
+	ld.shared.b32 	%r164, [global_smem+76800];
+	ld.shared.b32 	%r165, [global_smem+76940];
+"""
+    assert mbarrier_overlaps(ptx) == [(76800, 76800)]
+    fixed = ptx.replace("ld.shared.b32 \t%r165", "@%p1 mbarrier.inval.shared::cta.b64 [%r224];\n\tld.shared.b32 \t%r165")
+    assert mbarrier_overlaps(fixed) == []
+
+
+@pytest.mark.parametrize("fn,kw", [("compile_ws_tma", dict(C=1, BT=32, NS=6, OCC=2, split=True)),
+                                   ("compile_ws_tma", dict(C=2, BT=64, NS=6, KS=True, R=32, PDL=True, bias=True)),
+                                   ("compile_ws_tma", dict(C=2, BT=64, NS=6, KS=True, split=True)),
+                                   ("compile_ws", dict(C=4, BT=64, NS=4, KS=True)),
+                                   ("compile_ws_tma", dict(C=2, BT=128, NS=4, SK=True))])
+def test_no_scratch_on_a_live_mbarrier(fn, kw):
+    """No compiled WS kernel reads or writes scratch on an mbarrier's bytes (none invalidates its barriers, so a
+    change of Triton's allocation that put scratch there would show here first)."""
+    from qerl_kernels import inspect_ir
+
+    ptx = getattr(inspect_ir, fn)(**kw).asm["ptx"]
+    assert inspect_ir.mbarrier_overlaps(ptx) == [] and "mbarrier.inval" not in ptx
