@@ -190,9 +190,8 @@ def _ws_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
                 # where ptxas compiles it without serialising the wgmmas (two A operands live: C = 1 at one
                 # program per SM, 248 registers — MT = 2 up to BT = 64; C = 2 at BT = 32), with TMA
                 db = c == 1 and occ == 1 and (mt == 1 or bt <= 64) or c == 2 and mt == 1 and bt == 32
-                variants = ({}, {"TMA": 1}) if c <= 2 else ({},)
-                variants = ((({"TMA": 1, "DB": 1},) if db else ()) + (variants if occ > 1 or c > 1 else ()))
-                for v in variants:
+                plain = () if (c, occ) == (1, 1) else ({}, {"TMA": 1}) if c <= 2 else ({},)  # (1, 1): DB only
+                for v in (({"TMA": 1, "DB": 1},) if db else ()) + plain:
                     out.append({**base, **v, "SPLIT": 1, "SK": 1})
                     out += [{**base, **v, "SPLIT": sp} for sp in sorted({1, fill})]
                 if c > 1 and mt == 1 and ring_bytes(c, 1, bt, ns, R=32, KS=True) <= 227 * 1024:
