@@ -321,6 +321,30 @@ def _output(acc, n0, m0, M, N, out_ptr, stride_om, gs_ptr, bias_ptr, xa_ptr, lb_
 
 
 @gluon.jit
+def _split_sum(acc, n0, m0, M, N, part_ptr, lock_ptr, pid_s, SPLIT, RW: gl.constexpr, BT: gl.constexpr,
+               MMA: gl.constexpr, C: gl.constexpr, CI: gl.constexpr):
+    """Split-K: share ``pid_s`` of ``SPLIT`` stores its partial tile ``[RW, BT]`` fp32 into ``part[pid_s]`` and takes
+    a ticket on ``lock[program_id(0) · C + CI]`` (one per sub-tile of ``C`` consumers; 1, 0 for one); the last share
+    adds all partials in split order (deterministic) and resets the ticket. Returns ``(acc, last)`` — the sum is
+    valid where ``last``."""
+    on = n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, MMA))
+    om = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, MMA))
+    omask = (on < N)[:, None] & (om < M)[None, :]
+    offs = om[None, :] * N + on[:, None]
+    gl.store(part_ptr + pid_s * M * N + offs, acc, mask=omask)
+    gl.thread_barrier()  # (in a warp-specialised partition: that partition's warps)
+    tile = gl.program_id(0) * C + CI
+    ticket = gl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    last = ticket == SPLIT - 1
+    if last:
+        acc = gl.zeros([RW, BT], gl.float32, layout=MMA)
+        for j in range(SPLIT):
+            acc += gl.load(part_ptr + j * M * N + offs, mask=omask, other=0.0, cache_modifier=".cg")
+        gl.atomic_xchg(lock_ptr + tile, 0)
+    return acc, last
+
+
+@gluon.jit
 def _first_program(u, P, U):
     """The stream-K program whose unit range ``[p·U // P, (p+1)·U // P)`` holds unit ``u``: ``((u+1)·P - 1) // U``
     (:func:`stream_k_owner`, the host's copy)."""
@@ -468,20 +492,7 @@ def _nvfp4_wgmma_kernel(
                          xmask, stride_wn, stride_sn, stride_xm, AOP, LW, LS, FLAT, RW, XG, NS, XS, CX, BT)
         last = True
         if USE_SPLIT:
-            on = n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, MMA))
-            om = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, MMA))
-            omask = (on < N)[:, None] & (om < M)[None, :]
-            offs = om[None, :] * N + on[:, None]
-            gl.store(part_ptr + pid_s * M * N + offs, acc, mask=omask)
-            gl.thread_barrier()
-            tile = gl.program_id(0)
-            ticket = gl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            last = ticket == SPLIT - 1
-            if last:
-                acc = gl.zeros([RW, BT], gl.float32, layout=MMA)
-                for j in range(SPLIT):
-                    acc += gl.load(part_ptr + j * M * N + offs, mask=omask, other=0.0, cache_modifier=".cg")
-                gl.atomic_xchg(lock_ptr + tile, 0)
+            acc, last = _split_sum(acc, n0, m0, M, N, part_ptr, lock_ptr, pid_s, SPLIT, RW, BT, MMA, 1, 0)
         if last:
             _output(acc, n0, m0, M, N, out_ptr, stride_om, gs_ptr, bias_ptr, xa_ptr, lb_ptr, lora_scale,
                     HAS_BIAS, R, PDL, RW, BT, NW, MMA)

@@ -61,7 +61,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, \
     warpgroup_mma_wait
 
-from qerl_kernels.nvfp4_wgmma import _a_operand, _issue_w, _issue_x, _output, _scales_layout, _sms, _words_layout
+from qerl_kernels.nvfp4_wgmma import _a_operand, _issue_w, _issue_x, _output, _scales_layout, _sms, _split_sum, \
+    _words_layout
 
 REGS_PER_SM = 65536
 PRODUCER_WARPS = 4  # the default partition (the kernel's num_warps)
@@ -402,21 +403,9 @@ def _consumer(wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, l
             acc, it = _steps(acc, t0 * 0, t0, t1, wsm, ssm, xsm, full, empty, CI * RWC, RWC, NS, MMA, MT, DB, 1)
         if not KS or CI == 0:  # (KS: consumer 0 holds the sum)
             last = True
-            if USE_SPLIT:
-                on = n0 + gl.arange(0, RWC, layout=gl.SliceLayout(1, MMA))
-                om = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, MMA))
-                omask = (on < N)[:, None] & (om < M)[None, :]
-                offs = om[None, :] * N + on[:, None]
-                gl.store(part_ptr + gl.program_id(1) * M * N + offs, acc, mask=omask)
-                gl.thread_barrier()  # (this partition's warps)
-                tile = gl.program_id(0) * C + CI
-                ticket = gl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
-                last = ticket == SPLIT - 1
-                if last:  # the last share sums them all, in split order (deterministic)
-                    acc = gl.zeros([RWC, BT], gl.float32, layout=MMA)
-                    for j in range(SPLIT):
-                        acc += gl.load(part_ptr + j * M * N + offs, mask=omask, other=0.0, cache_modifier=".cg")
-                    gl.atomic_xchg(lock_ptr + tile, 0)
+            if USE_SPLIT:  # one ticket per consumer sub-tile
+                acc, last = _split_sum(acc, n0, m0, M, N, part_ptr, lock_ptr, gl.program_id(1), SPLIT, RWC, BT, MMA,
+                                       C, CI)
             if last:
                 _output(acc, n0, m0, M, N, out_ptr, stride_om, gs_ptr, bias_ptr, xa_ptr, lb_ptr, lora_scale, HAS_BIAS,
                         R, PDL, RWC, BT, 4, MMA)
