@@ -13,6 +13,8 @@ On a random-weight Qwen2 model (a few layers, real head sizes) with LoRA rank 8 
 
 Writes the results as JSON and exits 1 if a check fails. Runs on CPU too (no graphs).
 
+``--sampler``: instead, the fused sampler against the torch definition at Qwen2.5's vocabulary (:func:`sampler_check`).
+
 ``--budget 7B``: instead, where the rollout-vs-trainer mismatch of a random-weight Qwen2.5-7B NVFP4 policy comes
 from (:func:`mismatch_budget`: the engine and the trainer's bf16 forward each against the fp32 forward).
 """
@@ -157,6 +159,43 @@ def main(out: str | None = None, device: str | None = None) -> int:
     return 0 if ok else 1
 
 
+def sampler_check(device: str = "cuda", vocab: int = 152064, batches=(1, 8, 64, 256), steps: int = 16) -> dict:
+    """The fused sampler (``qerl_kernels.sample``) against the torch definition (:func:`qerl.rollout.sampling.sample`)
+    on this device at a real vocabulary: tokens equal at every (batch, T, step), the largest log-prob difference,
+    and both timed as CUDA graphs (µs per draw; on CUDA)."""
+    from qerl.rollout.sampling import SamplingSettings, row_seeds, sample
+    from qerl_kernels.sample import gumbel_sample
+
+    dev = torch.device(device)
+    g = torch.Generator(device=dev).manual_seed(0)
+    out, ok = {"vocab": vocab, "rows": []}, True
+    for B in batches:
+        logits = torch.randn(B, vocab, device=dev, generator=g) * 4.0
+        seed = row_seeds(11, 0, B).to(dev)
+        for T in (1.0, 0.7, 0.0):
+            s = SamplingSettings(temperature=T)
+            diff, worst = 0, 0.0
+            for t in range(steps):
+                step = torch.full((B,), t, dtype=torch.long, device=dev) + torch.arange(B, device=dev) % 3
+                a, la = gumbel_sample(logits, seed, step, T)
+                b, lb = sample(logits, s, seed, step)
+                diff += int((a != b).sum())
+                worst = max(worst, float((la - lb).abs().max()))
+            row = {"batch": B, "temperature": T, "draws": B * steps, "token_mismatches": diff,
+                   "max_abs_logprob_diff": worst}
+            if dev.type == "cuda" and T == 1.0:
+                from qerl.bench.timing import graph_times
+
+                step = torch.zeros(B, dtype=torch.long, device=dev)
+                t = graph_times({"fused": [lambda: gumbel_sample(logits, seed, step, T)],
+                                 "torch": [lambda: sample(logits, s, seed, step)]}, reps=10)
+                row.update(fused_us=round(1e6 * t["fused"], 1), torch_us=round(1e6 * t["torch"], 1))
+            out["rows"].append(row)
+            ok &= diff == 0 and worst < 1e-4
+    out["ok"] = bool(ok)
+    return out
+
+
 def _to_fp32_(model) -> None:
     """Cast the bf16 / fp16 parameters and buffers of ``model`` to fp32 in place; NVFP4's packed codes and
     float8 scales stay as they are (``nn.Module.float`` would cast the float8 scales too)."""
@@ -211,7 +250,16 @@ if __name__ == "__main__":
     ap.add_argument("--device", default=None, help="cuda (default when visible) or cpu")
     ap.add_argument("--budget", metavar="MODEL", choices=("7B", "14B", "32B"), default=None,
                     help="only the mismatch budget of a random-weight Qwen2.5 MODEL NVFP4 policy (GPU)")
+    ap.add_argument("--sampler", action="store_true",
+                    help="only the fused sampler against the torch definition at V = 152,064 (tokens, log-probs, time)")
     a = ap.parse_args()
+    if a.sampler:
+        res = sampler_check(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        print(json.dumps(res, indent=1))
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump(res, f, indent=1)
+        sys.exit(0 if res["ok"] else 1)
     if a.budget:
         res = mismatch_budget(a.budget, device=a.device or "cuda")
         print(json.dumps(res, indent=1))

@@ -106,7 +106,6 @@ def step_split(eng, batch: int, prompt_len: int, gen_len: int) -> dict:
     = the captured full step minus those (norms, rotary, residuals, cache writes, embedding)."""
     from qerl.rollout import SamplingSettings
     from qerl.rollout.engine import forward as fw
-    from qerl.rollout.sampling import sample
     from qerl.bench.timing import graph_times as _graph_times
 
     v, dev = eng.view, eng.device
@@ -125,7 +124,7 @@ def step_split(eng, batch: int, prompt_len: int, gen_len: int) -> dict:
              for L in v.layers]
     attn = [lambda i=i: eng.attention(q, eng.kc[i], eng.vc[i], slot, lengths, v.head_dim ** -0.5)
             for i in range(len(v.layers))]
-    head = [lambda: sample(fw._head(v, fw.norm(v.final_norm, x, False)), s, seed, step)]
+    head = [lambda: eng.sample(fw._head(v, fw.norm(v.final_norm, x, False)), s, seed, step)]
     b = next(bb for key, bb in eng._buckets.items() if key[0] == batch and bb.graph is not None)
     b.pos.fill_(prompt_len + gen_len // 2)
     b.slot.copy_(slot)

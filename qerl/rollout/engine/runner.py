@@ -54,6 +54,12 @@ def _triton_attention():
     return decode_attention
 
 
+def _triton_sampler():
+    from qerl_kernels.sample import gumbel_sample
+
+    return gumbel_sample
+
+
 def buckets(n: int) -> list[int]:
     """Batch-size buckets up to n: powers of two, then n."""
     out = [1 << i for i in range(max(1, n).bit_length()) if 1 << i < n]
@@ -80,10 +86,13 @@ class RolloutEngine:
     syncs. ``max_slots``: cap on rows decoded together (default: what free memory allows). ``fuse``: run
     q/k/v and gate/up as one projection each (their base tensors moved into one buffer that the modules view:
     :func:`~qerl.rollout.engine.model_view.fuse`). ``compile``: RMSNorm and rotary through ``torch.compile``
-    (:class:`~qerl.rollout.engine.forward.Elementwise`; default: when CUDA graphs are used)."""
+    (:class:`~qerl.rollout.engine.forward.Elementwise`; default: when CUDA graphs are used). ``sampler``: ``auto``
+    (the fused Triton draw, ``qerl_kernels.sample``, on CUDA; torch elsewhere) | ``triton`` | ``torch``
+    (:func:`~qerl.rollout.sampling.sample`, the definition; also whenever top-k / top-p filter)."""
 
     def __init__(self, model, tokenizer, attention: str = "auto", graphs: bool | None = None,
-                 check_every: int = 16, max_slots: int | None = None, fuse: bool = True, compile: bool | None = None):
+                 check_every: int = 16, max_slots: int | None = None, fuse: bool = True, compile: bool | None = None,
+                 sampler: str = "auto"):
         self.tokenizer = tokenizer  # (the model object is not kept: the registry of qerl.rollout.engine keys it weakly)
         self.context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         self.view = view_model(model, fuse_siblings=fuse)
@@ -93,6 +102,9 @@ class RolloutEngine:
             raise ValueError(f"attention must be auto, triton or torch, got {attention!r}")
         use_triton = attention == "triton" or (attention == "auto" and cuda)
         self.attention = _triton_attention() if use_triton else _torch_attention
+        if sampler not in ("auto", "triton", "torch"):
+            raise ValueError(f"sampler must be auto, triton or torch, got {sampler!r}")
+        self._gumbel = _triton_sampler() if sampler == "triton" or (sampler == "auto" and cuda) else None
         self.use_graphs = (cuda and self.view.graphable) if graphs is None else bool(graphs)
         if self.use_graphs and not (cuda and self.view.graphable):
             raise EngineUnsupported("CUDA graphs need a CUDA model whose projections are all NVFP4 or dense")
@@ -168,11 +180,18 @@ class RolloutEngine:
                 f"+ {work / 2**30:.1f} GiB of work space; {free / 2**30:.1f} GiB free on {self.device}")
         return min(rows, fit)
 
+    def sample(self, logits: torch.Tensor, s: SamplingSettings, seed: torch.Tensor, step: torch.Tensor):
+        """``logits [B, V]`` fp32 -> (tokens, log-probs): the fused kernel when it applies (no top-k / top-p
+        filter), else :func:`~qerl.rollout.sampling.sample` — the same tokens (``tests/kernels/test_sample.py``)."""
+        if self._gumbel is not None and not s.top_k and s.top_p >= 1.0:
+            return self._gumbel(logits, seed, step, s.temperature)
+        return sample(logits, s, seed, step)
+
     # -- one decode step, eager or as a CUDA graph ---------------------------------------------------------
     def _step(self, b: _Bucket, s: SamplingSettings, noisy: bool) -> None:
         logits = fw.decode_step(self.view, self.kc, self.vc, self.cos, self.sin, b.tok, b.pos, b.slot, noisy,
                                 self.attention, self.ew)
-        tok, lp = sample(logits, s, b.seed, b.col)
+        tok, lp = self.sample(logits, s, b.seed, b.col)
         self.gen_tok.index_put_((b.slot, b.col), tok)
         self.gen_lp.index_put_((b.slot, b.col), lp)
         b.tok.copy_(tok)
@@ -283,7 +302,7 @@ class RolloutEngine:
             P = int(plen[r[sl]].max())
             logits = fw.prefill(self.view, self.kc, self.vc, self.cos, self.sin, ids[:, :P], plen[r[sl]].to(dev),
                                 slot_of[sl], noisy, self.ew)
-            tok, lp = sample(logits, s, seeds[r[sl]].to(dev), step0)
+            tok, lp = self.sample(logits, s, seeds[r[sl]].to(dev), step0)
             self.gen_tok[slot_of[sl], 0] = tok
             self.gen_lp[slot_of[sl], 0] = lp
         self._timing["prefill_s"] += self._clock() - t0
