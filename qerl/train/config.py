@@ -128,7 +128,7 @@ class TrainConfig:
     prompts_per_step: int = 16
     micro_batch_size: int | str = 64  # or auto: the largest the memory planner fits (qerl.train.plan.auto_micro_batch)
     seed: int = 0
-    gradient_checkpointing: bool | str = "auto"  # true | false | auto (qerl.train.plan: on from 14B or when needed)
+    gradient_checkpointing: bool | str = "auto"  # true | false | auto (qerl.train.plan: on when the update would not fit)
     checkpoint_every: int = 10
     device: str = "auto"
     # under several processes (qerl.train.dist): none (DDP, every rank holds everything) | optimizer (DDP +
