@@ -74,9 +74,10 @@ def test_benchmark_constants_are_the_committed_measurements():
             assert (lo, hi) == pytest.approx(now, abs=0.01)
     assert cost.BF16_ROLLOUT <= roll("7B", "nvfp4", 128, "tok_s") / roll("7B", "bf16", 128, "tok_s")
     step = list(csv.DictReader(open(ROOT / "reports" / "step" / "NVIDIA_H100_80GB_HBM3.csv")))
-    b8 = {r["method"]: float(r["rollout_s"]) for r in step if (r["model"], r["batch"], r["gen_len"], r["lengths"])
-          == ("7B", "8", "1024", "fixed") and r["method"] in ("qlora", "qerl")}
-    assert cost.QLORA_ROLLOUT == pytest.approx(b8["qlora"] / b8["qerl"], rel=0.05)  # (qerl: one of its b8 rows)
+    b8 = {r["method"]: float(r["rollout_s"]) for r in step if (r["model"], r["batch"], r["gen_len"], r["lengths"],
+          r["micro_batch"], r["engine_cache"]) == ("7B", "8", "1024", "fixed", "2", "released")
+          and r["method"] in ("qlora", "qerl")}  # (the QLoRA row's companion: same micro-batch and cache policy)
+    assert cost.QLORA_ROLLOUT == pytest.approx(b8["qlora"] / b8["qerl"], rel=0.05)
     assert cost.INTERCEPT_SHARE == pytest.approx(4.23 / 12.33, rel=1e-3)
 
 
