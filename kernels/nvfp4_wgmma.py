@@ -51,6 +51,7 @@ import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.language.extra.cuda import gdc_launch_dependents
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
@@ -89,9 +90,12 @@ def perm_128(xg: int = 0):
 
 
 @triton.jit
-def _permute_kernel(x_ptr, out_ptr, NBLK, stride_xm, stride_om, BLOCKS: tl.constexpr):
+def _permute_kernel(x_ptr, out_ptr, NBLK, stride_xm, stride_om, BLOCKS: tl.constexpr, PDL: tl.constexpr = False):
     """Row ``program_id(0)``, 128-wide blocks ``program_id(1) * BLOCKS …``: ``out[m, 128 b + l] =
-    x[m, 128 b + π(l)]`` (``perm_128()``, the word-pair order)."""
+    x[m, 128 b + π(l)]`` (``perm_128()``, the word-pair order). ``PDL``: release the next launch (a kernel launched
+    with ``launch_pdl`` that waits for this grid before reading ``out``) at once."""
+    if PDL:
+        gdc_launch_dependents()
     m = tl.program_id(0).to(tl.int64)
     l = tl.arange(0, 128)
     j, h, c, e = l // 16, (l // 8) % 2, (l // 2) % 4, l % 2
@@ -102,14 +106,17 @@ def _permute_kernel(x_ptr, out_ptr, NBLK, stride_xm, stride_om, BLOCKS: tl.const
     tl.store(out_ptr + m * stride_om + b[:, None] * 128 + l[None, :], v, mask=mask)
 
 
-def permute_activations(x, out=None):
+def permute_activations(x, out=None, pdl: bool = False):
     """``x [M, K]`` (K % 128 == 0, unit column stride) -> a contiguous copy in the kernel's reduction order
-    (one small Triton launch; runs in the CPU interpreter too)."""
+    (one small Triton launch; runs in the CPU interpreter too). ``pdl``: as the primary of a programmatic dependent
+    launch — the next launch (``launch_pdl``) starts under it and waits (``griddepcontrol.wait``) before its first
+    read of ``out``."""
     M, K = x.shape
     if out is None:
         out = torch.empty((M, K), device=x.device, dtype=x.dtype)
     nblk = K // 128
-    _permute_kernel[(M, triton.cdiv(nblk, 8))](x, out, nblk, x.stride(0), out.stride(0), BLOCKS=8, num_warps=4)
+    _permute_kernel[(M, triton.cdiv(nblk, 8))](x, out, nblk, x.stride(0), out.stride(0), BLOCKS=8, PDL=bool(pdl),
+                                               num_warps=4)
     return out
 
 

@@ -61,8 +61,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, \
     warpgroup_mma_wait
 
-from qerl_kernels.nvfp4_wgmma import _a_operand, _issue_w, _issue_x, _output, _scales_layout, _sms, _split_sum, \
-    _words_layout
+from qerl_kernels.nvfp4_wgmma import _a_operand, _gdc_wait, _issue_w, _issue_x, _output, _scales_layout, _sms, \
+    _split_sum, _words_layout
 
 REGS_PER_SM = 65536
 PRODUCER_WARPS = 4  # the default partition (the kernel's num_warps)
@@ -197,8 +197,12 @@ def _fill(it, t0, t1, n0, m0, xp_ptr, wp_ptr, ws32, wsm, ssm, xsm, full, empty, 
 
 @gluon.jit
 def _producer(xp_ptr, wp_ptr, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_xm, stride_wn, stride_sn, SPLIT,
-              RW: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr, SK: gl.constexpr):
-    """The default partition: the ``cp.async`` ring, up to ``NS`` steps ahead of the slowest consumer."""
+              RW: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr, SK: gl.constexpr, XWAIT: gl.constexpr):
+    """The default partition: the ``cp.async`` ring, up to ``NS`` steps ahead of the slowest consumer. ``XWAIT``:
+    first wait for the PDL primary that writes the activations (:func:`~qerl_kernels.nvfp4_wgmma.permute_activations`
+    with ``pdl``)."""
+    if XWAIT:
+        _gdc_wait()
     ws32 = ws_ptr.to(gl.pointer_type(gl.int32), bitcast=True)  # scale rows are 4-byte aligned (K % 64 == 0)
     if SK:
         u, u_end, k_steps, m_tiles, U, P = _units(M, N, K, RW, BT)
@@ -239,8 +243,10 @@ def _fill_tma(it, t0, t1, n0, m0, w_desc, x_desc, ws32, wsm, ssm, xsm, full, emp
 
 @gluon.jit
 def _producer_tma(w_desc, x_desc, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_sn, SPLIT, RW: gl.constexpr,
-                  BT: gl.constexpr, NS: gl.constexpr, SK: gl.constexpr):
-    """The default partition of the ``TMA`` kernel (the schedule of :func:`_producer`)."""
+                  BT: gl.constexpr, NS: gl.constexpr, SK: gl.constexpr, XWAIT: gl.constexpr):
+    """The default partition of the ``TMA`` kernel (the schedule of :func:`_producer`; ``XWAIT`` as there)."""
+    if XWAIT:
+        _gdc_wait()
     ws32 = ws_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
     if SK:
         u, u_end, k_steps, m_tiles, U, P = _units(M, N, K, RW, BT)
@@ -417,7 +423,7 @@ def _nvfp4_ws_kernel(
     M, N, K, stride_xm, stride_om, stride_wn, stride_sn, SPLIT, xa_ptr, lb_ptr, lora_scale,
     HAS_BIAS: gl.constexpr, USE_SPLIT: gl.constexpr, C: gl.constexpr, MT: gl.constexpr, BT: gl.constexpr,
     NS: gl.constexpr, CREGS: gl.constexpr, R: gl.constexpr = 0, PDL: gl.constexpr = False, SK: gl.constexpr = False,
-    DB: gl.constexpr = False, KS: gl.constexpr = False,
+    DB: gl.constexpr = False, KS: gl.constexpr = False, XWAIT: gl.constexpr = False,
 ):
     RW: gl.constexpr = 64 * MT if KS else 64 * C * MT
     FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
@@ -442,7 +448,7 @@ def _nvfp4_ws_kernel(
     if C == 1:
         gl.warp_specialize([
             (_producer, (xp_ptr, wp_ptr, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_xm, stride_wn, stride_sn,
-                         SPLIT, RW, BT, NS, SK)),
+                         SPLIT, RW, BT, NS, SK, XWAIT)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
                          lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB,
                          KS, red, done)),
@@ -450,7 +456,7 @@ def _nvfp4_ws_kernel(
     elif C == 2:
         gl.warp_specialize([
             (_producer, (xp_ptr, wp_ptr, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_xm, stride_wn, stride_sn,
-                         SPLIT, RW, BT, NS, SK)),
+                         SPLIT, RW, BT, NS, SK, XWAIT)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
                          lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB,
                          KS, red, done)),
@@ -462,7 +468,7 @@ def _nvfp4_ws_kernel(
         gl.static_assert(C == 4, "C (consumer warpgroups) must be 1, 2 or 4")
         gl.warp_specialize([
             (_producer, (xp_ptr, wp_ptr, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_xm, stride_wn, stride_sn,
-                         SPLIT, RW, BT, NS, SK)),
+                         SPLIT, RW, BT, NS, SK, XWAIT)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
                          lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB,
                          KS, red, done)),
@@ -484,7 +490,7 @@ def _nvfp4_ws_tma_kernel(
     M, N, K, stride_om, stride_sn, SPLIT, xa_ptr, lb_ptr, lora_scale,
     HAS_BIAS: gl.constexpr, USE_SPLIT: gl.constexpr, C: gl.constexpr, MT: gl.constexpr, BT: gl.constexpr,
     NS: gl.constexpr, CREGS: gl.constexpr, R: gl.constexpr = 0, PDL: gl.constexpr = False, SK: gl.constexpr = False,
-    DB: gl.constexpr = False, KS: gl.constexpr = False,
+    DB: gl.constexpr = False, KS: gl.constexpr = False, XWAIT: gl.constexpr = False,
 ):
     """:func:`_nvfp4_ws_kernel` with the TMA producer (:func:`_fill_tma`); C = 1 | 2 consumers."""
     RW: gl.constexpr = 64 * MT if KS else 64 * C * MT
@@ -508,7 +514,7 @@ def _nvfp4_ws_tma_kernel(
     if C == 1:
         gl.warp_specialize([
             (_producer_tma, (w_desc, x_desc, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_sn, SPLIT, RW, BT,
-                             NS, SK)),
+                             NS, SK, XWAIT)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
                          lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB,
                          KS, red, done)),
@@ -517,7 +523,7 @@ def _nvfp4_ws_tma_kernel(
         gl.static_assert(C == 2, "the TMA kernel takes C = 1 or 2 consumer warpgroups")
         gl.warp_specialize([
             (_producer_tma, (w_desc, x_desc, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_sn, SPLIT, RW, BT,
-                             NS, SK)),
+                             NS, SK, XWAIT)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
                          lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB,
                          KS, red, done)),
@@ -532,14 +538,17 @@ X_TMA_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
 
 
 def nvfp4_ws_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lora_scale=1.0, *, xp, C=2, MT=1, BT=64,
-                    NS=4, SPLIT=1, OCC=1, SK=0, TMA=0, DB=0, KS=0, part=None, lock=None, pdl=False):
+                    NS=4, SPLIT=1, OCC=1, SK=0, TMA=0, DB=0, KS=0, part=None, lock=None, pdl=False, xwait=False):
     """``y [M, N]`` bf16 with :func:`_nvfp4_ws_kernel` (``TMA``: :func:`_nvfp4_ws_tma_kernel`, C = 1 | 2; ``DB``,
     ``KS``: see the module doc); ``xp``: the activations in the kernel's reduction order (:func:`qerl_kernels.nvfp4_wgmma.permute_activations`). ``SK``:
     the stream-K schedule — ``OCC`` programs per SM share the ``tiles · K/128`` (tile, K step) units evenly
     (:func:`qerl_kernels.nvfp4_wgmma.stream_k_plan`, per consumer sub-tile), ``SPLIT`` ignored; else ``SPLIT``
     programs per tile. ``part`` / ``lock``: the workspace (fp32 >= SPLIT·M·N, or 2·P·RW·BT for stream-K) and tickets
-    (int32 zeros >= tiles · C), allocated when not given. Called by :func:`qerl_kernels.ops._launch_wgmma` for ``WS``
-    configs (validation is the caller's)."""
+    (int32 zeros >= tiles · C), allocated when not given. ``xwait``: ``xp`` comes from the launch right before this
+    one (:func:`~qerl_kernels.nvfp4_wgmma.permute_activations` with ``pdl``): this kernel is launched as its
+    programmatic dependent and its producer waits for it before the first load, so the launch and the prologue
+    overlap the permutation. Called by :func:`qerl_kernels.ops._launch_wgmma` for ``WS`` configs (validation is the
+    caller's)."""
     M, K = x.shape
     N = packed.shape[0]
     RW = 64 * MT * (1 if KS else C)
@@ -563,8 +572,8 @@ def nvfp4_ws_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lo
     lora = (xa if xa is not None else out, lora_b if lora_b is not None else out, float(lora_scale))
     consts = dict(HAS_BIAS=bias is not None, USE_SPLIT=SPLIT > 1, C=int(C), MT=int(MT), BT=int(BT), NS=int(NS),
                   CREGS=creg, R=lora_b.shape[1] if lora_b is not None else 0, PDL=bool(pdl), SK=bool(SK), DB=bool(DB),
-                  KS=bool(KS),
-                  num_warps=PRODUCER_WARPS, maxnreg=maxnreg, **({"launch_pdl": True} if pdl else {}))
+                  KS=bool(KS), XWAIT=bool(xwait),
+                  num_warps=PRODUCER_WARPS, maxnreg=maxnreg, **({"launch_pdl": True} if pdl or xwait else {}))
     if TMA:
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 

@@ -485,8 +485,10 @@ def _launch_wgmma(c: _Call) -> torch.Tensor:
         from qerl_kernels.nvfp4_wgmma import permute_activations
         from qerl_kernels.nvfp4_wgmma_ws import nvfp4_ws_matmul
 
+        # without the LoRA primary the permutation is this kernel's PDL primary (its producer waits for it)
         return nvfp4_ws_matmul(c.x2, c.packed, c.scale.view(torch.uint8), c.gs, bias, xa, lb, c.lora_scale,
-                               xp=permute_activations(c.x2) if xperm is None else xperm, C=int(cfg.get("C", 2)),
+                               xp=permute_activations(c.x2, pdl=not c.interpret) if xperm is None else xperm,
+                               xwait=xperm is None and not c.interpret, C=int(cfg.get("C", 2)),
                                MT=int(cfg.get("MT", 1)), BT=bt, NS=int(cfg.get("NS", 4)), SPLIT=split,
                                OCC=int(cfg.get("OCC", 1)), SK=int(cfg.get("SK", 0)), TMA=int(cfg.get("TMA", 0)),
                                DB=int(cfg.get("DB", 0)), KS=int(cfg.get("KS", 0)), part=part, lock=locks, pdl=c.pdl)

@@ -260,3 +260,38 @@ def test_no_scratch_on_a_live_mbarrier(fn, kw):
 
     ptx = getattr(inspect_ir, fn)(**kw).asm["ptx"]
     assert inspect_ir.mbarrier_overlaps(ptx) == [] and "mbarrier.inval" not in ptx
+
+
+@pytest.mark.parametrize("fn,kw", [("compile_ws_tma", dict(C=2, BT=64, NS=4, split=True)),
+                                   ("compile_ws_tma", dict(C=1, BT=64, NS=6, DB=True, R=32, PDL=True, bias=True)),
+                                   ("compile_ws", dict(C=2, BT=64, NS=4, SK=True))])
+def test_xwait_adds_one_wait_before_the_producer_loads(fn, kw):
+    """``XWAIT`` (the activation permutation as this kernel's PDL primary): one ``griddepcontrol.wait`` more, ahead
+    of the producer's first copy, nothing else serialised, no scratch on a barrier; without it the kernel is
+    unchanged (the launcher's other calls compile as before)."""
+    from qerl_kernels import inspect_ir
+
+    plain = getattr(inspect_ir, fn)(**kw).asm["ptx"]
+    k = getattr(inspect_ir, fn)(**kw, XWAIT=True)
+    ptx = k.asm["ptx"]
+    assert ptx.count("griddepcontrol.wait") == plain.count("griddepcontrol.wait") + 1
+    first_copy = min(i for i in (ptx.find("cp.async.bulk.tensor"), ptx.find("cp.async.cg"), ptx.find("cp.async.ca"))
+                     if i >= 0)
+    assert ptx.find("griddepcontrol.wait") < first_copy
+    assert inspect_ir.ptxas_warnings(k) == [] and inspect_ir.mbarrier_overlaps(ptx) == []
+
+
+def test_permute_primary_releases_its_dependent():
+    """The permutation launched as a PDL primary releases the next launch at its start."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from qerl_kernels.nvfp4_wgmma import _permute_kernel
+
+    sig = {"x_ptr": "*bf16", "out_ptr": "*bf16", "NBLK": "i32", "stride_xm": "i32", "stride_om": "i32",
+           "BLOCKS": "constexpr", "PDL": "constexpr"}
+    for pdl, n in ((True, 1), (False, 0)):
+        k = triton.compile(ASTSource(_permute_kernel, sig, {"BLOCKS": 8, "PDL": pdl}), target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": 4})
+        assert k.asm["ptx"].count("griddepcontrol.launch_dependents") == n
