@@ -37,6 +37,11 @@ Registers: ptxas compiles every partition under the launch's ``maxnreg`` (``setm
 per SM, C = 2 at BT = 32): each consumer decodes step k + 1 while step k's wgmma runs (two A operands in registers,
 never loop-carried), releasing a slot one step later (:func:`consumer_events`).
 
+``XWAIT``: the kernel is the programmatic dependent of the activation permutation launched right before it
+(:func:`qerl_kernels.nvfp4_wgmma.permute_activations` with ``pdl``; the producer runs ``griddepcontrol.wait``
+before its first load), so its launch and prologue overlap the pre-pass — where no LoRA primary
+(:mod:`qerl_kernels.lora_xa`) is the launch before it (H100: 0.3–1.3 µs per call, reports/kernels/README.md).
+
 ``KS``: the C consumers share one ``64 · MT``-row tile and take its K steps round-robin (a slot is read by one
 consumer: ``empty`` counts one arrival); consumers 1 … C-1 leave their partial sums in shared memory and consumer 0
 adds them in order and runs the epilogue — more decoders per weight tile where the tiles are fewer than the SMs
