@@ -67,17 +67,57 @@ def _silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return F.silu(g) * u
 
 
+def _rope_write(q, k, v, cos, sin, k_rows, v_rows, flat):
+    """One decode step's rotary on ``q [B, Hq, D]`` / ``k [B, Hkv, D]`` (``cos`` / ``sin [B, D]``) and the k / v
+    cache writes at rows ``flat [B]`` of ``k_rows`` / ``v_rows [R, Hkv, D]``; returns the rotated q (eager torch,
+    the activation dtype op by op: the reference of ``qerl_kernels.rope_cache``)."""
+    q, k = _rope_qk(q, k, cos[:, None, :], sin[:, None, :])
+    k_rows.index_copy_(0, flat, k)
+    v_rows.index_copy_(0, flat, v)
+    return q
+
+
 class Elementwise:
     """The elementwise parts of a layer (RMSNorm, residual add + RMSNorm, rotary embedding, SiLU gate): eager
     torch (several kernels each), or the same functions through ``torch.compile`` (one fused Triton kernel
-    each: on CUDA a decode step is ~35 kernels per layer shorter)."""
+    each: on CUDA a decode step is ~35 kernels per layer shorter). ``rope_write`` (a decode step's rotary + k / v
+    cache writes): compiled, the one-launch Triton kernel :mod:`qerl_kernels.rope_cache` (fp32 math, one rounding,
+    as the compiled rotary) where it imports, else the compiled rotary and two ``index_copy_``."""
 
     def __init__(self, compiled: bool = False):
         fns = (_rms, _rms_noisy, _rope_qk, _add_rms, _add_rms_noisy, _silu_mul)
         if compiled:
             fns = tuple(torch.compile(f, dynamic=True, fullgraph=True) for f in fns)
         self.rms, self.rms_noisy, self.rope_qk, self.add_rms, self.add_rms_noisy, self.silu_mul = fns
+        self.rope_write = _rope_write
+        if compiled:
+            rope_qk = self.rope_qk
+
+            def _compiled_rope_write(q, k, v, cos, sin, k_rows, v_rows, flat):
+                kernel = _rope_kernel() if q.is_cuda else None
+                if kernel is not None:
+                    return kernel(q, k, v, cos, sin, k_rows, v_rows, flat)
+                q, k = rope_qk(q, k, cos[:, None, :], sin[:, None, :])
+                k_rows.index_copy_(0, flat, k)
+                v_rows.index_copy_(0, flat, v)
+                return q
+
+            self.rope_write = _compiled_rope_write
         self.compiled = compiled
+
+
+_ROPE_KERNEL: list = []
+
+
+def _rope_kernel():
+    """``qerl_kernels.rope_cache.rope_cache_write``, or None where the kernels do not import (looked up once)."""
+    if not _ROPE_KERNEL:
+        try:
+            from qerl_kernels.rope_cache import rope_cache_write
+        except ImportError:
+            rope_cache_write = None
+        _ROPE_KERNEL.append(rope_cache_write)
+    return _ROPE_KERNEL[0]
 
 
 EAGER = Elementwise(False)
@@ -146,18 +186,15 @@ def decode_step(view: ModelView, kc: list, vc: list, cos, sin, tok: torch.Tensor
     B = tok.shape[0]
     D, Hq, Hkv = view.head_dim, view.heads, view.kv_heads
     h = view.embed(tok)
-    c, s = cos[pos][:, None, :], sin[pos][:, None, :]
+    c, s = cos[pos], sin[pos]
     lengths = pos + 1
     layers = view.layers
+    flat = slot * kc[0].shape[1] + pos  # each row's cache row (slot, position) in every layer
     x = norm(layers[0].input_norm, h, noisy, ew)
     for i, layer in enumerate(layers):
         q, k, v = _qkv(layer, x)
-        q, k = ew.rope_qk(q.reshape(B, Hq, D), k.reshape(B, Hkv, D), c, s)
-        v = v.reshape(B, Hkv, D)
-        T = kc[i].shape[1]
-        flat = slot * T + pos
-        kc[i].view(-1, Hkv, D).index_copy_(0, flat, k)
-        vc[i].view(-1, Hkv, D).index_copy_(0, flat, v)
+        q = ew.rope_write(q.reshape(B, Hq, D), k.reshape(B, Hkv, D), v.reshape(B, Hkv, D), c, s,
+                          kc[i].view(-1, Hkv, D), vc[i].view(-1, Hkv, D), flat)
         a = attention(q, kc[i], vc[i], slot, lengths, D ** -0.5)
         h, x = add_norm(layer.post_norm, h, layer.o(a.reshape(B, Hq * D)), noisy, ew)
         nxt = layers[i + 1].input_norm if i + 1 < len(layers) else view.final_norm
