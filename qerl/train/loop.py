@@ -198,6 +198,13 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
 
 
 def _intact(out: Path, saved: int | None) -> str:
+    """What the run leaves behind: the complete checkpoint on disk (an interrupt after a checkpoint was swapped in but
+    before the loop recorded it must name that one), else the last one the loop recorded."""
+    try:
+        on_disk = ownership.checkpoint_step(out / "checkpoint")
+    except (OSError, ownership.CheckpointError):
+        on_disk = None
+    saved = on_disk if on_disk is not None else saved
     if saved is None:
         return "no checkpoint was written yet (rerun with --overwrite to start over)"
     return f"the checkpoint of step {saved} ({out / 'checkpoint'}) is intact: rerun with --resume to continue"
