@@ -8,9 +8,9 @@ checked against): for row ``b`` at generation step ``t_b``,
     tok  = argmax_v (logits_v · τ + g_v)                      (first index on ties; T = 0: argmax_v logits_v)
     lp   = log_softmax(logits · τ)_tok                         (T = 0: log_softmax(logits)_tok)
 
-with ``τ = float32(1 / T)``
-
-which is an exact draw from ``softmax(logits / T)``. The torch definition runs it as ~25 kernels over
+with ``τ = float32(1 / T)`` — an exact draw from ``softmax(logits / T)`` (Gumbel 1954; the paper's rollouts sample at
+T = 1 without filters, so every rollout step takes this path; checked on an H100: 0 token mismatches in 15,792 draws,
+``python -m qerl.bench.engine_check --sampler``). The torch definition runs it as ~25 kernels over
 ``[B, V]`` tensors, int64 for the hash (7B, V = 152,064: ~17 µs per row on an H100, 1.1 ms of a 64-row decode
 step). Here: programs over (row, vocabulary chunk) stream the chunk once — hash, Gumbel noise, running
 argmax and an online log-sum-exp — and leave a partial ``(best value, its index, max, sum of exp)`` per chunk;
