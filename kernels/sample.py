@@ -35,6 +35,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from qerl_kernels.nvfp4_wgmma import _sms
+
 BLOCK = 1024  # vocabulary entries per loop iteration of a program
 
 
@@ -129,16 +131,6 @@ def _combine_kernel(logits_ptr, stride_b, pv_ptr, pi_ptr, pm_ptr, ps_ptr, tok_pt
         scaled = x * inv_t
     tl.store(tok_ptr + b, tok.to(tl.int64))
     tl.store(lp_ptr + b, scaled - shift - tl.log(total))
-
-
-_SMS: dict = {}
-
-
-def _sms(device) -> int:
-    key = torch.device(device).index or 0
-    if key not in _SMS:
-        _SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
-    return _SMS[key]
 
 
 def chunks_for(B: int, V: int, programs: int, block: int = BLOCK) -> int:

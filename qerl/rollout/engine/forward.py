@@ -11,6 +11,8 @@ KV cache: ``k[layer]`` / ``v[layer]`` ``[S, T, Hkv, D]`` (S slots, T positions);
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -67,11 +69,12 @@ def _silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return F.silu(g) * u
 
 
-def _rope_write(q, k, v, cos, sin, k_rows, v_rows, flat):
+def _rope_write(q, k, v, cos, sin, k_rows, v_rows, flat, rope_qk=_rope_qk):
     """One decode step's rotary on ``q [B, Hq, D]`` / ``k [B, Hkv, D]`` (``cos`` / ``sin [B, D]``) and the k / v
     cache writes at rows ``flat [B]`` of ``k_rows`` / ``v_rows [R, Hkv, D]``; returns the rotated q (eager torch,
-    the activation dtype op by op: the reference of ``qerl_kernels.rope_cache``)."""
-    q, k = _rope_qk(q, k, cos[:, None, :], sin[:, None, :])
+    the activation dtype op by op: the reference of ``qerl_kernels.rope_cache``; ``rope_qk``: the compiled rotary
+    where the kernel does not run)."""
+    q, k = rope_qk(q, k, cos[:, None, :], sin[:, None, :])
     k_rows.index_copy_(0, flat, k)
     v_rows.index_copy_(0, flat, v)
     return q
@@ -97,27 +100,20 @@ class Elementwise:
                 kernel = _rope_kernel() if q.is_cuda else None
                 if kernel is not None:
                     return kernel(q, k, v, cos, sin, k_rows, v_rows, flat)
-                q, k = rope_qk(q, k, cos[:, None, :], sin[:, None, :])
-                k_rows.index_copy_(0, flat, k)
-                v_rows.index_copy_(0, flat, v)
-                return q
+                return _rope_write(q, k, v, cos, sin, k_rows, v_rows, flat, rope_qk)
 
             self.rope_write = _compiled_rope_write
         self.compiled = compiled
 
 
-_ROPE_KERNEL: list = []
-
-
+@functools.cache
 def _rope_kernel():
     """``qerl_kernels.rope_cache.rope_cache_write``, or None where the kernels do not import (looked up once)."""
-    if not _ROPE_KERNEL:
-        try:
-            from qerl_kernels.rope_cache import rope_cache_write
-        except ImportError:
-            rope_cache_write = None
-        _ROPE_KERNEL.append(rope_cache_write)
-    return _ROPE_KERNEL[0]
+    try:
+        from qerl_kernels.rope_cache import rope_cache_write
+    except ImportError:
+        return None
+    return rope_cache_write
 
 
 EAGER = Elementwise(False)
