@@ -122,16 +122,15 @@ def compile_wgmma(WG=1, BT=64, NS=3, split=False, bias=False, XG=True, PIPE=Fals
 
 
 def compile_ws(C=2, MT=1, BT=64, NS=4, split=False, bias=False, R=0, PDL=False, OCC=1, SK=False, DB=False,
-               KS=False, XWAIT=False, FR=False):
+               KS=False, XWAIT=False):
     """The warp-specialised warpgroup-MMA kernel (:mod:`qerl_kernels.nvfp4_wgmma_ws`, Gluon) for sm_90: C consumer
     warpgroups of MT m64 tiles, BT activation rows, NS ring stages, OCC programs per SM (the register split),
-    stream-K schedule SK; ``FR``: flat registers (no maxnreg, consumers ask for all)."""
+    stream-K schedule SK."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from qerl_kernels.nvfp4_wgmma_ws import FLAT_REGS, PRODUCER_WARPS, _nvfp4_ws_kernel, register_split
+    from qerl_kernels.nvfp4_wgmma_ws import PRODUCER_WARPS, _nvfp4_ws_kernel, register_split
 
     maxnreg, creg, _ = register_split(C, OCC)
-    creg = FLAT_REGS if FR else creg
     consts = {"HAS_BIAS": bool(bias), "USE_SPLIT": bool(split), "C": C, "MT": MT, "BT": BT, "NS": NS, "CREGS": creg,
               "R": R, "PDL": bool(PDL), "SK": bool(SK), "DB": bool(DB),
               "KS": bool(KS), "XWAIT": bool(XWAIT)}
@@ -141,19 +140,18 @@ def compile_ws(C=2, MT=1, BT=64, NS=4, split=False, bias=False, R=0, PDL=False, 
              if k.endswith("_ptr") or k not in ("M", "SPLIT", "lora_scale")}
     src = GluonASTSource(_nvfp4_ws_kernel, sig, {(names.index(k),): v for k, v in consts.items()}, attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": PRODUCER_WARPS, **({} if FR else {"maxnreg": maxnreg})})
+                          options={"num_warps": PRODUCER_WARPS, "maxnreg": maxnreg})
 
 
 def compile_ws_tma(C=2, MT=1, BT=64, NS=4, split=False, bias=False, R=0, PDL=False, OCC=1, SK=False, DB=False,
-                   KS=False, XWAIT=False, FR=False):
+                   KS=False, XWAIT=False):
     """:func:`compile_ws` with the TMA producer (:func:`qerl_kernels.nvfp4_wgmma_ws._nvfp4_ws_tma_kernel`)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from qerl_kernels.nvfp4_wgmma_ws import FLAT_REGS, PRODUCER_WARPS, W_TMA_LAYOUT, X_TMA_LAYOUT, \
-        _nvfp4_ws_tma_kernel, register_split
+    from qerl_kernels.nvfp4_wgmma_ws import PRODUCER_WARPS, W_TMA_LAYOUT, X_TMA_LAYOUT, _nvfp4_ws_tma_kernel, \
+        register_split
 
     maxnreg, creg, _ = register_split(C, OCC)
-    creg = FLAT_REGS if FR else creg
     consts = {"HAS_BIAS": bool(bias), "USE_SPLIT": bool(split), "C": C, "MT": MT, "BT": BT, "NS": NS, "CREGS": creg,
               "R": R, "PDL": bool(PDL), "SK": bool(SK), "DB": bool(DB),
               "KS": bool(KS), "XWAIT": bool(XWAIT)}
@@ -168,7 +166,7 @@ def compile_ws_tma(C=2, MT=1, BT=64, NS=4, split=False, bias=False, R=0, PDL=Fal
              if k.endswith("_ptr") or k in ("N", "K", "stride_om", "stride_sn")}
     src = GluonASTSource(_nvfp4_ws_tma_kernel, sig, {(names.index(k),): v for k, v in consts.items()}, attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": PRODUCER_WARPS, **({} if FR else {"maxnreg": maxnreg})})
+                          options={"num_warps": PRODUCER_WARPS, "maxnreg": maxnreg})
 
 
 def sass_of(kernel) -> str:

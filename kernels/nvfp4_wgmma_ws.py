@@ -31,14 +31,10 @@ consumer on its own sub-tile. Registers: the launch asks for ``maxnreg`` so that
 consumers get ``CREGS`` each (``setmaxnreg``) and the producer the rest (>= :data:`PRODUCER_REGS`).
 
 Registers: ptxas compiles every partition under the launch's ``maxnreg`` (``setmaxnreg`` does not raise its cap);
-:func:`qerl_kernels.inspect_ir.ptxas_warnings` shows where that serialises the wgmmas. ``FR`` (flat registers, one
-program per SM): no ``maxnreg`` and no ``setmaxnreg`` at all — every warp gets ``65536 / threads`` (168 at C = 2).
-With a ``maxnreg``, Triton's lowering parks the worker warps at a low count (120 at C = 2) in the loop that
-dispatches them to their partitions, and ptxas then serialises the ``DB`` wgmmas (C7512) even with the registers
-to spare; flat, ``DB`` at C = 2, BT = 64 compiles asynchronous in ~160 registers (BT = 128 does not fit 168).
+:func:`qerl_kernels.inspect_ir.ptxas_warnings` shows where that serialises the wgmmas.
 
 ``DB`` (:func:`_mma_steps_db`, tuned where ptxas compiles it without serialising the wgmmas: C = 1 at one program
-per SM, C = 2 at BT = 32, and with ``FR`` at BT = 64): each consumer decodes step k + 1 while step k's wgmma runs (two A operands in registers,
+per SM, C = 2 at BT = 32): each consumer decodes step k + 1 while step k's wgmma runs (two A operands in registers,
 never loop-carried), releasing a slot one step later (:func:`consumer_events`).
 
 ``XWAIT``: the kernel is the programmatic dependent of the activation permutation launched right before it
@@ -75,7 +71,6 @@ from qerl_kernels.nvfp4_wgmma import _a_operand, _gdc_wait, _issue_w, _issue_x, 
 
 REGS_PER_SM = 65536
 PRODUCER_WARPS = 4  # the default partition (the kernel's num_warps)
-FLAT_REGS = 256  # ``FR``: what each consumer asks for — more than the register file gives, so none is reallocated
 PRODUCER_REGS = 80  # the producer's cp.async address tensors spill below ~56 at BT = 64 and ~80 at BT = 128 (sm_90 compile, C = 2)
 
 
@@ -548,8 +543,7 @@ X_TMA_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
 
 
 def nvfp4_ws_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lora_scale=1.0, *, xp, C=2, MT=1, BT=64,
-                    NS=4, SPLIT=1, OCC=1, SK=0, TMA=0, DB=0, KS=0, FR=0, part=None, lock=None, pdl=False,
-                    xwait=False):
+                    NS=4, SPLIT=1, OCC=1, SK=0, TMA=0, DB=0, KS=0, part=None, lock=None, pdl=False, xwait=False):
     """``y [M, N]`` bf16 with :func:`_nvfp4_ws_kernel` (``TMA``: :func:`_nvfp4_ws_tma_kernel`, C = 1 | 2; ``DB``,
     ``KS``: see the module doc); ``xp``: the activations in the kernel's reduction order (:func:`qerl_kernels.nvfp4_wgmma.permute_activations`). ``SK``:
     the stream-K schedule — ``OCC`` programs per SM share the ``tiles · K/128`` (tile, K step) units evenly
@@ -558,18 +552,13 @@ def nvfp4_ws_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lo
     (int32 zeros >= tiles · C), allocated when not given. ``xwait``: ``xp`` comes from the launch right before this
     one (:func:`~qerl_kernels.nvfp4_wgmma.permute_activations` with ``pdl``): this kernel is launched as its
     programmatic dependent and its producer waits for it before the first load, so the launch and the prologue
-    overlap the permutation. ``FR``: flat registers (no ``maxnreg`` / ``setmaxnreg``; OCC = 1, see the module doc).
-    Called by :func:`qerl_kernels.ops._launch_wgmma` for ``WS`` configs (validation is the
+    overlap the permutation. Called by :func:`qerl_kernels.ops._launch_wgmma` for ``WS`` configs (validation is the
     caller's)."""
     M, K = x.shape
     N = packed.shape[0]
     RW = 64 * MT * (1 if KS else C)
     tiles = triton.cdiv(N, RW) * triton.cdiv(M, BT)
     maxnreg, creg, _ = register_split(C, OCC)
-    if FR:  # every partition asks for 256: Triton then emits no setmaxnreg; ptxas caps at 65536 / threads
-        if OCC != 1:
-            raise ValueError(f"nvfp4_ws: FR (flat registers) runs one program per SM, got OCC={OCC}")
-        maxnreg, creg = None, FLAT_REGS
     out = torch.empty((M, N), device=x.device, dtype=torch.bfloat16)
     if SK:
         P = min(int(OCC) * _sms(x.device), tiles * (K // 128))
@@ -589,8 +578,7 @@ def nvfp4_ws_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lo
     consts = dict(HAS_BIAS=bias is not None, USE_SPLIT=SPLIT > 1, C=int(C), MT=int(MT), BT=int(BT), NS=int(NS),
                   CREGS=creg, R=lora_b.shape[1] if lora_b is not None else 0, PDL=bool(pdl), SK=bool(SK), DB=bool(DB),
                   KS=bool(KS), XWAIT=bool(xwait),
-                  num_warps=PRODUCER_WARPS, **({"maxnreg": maxnreg} if maxnreg else {}),
-                  **({"launch_pdl": True} if pdl or xwait else {}))
+                  num_warps=PRODUCER_WARPS, maxnreg=maxnreg, **({"launch_pdl": True} if pdl or xwait else {}))
     if TMA:
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 

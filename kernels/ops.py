@@ -491,8 +491,7 @@ def _launch_wgmma(c: _Call) -> torch.Tensor:
                                xwait=xperm is None and not c.interpret, C=int(cfg.get("C", 2)),
                                MT=int(cfg.get("MT", 1)), BT=bt, NS=int(cfg.get("NS", 4)), SPLIT=split,
                                OCC=int(cfg.get("OCC", 1)), SK=int(cfg.get("SK", 0)), TMA=int(cfg.get("TMA", 0)),
-                               DB=int(cfg.get("DB", 0)), KS=int(cfg.get("KS", 0)), FR=int(cfg.get("FR", 0)), part=part,
-                               lock=locks, pdl=c.pdl)
+                               DB=int(cfg.get("DB", 0)), KS=int(cfg.get("KS", 0)), part=part, lock=locks, pdl=c.pdl)
     return nvfp4_wgmma_matmul(c.x2, c.packed, c.scale.view(torch.uint8), c.gs, bias, xa, lb, c.lora_scale,
                               **{**cfg, "SPLIT": split}, xp=xperm, part=part, lock=locks, pdl=c.pdl)
 

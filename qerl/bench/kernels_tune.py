@@ -199,26 +199,6 @@ def _ws_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
                     # decoders per tile, no split tickets); TMA at C = 2 (with DB at BT = 32), cp.async at C = 4
                     for v in (({"TMA": 1}, {}) + (({"TMA": 1, "DB": 1},) if bt == 32 else ())) if c == 2 else ({},):
                         out.append({**base, **v, "KS": 1, "SPLIT": 1})
-    return out + _ws_fr_paths(M, N, K, sms)
-
-
-def _ws_fr_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
-    """The ``WS`` kernel with flat registers (``FR``: no ``maxnreg`` / ``setmaxnreg``, where ptxas keeps ``DB``'s
-    wgmmas asynchronous at C = 2, BT = 64; :mod:`qerl_kernels.nvfp4_wgmma_ws`): C = 2 consumers with ``DB`` and the
-    TMA producer, one program per SM — stream-K, split-K (none and the split that fills the SMs) and ``KS``."""
-    from qerl_kernels.nvfp4_wgmma_ws import ring_bytes
-
-    if not 32 < M <= 512:
-        return []
-    out = []
-    for ns in (4, 6):
-        base = dict(WGMMA=1, WS=1, C=2, MT=1, BT=64, NS=ns, OCC=1, TMA=1, DB=1, FR=1)
-        if ring_bytes(2, 1, 64, ns, R=32) <= 227 * 1024:
-            fill = max(1, min(K // 512, round(sms / (-(-N // 128) * -(-M // 64)))))
-            out.append({**base, "SPLIT": 1, "SK": 1})
-            out += [{**base, "SPLIT": sp} for sp in sorted({1, fill})]
-        if ring_bytes(2, 1, 64, ns, R=32, KS=True) <= 227 * 1024:
-            out.append({**base, "KS": 1, "SPLIT": 1})
     return out
 
 
@@ -239,9 +219,6 @@ def candidates(kind: str, M: int, N: int, K: int, sms: int, paths: str = "all", 
         return out + ([current] if out and current and current not in out else [])
     if paths == "ws":  # only the warp-specialised kernel against the config in use now
         out = _ws_paths(M, N, K, sms) if kind == "fwd" and K % 128 == 0 and 16 < M <= 512 else []
-        return out + ([current] if out and current and current not in out else [])
-    if paths == "ws_fr":  # only the flat-register DB configs of the warp-specialised kernel against the config in use
-        out = _ws_fr_paths(M, N, K, sms) if kind == "fwd" and K % 128 == 0 and 16 < M <= 512 else []
         return out + ([current] if out and current and current not in out else [])
     if paths == "streamk":  # only the stream-K schedule against the config in use now
         out = _stream_k_paths(M) if kind == "fwd" and K % 128 == 0 and 16 < M <= 512 else []
@@ -331,7 +308,7 @@ def precompile(jobs: list[tuple], workers: int, progress: bool = True) -> int:
 def _current(paths: str, device: str, kind: str, M: int, N: int, K: int, sms: int) -> dict | None:
     """The config in use now, which the restricted searches time against: ``decode`` — the tuned entry,
     else the heuristic; ``dq`` — the tuned Triton entry, else the Triton-only heuristic."""
-    if paths in ("decode", "wgmma", "streamk", "ws", "ws_fr"):
+    if paths in ("decode", "wgmma", "streamk", "ws"):
         cur = ops.tuned_entry(device, kind, M, N, K) or ops.heuristic(kind, M, N, K, sms, wgmma=False)
         cur.pop("EAGER", None)  # the graph-mode config (keep_eager carries EAGER over)
         return cur
@@ -455,13 +432,12 @@ def main(argv=None) -> int:
     p.add_argument("--ms", nargs="*", type=int, default=[1, 16, 64, 2048])
     p.add_argument("--kinds", nargs="*", default=["fwd", "bwd"], choices=["fwd", "bwd"])
     p.add_argument("--csv", default=None, help="write every measurement here")
-    p.add_argument("--paths", default="all", choices=["all", "dq", "decode", "wgmma", "streamk", "ws", "ws_fr"],
+    p.add_argument("--paths", default="all", choices=["all", "dq", "decode", "wgmma", "streamk", "ws"],
                    help="all: every candidate; dq: the dequantize + cuBLAS windows against the config in use now; "
                         "decode: the decode kernels (forward, M <= 32) against the config in use now; "
                         "wgmma: the warpgroup-MMA kernel (forward) against the config in use now; "
                         "streamk: its stream-K schedule (forward, M 17..512) against the config in use now; "
-                        "ws: the warp-specialised kernel (forward, M 17..512) against the config in use now; "
-                        "ws_fr: only its flat-register DB configs (C = 2, BT = 64) against the config in use now")
+                        "ws: the warp-specialised kernel (forward, M 17..512) against the config in use now")
     p.add_argument("--workers", type=int, default=0,
                    help="compile the candidates in this many processes first (0/1: compile while timing)")
     p.add_argument("--lora", type=int, default=0, metavar="R",

@@ -18,7 +18,6 @@ import random
 import re
 
 import pytest
-import torch
 
 ws = pytest.importorskip("qerl_kernels.nvfp4_wgmma_ws")
 
@@ -162,7 +161,6 @@ def test_tuner_ws_candidates_fit():
                 <= 227 * 1024  # (LoRA-32 too)
             assert not c.get("KS") or (c["C"] > 1 and not c.get("SK") and c["MT"] == 1 and c["SPLIT"] == 1)
             ws.register_split(c["C"], c["OCC"])
-            assert not c.get("FR") or (c["C"] == 2 and c["OCC"] == 1 and c["BT"] == 64 and c.get("DB"))
             assert c["BT"] <= max(64, M) and (c.get("SK") or c["SPLIT"] >= 1)
     assert candidates("fwd", 16, 37888, 3584, 132, "ws", None) == []  # decode sizes: not this kernel's
     assert candidates("bwd", 128, 37888, 3584, 132, "ws", None) == []
@@ -196,34 +194,10 @@ def test_db_compiles_without_serialised_wgmma(C, OCC, BT, NS, kw):
     assert re.search(r"wgmma\.wait_group\.sync\.aligned 1;", ptx)  # one wgmma left in flight under the decode
 
 
-@pytest.mark.parametrize("NS,kw", [(4, dict(SK=True)), (6, dict(split=True, bias=True, R=32, PDL=True)),
-                                   (6, dict(KS=True, XWAIT=True))])
-def test_flat_registers_keep_db_asynchronous_at_two_consumers(NS, kw):
-    """``FR``: no ``maxnreg`` and every consumer asking for 256 registers — Triton then emits no ``setmaxnreg``
-    (the worker warps are not parked at a low count in the dispatch loop), and ptxas keeps ``DB``'s wgmmas
-    asynchronous at C = 2, BT = 64 within the 168 registers that 384 threads get; with ``maxnreg`` the same kernel
-    is serialised (C7512, next test)."""
-    from qerl_kernels.inspect_ir import compile_ws_tma, ptxas_warnings
-
-    k = compile_ws_tma(2, 1, 64, NS, DB=True, FR=True, **kw)
-    ptx = k.asm["ptx"]
-    assert ptxas_warnings(k) == []
-    assert "setmaxnreg" not in ptx and ".maxnreg" not in ptx and ".reqntid 384" in ptx
-    assert re.search(r"wgmma\.wait_group\.sync\.aligned 1;", ptx)
-    assert k.metadata.shared <= ws.ring_bytes(2, 1, 64, NS, kw.get("R", 0), KS=kw.get("KS", False))
-
-
-def test_flat_registers_take_one_program_per_sm():
-    with pytest.raises(ValueError, match="one program per SM"):
-        ws.nvfp4_ws_matmul(torch.zeros(64, 256), torch.zeros(128, 128, dtype=torch.uint8),
-                           torch.zeros(128, 16, dtype=torch.uint8), torch.ones(1), xp=torch.zeros(64, 256), OCC=2,
-                           FR=1)
-
-
 def test_db_where_the_tuner_leaves_it_out_is_serialised():
-    """Why the tuner offers ``DB`` at C = 2, BT = 64 only with flat registers (``FR``): with the register split
-    (``maxnreg`` 168, ``setmaxnreg``) ptxas serialises the wgmmas there (C7512) — and a loop-carried A operand
-    (v11's ``PIPE``) does with C7513."""
+    """Why the tuner offers no ``DB`` at C = 2, BT = 64 (168 registers with the 4-warp producer): ptxas serialises
+    the wgmmas there (C7512, insufficient registers) — and a loop-carried A operand (v11's ``PIPE``) does with
+    C7513."""
     from qerl_kernels.inspect_ir import compile_wgmma, compile_ws_tma, ptxas_warnings
 
     assert any("C7512" in w for w in ptxas_warnings(compile_ws_tma(2, 1, 64, 4, DB=True)))
@@ -234,7 +208,7 @@ def test_db_where_the_tuner_leaves_it_out_is_serialised():
         for c in candidates("fwd", M, 37888, 3584, 132, "ws", None):
             if c.get("DB"):
                 assert (c.get("TMA") and (c["C"], c["OCC"]) == (1, 1) and (c["MT"] == 1 or c["BT"] <= 64)
-                        or (c["C"], c["BT"]) == (2, 32) or c.get("FR") and (c["C"], c["BT"]) == (2, 64)), c
+                        or (c["C"], c["BT"]) == (2, 32)), c
 
 
 @pytest.mark.parametrize("C,BT,kw", [(2, 64, dict(split=True, bias=True, R=32, PDL=True)), (2, 32, dict(DB=True))])
