@@ -120,14 +120,31 @@ def _generate(model, tokenizer, prompts, settings, seed, num_samples, first_row,
     return Rollout(ids, mask, comp, cmask, torch.stack(logps, 1), ~ended, texts)
 
 
+def live_columns(prompt_mask: torch.Tensor, completion_mask: torch.Tensor) -> tuple[int, int]:
+    """``(p0, c1)``: the first prompt column (prompts are left-padded) and one past the last completion column
+    (completions right-padded) that hold a real token in any row of these masks ``[N, P]`` / ``[N, T]`` — the
+    columns outside are padding in every row, so the model need not run on them (keeps >= 1 column of each)."""
+    P, T = prompt_mask.shape[1], completion_mask.shape[1]
+    p_at = torch.where(prompt_mask.bool().any(0), torch.arange(P, device=prompt_mask.device), P)
+    c_at = torch.where(completion_mask.bool().any(0), torch.arange(1, T + 1, device=completion_mask.device), 0)
+    p0, c1 = torch.stack([p_at.min(), c_at.max()]).tolist() if P and T else (0, T)
+    return min(p0, P - 1), max(c1, 1)
+
+
 def sequence_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                       temperature: float = 1.0, with_entropy: bool = False, chunk: int = 1024):
     """Teacher-forced per-token log-probs ``[N, T]`` (fp32) of the completion tokens under
     ``model`` (and per-token entropies if asked). Same temperature scaling and fp32 lm_head as
     :func:`generate`. Differentiable; the logits exist only about ``chunk`` tokens at a time, forward and
-    backward (:func:`qerl.ops.logits.token_logprobs`)."""
+    backward (:func:`qerl.ops.logits.token_logprobs`). The model runs only on the :func:`live_columns` of these
+    rows — a micro-batch of a batch padded to its longest completion (a log-normal length distribution: most
+    of it) costs its own longest row, not the batch's; the padded positions come back as 0 (one host sync)."""
     from qerl.ops.logits import head_of, token_logprobs
 
+    T = completion_ids.shape[1]
+    p0, c1 = live_columns(prompt_mask, completion_mask)
+    prompt_ids, prompt_mask = prompt_ids[:, p0:], prompt_mask[:, p0:]
+    completion_ids, completion_mask = completion_ids[:, :c1], completion_mask[:, :c1]
     ids = torch.cat([prompt_ids, completion_ids], 1)
     attn = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], 1)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
@@ -139,7 +156,7 @@ def sequence_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion
                          "(an adapter on the lm_head is not supported)")
     logp, ent = token_logprobs(hidden[:, p - 1: -1], head.weight, completion_ids, temperature, head.bias,
                                with_entropy, chunk)
-    logp = logp * completion_mask
+    logp = torch.nn.functional.pad(logp * completion_mask, (0, T - c1))
     if with_entropy:
-        return logp, ent * completion_mask
+        return logp, torch.nn.functional.pad(ent * completion_mask, (0, T - c1))
     return logp

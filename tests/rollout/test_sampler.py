@@ -38,6 +38,42 @@ def test_rollout_logprobs_match_teacher_forcing(quantized_dirs, tok):
     assert torch.all(r.logprobs[r.completion_mask == 0] == 0)
 
 
+def test_live_columns_cover_every_real_token():
+    from qerl.rollout.sampler import live_columns
+
+    pm = torch.tensor([[0, 0, 1, 1], [0, 0, 0, 1]])
+    cm = torch.tensor([[1, 1, 0, 0, 0], [1, 0, 0, 0, 0]])
+    assert live_columns(pm, cm) == (2, 2)
+    assert live_columns(torch.zeros(2, 3), torch.zeros(2, 4)) == (2, 1)  # (one column of each is kept)
+    assert live_columns(torch.ones(1, 3), torch.ones(1, 4)) == (0, 4)
+
+
+def test_logprobs_skip_columns_that_are_padding_in_every_row(quantized_dirs, tok):
+    """A micro-batch of a batch padded further than its own rows: the model runs on its live columns only, and the
+    log-probs / entropies / gradients equal those of the same rows without the extra padding (fp32)."""
+    model = load_policy(quantized_dirs["qwen2"], dtype=torch.float32)
+    r = generate(model, tok, PROMPTS, SamplingSettings(temperature=0.8, max_new_tokens=10), seed=5)
+    extra_p, extra_c = 3, 7  # columns of padding on both sides, as a longer batch would leave them
+    pid = torch.cat([torch.full((3, extra_p), tok.pad_token_id), r.prompt_ids], 1)
+    pm = torch.cat([torch.zeros(3, extra_p, dtype=r.prompt_mask.dtype), r.prompt_mask], 1)
+    cid = torch.cat([r.completion_ids, torch.full((3, extra_c), tok.pad_token_id)], 1)
+    cm = torch.cat([r.completion_mask, torch.zeros(3, extra_c, dtype=r.completion_mask.dtype)], 1)
+    calls = []
+    hook = model.get_decoder().register_forward_pre_hook(lambda m, a, kw: calls.append(kw["input_ids"].shape[1]),
+                                                        with_kwargs=True)
+    try:
+        want, went = sequence_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, 0.8,
+                                       with_entropy=True)
+        got, gent = sequence_logprobs(model, pid, pm, cid, cm, 0.8, with_entropy=True)
+    finally:
+        hook.remove()
+    live = int(r.prompt_mask.bool().any(0).sum()) + int(r.completion_mask.bool().any(0).sum())
+    assert calls == [live, live]  # the padded call ran on the same columns
+    assert got.shape == cid.shape and torch.all(got[:, -extra_c:] == 0) and torch.all(gent[:, -extra_c:] == 0)
+    assert torch.allclose(got[:, :-extra_c], want, atol=1e-6) and torch.allclose(gent[:, :-extra_c], went, atol=1e-6)
+    assert torch.allclose(want, r.logprobs, atol=1e-4)
+
+
 def test_seeded_and_groups(quantized_dirs, tok):
     model = load_policy(quantized_dirs["qwen2"])
     s = SamplingSettings(max_new_tokens=8)
