@@ -20,7 +20,7 @@ over one activation tile of ``BT`` rows, and
   barrier with the other consumers, so the warp schedulers overlap one consumer's decode with another's MMA;
   the activation tile is read from L2 once per ``C · 64 · MT`` weight rows instead of once per 64.
 
-``TMA`` (:func:`_nvfp4_ws_tma_kernel`, C = 1 | 2 | 4): the producer issues the packed weights and the activation tile as
+``TMA`` (:func:`_nvfp4_ws_tma_kernel`, C = 1 | 2): the producer issues the packed weights and the activation tile as
 bulk tensor copies from one thread (completion by transaction count on ``full``, rows past N / M zero-filled); the
 scales (8 bytes per row and step, under TMA's 16-byte box minimum) still go by ``cp.async``, arriving on the same
 barrier — 1.02–1.18x faster than the ``cp.async`` producer at every H100 key measured (reports/kernels/README.md).
@@ -497,7 +497,7 @@ def _nvfp4_ws_tma_kernel(
     NS: gl.constexpr, CREGS: gl.constexpr, R: gl.constexpr = 0, PDL: gl.constexpr = False, SK: gl.constexpr = False,
     DB: gl.constexpr = False, KS: gl.constexpr = False, XWAIT: gl.constexpr = False,
 ):
-    """:func:`_nvfp4_ws_kernel` with the TMA producer (:func:`_fill_tma`); C = 1 | 2 | 4 consumers."""
+    """:func:`_nvfp4_ws_kernel` with the TMA producer (:func:`_fill_tma`); C = 1 | 2 consumers."""
     RW: gl.constexpr = 64 * MT if KS else 64 * C * MT
     FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     wsm = gl.allocate_shared_memory(gl.uint8, [NS, RW, 64], w_desc.layout)
@@ -524,7 +524,8 @@ def _nvfp4_ws_tma_kernel(
                          lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB,
                          KS, red, done)),
         ], [4], [CREGS])
-    elif C == 2:
+    else:
+        gl.static_assert(C == 2, "the TMA kernel takes C = 1 or 2 consumer warpgroups")
         gl.warp_specialize([
             (_producer_tma, (w_desc, x_desc, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_sn, SPLIT, RW, BT,
                              NS, SK, XWAIT)),
@@ -535,24 +536,6 @@ def _nvfp4_ws_tma_kernel(
                          lora_scale, M, N, K, stride_om, SPLIT, 1, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB,
                          KS, red, done)),
         ], [4, 4], [CREGS, CREGS])
-    else:
-        gl.static_assert(C == 4, "the TMA kernel takes C = 1, 2 or 4 consumer warpgroups")
-        gl.warp_specialize([
-            (_producer_tma, (w_desc, x_desc, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_sn, SPLIT, RW, BT,
-                             NS, SK, XWAIT)),
-            (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
-                         lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB,
-                         KS, red, done)),
-            (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
-                         lora_scale, M, N, K, stride_om, SPLIT, 1, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB,
-                         KS, red, done)),
-            (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
-                         lora_scale, M, N, K, stride_om, SPLIT, 2, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB,
-                         KS, red, done)),
-            (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
-                         lora_scale, M, N, K, stride_om, SPLIT, 3, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB,
-                         KS, red, done)),
-        ], [4, 4, 4, 4], [CREGS, CREGS, CREGS, CREGS])
 
 
 W_TMA_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)  # rows of 64 B, as read
@@ -561,7 +544,7 @@ X_TMA_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
 
 def nvfp4_ws_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lora_scale=1.0, *, xp, C=2, MT=1, BT=64,
                     NS=4, SPLIT=1, OCC=1, SK=0, TMA=0, DB=0, KS=0, part=None, lock=None, pdl=False, xwait=False):
-    """``y [M, N]`` bf16 with :func:`_nvfp4_ws_kernel` (``TMA``: :func:`_nvfp4_ws_tma_kernel`, C = 1 | 2 | 4; ``DB``,
+    """``y [M, N]`` bf16 with :func:`_nvfp4_ws_kernel` (``TMA``: :func:`_nvfp4_ws_tma_kernel`, C = 1 | 2; ``DB``,
     ``KS``: see the module doc); ``xp``: the activations in the kernel's reduction order (:func:`qerl_kernels.nvfp4_wgmma.permute_activations`). ``SK``:
     the stream-K schedule — ``OCC`` programs per SM share the ``tiles · K/128`` (tile, K step) units evenly
     (:func:`qerl_kernels.nvfp4_wgmma.stream_k_plan`, per consumer sub-tile), ``SPLIT`` ignored; else ``SPLIT``
@@ -599,8 +582,8 @@ def nvfp4_ws_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lo
     if TMA:
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-        if C not in (1, 2, 4):
-            raise ValueError(f"nvfp4_ws: the TMA producer takes C = 1, 2 or 4 consumer warpgroups, got C={C}")
+        if C not in (1, 2):
+            raise ValueError(f"nvfp4_ws: the TMA producer takes C = 1 or 2 consumer warpgroups, got C={C}")
         w_desc = TensorDescriptor.from_tensor(packed, [RW, 64], W_TMA_LAYOUT)
         x_desc = TensorDescriptor.from_tensor(xp, [BT, 128], X_TMA_LAYOUT)
         _nvfp4_ws_tma_kernel[grid](w_desc, x_desc, scale_u8, *epilogue, M, N, K, out.stride(0), scale_u8.stride(0),

@@ -4,7 +4,7 @@ tickets (called three times: they must come back to zero), an N that is not a mu
 capture and replay with new inputs — against the dequantized fp32 reference; then forced configs: decode
 sizes M <= 16 (BT 8 | 16, split, LoRA through the PDL primary ``lora_xa``) and every large-tile candidate
 of the tuner (M > 128: BT 128 | 256, gathered or pre-permuted activations, pipelined) and the warp-specialised
-kernel's DB / KS / split / stream-K variants (and four consumers with the TMA producer), with bias and LoRA.
+kernel's DB / KS / split / stream-K variants, with bias and LoRA.
 
 ``python tools/wgmma_check.py [OUT.json]`` — one line per case; exit status 1 if any case fails.
 """
@@ -67,11 +67,6 @@ def main(out=None) -> int:
         dict(C=2, BT=32, NS=6, OCC=1, TMA=1, DB=1, SPLIT=1, SK=1), dict(C=2, BT=32, NS=6, OCC=1, TMA=1, DB=1, KS=1,
                                                                        SPLIT=2),
         dict(C=1, MT=2, BT=32, NS=4, OCC=1, TMA=1, DB=1, SPLIT=1))]
-    # four consumers with the TMA producer (256 weight rows per program; KS: four decoders on one 64-row tile)
-    forced += [(M, {**ws, **c}) for M in (20, 64, 150) for c in (
-        dict(C=4, BT=32 if M <= 32 else 64, NS=4, OCC=1, TMA=1, SPLIT=1, SK=1),
-        dict(C=4, BT=32 if M <= 32 else 64, NS=4, OCC=1, TMA=1, SPLIT=3),
-        dict(C=4, BT=32 if M <= 32 else 64, NS=4, OCC=1, TMA=1, KS=1, SPLIT=1))]
     for N, K in ((3584, 3584), (520, 18944)):
         p, s, gs = nvfp4.quantize(torch.randn(N, K, device=dev, generator=g) * 0.02)
         wref = nvfp4.dequantize(p, s, gs, torch.float32)
@@ -121,9 +116,7 @@ def main(out=None) -> int:
     for M, cfg in ((16, dict(WGMMA=1, WG=1, BT=16, NS=4, SPLIT=4, XG=0)),
                    (50, dict(WGMMA=1, WG=1, BT=64, NS=4, SPLIT=4, XG=0)),
                    ("64 DB", dict(WGMMA=1, WS=1, C=1, MT=1, BT=64, NS=4, OCC=1, TMA=1, DB=1, SPLIT=2)),
-                   ("64 KS", dict(WGMMA=1, WS=1, C=2, MT=1, BT=64, NS=6, OCC=1, TMA=1, KS=1, SPLIT=2)),
-                   ("64 C4", dict(WGMMA=1, WS=1, C=4, MT=1, BT=64, NS=4, OCC=1, TMA=1, SK=1)),
-                   ("64 C4 KS", dict(WGMMA=1, WS=1, C=4, MT=1, BT=64, NS=4, OCC=1, TMA=1, KS=1))):
+                   ("64 KS", dict(WGMMA=1, WS=1, C=2, MT=1, BT=64, NS=6, OCC=1, TMA=1, KS=1, SPLIT=2))):
         xm = torch.randn(int(str(M).split()[0]), K, device=dev, generator=g).bfloat16()
         os.environ["QERL_KERNEL_CONFIG"] = json.dumps(cfg)
         try:

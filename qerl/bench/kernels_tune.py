@@ -169,7 +169,7 @@ def _ws_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
     """M 17..512, K % 128 == 0: the warp-specialised kernel (``WS``, :mod:`qerl_kernels.nvfp4_wgmma_ws`) — C consumer
     warpgroups of MT m64 tiles (64·C·MT weight rows per program over one activation tile of BT rows), OCC programs
     per SM, NS ring stages (within 227 KiB of shared memory per SM), on the stream-K schedule (``SK``) or split-K
-    (the split that fills the SMs, and none); also with the TMA producer (``TMA``); each step's decode
+    (the split that fills the SMs, and none); C = 1 | 2 also with the TMA producer (``TMA``); each step's decode
     under the previous step's wgmma (``DB``) where it compiles unserialised; C = 2 | 4 consumers splitting the K
     steps of one 64-row tile (``KS``)."""
     from qerl_kernels.nvfp4_wgmma_ws import ring_bytes
@@ -190,14 +190,14 @@ def _ws_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
                 # where ptxas compiles it without serialising the wgmmas (two A operands live: C = 1 at one
                 # program per SM, 248 registers — MT = 2 up to BT = 64; C = 2 at BT = 32), with TMA
                 db = c == 1 and occ == 1 and (mt == 1 or bt <= 64) or c == 2 and mt == 1 and bt == 32
-                plain = () if (c, occ) == (1, 1) else ({}, {"TMA": 1})  # (1, 1): DB only
+                plain = () if (c, occ) == (1, 1) else ({}, {"TMA": 1}) if c <= 2 else ({},)  # (1, 1): DB only
                 for v in (({"TMA": 1, "DB": 1},) if db else ()) + plain:
                     out.append({**base, **v, "SPLIT": 1, "SK": 1})
                     out += [{**base, **v, "SPLIT": sp} for sp in sorted({1, fill})]
                 if c > 1 and mt == 1 and ring_bytes(c, 1, bt, ns, R=32, KS=True) <= 227 * 1024:
                     # KS: the C consumers on the same 64 rows, K steps round-robin (few weight tiles: more
-                    # decoders per tile, no split tickets); with the TMA or the cp.async producer (+ DB at C = 2, BT = 32)
-                    for v in ({"TMA": 1}, {}) + (({"TMA": 1, "DB": 1},) if c == 2 and bt == 32 else ()):
+                    # decoders per tile, no split tickets); TMA at C = 2 (with DB at BT = 32), cp.async at C = 4
+                    for v in (({"TMA": 1}, {}) + (({"TMA": 1, "DB": 1},) if bt == 32 else ())) if c == 2 else ({},):
                         out.append({**base, **v, "KS": 1, "SPLIT": 1})
     return out
 
@@ -219,10 +219,6 @@ def candidates(kind: str, M: int, N: int, K: int, sms: int, paths: str = "all", 
         return out + ([current] if out and current and current not in out else [])
     if paths == "ws":  # only the warp-specialised kernel against the config in use now
         out = _ws_paths(M, N, K, sms) if kind == "fwd" and K % 128 == 0 and 16 < M <= 512 else []
-        return out + ([current] if out and current and current not in out else [])
-    if paths == "ws_c4":  # only its four-consumer TMA configs against the config in use now
-        out = [c for c in (_ws_paths(M, N, K, sms) if kind == "fwd" and K % 128 == 0 and 16 < M <= 512 else [])
-               if c["C"] == 4 and c.get("TMA")]
         return out + ([current] if out and current and current not in out else [])
     if paths == "streamk":  # only the stream-K schedule against the config in use now
         out = _stream_k_paths(M) if kind == "fwd" and K % 128 == 0 and 16 < M <= 512 else []
@@ -312,7 +308,7 @@ def precompile(jobs: list[tuple], workers: int, progress: bool = True) -> int:
 def _current(paths: str, device: str, kind: str, M: int, N: int, K: int, sms: int) -> dict | None:
     """The config in use now, which the restricted searches time against: ``decode`` — the tuned entry,
     else the heuristic; ``dq`` — the tuned Triton entry, else the Triton-only heuristic."""
-    if paths in ("decode", "wgmma", "streamk", "ws", "ws_c4"):
+    if paths in ("decode", "wgmma", "streamk", "ws"):
         cur = ops.tuned_entry(device, kind, M, N, K) or ops.heuristic(kind, M, N, K, sms, wgmma=False)
         cur.pop("EAGER", None)  # the graph-mode config (keep_eager carries EAGER over)
         return cur
@@ -436,13 +432,12 @@ def main(argv=None) -> int:
     p.add_argument("--ms", nargs="*", type=int, default=[1, 16, 64, 2048])
     p.add_argument("--kinds", nargs="*", default=["fwd", "bwd"], choices=["fwd", "bwd"])
     p.add_argument("--csv", default=None, help="write every measurement here")
-    p.add_argument("--paths", default="all", choices=["all", "dq", "decode", "wgmma", "streamk", "ws", "ws_c4"],
+    p.add_argument("--paths", default="all", choices=["all", "dq", "decode", "wgmma", "streamk", "ws"],
                    help="all: every candidate; dq: the dequantize + cuBLAS windows against the config in use now; "
                         "decode: the decode kernels (forward, M <= 32) against the config in use now; "
                         "wgmma: the warpgroup-MMA kernel (forward) against the config in use now; "
                         "streamk: its stream-K schedule (forward, M 17..512) against the config in use now; "
-                        "ws: the warp-specialised kernel (forward, M 17..512) against the config in use now; "
-                        "ws_c4: only its four-consumer TMA configs against the config in use now")
+                        "ws: the warp-specialised kernel (forward, M 17..512) against the config in use now")
     p.add_argument("--workers", type=int, default=0,
                    help="compile the candidates in this many processes first (0/1: compile while timing)")
     p.add_argument("--lora", type=int, default=0, metavar="R",
