@@ -53,13 +53,42 @@ def rank_micro_batches(n: int, G: int, mb: int, d: dist.Dist) -> list[tuple[slic
     return [(m, True) for m in own] + [(filler, False)] * (most - len(own))
 
 
+def by_length(micro: list, completion_mask: torch.Tensor, G: int) -> list:
+    """The micro-batches with each group's ``G`` rows sorted by completion length (longest first, ties in row order):
+    a real micro-batch ``rows`` becomes the index tensor ``perm[rows]`` (``perm`` keeps every group on its own rows;
+    the weight-0 fillers unchanged). Micro-batches smaller than a group then hold rows of similar lengths, so running
+    each on its live columns (:func:`qerl.rollout.sampler.sequence_logprobs`) wastes little on padding — with
+    log-normal lengths a micro-batch is otherwise about as wide as the longest of its few rows. Within groups only, so
+    the micro-batches are the same whatever the number of processes (ranks own whole groups); the loss is the same
+    sum over rows (its float summation order changes)."""
+    n = completion_mask.shape[0]
+    if G < 2 or n % G or not any(r for _, r in micro):
+        return micro
+    lengths = completion_mask.sum(1).cpu().view(n // G, G)
+    perm = (torch.argsort(-lengths, dim=1, stable=True) + torch.arange(0, n, G)[:, None]).flatten()
+    return [(perm[m], True) if r else (m, False) for m, r in micro]
+
+
+def _rows(m) -> torch.Tensor:
+    return torch.arange(m.start, m.stop) if isinstance(m, slice) else m
+
+
+def in_row_order(parts: list) -> torch.Tensor | None:
+    """``[(rows, values [len(rows), ...]), …]`` of micro-batches (slices or index tensors covering a contiguous
+    range of rows) -> the values stacked in row order."""
+    if not parts:
+        return None
+    rows = torch.cat([_rows(m) for m, _ in parts])
+    return torch.cat([v for _, v in parts])[torch.argsort(rows).to(parts[0][1].device)]
+
+
 def logprobs_global(policy, batch, T: float, micro: list, d: dist.Dist, what: str, lockstep: bool = False
                     ) -> torch.Tensor:
     """Log-probs ``[n, T]`` of the whole batch without grad, each rank computing its own rows' micro-batches
     (``lockstep``, under FSDP2 whose forwards all-gather: the fillers too, so every rank runs as many)."""
     run = [(m, real) for m, real in micro if real or lockstep]
-    outs = [(logprobs_no_grad(policy, batch, T, 0, [m]), real) for m, real in run]
-    part = torch.cat([p for p, real in outs if real]) if any(real for _, real in run) else None
+    outs = [(m, logprobs_no_grad(policy, batch, T, 0, [m]), real) for m, real in run]
+    part = in_row_order([(m, p) for m, p, real in outs if real])
     if not d.on:
         return part
     parts = dist.gather(d, None if part is None else part.cpu(), what)
@@ -87,7 +116,8 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
         mask = mask * (~batch.truncated).float()[:, None]
     train_noise = aqn is not None and cfg.aqn.apply_to == "rollout+train" and sigma > 0
     ctx = aqn.noise(sigma, derive_seed(cfg.seed, step, 0, "aqn")) if train_noise else contextlib.nullcontext()
-    micro = rank_micro_batches(len(batch.texts), a.group_size, cfg.micro_batch_size, d)
+    micro = by_length(rank_micro_batches(len(batch.texts), a.group_size, cfg.micro_batch_size, d),
+                      batch.completion_mask, a.group_size)
     one_pass = a.updates_per_batch == 1 and not a.old_logprob_pass  # old log-probs = the update's forward
     with ctx:
         with phase("logprob"):
@@ -104,7 +134,7 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
         with phase("update"):
             policy.train()
             sums: dict[str, float] = {}
-            own_old = []  # one pass: this rank's detached log-probs of its real micro-batches, in row order
+            own_old = []  # one pass: this rank's (rows, detached log-probs) of its real micro-batches
             for update in range(a.updates_per_batch):
                 total = 0.0
                 with frozen_adapters(policy):  # (the adapters change at the optimizer step, after this block)
@@ -117,7 +147,7 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
                                 old_m = logp.detach()
                                 w_m = truncated_is_weights(old_m, batch.logprobs[m], a.tis_cap) if a.tis_cap else None
                                 if real:
-                                    own_old.append(old_m)
+                                    own_old.append((m, old_m))
                             else:
                                 old_m, w_m = old_logp[m], None if is_w is None else is_w[m]
                             loss, info = policy_loss(logp, old_m, adv[m], mask[m], settings,
@@ -139,7 +169,7 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
                 optimizer.zero_grad(set_to_none=True)
             policy.eval()
     if one_pass:  # the rollout / trainer mismatch over the whole batch, from the update's own log-probs
-        part = torch.cat(own_old) if own_old else None
+        part = in_row_order(own_old)
         if d.on:
             parts = dist.gather(d, None if part is None else part.cpu(), f"gathering the log-probs of step {step + 1}")
             part = torch.cat([p for p in parts if p is not None]).to(batch.logprobs.device)

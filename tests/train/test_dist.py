@@ -70,6 +70,25 @@ def test_shares_are_whole_groups_and_every_rank_runs_as_many_micro_batches():
     assert _rank_micro_batches(4, 4, 8, dist.Dist(1, 2)) == [(slice(0, 4), False)]  # no group: a filler only
 
 
+def test_micro_batches_by_length_sort_within_groups_and_keep_sizes_rows_and_fillers():
+    import torch
+
+    from qerl.train.update import by_length, in_row_order
+
+    lengths = [3, 9, 1, 9, 5, 0, 7, 2]  # two groups of 4
+    cmask = torch.tensor([[1] * n + [0] * (9 - n) for n in lengths])
+    micro = [(slice(0, 2), True), (slice(2, 4), True), (slice(4, 6), True), (slice(6, 8), True),
+             (slice(6, 8), False)]
+    out = by_length(micro, cmask, 4)
+    assert [m.tolist() for m, _ in out[:4]] == [[1, 3], [0, 2], [6, 4], [7, 5]]  # longest first, ties in row order
+    assert out[4] == (slice(6, 8), False)
+    vals = [(m, cmask[m].sum(1, keepdim=True)) for m, _ in out[:4]]
+    assert in_row_order(vals).flatten().tolist() == lengths  # back in row order
+    # a rank owning the second group gets the same micro-batches as one process does for it
+    assert [m.tolist() for m, _ in by_length([(slice(4, 6), True), (slice(6, 8), True)], cmask, 4)] == [[6, 4], [7, 5]]
+    assert by_length(micro, cmask, 1) == micro  # no groups: nothing to sort
+
+
 def test_two_processes_equal_one_and_a_killed_rank_resumes(warm_model, tmp_path):
     one, two = _config(tmp_path, warm_model, "one"), _config(tmp_path, warm_model, "two")
     for cfg, n in ((one, "1"), (two, "2")):
