@@ -37,3 +37,14 @@ def test_help_lists_every_command():
     for name in COMMANDS:
         if " " not in name:
             assert name in text
+
+
+def test_cuda_allocator_expandable_segments_by_default_unless_the_user_chose():
+    from qerl.cli import ALLOC_CONF, cuda_alloc_defaults
+
+    env = {}
+    cuda_alloc_defaults(env)
+    assert env == {"PYTORCH_CUDA_ALLOC_CONF": ALLOC_CONF} and "expandable_segments:True" in ALLOC_CONF
+    mine = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}
+    cuda_alloc_defaults(mine)
+    assert mine == {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}

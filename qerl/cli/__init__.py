@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 
 from qerl import __version__
@@ -60,9 +61,23 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+ALLOC_CONF = "expandable_segments:True"
+
+
+def cuda_alloc_defaults(env=os.environ) -> None:
+    """PyTorch's caching allocator with expandable segments unless the user set ``PYTORCH_CUDA_ALLOC_CONF``
+    (read when CUDA first allocates, so before that; torchrun's workers inherit it). The update runs micro-batches
+    of varying widths (each on its live columns, rows sorted by length): with fixed segments the freed blocks of
+    one width fit the next badly, and a 14B step that fits at 70 GB ran out of memory with 4 GB free (H100,
+    reports/step/README.md)."""
+    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF)
+
+
 def _run(args) -> int:
     from qerl.errors import USER_ERRORS, TrainingInterrupted
     from qerl.gpu_claim import claim_from_env
+
+    cuda_alloc_defaults()
 
     try:  # a workflow job of a local multi-GPU run: its own GPUs (before CUDA starts)
         claim_from_env()
