@@ -50,7 +50,10 @@ import torch
 
 COLUMNS = ["device", "model", "method", "batch", "prompt_len", "gen_len", "lengths", "nproc", "status", "rollout_s", "logprob_s",
            "update_s", "total_s", "tokens_per_s", "peak_gb", "rank_idle_s", "checkpointing", "micro_batch",
-           "engine_cache", "optimizer_states", "optimizer", "note"]
+           "engine_cache", "optimizer_states", "optimizer", "prefill_s", "capture_s", "host_s", "note"]
+#: the rollout engine's own split of ``rollout_s`` (``RolloutEngine.last_stats``): prompts prefilled, CUDA graphs
+#: captured, and the GPU idle while the host checked for finished rows between windows of decode steps
+ENGINE_SPLIT = ("prefill_s", "capture_s", "host_s")
 BASE = {"lora": "bf16", "qlora": "nf4", "qerl": "nvfp4", "full": "bf16"}  # full: every weight trained
 #: the paper's one-H100 efficiency numbers (docs/paper.md): rollout tok/s at batch 8 / 2, weight GB, step s.
 PAPER = {
@@ -133,7 +136,7 @@ def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro:
 
     from qerl.models.random import prompts
     from qerl.rollout import generate
-    from qerl.rollout.engine import release_engine
+    from qerl.rollout.engine import cached_engine, release_engine
     from qerl.train import dist
     from qerl.train.steps import merge, rollout_to
     from qerl.train.update import LogprobModule, update_policy
@@ -151,6 +154,8 @@ def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro:
     with record_function("step:rollout"), (aqn.noise(0.01, seed) if aqn is not None else contextlib.nullcontext()):
         eos_at = None if lengths is None or lengths.fixed else lengths.draw(mine, gen_len, seed, d.rank * mine)
         r = generate(policy, tok, ps, cfg.rollout, seed=seed, first_row=d.rank * mine, eos_at=eos_at)
+        eng = cached_engine(policy)
+        split = {k: eng.last_stats.get(k, 0.0) for k in ENGINE_SPLIT} if eng is not None else {}
         if not keep_cache:
             release_engine(policy)
     t_gen = _sync_time()  # this rank's own rollout, before the gather makes every rank wait for the slowest
@@ -177,7 +182,7 @@ def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro:
     if prof is not None:
         prof.stop()
     st = {"rollout_s": t1 - t0, "logprob_s": phases.seconds["logprob"], "update_s": phases.seconds["update"],
-          "total_s": t3 - t0, "tokens": tokens, "gen_s": t_gen - t0}
+          "total_s": t3 - t0, "tokens": tokens, "gen_s": t_gen - t0, **split}
     if parking is not None:
         st.update(offload_s=parking.seconds, parked_gb=parked / 1e9, rollout_peak_gb=rollout_peak / 1e9)
     if not d.on:
@@ -187,7 +192,8 @@ def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro:
     gen = [p["gen_s"] for p in parts]
     return {"rollout_s": max(p["rollout_s"] for p in parts), "logprob_s": max(p["logprob_s"] for p in parts),
             "update_s": max(p["update_s"] for p in parts), "total_s": max(p["total_s"] for p in parts),
-            "tokens": sum(p["tokens"] for p in parts), "rank_idle_s": max(gen) - min(gen)}
+            "tokens": sum(p["tokens"] for p in parts), "rank_idle_s": max(gen) - min(gen),
+            **{k: max(p.get(k, 0.0) for p in parts) for k in ENGINE_SPLIT if k in st}}
 
 
 def _optimizer(params, lr: float = 1e-5):
@@ -199,13 +205,13 @@ def _optimizer(params, lr: float = 1e-5):
         return torch.optim.AdamW(params, lr=lr, fused=True), "adamw (fp32 states; bitsandbytes not importable)"
 
 
-def _profile(policy, tok, aqn, batch, prompt_len, gen_len, micro, opt, out: Path, name: str) -> Path:
+def _profile(policy, tok, aqn, batch, prompt_len, gen_len, micro, opt, out: Path, name: str, lengths=None) -> Path:
     """One more step with its logprob and update phases under ``torch.profiler`` (the rollout is split in
     ``reports/rollout``): the ops by total CUDA time and by CPU time, as text."""
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
-    st = one_step(policy, tok, aqn, batch, prompt_len, gen_len, micro, opt, seed=3, prof=prof)
+    st = one_step(policy, tok, aqn, batch, prompt_len, gen_len, micro, opt, seed=3, prof=prof, lengths=lengths)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"profile_{name}.txt"
     ka = prof.key_averages()
@@ -290,7 +296,8 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
                                    f"{parks['rollout_peak_gb']:.1f} GB" if parks else ""))
                 if profile is not None and not profiled:
                     profiled.append(_profile(policy, tok, aqn, b, prompt_len, g, micro, opt, profile,
-                                             f"{model}_{method}_b{b}_g{g}"))
+                                             f"{model}_{method}_b{b}_g{g}" + ("" if lengths is None or lengths.fixed
+                                                                               else f"_mb{micro}_lengths"), lengths))
             except torch.cuda.OutOfMemoryError as e:
                 row.update(status="oom", peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2), note=_first(e))
             finally:
@@ -334,8 +341,9 @@ def write(rows: list[dict], out: Path, device: str) -> tuple[Path, Path]:
              "AdamW). LoRA rank 32 on the seven projections; `batch` = sequences per step; times of the second "
              "step; peak = max allocated.", "",
              "| model | method | batch | prompt | gen | lengths | GPUs | status | rollout s | logprob s | update s | total s | "
-             "tok/s | peak GB | ckpt | micro-batch | engine cache | optimizer states | paper (one H100) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "tok/s | peak GB | ckpt | micro-batch | engine cache | optimizer states | rollout: prefill / capture / "
+             "host-check s | paper (one H100) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(r, k):
         v = r.get(k, "")
@@ -347,6 +355,7 @@ def write(rows: list[dict], out: Path, device: str) -> tuple[Path, Path]:
                      f"{f(r, 'update_s')} | {f(r, 'total_s')} | {f(r, 'tokens_per_s')} | {f(r, 'peak_gb')} | "
                      f"{f(r, 'checkpointing')} | {f(r, 'micro_batch')} | {r.get('engine_cache') or 'released'} | "
                      f"{r.get('optimizer_states') or 'gpu'} | "
+                     f"{' / '.join(f(r, k) for k in ENGINE_SPLIT) if r.get('prefill_s') not in ('', None) else ''} | "
                      f"{PAPER.get((r['model'], r['method']), '')} |")
     lines += scaling_lines(rows)
     if any(r.get("status") == "ok" for r in rows):

@@ -93,6 +93,7 @@ def test_compaction_and_slot_refills_change_nothing(warm_model):
         outs.append(eng.generate(PROMPTS, s, seed=7, num_samples=3))
         if kw.get("max_slots"):
             assert eng.last_stats["slots"] == 2 and eng.last_stats["admitted_later"] == 7
+            assert 0.0 <= eng.last_stats["host_s"] <= eng.last_stats["decode_s"]  # the checks' idle time, inside decode
     lengths = outs[0].lengths
     assert lengths.min() < lengths.max()  # some rows finished early: compaction happened
     for o in outs[1:]:

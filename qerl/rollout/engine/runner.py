@@ -115,6 +115,7 @@ class RolloutEngine:
         self.kc = self.vc = None
         self.cos = self.sin = None
         self._buckets: dict = {}
+        self._warmed: set = set()  # decode-step shapes already run eagerly (compiled) in this process: kept by release()
         self._pool = None
         for n in [layer.input_norm for layer in self.view.layers] + [layer.post_norm for layer in self.view.layers] + [
                 self.view.final_norm]:
@@ -211,11 +212,15 @@ class RolloutEngine:
         dummy = self.kc[0].shape[0] - 1
         b.slot.fill_(dummy)
         b.col.zero_()  # warm-up and capture write generation columns 0..2 of the dummy slot only
+        # compile / autotune outside the capture: twice the first time this step's shapes run, not again when the
+        # graph is captured anew (after release(), between training steps: the KV cache moved) — a warm-up is an
+        # eager decode step, tens of ms of host time each (reports/step: 0.9 -> 0.3 s of a 7B rollout's captures)
+        shapes = key[:5] + (tuple(self.kc[0].shape[1:]), self.gen_tok.shape[1])
         with _launch_mode("graph"):
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
-                for _ in range(2):  # compile / autotune outside the capture
+                for _ in range(0 if shapes in self._warmed else 2):
                     self._step(b, s, noisy)
             torch.cuda.current_stream(self.device).wait_stream(side)
             if self._pool is None:
@@ -224,10 +229,13 @@ class RolloutEngine:
             # relaxed: Triton's launcher may query the driver (allowed; nothing allocates outside the pool)
             with torch.cuda.graph(b.graph, pool=self._pool, capture_error_mode="relaxed"):
                 self._step(b, s, noisy)
+        self._warmed.add(shapes)
         b.pos.zero_()
         b.col.zero_()
         torch.cuda.synchronize(self.device)
         self._timing["capture_s"] += time.perf_counter() - t0
+        if getattr(self, "_synced", None) is not None:
+            self._synced = time.perf_counter()  # (host_s counts the checks' idle time, not the capture's)
         return b
 
     def _run_steps(self, b: _Bucket, n: int, s: SamplingSettings, noisy: bool) -> None:
@@ -256,7 +264,8 @@ class RolloutEngine:
         if limit and P + G > limit:
             raise ValueError(f"rollout engine: prompt of {P} tokens + max_new_tokens {G} = {P + G} positions exceeds "
                              f"the model's max_position_embeddings {limit}")
-        self._timing = {"prefill_s": 0.0, "capture_s": 0.0, "decode_s": 0.0}
+        self._timing = {"prefill_s": 0.0, "capture_s": 0.0, "decode_s": 0.0, "host_s": 0.0}
+        self._synced = None
         noisy = self._sync()
         slots = self._plan_slots(n, P + G)
         self._ensure_cache(slots, P + G)
@@ -350,6 +359,8 @@ class RolloutEngine:
             b.seed.copy_(torch.cat([seeds[rows_t].to(dev), zeros]))
             b.col.copy_(torch.cat([t_t.to(dev), zeros]))
             k = min(self.check_every, G - int(t_t.max()))  # (every live row has t < G)
+            if self._synced is not None:  # the GPU idled from the host check's sync until this launch
+                self._timing["host_s"] += time.perf_counter() - self._synced
             self._run_steps(b, k, s, noisy)
             for sl in order:
                 live[sl][1] += k
@@ -366,6 +377,7 @@ class RolloutEngine:
         order = sorted(live)
         tmax = max(live[sl][1] for sl in order)
         toks = self.gen_tok[torch.tensor(order, device=self.device), :tmax].cpu()
+        self._synced = time.perf_counter()  # (the copy waited for the GPU: from here until the next launch it idles)
         max_stop = max((len(self.tokenizer.encode(x, add_special_tokens=False)) for x in s.stop), default=0)
         done = []
         for sl, row_toks in zip(order, toks):
