@@ -60,6 +60,7 @@ def policy_loss(
     ref_logp: torch.Tensor | None = None,
     is_weights: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
+    sync: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped policy-gradient loss.
 
@@ -72,9 +73,12 @@ def policy_loss(
         is_weights: ``[B, T]`` truncated importance weights (detached), or None.
         entropy: ``[B, T]`` per-token policy entropy, only reported in ``info``.
 
+        sync: ``info`` as Python floats (one host sync); ``False``: as detached 0-dim tensors on the loss's
+            device, so that a training loop can launch the backward without waiting for the forward.
+
     Returns:
-        ``(loss, info)``; ``info`` holds detached floats: clip_frac, ratio_mean/min/max, kl,
-        entropy, pg_loss.
+        ``(loss, info)``; ``info`` holds detached floats (or tensors, ``sync=False``): clip_frac,
+        ratio_mean/min/max, kl, entropy, pg_loss.
     """
     mask = mask.to(logp.dtype)
     adv = advantages.to(logp.dtype)
@@ -100,19 +104,23 @@ def policy_loss(
         loss = (per_token * mask).sum() / mask.sum().clamp(min=1)
     else:  # dr_grpo
         loss = (per_token * mask).sum() / (mask.shape[0] * settings.max_len)
-    with torch.no_grad():
+    with torch.no_grad():  # (no data-dependent shapes: nothing here waits for the GPU unless ``sync``)
         is_clipped = ((ratio < 1 - settings.clip_low) & (adv < 0)) | ((ratio > 1 + settings.clip_high) & (adv > 0))
         m = mask > 0
-        r = ratio[m] if bool(m.any()) else ratio.new_ones(1)
+        any_m, one = m.any(), ratio.new_ones(())
+        n_m = m.sum().clamp(min=1).to(ratio.dtype)
         info = {
-            "pg_loss": float(loss),
-            "clip_frac": float(_masked_mean(is_clipped.to(mask.dtype), mask)),
-            "ratio_mean": float(r.mean()),
-            "ratio_min": float(r.min()),
-            "ratio_max": float(r.max()),
-            "kl": float(_masked_mean(kl, mask)) if kl is not None else 0.0,
-            "entropy": float(_masked_mean(entropy, mask)) if entropy is not None else float("nan"),
+            "pg_loss": loss.detach(),
+            "clip_frac": _masked_mean(is_clipped.to(mask.dtype), mask),
+            "ratio_mean": torch.where(any_m, torch.where(m, ratio, 0).sum() / n_m, one),
+            "ratio_min": torch.where(any_m, torch.where(m, ratio, torch.inf).amin(), one),
+            "ratio_max": torch.where(any_m, torch.where(m, ratio, -torch.inf).amax(), one),
+            "kl": _masked_mean(kl, mask) if kl is not None else ratio.new_zeros(()),
+            "entropy": _masked_mean(entropy, mask) if entropy is not None else ratio.new_full((), float("nan")),
         }
+        info = {k: v.reshape(()).to(torch.float32) for k, v in info.items()}
+        if sync:
+            info = dict(zip(info, torch.stack(list(info.values())).tolist()))
     return loss, info
 
 

@@ -131,18 +131,37 @@ def live_columns(prompt_mask: torch.Tensor, completion_mask: torch.Tensor) -> tu
     return min(p0, P - 1), max(c1, 1)
 
 
+def row_spans(prompt_mask: torch.Tensor, completion_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row (on the CPU, one host sync for a whole batch): its first prompt column (``P`` if none) and one past
+    its last completion column (0 if none) — :func:`live_columns` of any set of rows is then
+    ``(min(first[rows]), max(end[rows]))`` clamped as there, with no further sync (:func:`columns_of`)."""
+    P, T = prompt_mask.shape[1], completion_mask.shape[1]
+    first = torch.where(prompt_mask.bool(), torch.arange(P, device=prompt_mask.device), P).amin(1)
+    end = torch.where(completion_mask.bool(), torch.arange(1, T + 1, device=completion_mask.device), 0).amax(1)
+    return torch.stack([first, end]).cpu().unbind(0) if P and T else (torch.zeros(len(prompt_mask), dtype=torch.long),
+                                                                      torch.full((len(prompt_mask),), T))
+
+
+def columns_of(spans: tuple[torch.Tensor, torch.Tensor], rows, P: int) -> tuple[int, int]:
+    """:func:`live_columns` of ``rows`` (a slice or CPU index tensor) from :func:`row_spans` of their batch."""
+    first, end = spans
+    return min(int(first[rows].min()), P - 1), max(int(end[rows].max()), 1)
+
+
 def sequence_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                      temperature: float = 1.0, with_entropy: bool = False, chunk: int = 1024):
+                      temperature: float = 1.0, with_entropy: bool = False, chunk: int = 1024,
+                      columns: tuple[int, int] | None = None):
     """Teacher-forced per-token log-probs ``[N, T]`` (fp32) of the completion tokens under
     ``model`` (and per-token entropies if asked). Same temperature scaling and fp32 lm_head as
     :func:`generate`. Differentiable; the logits exist only about ``chunk`` tokens at a time, forward and
     backward (:func:`qerl.ops.logits.token_logprobs`). The model runs only on the :func:`live_columns` of these
     rows — a micro-batch of a batch padded to its longest completion (a log-normal length distribution: most
-    of it) costs its own longest row, not the batch's; the padded positions come back as 0 (one host sync)."""
+    of it) costs its own longest row, not the batch's; the padded positions come back as 0 (one host sync, none when
+    the caller passes them as ``columns``: :func:`columns_of`)."""
     from qerl.ops.logits import head_of, token_logprobs
 
     T = completion_ids.shape[1]
-    p0, c1 = live_columns(prompt_mask, completion_mask)
+    p0, c1 = live_columns(prompt_mask, completion_mask) if columns is None else columns
     prompt_ids, prompt_mask = prompt_ids[:, p0:], prompt_mask[:, p0:]
     completion_ids, completion_mask = completion_ids[:, :c1], completion_mask[:, :c1]
     ids = torch.cat([prompt_ids, completion_ids], 1)

@@ -11,6 +11,7 @@ clipped surrogate ``min(ρ Â, clip(ρ, 1-ε_low, 1+ε_high) Â)`` with ``ρ = �
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 
@@ -18,7 +19,7 @@ from qerl.errors import TrainingError
 from qerl.lora import frozen_adapters
 from qerl.rl.advantages import group_advantages
 from qerl.rl.losses import LossSettings, mismatch_stats, policy_loss, truncated_is_weights
-from qerl.rollout.sampler import sequence_logprobs
+from qerl.rollout.sampler import columns_of, row_spans, sequence_logprobs
 from qerl.train import dist, sharding
 from qerl.train.steps import derive_seed, logprobs_no_grad, micro_weight
 
@@ -35,9 +36,10 @@ class LogprobModule(torch.nn.Module):
         super().__init__()
         self.policy, self.with_entropy = policy, with_entropy
 
-    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature: float = 1.0):
+    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature: float = 1.0,
+                columns: tuple[int, int] | None = None):
         return sequence_logprobs(self.policy, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature,
-                                 with_entropy=self.with_entropy)
+                                 with_entropy=self.with_entropy, columns=columns)
 
 
 def rank_micro_batches(n: int, G: int, mb: int, d: dist.Dist) -> list[tuple[slice, bool]]:
@@ -133,34 +135,47 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
                                                f"gathering the reference log-probs of step {step + 1}")
         with phase("update"):
             policy.train()
-            sums: dict[str, float] = {}
+            # Everything the loop needs from the host is read here, once: each micro-batch's weight, live columns
+            # and rows on the device. The loop itself never waits for the GPU (losses, diagnostics and the finite
+            # check stay on the device until the micro-batches are all launched), so the host queues a micro-batch's
+            # backward while the GPU still runs its forward — the NVFP4 layers' per-call host time hides behind it.
+            weights = [micro_weight(a.name, mask, m) if real else 0.0 for m, real in micro]
+            spans = row_spans(batch.prompt_mask, batch.completion_mask)
+            cols = [columns_of(spans, m, batch.prompt_mask.shape[1]) for m, _ in micro]
+            dev = batch.completion_ids.device
+            on_dev = [m.to(dev) if torch.is_tensor(m) else m for m, _ in micro]
+            sums: dict = {}
             own_old = []  # one pass: this rank's (rows, detached log-probs) of its real micro-batches
             for update in range(a.updates_per_batch):
-                total = 0.0
+                total, losses = 0.0, []
                 with frozen_adapters(policy):  # (the adapters change at the optimizer step, after this block)
-                    for k, (m, real) in enumerate(micro):
+                    for k, ((m, real), md) in enumerate(zip(micro, on_dev)):
                         sync = k == len(micro) - 1 or not d.on
+                        w = weights[k]
                         with contextlib.nullcontext() if sync else shards.accumulating(policy, scorer):
-                            logp, ent = scorer(batch.prompt_ids[m], batch.prompt_mask[m], batch.completion_ids[m],
-                                               batch.completion_mask[m], T)
+                            logp, ent = scorer(batch.prompt_ids[md], batch.prompt_mask[md], batch.completion_ids[md],
+                                               batch.completion_mask[md], T, columns=cols[k])
                             if one_pass:
                                 old_m = logp.detach()
-                                w_m = truncated_is_weights(old_m, batch.logprobs[m], a.tis_cap) if a.tis_cap else None
+                                w_m = truncated_is_weights(old_m, batch.logprobs[md], a.tis_cap) if a.tis_cap else None
                                 if real:
                                     own_old.append((m, old_m))
                             else:
-                                old_m, w_m = old_logp[m], None if is_w is None else is_w[m]
-                            loss, info = policy_loss(logp, old_m, adv[m], mask[m], settings,
-                                                     None if ref_logp is None else ref_logp[m], w_m, ent)
-                            w = micro_weight(a.name, mask, m) if real else 0.0
-                            if not torch.isfinite(loss):
-                                raise TrainingError(f"step {step}: loss is {float(loss)}; stopping (the last "
-                                                    "checkpoint is intact)")
+                                old_m, w_m = old_logp[md], None if is_w is None else is_w[md]
+                            loss, info = policy_loss(logp, old_m, adv[md], mask[md], settings,
+                                                     None if ref_logp is None else ref_logp[md], w_m, ent, sync=False)
                             (loss * (w * d.world)).backward()  # DDP averages over ranks: x world = the one-process sum
-                        total += loss.item() * w
+                        losses.append(loss.detach())
+                        total = total + loss.detach().double() * w  # (float64, as the Python floats they replace)
                         if update == 0:
                             for key, v in info.items():
-                                sums[key] = sums.get(key, 0.0) + v * w
+                                sums[key] = sums.get(key, 0.0) + v.double() * w
+                    values = torch.stack(losses).tolist()  # (the loop's one wait for the GPU)
+                    bad = [(k, v) for k, v in enumerate(values) if not math.isfinite(v)]
+                    if bad:  # before the optimizer step: nothing applied
+                        raise TrainingError(f"step {step}: loss is {bad[0][1]} (micro-batch {bad[0][0] + 1} of "
+                                            f"{len(micro)}); stopping (the last checkpoint is intact)")
+                    total = float(total)
                 params = [p for p in policy.parameters() if p.requires_grad]
                 grad_norm = shards.clip(policy, params, cfg.optim.grad_clip, d.world)
                 if not torch.isfinite(grad_norm):
@@ -174,5 +189,7 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
             parts = dist.gather(d, None if part is None else part.cpu(), f"gathering the log-probs of step {step + 1}")
             part = torch.cat([p for p in parts if p is not None]).to(batch.logprobs.device)
         mismatch = mismatch_stats(part, batch.logprobs, mask)
+    if sums:
+        sums = dict(zip(sums, torch.stack([torch.as_tensor(v, dtype=torch.float64) for v in sums.values()]).tolist()))
     summed = dist.all_sum(d, {**sums, "loss": total}, f"summing the loss diagnostics of step {step + 1}")
     return {**summed, "grad_norm": float(grad_norm), **mismatch}

@@ -99,3 +99,27 @@ def test_tis_and_mismatch():
 def test_settings_validation(kwargs, match):
     with pytest.raises(ValueError, match=match):
         LossSettings(**kwargs)
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "dapo", "dr_grpo"])
+def test_policy_loss_without_sync_gives_the_same_info_as_tensors(algorithm):
+    """``sync=False`` (the training loop's: nothing waits for the GPU) returns the same loss and, as detached 0-dim
+    tensors, the same diagnostics as the default floats — also with a row and a whole batch of no tokens."""
+    g = torch.Generator().manual_seed(1)
+    logp = -torch.rand(3, 5, generator=g)
+    old = logp + 0.3 * torch.randn(3, 5, generator=g)
+    adv, ent = torch.randn(3, generator=g), torch.rand(3, 5, generator=g)
+    s = LossSettings(algorithm, 0.2, 0.28, 0.1, 5)
+    for mask in (torch.tensor([[1, 1, 1, 0, 0], [0] * 5, [1, 1, 1, 1, 1]]), torch.zeros(3, 5)):
+        loss, info = policy_loss(logp, old, adv, mask, s, ref_logp=old - 0.1, entropy=ent)
+        loss2, info2 = policy_loss(logp, old, adv, mask, s, ref_logp=old - 0.1, entropy=ent, sync=False)
+        assert torch.equal(loss, loss2) and info.keys() == info2.keys()
+        for k, v in info.items():
+            assert isinstance(v, float) and torch.is_tensor(info2[k]) and info2[k].ndim == 0
+            assert info2[k].item() == pytest.approx(v, rel=1e-6, abs=1e-7), k
+    assert info["ratio_min"] == info["ratio_max"] == info["ratio_mean"] == 1.0  # (no tokens: the ratio is 1)
+    m = torch.tensor([[1, 1, 0, 0, 0], [1, 0, 0, 0, 0], [0] * 5])
+    _, info = policy_loss(logp, old, adv, m, s, ref_logp=old)
+    r = torch.exp(logp - old)[m.bool()]
+    assert (info["ratio_min"], info["ratio_max"]) == (r.min().item(), r.max().item())
+    assert info["ratio_mean"] == pytest.approx(r.mean().item(), rel=1e-6)

@@ -48,6 +48,25 @@ def test_live_columns_cover_every_real_token():
     assert live_columns(torch.ones(1, 3), torch.ones(1, 4)) == (0, 4)
 
 
+def test_row_spans_give_live_columns_of_any_rows_without_a_sync():
+    """``columns_of(row_spans(batch), rows)`` == ``live_columns`` of those rows, for slices, index tensors, rows
+    without prompt or completion tokens."""
+    from qerl.rollout.sampler import columns_of, live_columns, row_spans
+
+    g = torch.Generator().manual_seed(0)
+    N, P, T = 12, 7, 9
+    plen, clen = torch.randint(0, P + 1, (N,), generator=g), torch.randint(0, T + 1, (N,), generator=g)
+    pm = (torch.arange(P)[None, :] >= P - plen[:, None]).long()  # left-padded prompts
+    cm = (torch.arange(T)[None, :] < clen[:, None]).long()  # right-padded completions
+    spans = row_spans(pm, cm)
+    picks = [slice(0, 4), slice(4, 12), torch.tensor([3, 1, 7]), torch.tensor([5]), torch.arange(N)]
+    picks += [torch.randperm(N, generator=g)[:k] for k in (1, 2, 5, 11)]
+    for rows in picks:
+        assert columns_of(spans, rows, P) == live_columns(pm[rows], cm[rows]), rows
+    empty = row_spans(torch.zeros(2, 3), torch.zeros(2, 4))
+    assert columns_of(empty, slice(0, 2), 3) == live_columns(torch.zeros(2, 3), torch.zeros(2, 4)) == (2, 1)
+
+
 def test_logprobs_skip_columns_that_are_padding_in_every_row(quantized_dirs, tok):
     """A micro-batch of a batch padded further than its own rows: the model runs on its live columns only, and the
     log-probs / entropies / gradients equal those of the same rows without the extra padding (fp32)."""

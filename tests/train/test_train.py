@@ -134,6 +134,31 @@ def test_nan_reward_stops_with_checkpoint_intact(warm_model, tmp_path, monkeypat
     assert (out / "checkpoint" / "trainer_state.json").read_text() == state
 
 
+def test_nan_loss_stops_before_the_optimizer_step(warm_model, tmp_path, monkeypatch):
+    """The update loop checks its losses once, after the micro-batches are launched (it never waits for the GPU in
+    between): a non-finite loss in micro-batch 2 stops the step with a message naming it, before the optimizer step,
+    the checkpoint as it was."""
+    from qerl.rl import losses
+    from qerl.train import update
+    from qerl.train.steps import TrainingError
+
+    out = tmp_path / "nanloss"
+    train(make_cfg(warm_model, out, steps=2), tracker=NullTracker(), progress=False)
+    state = (out / "checkpoint" / "trainer_state.json").read_text()
+    calls = []
+
+    def nan_second(*a, **k):
+        loss, info = losses.policy_loss(*a, **k)
+        calls.append(1)
+        return (loss * float("nan") if len(calls) == 2 else loss), info
+
+    monkeypatch.setattr(update, "policy_loss", nan_second)
+    with pytest.raises(TrainingError, match=r"step \d+: loss is nan \(micro-batch 2 of [2-9]\); stopping"):
+        train(make_cfg(warm_model, out, steps=4, micro_batch_size=2), resume=True, tracker=NullTracker(),
+              progress=False)
+    assert (out / "checkpoint" / "trainer_state.json").read_text() == state
+
+
 def _cli(cfg_path, *extra):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, "-m", "qerl", "train", "--config", str(cfg_path), "--no-progress", *extra],
