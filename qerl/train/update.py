@@ -170,7 +170,7 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
                         if update == 0:
                             for key, v in info.items():
                                 sums[key] = sums.get(key, 0.0) + v.double() * w
-                    values = torch.stack(losses).tolist()  # (the loop's one wait for the GPU)
+                    values = torch.stack(losses).tolist() if losses else []  # (the loop's one wait for the GPU)
                     bad = [(k, v) for k, v in enumerate(values) if not math.isfinite(v)]
                     if bad:  # before the optimizer step: nothing applied
                         raise TrainingError(f"step {step}: loss is {bad[0][1]} (micro-batch {bad[0][0] + 1} of "

@@ -116,6 +116,7 @@ class RolloutEngine:
         self.cos = self.sin = None
         self._buckets: dict = {}
         self._warmed: set = set()  # decode-step shapes already run eagerly (compiled) in this process: kept by release()
+        self._synced = None  # when the last host check's sync returned (host_s: the GPU's idle time until the next launch)
         self._pool = None
         for n in [layer.input_norm for layer in self.view.layers] + [layer.post_norm for layer in self.view.layers] + [
                 self.view.final_norm]:
@@ -234,7 +235,7 @@ class RolloutEngine:
         b.col.zero_()
         torch.cuda.synchronize(self.device)
         self._timing["capture_s"] += time.perf_counter() - t0
-        if getattr(self, "_synced", None) is not None:
+        if self._synced is not None:
             self._synced = time.perf_counter()  # (host_s counts the checks' idle time, not the capture's)
         return b
 
