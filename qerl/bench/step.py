@@ -32,7 +32,9 @@ row's completion was stopped at: :mod:`qerl.bench.lengths`), nproc, status, roll
 total_s, tokens_per_s, peak_gb, rank_idle_s, checkpointing, micro_batch, engine_cache (released | kept between
 steps, ``--keep-cache``), optimizer_states (gpu | parked in host memory during the rollout, ``--offload``: the park
 is timed in the rollout phase and the restore in the logprob phase, as ``qerl train`` runs them), optimizer,
-note``. Writes ``<device>.csv / .md`` under ``--output``; the Markdown puts the paper's numbers (Tables 3, 5–8)
+samples_per_prompt (1: a distinct prompt per sequence; G with ``--grpo-shaped``: ``batch / G`` prompts x G samples,
+which the engine prefills once per prompt), prefill_s / capture_s / host_s (the engine's split of ``rollout_s``:
+prompts prefilled, decode graphs captured, GPU idle during the host's checks for finished rows), note``. Writes ``<device>.csv / .md`` under ``--output``; the Markdown puts the paper's numbers (Tables 3, 5–8)
 beside ours.
 """
 from __future__ import annotations
@@ -50,7 +52,8 @@ import torch
 
 COLUMNS = ["device", "model", "method", "batch", "prompt_len", "gen_len", "lengths", "nproc", "status", "rollout_s", "logprob_s",
            "update_s", "total_s", "tokens_per_s", "peak_gb", "rank_idle_s", "checkpointing", "micro_batch",
-           "engine_cache", "optimizer_states", "optimizer", "prefill_s", "capture_s", "host_s", "note"]
+           "engine_cache", "optimizer_states", "optimizer", "samples_per_prompt", "prefill_s", "capture_s", "host_s",
+           "note"]
 #: the rollout engine's own split of ``rollout_s`` (``RolloutEngine.last_stats``): prompts prefilled, CUDA graphs
 #: captured, and the GPU idle while the host checked for finished rows between windows of decode steps
 ENGINE_SPLIT = ("prefill_s", "capture_s", "host_s")
@@ -116,7 +119,7 @@ class _Phases:
 
 def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro: int, optimizer, seed: int,
              pad_to: int | None = None, prof=None, d=None, scorer=None, keep_cache: bool = False,
-             parking=None, lengths=None) -> dict:
+             parking=None, lengths=None, grouped: bool = False) -> dict:
     """One GRPO step: a rollout of ``batch`` random prompts (this rank's share), then the trainer's own update
     phase (:func:`qerl.train.update.update_policy`: old log-probs, one optimizer step over micro-batches of
     ``micro``) on the gathered batch with random rewards. Returns the seconds of the three phases
@@ -145,7 +148,8 @@ def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro:
     scorer = scorer if scorer is not None else LogprobModule(policy)
     cfg = _bench_config(batch, d.world, gen_len, micro)
     mine = batch // d.world  # this rank's sequences
-    ps = prompts(mine, prompt_len, policy.config.vocab_size, seed=seed * 1000 + d.rank)
+    G = cfg.algorithm.group_size if grouped else 1  # GRPO-shaped: mine / G prompts x G samples each
+    ps = prompts(mine // G, prompt_len, policy.config.vocab_size, seed=seed * 1000 + d.rank)
     t0 = _sync_time()
     policy.eval()
     parked = parking.park() if parking is not None else 0
@@ -153,7 +157,7 @@ def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro:
         torch.cuda.reset_peak_memory_stats()  # step's peak stays the update's: weights + states + gradients + ...)
     with record_function("step:rollout"), (aqn.noise(0.01, seed) if aqn is not None else contextlib.nullcontext()):
         eos_at = None if lengths is None or lengths.fixed else lengths.draw(mine, gen_len, seed, d.rank * mine)
-        r = generate(policy, tok, ps, cfg.rollout, seed=seed, first_row=d.rank * mine, eos_at=eos_at)
+        r = generate(policy, tok, ps, cfg.rollout, seed=seed, num_samples=G, first_row=d.rank * mine, eos_at=eos_at)
         eng = cached_engine(policy)
         split = {k: eng.last_stats.get(k, 0.0) for k in ENGINE_SPLIT} if eng is not None else {}
         if not keep_cache:
@@ -205,13 +209,15 @@ def _optimizer(params, lr: float = 1e-5):
         return torch.optim.AdamW(params, lr=lr, fused=True), "adamw (fp32 states; bitsandbytes not importable)"
 
 
-def _profile(policy, tok, aqn, batch, prompt_len, gen_len, micro, opt, out: Path, name: str, lengths=None) -> Path:
+def _profile(policy, tok, aqn, batch, prompt_len, gen_len, micro, opt, out: Path, name: str, lengths=None,
+             grouped: bool = False) -> Path:
     """One more step with its logprob and update phases under ``torch.profiler`` (the rollout is split in
     ``reports/rollout``): the ops by total CUDA time and by CPU time, as text."""
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
-    st = one_step(policy, tok, aqn, batch, prompt_len, gen_len, micro, opt, seed=3, prof=prof, lengths=lengths)
+    st = one_step(policy, tok, aqn, batch, prompt_len, gen_len, micro, opt, seed=3, prof=prof, lengths=lengths,
+                  grouped=grouped)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"profile_{name}.txt"
     ka = prof.key_averages()
@@ -226,7 +232,7 @@ def _profile(policy, tok, aqn, batch, prompt_len, gen_len, micro, opt, out: Path
 
 def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micro: int, checkpointing: str,
                device: str, progress=print, warmup_gen: int = 16, profile: Path | None = None, d=None,
-               keep_cache: bool = False, offload: bool = False, lengths=None) -> list[dict]:
+               keep_cache: bool = False, offload: bool = False, lengths=None, grouped: bool = False) -> list[dict]:
     """Every (batch, gen_len) of one (model, method): the model is built once; each configuration runs a
     ``warmup_gen``-token step first (compilation, autotuning), then the measured step; ``profile``: one
     profiled step of the first configuration written there; ``lengths``: the measured step's completion lengths
@@ -245,7 +251,8 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
     rows = []
     base = {"device": device, "model": model, "method": method, "prompt_len": prompt_len, "micro_batch": micro,
             "nproc": d.world, "engine_cache": "kept" if keep_cache else "released",
-            "optimizer_states": "parked" if offload else "gpu", "lengths": str(lengths) if lengths else "fixed"}
+            "optimizer_states": "parked" if offload else "gpu", "lengths": str(lengths) if lengths else "fixed",
+            "samples_per_prompt": 1}
     try:
         lm = build(model, BASE[method])
     except torch.cuda.OutOfMemoryError as e:
@@ -267,23 +274,24 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
             ckpt = resolve_checkpointing(checkpointing, lm.config, BASE[method], b // d.world, prompt_len + g, micro,
                                          **({"full": True} if method == "full" else {}))
             _set_checkpointing(policy, ckpt)
-            row = {**base, "batch": b, "gen_len": g, "checkpointing": ckpt, "optimizer": opt_name}
+            row = {**base, "batch": b, "gen_len": g, "checkpointing": ckpt, "optimizer": opt_name,
+                   "samples_per_prompt": _bench_config(b, d.world, g, micro).algorithm.group_size if grouped else 1}
             try:
                 if lengths is None or lengths.fixed:
                     first = one_step(policy, tok, aqn, b, prompt_len, min(warmup_gen, g), micro, opt, seed=1,
-                                     pad_to=g, d=d, scorer=scorer)
+                                     pad_to=g, d=d, scorer=scorer, grouped=grouped)
                 else:  # rows finishing at other steps visit the engine's smaller batch buckets, each with its own
                     # kernels to compile: a whole warm-up step with the measured step's lengths
                     first = one_step(policy, tok, aqn, b, prompt_len, g, micro, opt, seed=2, d=d, scorer=scorer,
-                                     lengths=lengths)
+                                     lengths=lengths, grouped=grouped)
                 if keep_cache:  # a step whose rollout captures the graphs the measured one replays
                     one_step(policy, tok, aqn, b, prompt_len, g, micro, opt, seed=3, d=d, scorer=scorer, keep_cache=True,
-                             lengths=lengths)
+                             lengths=lengths, grouped=grouped)
                 if parking is not None:  # the host arena is built at the first park: not in the measured step
                     parking.park(), parking.restore()
                 torch.cuda.reset_peak_memory_stats()
                 st = one_step(policy, tok, aqn, b, prompt_len, g, micro, opt, seed=2, d=d, scorer=scorer,
-                              keep_cache=keep_cache, parking=parking, lengths=lengths)
+                              keep_cache=keep_cache, parking=parking, lengths=lengths, grouped=grouped)
                 parks = {k: st.pop(k) for k in ("offload_s", "parked_gb", "rollout_peak_gb") if k in st}
                 row.update(status="ok", **{k: round(v, 3) for k, v in st.items() if k != "tokens"},
                            tokens_per_s=round(st["tokens"] / st["total_s"], 1),
@@ -297,7 +305,8 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
                 if profile is not None and not profiled:
                     profiled.append(_profile(policy, tok, aqn, b, prompt_len, g, micro, opt, profile,
                                              f"{model}_{method}_b{b}_g{g}" + ("" if lengths is None or lengths.fixed
-                                                                               else f"_mb{micro}_lengths"), lengths))
+                                                                               else f"_mb{micro}_lengths"), lengths,
+                                             grouped))
             except torch.cuda.OutOfMemoryError as e:
                 row.update(status="oom", peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2), note=_first(e))
             finally:
@@ -351,7 +360,7 @@ def write(rows: list[dict], out: Path, device: str) -> tuple[Path, Path]:
 
     for r in rows:
         lines.append(f"| {r['model']} | {r['method']} | {r['batch']} | {r['prompt_len']} | {r['gen_len']} | "
-                     f"{r.get('lengths') or 'fixed'} | {r.get('nproc') or 1} | {r['status']} | {f(r, 'rollout_s')} | {f(r, 'logprob_s')} | "
+                     f"{r.get('lengths') or 'fixed'}{_per_prompt(r)} | {r.get('nproc') or 1} | {r['status']} | {f(r, 'rollout_s')} | {f(r, 'logprob_s')} | "
                      f"{f(r, 'update_s')} | {f(r, 'total_s')} | {f(r, 'tokens_per_s')} | {f(r, 'peak_gb')} | "
                      f"{f(r, 'checkpointing')} | {f(r, 'micro_batch')} | {r.get('engine_cache') or 'released'} | "
                      f"{r.get('optimizer_states') or 'gpu'} | "
@@ -367,6 +376,12 @@ def write(rows: list[dict], out: Path, device: str) -> tuple[Path, Path]:
     return stem.with_suffix(".csv"), stem.with_suffix(".md")
 
 
+def _per_prompt(r: dict) -> str:
+    """The Markdown's note on a GRPO-shaped row (``--grpo-shaped``: ``batch / G`` prompts x ``G`` samples)."""
+    g = r.get("samples_per_prompt")
+    return f", {g} samples per prompt" if g not in ("", None, 1, "1") else ""
+
+
 def scaling_lines(rows: list[dict]) -> list[str]:
     """Markdown: each configuration measured on N GPUs against one GPU, both ways data parallelism is read:
 
@@ -378,7 +393,8 @@ def scaling_lines(rows: list[dict]) -> list[str]:
     and the share of the N-GPU step that the fastest rank waited for the slowest one's rollout."""
     def config(r):
         return (r["model"], r["method"], r["batch"], r["prompt_len"], r["gen_len"], r.get("micro_batch"),
-                r.get("engine_cache") or "released", r.get("optimizer_states") or "gpu", r.get("lengths") or "fixed")
+                r.get("engine_cache") or "released", r.get("optimizer_states") or "gpu", r.get("lengths") or "fixed",
+                r.get("samples_per_prompt") or 1)
 
     one = {config(r): r for r in rows if (r.get("nproc") or 1) == 1 and r["status"] == "ok"}
     out = []
@@ -439,7 +455,7 @@ def _typed(r: dict) -> dict:
     out = {}
     for k, v in r.items():
         try:
-            out[k] = int(v) if k in ("batch", "prompt_len", "gen_len", "micro_batch", "nproc") else (
+            out[k] = int(v) if k in ("batch", "prompt_len", "gen_len", "micro_batch", "nproc", "samples_per_prompt") else (
                 float(v) if k.endswith(("_s", "_gb")) else v)
         except ValueError:
             out[k] = v
@@ -460,13 +476,15 @@ def merge(paths: list[Path], out: Path) -> tuple[Path, Path]:
                 r["engine_cache"] = r["engine_cache"] or "released"
                 r["optimizer_states"] = r.get("optimizer_states") or "gpu"  # (before the column: on the GPU)
                 r["lengths"] = r.get("lengths") or "fixed"  # (before the column: every completion gen_len tokens)
+                r["samples_per_prompt"] = r.get("samples_per_prompt") or "1"  # (before the column: one per prompt)
                 rows[(r["model"], r["method"], r["batch"], r["prompt_len"], r["gen_len"], r["lengths"],
+                      r["samples_per_prompt"],
                       r.get("nproc") or "1", r["micro_batch"], r["engine_cache"], r["optimizer_states"])] = _typed(r)
     if len(devices) != 1:
         raise ValueError(f"--merge: the CSVs come from different devices {sorted(devices)}; merge one device's runs")
     order = {"7B": 0, "14B": 1, "32B": 2}
     merged = sorted(rows.values(), key=lambda r: (order.get(r["model"], 9), r["method"], r["lengths"] != "fixed",
-                                                  r["lengths"], -r["batch"], r["gen_len"],
+                                                  r["lengths"], r.get("samples_per_prompt") or 1, -r["batch"], r["gen_len"],
                                                   r.get("nproc") or 1, r["micro_batch"], r["engine_cache"] != "released",
                                                   r["optimizer_states"] != "gpu"))
     return write(merged, out, devices.pop())
@@ -490,6 +508,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lengths", type=lengths_arg, default=None, metavar="SPEC",
                    help="completion lengths of the measured steps: fixed | lognormal:median=M,sigma=S | "
                         "uniform:low=A,high=B (each row stopped at a seeded drawn length, as if it sampled EOS)")
+    p.add_argument("--grpo-shaped", action="store_true",
+                   help="roll out batch / G prompts x G samples each (G: the update's GRPO group size, 16 where it "
+                        "divides the batch), as training does, instead of a distinct prompt per sequence")
     p.add_argument("--micro-batch", type=int, default=2, help="sequences per forward/backward of the update")
     p.add_argument("--checkpointing", choices=["auto", "on", "off"], default="auto",
                    help="gradient checkpointing (auto: the memory planner decides)")
@@ -548,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += run_config(m, method, a.batches, gens, a.prompt_len, a.micro_batch, a.checkpointing, device,
                                progress=lambda s: print(s, flush=True) if d.main else None, warmup_gen=a.warmup_gen,
                                profile=a.profile if not d.on else None, d=d, keep_cache=a.keep_cache,
-                               offload=a.offload, lengths=a.lengths)
+                               offload=a.offload, lengths=a.lengths, grouped=a.grpo_shaped)
             if d.main:
                 write(rows, Path(a.output), device)
     if d.main:

@@ -50,6 +50,25 @@ def test_merge_keeps_other_micro_batches_and_engine_cache_apart(tmp_path):
     assert _label({**base, "lengths": "lognormal:median=300,sigma=0.9"}) == "7B qerl b8 × 1024 [lognormal lengths]"
 
 
+def test_merge_keeps_grpo_shaped_rows_apart_and_shows_the_engine_split(tmp_path):
+    """``--grpo-shaped`` rows (``samples_per_prompt`` G) do not replace the distinct-prompt rows of the same
+    configuration; files written before the column read as 1 per prompt; the engine's split is in the Markdown."""
+    real = "lognormal:median=300,sigma=0.9"
+    old = {**_row("7B", "qerl", 64, 1024, 10.0), "lengths": real}
+    old_file, _ = bench_step.write([old], tmp_path / "a", "GPU X")
+    text = old_file.read_text().replace(",samples_per_prompt,", ",,").replace(",1,", ",,", 1)  # (an older file)
+    old_file.write_text(text)
+    new = {**_row("7B", "qerl", 64, 1024, 9.0), "lengths": real, "samples_per_prompt": 16, "prefill_s": 0.03,
+           "capture_s": 0.25, "host_s": 0.05}
+    b, _ = bench_step.write([new], tmp_path / "b", "GPU X")
+    csv_path, md = bench_step.merge([old_file, b], tmp_path / "m")
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted((r["total_s"], r["samples_per_prompt"]) for r in rows) == [("10.0", "1"), ("9.0", "16")]
+    assert f"| {real}, 16 samples per prompt | 1 | ok |" in md.read_text()
+    assert "| 0.03 / 0.25 / 0.05 |" in md.read_text()
+
+
 def test_merge_refuses_two_devices(tmp_path):
     a, _ = bench_step.write([_row("7B", "qerl", 8, 1024, 7.0)], tmp_path / "a", "GPU X")
     b, _ = bench_step.write([_row("7B", "qerl", 8, 1024, 7.0, device="GPU Y")], tmp_path / "b", "GPU Y")

@@ -82,15 +82,19 @@ def test_logprobs_match_teacher_forcing_and_seeding(quantized_dirs, tok):
 
 def test_compaction_and_slot_refills_change_nothing(warm_model):
     """Finished rows leave the batch at different times (check_every 1 vs 64) or 9 rows share 2 KV slots (each
-    slot a finished row frees goes to the next waiting row, which then decodes beside a row at another step):
-    per-row seeds and steps make every row's tokens the same. (The warm-started model ends answers with EOS.)"""
+    slot a finished row frees goes to the next waiting row, which then decodes beside a row at another step), or
+    every row is prefilled on its own instead of once per prompt (``share_prompts``): per-row seeds and steps make
+    every row's tokens the same. (The warm-started model ends answers with EOS.)"""
     model = load_policy(warm_model, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(warm_model)
     s = SamplingSettings(temperature=1.0, max_new_tokens=20)
     outs = []
-    for kw in ({"check_every": 1}, {"check_every": 64}, {"check_every": 3, "max_slots": 2}):
+    for kw in ({"check_every": 1}, {"check_every": 64}, {"check_every": 3, "max_slots": 2},
+               {"share_prompts": False}):
         eng = RolloutEngine(model, tok, **kw)
         outs.append(eng.generate(PROMPTS, s, seed=7, num_samples=3))
+        if "share_prompts" in kw or kw.get("check_every") == 1:  # 3 prompts x 3 samples: prefilled 9 times or 3
+            assert eng.last_stats["prefill_rows"] == (9 if "share_prompts" in kw else 3)
         if kw.get("max_slots"):
             assert eng.last_stats["slots"] == 2 and eng.last_stats["admitted_later"] == 7
             assert 0.0 <= eng.last_stats["host_s"] <= eng.last_stats["decode_s"]  # the checks' idle time, inside decode

@@ -9,7 +9,8 @@ One ``generate`` call (same signature and :class:`~qerl.rollout.sampler.Rollout`
 2. plan: the KV cache (one slot of ``prompt + max_new_tokens`` positions per row) is sized from free memory;
    rows that do not fit wait, and each slot a finished row frees goes to the next waiting row (prefilled at the
    next host check, then decoded beside the others: every row carries its own generation step);
-3. prefill (SDPA) writes each row's prompt into its slot and samples the first token;
+3. prefill (SDPA) writes each row's prompt into its slot and samples the first token — once per distinct prompt:
+   the other samples of a GRPO group get a copy of its K/V and draw their own first token from its logits;
 4. decode: each step reads the rows' tokens / positions / slots from static buffers, writes K/V, attends
    (Triton flash-decoding on CUDA), samples (:mod:`~qerl.rollout.sampling`) and records token and
    log-prob on the device. Steps are replayed ``check_every`` at a time without a host sync; then the host
@@ -60,6 +61,13 @@ def _triton_sampler():
     return gumbel_sample
 
 
+def shared_prompts(right: torch.Tensor, plen: torch.Tensor, rows: list[int]) -> list[int]:
+    """For each of ``rows`` (of the right-padded prompts ``right [N, P]`` with lengths ``plen [N]``) the position in
+    ``rows`` of the first row with the same prompt — itself when it is the first."""
+    first: dict = {}
+    return [first.setdefault(right[r, : int(plen[r])].numpy().tobytes(), j) for j, r in enumerate(rows)]
+
+
 def buckets(n: int) -> list[int]:
     """Batch-size buckets up to n: powers of two, then n."""
     out = [1 << i for i in range(max(1, n).bit_length()) if 1 << i < n]
@@ -88,11 +96,13 @@ class RolloutEngine:
     :func:`~qerl.rollout.engine.model_view.fuse`). ``compile``: RMSNorm and rotary through ``torch.compile``
     (:class:`~qerl.rollout.engine.forward.Elementwise`; default: when CUDA graphs are used). ``sampler``: ``auto``
     (the fused Triton draw, ``qerl_kernels.sample``, on CUDA; torch elsewhere) | ``triton`` | ``torch``
-    (:func:`~qerl.rollout.sampling.sample`, the definition; also whenever top-k / top-p filter)."""
+    (:func:`~qerl.rollout.sampling.sample`, the definition; also whenever top-k / top-p filter). ``share_prompts``:
+    rows with the same prompt (``num_samples`` > 1: a GRPO group) prefilled once, its K/V copied to the others
+    (``last_stats["prefill_rows"]``: the rows actually prefilled)."""
 
     def __init__(self, model, tokenizer, attention: str = "auto", graphs: bool | None = None,
                  check_every: int = 16, max_slots: int | None = None, fuse: bool = True, compile: bool | None = None,
-                 sampler: str = "auto"):
+                 sampler: str = "auto", share_prompts: bool = True):
         self.tokenizer = tokenizer  # (the model object is not kept: the registry of qerl.rollout.engine keys it weakly)
         self.context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         self.view = view_model(model, fuse_siblings=fuse)
@@ -111,7 +121,7 @@ class RolloutEngine:
         self.ew = fw.Elementwise(self.use_graphs if compile is None else bool(compile))
         if check_every < 1:
             raise ValueError(f"check_every must be >= 1, got {check_every}")
-        self.check_every, self.max_slots = check_every, max_slots
+        self.check_every, self.max_slots, self.share_prompts = check_every, max_slots, bool(share_prompts)
         self.kc = self.vc = None
         self.cos = self.sin = None
         self._buckets: dict = {}
@@ -265,7 +275,7 @@ class RolloutEngine:
         if limit and P + G > limit:
             raise ValueError(f"rollout engine: prompt of {P} tokens + max_new_tokens {G} = {P + G} positions exceeds "
                              f"the model's max_position_embeddings {limit}")
-        self._timing = {"prefill_s": 0.0, "capture_s": 0.0, "decode_s": 0.0, "host_s": 0.0}
+        self._timing = {"prefill_s": 0.0, "capture_s": 0.0, "decode_s": 0.0, "host_s": 0.0, "prefill_rows": 0}
         self._synced = None
         noisy = self._sync()
         slots = self._plan_slots(n, P + G)
@@ -300,22 +310,38 @@ class RolloutEngine:
 
     def _prefill(self, rows: list[int], slots: list[int], right, plen, seeds, s, noisy) -> None:
         """Prompts of ``rows`` into ``slots`` (row chunks of ``PREFILL_TOKENS`` positions) and their first tokens
-        (generation step 0) into ``gen_tok`` / ``gen_lp``."""
+        (generation step 0) into ``gen_tok`` / ``gen_lp``. Rows with the same prompt (a GRPO group's samples) are
+        prefilled once (``share_prompts``): the others get a copy of its K/V and draw their first token, each with
+        its own seed, from its logits."""
         dev = self.device
         t0 = self._clock()
-        r, slot_of = torch.tensor(rows), torch.tensor(slots, device=dev)
+        src = shared_prompts(right, plen, rows) if self.share_prompts else list(range(len(rows)))
+        uniq = sorted(set(src))
+        r, slot_of = torch.tensor([rows[j] for j in uniq]), torch.tensor([slots[j] for j in uniq], device=dev)
         step0 = torch.zeros((), dtype=torch.long, device=dev)
         chunk = max(1, PREFILL_TOKENS // right.shape[1])
-        for c0 in range(0, len(rows), chunk):  # prefill in row chunks (bounded activations)
-            sl = slice(c0, min(len(rows), c0 + chunk))
+        logits = []
+        for c0 in range(0, len(uniq), chunk):  # prefill in row chunks (bounded activations)
+            sl = slice(c0, min(len(uniq), c0 + chunk))
             ids = right[r[sl]].to(dev)
             P = int(plen[r[sl]].max())
-            logits = fw.prefill(self.view, self.kc, self.vc, self.cos, self.sin, ids[:, :P], plen[r[sl]].to(dev),
-                                slot_of[sl], noisy, self.ew)
-            tok, lp = self.sample(logits, s, seeds[r[sl]].to(dev), step0)
-            self.gen_tok[slot_of[sl], 0] = tok
-            self.gen_lp[slot_of[sl], 0] = lp
+            logits.append(fw.prefill(self.view, self.kc, self.vc, self.cos, self.sin, ids[:, :P], plen[r[sl]].to(dev),
+                                     slot_of[sl], noisy, self.ew))
+        at = {j: i for i, j in enumerate(uniq)}
+        pick = torch.tensor([at[j] for j in src], device=dev)
+        copies = [(slots[src[j]], slots[j]) for j in range(len(rows)) if src[j] != j]
+        if copies:  # the shared prompt's K/V into the other slots of its group (positions past a prompt are junk,
+            P = int(plen[torch.tensor(rows)].max())  # rewritten by decoding before anything reads them)
+            a, b = (torch.tensor(x, device=dev) for x in zip(*copies))
+            for kc, vc in zip(self.kc, self.vc):
+                kc[b, :P] = kc[a, :P]
+                vc[b, :P] = vc[a, :P]
+        all_slots = torch.tensor(slots, device=dev)
+        tok, lp = self.sample(torch.cat(logits)[pick], s, seeds[torch.tensor(rows)].to(dev), step0)
+        self.gen_tok[all_slots, 0] = tok
+        self.gen_lp[all_slots, 0] = lp
         self._timing["prefill_s"] += self._clock() - t0
+        self._timing["prefill_rows"] += len(uniq)
 
     def _run_rows(self, n, slots, right, plen, seeds, s, noisy, comp_tok, comp_lp, ends, ended, eos):
         """Generate rows ``0 .. n-1`` on ``slots`` KV slots: the first ``slots`` rows start together; every
