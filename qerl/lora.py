@@ -172,9 +172,11 @@ def _lora_linear_cls():
                     a, b, dropout, scaling = lean
                     if isinstance(dropout, torch.nn.Identity) or not self.training:  # one autograd node
                         base = self.get_base_layer()
+                        dense = getattr(base, "dense", None)  # (kept inside a dense_base block: the update phase)
                         return qerl.ops.nvfp4_lora_train(
                             x, base.weight_packed, base.weight_scale, base.weight_global_scale, base.bias, a, b,
-                            scaling, casts=self._cast(self.active_adapters[0], a, b, x.dtype))
+                            scaling, casts=self._cast(self.active_adapters[0], a, b, x.dtype),
+                            dense=dense if dense is not None and dense.dtype == x.dtype else None)
                     return self.base_layer(x) + lean_lora_delta(x, *lean)  # base through the seam, dropout
                 return super().forward(x, *args, **kwargs)
             base = self.get_base_layer()

@@ -324,3 +324,45 @@ def test_lean_lora_in_bf16_matches_peft_and_saves_no_fp32_activations(base, tiny
         cos = torch.nn.functional.cosine_similarity(gr.flatten(), peft_grads[n].flatten(), dim=0)
         assert cos > 0.99, (n, float(cos))
     assert lean_saved < 0.8 * peft_saved, (lean_saved, peft_saved)
+
+
+def test_dense_base_update_is_the_same_training_forward(quantized_dirs, monkeypatch):
+    """``dense_update``: inside :func:`qerl.models.nvfp4_linear.dense_base` every NVFP4 LoRA projection of a bf16
+    policy multiplies its kept dense weight (the op gets ``dense=``), and the logits and every gradient equal the
+    per-call path's bit for bit; after the block the layers hold nothing."""
+    import qerl.ops
+    from qerl.lora import LoraSettings, apply_lora
+    from qerl.models import NVFP4Linear, load_policy
+    from qerl.models.nvfp4_linear import dense_base
+
+    model = apply_lora(load_policy(quantized_dirs["qwen2"], base="nvfp4", dtype=torch.bfloat16),
+                       LoraSettings(r=8, alpha=16))
+    g = torch.Generator().manual_seed(1)
+    for n, p in model.named_parameters():
+        if "lora_B" in n:
+            p.data.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    ids = torch.randint(3, 200, (2, 12), generator=g)
+    real, denses = qerl.ops.nvfp4_lora_train, []
+
+    def spy(*a, **k):
+        denses.append(k.get("dense"))
+        return real(*a, **k)
+
+    monkeypatch.setattr(qerl.ops, "nvfp4_lora_train", spy)
+
+    def run():
+        model.zero_grad(set_to_none=True)
+        out = model(input_ids=ids).logits.float()
+        out.square().mean().backward()
+        return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    per_call = run()
+    assert denses and all(d is None for d in denses)
+    denses.clear()
+    with dense_base(model) as kept:
+        dense = run()
+    n_layers = sum(isinstance(m, NVFP4Linear) for m in model.modules())
+    assert kept > 0 and len(denses) == n_layers and all(d is not None and d.dtype == torch.bfloat16 for d in denses)
+    assert torch.equal(dense[0], per_call[0])
+    assert all(torch.equal(dense[1][n], per_call[1][n]) for n in per_call[1])
+    assert all(m.dense is None for m in model.modules() if isinstance(m, NVFP4Linear))

@@ -33,7 +33,8 @@ total_s, tokens_per_s, peak_gb, rank_idle_s, checkpointing, micro_batch, engine_
 steps, ``--keep-cache``), optimizer_states (gpu | parked in host memory during the rollout, ``--offload``: the park
 is timed in the rollout phase and the restore in the logprob phase, as ``qerl train`` runs them), optimizer,
 samples_per_prompt (1: a distinct prompt per sequence; G with ``--grpo-shaped``: ``batch / G`` prompts x G samples,
-which the engine prefills once per prompt), prefill_s / capture_s / host_s (the engine's split of ``rollout_s``:
+which the engine prefills once per prompt), dense_update (``--dense-update``: the NVFP4 base dequantized once per
+update phase, config ``dense_update``), prefill_s / capture_s / host_s (the engine's split of ``rollout_s``:
 prompts prefilled, decode graphs captured, GPU idle during the host's checks for finished rows), note``. Writes ``<device>.csv / .md`` under ``--output``; the Markdown puts the paper's numbers (Tables 3, 5–8)
 beside ours.
 """
@@ -52,7 +53,8 @@ import torch
 
 COLUMNS = ["device", "model", "method", "batch", "prompt_len", "gen_len", "lengths", "nproc", "status", "rollout_s", "logprob_s",
            "update_s", "total_s", "tokens_per_s", "peak_gb", "rank_idle_s", "checkpointing", "micro_batch",
-           "engine_cache", "optimizer_states", "optimizer", "samples_per_prompt", "prefill_s", "capture_s", "host_s",
+           "engine_cache", "optimizer_states", "optimizer", "samples_per_prompt", "dense_update", "prefill_s",
+           "capture_s", "host_s",
            "note"]
 #: the rollout engine's own split of ``rollout_s`` (``RolloutEngine.last_stats``): prompts prefilled, CUDA graphs
 #: captured, and the GPU idle while the host checked for finished rows between windows of decode steps
@@ -85,7 +87,7 @@ def _sync_time() -> float:
     return time.perf_counter()
 
 
-def _bench_config(batch: int, world: int, gen_len: int, micro: int):
+def _bench_config(batch: int, world: int, gen_len: int, micro: int, dense: bool = False):
     """The :class:`~qerl.train.config.TrainConfig` the trainer would run this step with: GRPO, groups of 16 (or the
     largest of 8, 4, 2 that gives every rank whole groups), temperature 1, ``gen_len`` new tokens, AQN on the
     rollout only (the default ``apply_to``), gradient clip 1."""
@@ -96,7 +98,7 @@ def _bench_config(batch: int, world: int, gen_len: int, micro: int):
     if G is None:
         raise ValueError(f"batch {batch}: must be a multiple of 2 x {world} process(es) (whole GRPO groups per rank)")
     a = AlgorithmConfig(name="grpo", group_size=G).resolved()
-    return TrainConfig(micro_batch_size=micro, prompts_per_step=batch // G, algorithm=a,
+    return TrainConfig(micro_batch_size=micro, prompts_per_step=batch // G, algorithm=a, dense_update=dense,
                        rollout=SamplingSettings(temperature=1.0, max_new_tokens=gen_len))
 
 
@@ -119,7 +121,7 @@ class _Phases:
 
 def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro: int, optimizer, seed: int,
              pad_to: int | None = None, prof=None, d=None, scorer=None, keep_cache: bool = False,
-             parking=None, lengths=None, grouped: bool = False) -> dict:
+             parking=None, lengths=None, grouped: bool = False, dense: bool = False) -> dict:
     """One GRPO step: a rollout of ``batch`` random prompts (this rank's share), then the trainer's own update
     phase (:func:`qerl.train.update.update_policy`: old log-probs, one optimizer step over micro-batches of
     ``micro``) on the gathered batch with random rewards. Returns the seconds of the three phases
@@ -146,7 +148,7 @@ def one_step(policy, tok, aqn, batch: int, prompt_len: int, gen_len: int, micro:
 
     d = d or dist.Dist()
     scorer = scorer if scorer is not None else LogprobModule(policy)
-    cfg = _bench_config(batch, d.world, gen_len, micro)
+    cfg = _bench_config(batch, d.world, gen_len, micro, dense)
     mine = batch // d.world  # this rank's sequences
     G = cfg.algorithm.group_size if grouped else 1  # GRPO-shaped: mine / G prompts x G samples each
     ps = prompts(mine // G, prompt_len, policy.config.vocab_size, seed=seed * 1000 + d.rank)
@@ -210,14 +212,14 @@ def _optimizer(params, lr: float = 1e-5):
 
 
 def _profile(policy, tok, aqn, batch, prompt_len, gen_len, micro, opt, out: Path, name: str, lengths=None,
-             grouped: bool = False) -> Path:
+             grouped: bool = False, dense: bool = False) -> Path:
     """One more step with its logprob and update phases under ``torch.profiler`` (the rollout is split in
     ``reports/rollout``): the ops by total CUDA time and by CPU time, as text."""
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
     st = one_step(policy, tok, aqn, batch, prompt_len, gen_len, micro, opt, seed=3, prof=prof, lengths=lengths,
-                  grouped=grouped)
+                  grouped=grouped, dense=dense)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"profile_{name}.txt"
     ka = prof.key_averages()
@@ -232,7 +234,8 @@ def _profile(policy, tok, aqn, batch, prompt_len, gen_len, micro, opt, out: Path
 
 def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micro: int, checkpointing: str,
                device: str, progress=print, warmup_gen: int = 16, profile: Path | None = None, d=None,
-               keep_cache: bool = False, offload: bool = False, lengths=None, grouped: bool = False) -> list[dict]:
+               keep_cache: bool = False, offload: bool = False, lengths=None, grouped: bool = False,
+               dense: bool = False) -> list[dict]:
     """Every (batch, gen_len) of one (model, method): the model is built once; each configuration runs a
     ``warmup_gen``-token step first (compilation, autotuning), then the measured step; ``profile``: one
     profiled step of the first configuration written there; ``lengths``: the measured step's completion lengths
@@ -252,7 +255,7 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
     base = {"device": device, "model": model, "method": method, "prompt_len": prompt_len, "micro_batch": micro,
             "nproc": d.world, "engine_cache": "kept" if keep_cache else "released",
             "optimizer_states": "parked" if offload else "gpu", "lengths": str(lengths) if lengths else "fixed",
-            "samples_per_prompt": 1}
+            "samples_per_prompt": 1, "dense_update": dense}
     try:
         lm = build(model, BASE[method])
     except torch.cuda.OutOfMemoryError as e:
@@ -272,26 +275,26 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
             if b % d.world:
                 raise ValueError(f"--batches {b}: not divisible by --nproc {d.world}")
             ckpt = resolve_checkpointing(checkpointing, lm.config, BASE[method], b // d.world, prompt_len + g, micro,
-                                         **({"full": True} if method == "full" else {}))
+                                         **({"full": True} if method == "full" else {"dense": dense}))
             _set_checkpointing(policy, ckpt)
             row = {**base, "batch": b, "gen_len": g, "checkpointing": ckpt, "optimizer": opt_name,
                    "samples_per_prompt": _bench_config(b, d.world, g, micro).algorithm.group_size if grouped else 1}
             try:
                 if lengths is None or lengths.fixed:
                     first = one_step(policy, tok, aqn, b, prompt_len, min(warmup_gen, g), micro, opt, seed=1,
-                                     pad_to=g, d=d, scorer=scorer, grouped=grouped)
+                                     pad_to=g, d=d, scorer=scorer, grouped=grouped, dense=dense)
                 else:  # rows finishing at other steps visit the engine's smaller batch buckets, each with its own
                     # kernels to compile: a whole warm-up step with the measured step's lengths
                     first = one_step(policy, tok, aqn, b, prompt_len, g, micro, opt, seed=2, d=d, scorer=scorer,
-                                     lengths=lengths, grouped=grouped)
+                                     lengths=lengths, grouped=grouped, dense=dense)
                 if keep_cache:  # a step whose rollout captures the graphs the measured one replays
                     one_step(policy, tok, aqn, b, prompt_len, g, micro, opt, seed=3, d=d, scorer=scorer, keep_cache=True,
-                             lengths=lengths, grouped=grouped)
+                             lengths=lengths, grouped=grouped, dense=dense)
                 if parking is not None:  # the host arena is built at the first park: not in the measured step
                     parking.park(), parking.restore()
                 torch.cuda.reset_peak_memory_stats()
                 st = one_step(policy, tok, aqn, b, prompt_len, g, micro, opt, seed=2, d=d, scorer=scorer,
-                              keep_cache=keep_cache, parking=parking, lengths=lengths, grouped=grouped)
+                              keep_cache=keep_cache, parking=parking, lengths=lengths, grouped=grouped, dense=dense)
                 parks = {k: st.pop(k) for k in ("offload_s", "parked_gb", "rollout_peak_gb") if k in st}
                 row.update(status="ok", **{k: round(v, 3) for k, v in st.items() if k != "tokens"},
                            tokens_per_s=round(st["tokens"] / st["total_s"], 1),
@@ -306,7 +309,7 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
                     profiled.append(_profile(policy, tok, aqn, b, prompt_len, g, micro, opt, profile,
                                              f"{model}_{method}_b{b}_g{g}" + ("" if lengths is None or lengths.fixed
                                                                                else f"_mb{micro}_lengths"), lengths,
-                                             grouped))
+                                             grouped, dense))
             except torch.cuda.OutOfMemoryError as e:
                 row.update(status="oom", peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2), note=_first(e))
             finally:
@@ -379,7 +382,8 @@ def write(rows: list[dict], out: Path, device: str) -> tuple[Path, Path]:
 def _per_prompt(r: dict) -> str:
     """The Markdown's note on a GRPO-shaped row (``--grpo-shaped``: ``batch / G`` prompts x ``G`` samples)."""
     g = r.get("samples_per_prompt")
-    return f", {g} samples per prompt" if g not in ("", None, 1, "1") else ""
+    out = f", {g} samples per prompt" if g not in ("", None, 1, "1") else ""
+    return out + (", dense update" if r.get("dense_update") in (True, "True") else "")
 
 
 def scaling_lines(rows: list[dict]) -> list[str]:
@@ -477,8 +481,9 @@ def merge(paths: list[Path], out: Path) -> tuple[Path, Path]:
                 r["optimizer_states"] = r.get("optimizer_states") or "gpu"  # (before the column: on the GPU)
                 r["lengths"] = r.get("lengths") or "fixed"  # (before the column: every completion gen_len tokens)
                 r["samples_per_prompt"] = r.get("samples_per_prompt") or "1"  # (before the column: one per prompt)
+                r["dense_update"] = r.get("dense_update") or "False"  # (before the column: dequantized per call)
                 rows[(r["model"], r["method"], r["batch"], r["prompt_len"], r["gen_len"], r["lengths"],
-                      r["samples_per_prompt"],
+                      r["samples_per_prompt"], r["dense_update"],
                       r.get("nproc") or "1", r["micro_batch"], r["engine_cache"], r["optimizer_states"])] = _typed(r)
     if len(devices) != 1:
         raise ValueError(f"--merge: the CSVs come from different devices {sorted(devices)}; merge one device's runs")
@@ -511,6 +516,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpo-shaped", action="store_true",
                    help="roll out batch / G prompts x G samples each (G: the update's GRPO group size, 16 where it "
                         "divides the batch), as training does, instead of a distinct prompt per sequence")
+    p.add_argument("--dense-update", action="store_true",
+                   help="NVFP4 base: the update multiplies a bf16 copy of the weights made once per update phase "
+                        "(config dense_update: true) instead of dequantizing per call")
     p.add_argument("--micro-batch", type=int, default=2, help="sequences per forward/backward of the update")
     p.add_argument("--checkpointing", choices=["auto", "on", "off"], default="auto",
                    help="gradient checkpointing (auto: the memory planner decides)")
@@ -569,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += run_config(m, method, a.batches, gens, a.prompt_len, a.micro_batch, a.checkpointing, device,
                                progress=lambda s: print(s, flush=True) if d.main else None, warmup_gen=a.warmup_gen,
                                profile=a.profile if not d.on else None, d=d, keep_cache=a.keep_cache,
-                               offload=a.offload, lengths=a.lengths, grouped=a.grpo_shaped)
+                               offload=a.offload, lengths=a.lengths, grouped=a.grpo_shaped, dense=a.dense_update)
             if d.main:
                 write(rows, Path(a.output), device)
     if d.main:

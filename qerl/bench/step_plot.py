@@ -22,6 +22,10 @@ def _label(r: dict) -> str:
         extra.append("states parked")
     if (r.get("lengths") or "fixed") != "fixed":
         extra.append(str(r["lengths"]).split(":")[0] + " lengths")
+    if str(r.get("samples_per_prompt") or 1) not in ("1", ""):
+        extra.append(f"G{r['samples_per_prompt']}")
+    if r.get("dense_update") in (True, "True"):
+        extra.append("dense update")
     tail = f" [{', '.join(extra)}]" if extra else ""
     return f"{r['model']} {r['method']} b{r['batch']} × {r['gen_len']}{tail}"
 

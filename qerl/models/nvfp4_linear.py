@@ -8,6 +8,8 @@ single seam :func:`qerl.ops.linear.nvfp4_linear` (reference on CPU, Triton kerne
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -33,6 +35,7 @@ class NVFP4Linear(nn.Module):
             self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device))
         else:
             self.bias = None
+        self.dense = None  # dequant(W) while a dense_base block keeps it (never saved: not a buffer)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, global_scale: torch.Tensor | None = None) -> "NVFP4Linear":
@@ -97,3 +100,23 @@ def dequantize_model(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> n
                     dense.bias.copy_(mod.bias)
             setattr(parent, leaf, dense)
     return model
+
+
+@contextlib.contextmanager
+def dense_base(model: nn.Module, dtype: torch.dtype | None = None, enabled: bool = True):
+    """Inside the block every :class:`NVFP4Linear` of ``model`` keeps its weight dequantized to ``dtype`` (default:
+    the layer's ``compute_dtype``, its activations') (``layer.dense``, ``[N, K]``), which the training op multiplies directly
+    (:func:`qerl.ops.nvfp4_lora_train` ``dense=``) instead of dequantizing it in every forward and backward call
+    — for the update phase (``dense_update: true``): the same products, without a dequantization and the
+    dispatch of the NVFP4 path per call, for 2 bytes per weight more memory while it runs (7B: +13 GB). Yields
+    the bytes kept; the copies go when the block ends. ``enabled=False``: nothing (yields 0)."""
+    from qerl.ops.linear import dense_weight
+
+    layers = [m for m in model.modules() if isinstance(m, NVFP4Linear)] if enabled else []
+    try:
+        for m in layers:
+            m.dense = dense_weight(m.weight_packed, m.weight_scale, m.weight_global_scale, dtype or m.compute_dtype)
+        yield sum(m.dense.numel() * m.dense.element_size() for m in layers)
+    finally:
+        for m in layers:
+            m.dense = None

@@ -111,6 +111,21 @@ def dequantized_weight(packed, scale, global_scale, dtype) -> torch.Tensor:
     return w
 
 
+def dense_weight(packed, scale, global_scale, dtype) -> torch.Tensor:
+    """``dequant(W)`` ``[N, K]`` in ``dtype``, kept by the caller: on CUDA with the kernels, one pass of
+    ``qerl_kernels.nvfp4_dequant`` (bit-exact with the reference, ~copy bandwidth), else
+    :func:`qerl.quant.nvfp4.dequantize`."""
+    if packed.is_cuda and dtype in (torch.bfloat16, torch.float16) and not use_reference():
+        try:
+            from qerl_kernels.nvfp4_dequant import dequantize_into
+        except ImportError:
+            pass
+        else:
+            out = torch.empty(packed.shape[0], packed.shape[1] * 2, dtype=dtype, device=packed.device)
+            return dequantize_into(out, packed, scale.view(torch.uint8), global_scale)
+    return dequantize(packed, scale, global_scale, dtype=dtype)
+
+
 def reference_forward(x, packed, scale, global_scale, bias):
     """``x [..., K] · dequant(W)ᵀ [K, N] + bias`` in ``x.dtype`` (dequantize, then matmul)."""
     w = dequantized_weight(packed, scale, global_scale, x.dtype)

@@ -54,28 +54,42 @@ def _backward_lora(d2, packed, scale, gs, dyb, a, s):
     return torch.addmm(reference_backward_input(d2, packed, scale, gs), dyb, a, alpha=s)
 
 
+def _dense_forward(x2, w, bias, xa, b, s):
+    """``_forward_xa`` on a dense ``w [N, K]`` (the base dequantized once per update phase): the products of the
+    dequantize + cuBLAS path at one window, on the kept weight."""
+    out = torch.mm(x2, w.t()) if bias is None else torch.addmm(bias, x2, w.t())
+    return out.addmm_(xa, b.t(), alpha=s)
+
+
 class _NVFP4LoraFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, packed, scale, gs, bias, lora_a, lora_b, lora_scale, casts=None):
+    def forward(ctx, x, packed, scale, gs, bias, lora_a, lora_b, lora_scale, casts=None, dense=None):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         a, b = casts if casts is not None else (lora_a.to(x.dtype), lora_b.to(x.dtype))
         xa = x2 @ a.t()  # [M, R]
-        y = _forward_xa(x2, packed, scale, gs, None if bias is None else bias.to(x.dtype), xa, b, lora_scale)
-        ctx.save_for_backward(x2, xa, a, b, packed, scale, gs)
+        bias = None if bias is None else bias.to(x.dtype)
+        if dense is not None:
+            y = _dense_forward(x2, dense, bias, xa, b, lora_scale)
+        else:
+            y = _forward_xa(x2, packed, scale, gs, bias, xa, b, lora_scale)
+        ctx.save_for_backward(x2, xa, a, b, packed, scale, gs, dense)
         ctx.lora_scale, ctx.shape = lora_scale, shape
         ctx.dtypes = (lora_a.dtype, lora_b.dtype)
         return y.reshape(*shape[:-1], packed.shape[0])
 
     @staticmethod
     def backward(ctx, dy):
-        x2, xa, a, b, packed, scale, gs = ctx.saved_tensors
+        x2, xa, a, b, packed, scale, gs, dense = ctx.saved_tensors
         s = ctx.lora_scale
         d2 = dy.reshape(-1, dy.shape[-1]).contiguous()
         dyb = d2 @ b  # [M, R]: dY · B
         grad_x = grad_a = grad_b = grad_bias = None
         if ctx.needs_input_grad[0]:
-            grad_x = _backward_lora(d2, packed, scale, gs, dyb, a, s).reshape(ctx.shape)
+            if dense is not None:
+                grad_x = torch.mm(d2, dense).addmm_(dyb, a, alpha=s).reshape(ctx.shape)
+            else:
+                grad_x = _backward_lora(d2, packed, scale, gs, dyb, a, s).reshape(ctx.shape)
         if ctx.needs_input_grad[4]:  # a bias is frozen in every method, but stay correct if not
             grad_bias = d2.sum(0)
         # s folded into the GEMMs (beta = 0: the first operand only gives shape and dtype)
@@ -83,15 +97,19 @@ class _NVFP4LoraFn(torch.autograd.Function):
             grad_a = torch.addmm(a, dyb.t(), x2, beta=0, alpha=s).to(ctx.dtypes[0])  # [R, K] = s · (dY·B)ᵀ · X
         if ctx.needs_input_grad[6]:
             grad_b = torch.addmm(b, d2.t(), xa, beta=0, alpha=s).to(ctx.dtypes[1])  # [N, R] = s · dYᵀ · (X·Aᵀ)
-        return grad_x, None, None, None, grad_bias, grad_a, grad_b, None, None
+        return grad_x, None, None, None, grad_bias, grad_a, grad_b, None, None, None
 
 
 def nvfp4_lora_train(x, packed, scale, global_scale, bias, lora_a, lora_b, lora_scale: float,
-                     casts: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                     casts: tuple[torch.Tensor, torch.Tensor] | None = None,
+                     dense: torch.Tensor | None = None) -> torch.Tensor:
     """``x · Ŵᵀ + bias + s · (x · Aᵀ) · Bᵀ`` as one autograd node (module docstring: shapes, dtypes, the
     backward). ``casts``: ``(A, B)`` already in ``x.dtype`` (detached; the LoRA layer keeps them for a whole
-    optimizer step), else cast here on every call. Falls back to :func:`reference_lora_train` for fp32
-    activations (CPU training), where the one-node path has nothing to save."""
+    optimizer step), else cast here on every call. ``dense``: ``Ŵ [N, K]`` in ``x.dtype``, dequantized once and
+    kept by the caller (:func:`qerl.models.nvfp4_linear.dense_base`: the update phase with memory to spare) — the
+    forward and ``dX`` then multiply it directly instead of dequantizing per call (the same products as the
+    dequantize + cuBLAS path). Falls back to :func:`reference_lora_train` for fp32 activations (CPU training),
+    where the one-node path has nothing to save."""
     if x.shape[-1] != packed.shape[1] * 2 or lora_a.shape[-1] != x.shape[-1] or tuple(lora_b.shape) != (
             packed.shape[0], lora_a.shape[0]):
         raise ValueError(
@@ -99,4 +117,7 @@ def nvfp4_lora_train(x, packed, scale, global_scale, bias, lora_a, lora_b, lora_
             f"{tuple(lora_a.shape)}, lora_b {tuple(lora_b.shape)}: expected lora_a [R, K] and lora_b [N, R]")
     if x.dtype not in (torch.bfloat16, torch.float16):
         return reference_lora_train(x, packed, scale, global_scale, bias, lora_a, lora_b, lora_scale)
-    return _NVFP4LoraFn.apply(x, packed, scale, global_scale, bias, lora_a, lora_b, float(lora_scale), casts)
+    if dense is not None and (dense.dtype != x.dtype or tuple(dense.shape) != (packed.shape[0], x.shape[-1])):
+        raise ValueError(f"nvfp4_lora_train: dense weight {dense.dtype} {tuple(dense.shape)}, expected {x.dtype} "
+                         f"{(packed.shape[0], x.shape[-1])}")
+    return _NVFP4LoraFn.apply(x, packed, scale, global_scale, bias, lora_a, lora_b, float(lora_scale), casts, dense)

@@ -78,6 +78,7 @@ def checkpointing_on(cfg, hf_config, method: Method, device: torch.device, world
     if cfg.gradient_checkpointing == "auto" and device.type != "cuda":
         return False
     rows = cfg.prompts_per_step * cfg.algorithm.group_size // max(1, world)
-    full = {} if method.lora else {"full": True, "world": world, "sharding": resolve_sharding(cfg, world)}
+    full = ({"dense": bool(cfg.dense_update)} if method.lora else
+            {"full": True, "world": world, "sharding": resolve_sharding(cfg, world)})
     return resolve_checkpointing(cfg.gradient_checkpointing, hf_config, method.base, rows,
                                  PROMPT_TOKENS + cfg.rollout.max_new_tokens, cfg.micro_batch_size, **full)

@@ -97,7 +97,8 @@ def layer_act_bytes(s: Shape) -> float:
 
 def estimate(s: Shape, base: str, rows: int, prompt_len: int, gen_len: int, micro: int, rank: int = 32,
              checkpointing: bool = True, eight_bit: bool = True, release_cache: bool = True, full: bool = False,
-             world: int = 1, sharding: str = "none", offload: bool = False, available: float | None = None) -> dict:
+             world: int = 1, sharding: str = "none", offload: bool = False, available: float | None = None,
+             dense: bool = False) -> dict:
     """Peak bytes of one training step and its parts (see the module docstring). ``rows``: sequences per step (per
     process). ``full``: the full method (``base`` bf16, no adapters; :func:`full_bytes` with ``world`` and
     ``sharding``) instead of a LoRA method. ``offload``: the optimizer states are in host memory during the
@@ -106,7 +107,8 @@ def estimate(s: Shape, base: str, rows: int, prompt_len: int, gen_len: int, micr
     engine sizes its KV cache from the memory left and the rows that do not fit wait for a finished row's slot, so
     where all rows' cache would not fit the plan counts the rows that do (``wave_rows`` of them at once; ``waves``
     = rows / wave_rows rounded up, the rounds if every row ran to the end: a slower rollout, not a failure; at
-    least one row must fit)."""
+    least one row must fit). ``dense``: ``dense_update`` — the NVFP4 base's linears dequantized to bf16 for the
+    update phase (:func:`qerl.models.nvfp4_linear.dense_base`), 2 bytes per weight more there."""
     T = prompt_len + gen_len
     micro = max(1, min(micro, rows))
     extra: dict = {}
@@ -131,6 +133,9 @@ def estimate(s: Shape, base: str, rows: int, prompt_len: int, gen_len: int, micr
         update["gradients"] = grads if rows > micro else max(0.0, grads - sum(update.values()))
     if not release_cache:
         update["kv cache (kept)"] = kv
+    if dense and not full and base == "nvfp4":
+        per_layer = sum(k * n for k, n in s.projections().values())
+        update["dense base (dense_update)"] = (s.layers - s.bf16_layers) * per_layer * 2
     logprob = {"forward transients": n * (4 * s.hidden + 6 * s.intermediate) * 2, "lm_head block": lm / 2}
     host = 0.0
     if offload:
@@ -273,7 +278,7 @@ def resolve_micro_batch(cfg, s: Shape, world: int = 1, available: float | None =
     rows = max(1, cfg.prompts_per_step * cfg.algorithm.group_size // max(1, world))
     eight = sharding != "fsdp" and (cfg.optim.eight_bit == "true" or (
         cfg.optim.eight_bit == "auto" and importlib.util.find_spec("bitsandbytes") is not None))
-    fk = {} if method.lora else {"full": True, "world": world, "sharding": sharding}
+    fk = {"dense": bool(cfg.dense_update)} if method.lora else {"full": True, "world": world, "sharding": sharding}
     micro, ckpt = auto_micro_batch(s, method.base, rows, cfg.rollout.max_new_tokens,
                                    cfg.lora.r, eight, cfg.gradient_checkpointing, available, **fk)
     said = (f"micro_batch_size auto: {micro} of {rows} sequences per update forward/backward (the largest the "
@@ -310,7 +315,7 @@ def plan_config(cfg, shape: str | None = None, available: float | None = None, w
     gen = cfg.rollout.max_new_tokens
     eight = sharding != "fsdp" and (cfg.optim.eight_bit == "true" or (
         cfg.optim.eight_bit == "auto" and importlib.util.find_spec("bitsandbytes") is not None))
-    fk = {"full": full, "world": world, "sharding": sharding}
+    fk = {"full": full, "world": world, "sharding": sharding, "dense": bool(cfg.dense_update)}
     available = device_bytes() if available is None else available
     mode = cfg.gradient_checkpointing
     ckpt = mode is True or (mode == "auto" and needs_checkpointing(
@@ -319,7 +324,8 @@ def plan_config(cfg, shape: str | None = None, available: float | None = None, w
     release = cfg.rollout.release_cache
     if release == "auto":  # keep the engine's cache (no recapture per step) when the update fits beside it
         release = full or estimate(s, method.base, rows, PROMPT_TOKENS, gen, cfg.micro_batch_size, cfg.lora.r, ckpt,
-                                   eight, False)["peak_bytes"] > KEEP_CACHE_FRACTION * available
+                                   eight, False, dense=bool(cfg.dense_update))["peak_bytes"] > (
+            KEEP_CACHE_FRACTION * available)
     args = (s, method.base, rows, PROMPT_TOKENS, gen, cfg.micro_batch_size, cfg.lora.r, ckpt, eight, release)
     est = estimate(*args, **fk)
     offload = cfg.optim.offload == "rollout"

@@ -17,6 +17,7 @@ import torch
 
 from qerl.errors import TrainingError
 from qerl.lora import frozen_adapters
+from qerl.models.nvfp4_linear import dense_base
 from qerl.rl.advantages import group_advantages
 from qerl.rl.losses import LossSettings, mismatch_stats, policy_loss, truncated_is_weights
 from qerl.rollout.sampler import columns_of, row_spans, sequence_logprobs
@@ -133,7 +134,7 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
                 with policy.disable_adapter():
                     ref_logp = logprobs_global(policy, batch, T, micro, d,
                                                f"gathering the reference log-probs of step {step + 1}")
-        with phase("update"):
+        with phase("update"), dense_base(policy, enabled=bool(getattr(cfg, "dense_update", False))):
             policy.train()
             # Everything the loop needs from the host is read here, once: each micro-batch's weight, live columns
             # and rows on the device. The loop itself never waits for the GPU (losses, diagnostics and the finite

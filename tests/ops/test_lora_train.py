@@ -85,3 +85,40 @@ def test_shape_errors_name_the_shapes():
     p, s, gs, bb, x, a, b = _case(torch.bfloat16)
     with pytest.raises(ValueError, match=r"lora_b \(8, 48\)"):
         nvfp4_lora_train(x, p, s, gs, bb, a, b.T, 1.0)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_dense_base_gives_the_same_products(bias):
+    """``dense=`` (the base dequantized once per update phase) computes what the per-call path computes, bit for
+    bit on the reference backend (the same GEMMs on the same dequantized weight): output and all gradients; a
+    dense weight of another dtype or shape is refused."""
+    p, s, gs, bb, x, a, b = _case(torch.bfloat16, (4, 6), bias)
+    dy = torch.randn(4, 6, 48).to(torch.bfloat16)
+    w = seam.dense_weight(p, s, gs, torch.bfloat16)
+    assert torch.equal(w, nvfp4.dequantize(p, s, gs, dtype=torch.bfloat16))
+    per_call = _grads(nvfp4_lora_train, p, s, gs, bb, x, a, b, 0.5, dy)
+    dense = _grads(lambda *t: nvfp4_lora_train(*t, dense=w), p, s, gs, bb, x, a, b, 0.5, dy)
+    for got, want in zip(dense, per_call):
+        assert torch.equal(got, want)
+    with pytest.raises(ValueError, match=r"dense weight torch.float32 \(48, 64\), expected torch.bfloat16"):
+        nvfp4_lora_train(x, p, s, gs, bb, a, b, 0.5, dense=w.float())
+
+
+def test_dense_base_block_keeps_and_frees_the_copies():
+    """``dense_base``: every NVFP4 layer of the model holds its dequantized weight inside the block (its bytes
+    yielded), none after — also when the block raises; ``enabled=False`` keeps nothing."""
+    from qerl.models.nvfp4_linear import NVFP4Linear, dense_base
+
+    model = torch.nn.Sequential(NVFP4Linear.from_linear(torch.nn.Linear(64, 32).bfloat16()),
+                                NVFP4Linear.from_linear(torch.nn.Linear(32, 16, bias=False).bfloat16()))
+    with dense_base(model) as kept:
+        assert kept == (32 * 64 + 16 * 32) * 2
+        for m in model:
+            assert torch.equal(m.dense, m.dequantized_weight(torch.bfloat16))
+    assert all(m.dense is None for m in model)
+    with pytest.raises(RuntimeError, match="boom"), dense_base(model):
+        raise RuntimeError("boom")
+    assert all(m.dense is None for m in model)
+    with dense_base(model, enabled=False) as kept:
+        assert kept == 0 and all(m.dense is None for m in model)
+    assert "dense" not in model.state_dict().__repr__()  # never a buffer: checkpoints unchanged

@@ -321,3 +321,22 @@ def test_mixed_checkpoints_plan_their_bf16_layers():
     extra = plan.weight_bytes(mixed, "nvfp4")["linears"] - plan.weight_bytes(plain, "nvfp4")["linears"]
     assert extra == pytest.approx(5 * per_layer * (2 - plan.PACKED_BYTES["nvfp4"]))
     assert plan.weight_bytes(mixed, "bf16") == plan.weight_bytes(plain, "bf16")
+
+
+def test_dense_update_is_planned_in_the_update_phase():
+    """``dense_update``: the NVFP4 linears' bf16 copy (2 B per weight: 7B ~13 GB) is part of the update phase's
+    peak, nothing for a bf16 base; a non-boolean setting is refused."""
+    from qerl.models.shapes import QWEN25
+    from qerl.train.config import ConfigError, TrainConfig, validate
+    from qerl.train.plan import estimate
+
+    s = QWEN25["7B"]
+    plain = estimate(s, "nvfp4", 64, 256, 1024, 4, checkpointing=False)
+    dense = estimate(s, "nvfp4", 64, 256, 1024, 4, checkpointing=False, dense=True)
+    extra = dense["update"]["dense base (dense_update)"]
+    linears = (s.layers - s.bf16_layers) * sum(k * n for k, n in s.projections().values())
+    assert extra == 2 * linears and 12e9 < extra < 14e9
+    assert dense["phases"]["update"] == plain["phases"]["update"] + extra
+    assert "dense base (dense_update)" not in estimate(s, "bf16", 64, 256, 1024, 4, dense=True)["update"]
+    with pytest.raises(ConfigError, match="config.dense_update: true or false, got 'yes'"):
+        validate(TrainConfig(dense_update="yes"))
