@@ -130,8 +130,9 @@ class TrainConfig:
     seed: int = 0
     gradient_checkpointing: bool | str = "auto"  # true | false | auto (qerl.train.plan: on when the update would not fit)
     # NVFP4 base: dequantize the frozen linears once per update phase and multiply the bf16 copy (+2 B/weight while
-    # the update runs, 7B: +13 GB) instead of dequantizing in every forward / backward call; same products
-    dense_update: bool = False
+    # the update runs, 7B: +13 GB) instead of dequantizing in every forward / backward call; same products.
+    # auto: on a GPU where the memory planner fits it (qerl.train.plan.resolve_dense_update)
+    dense_update: bool | str = "auto"
     checkpoint_every: int = 10
     device: str = "auto"
     # under several processes (qerl.train.dist): none (DDP, every rank holds everything) | optimizer (DDP +
@@ -263,8 +264,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError("config.data.path: required when data.task is 'local' (a .jsonl or .parquet file)")
     if cfg.seed < 0:
         raise ConfigError(f"config.seed: must be >= 0, got {cfg.seed}")
-    if not isinstance(cfg.dense_update, bool):
-        raise ConfigError(f"config.dense_update: true or false, got {cfg.dense_update!r}")
+    if cfg.dense_update not in (True, False, "auto"):
+        raise ConfigError(f"config.dense_update: true, false or auto, got {cfg.dense_update!r}")
     if cfg.gradient_checkpointing not in (True, False, "auto"):
         raise ConfigError(f"config.gradient_checkpointing: true, false or auto, got {cfg.gradient_checkpointing!r}")
     tri = {n: (str(v).lower() if isinstance(v, bool) else v) for n in ("eight_bit",)

@@ -5,6 +5,7 @@ AQN noise lives in the norms' forward (see :mod:`qerl.rl.aqn`). Under ``torchrun
 every rank, each with its share of the rollouts and of the update (:mod:`qerl.train.dist`)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -71,14 +72,17 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
     if note and d.main:
         print(note, flush=True)
 
-    # micro_batch_size: auto -> the largest the memory planner fits (the model's config.json; the device's memory)
-    if cfg.micro_batch_size == "auto":
+    # micro_batch_size / dense_update: auto -> what the memory planner fits (the model's config.json; the device)
+    if cfg.dense_update == "auto" and device.type != "cuda":  # (CPU training runs fp32: nothing to gain)
+        cfg = dataclasses.replace(cfg, dense_update=False)
+    if cfg.micro_batch_size == "auto" or cfg.dense_update == "auto":
         from qerl.models.shapes import Shape
-        from qerl.train.plan import resolve_micro_batch
+        from qerl.train.plan import resolve_dense_update, resolve_micro_batch
 
-        hf = json.loads((Path(src) / "config.json").read_text())
-        cfg, said = resolve_micro_batch(cfg, Shape.from_config(hf), d.world)
-        if d.main:
+        shape = Shape.from_config(json.loads((Path(src) / "config.json").read_text()))
+        cfg, said = resolve_micro_batch(cfg, shape, d.world)
+        cfg = resolve_dense_update(cfg, shape, d.world)
+        if said and d.main:
             print(said, flush=True)
 
     # model & method (on a GPU, a configuration that cannot fit is refused before anything loads)

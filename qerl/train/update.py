@@ -134,7 +134,7 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
                 with policy.disable_adapter():
                     ref_logp = logprobs_global(policy, batch, T, micro, d,
                                                f"gathering the reference log-probs of step {step + 1}")
-        with phase("update"), dense_base(policy, enabled=bool(getattr(cfg, "dense_update", False))):
+        with phase("update"), dense_base(policy, enabled=getattr(cfg, "dense_update", False) is True):
             policy.train()
             # Everything the loop needs from the host is read here, once: each micro-batch's weight, live columns
             # and rows on the device. The loop itself never waits for the GPU (losses, diagnostics and the finite

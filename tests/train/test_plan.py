@@ -163,7 +163,8 @@ def test_estimates_within_15_percent_of_the_measured_peaks():
             est = plan.estimate(plan.QWEN25[r["model"]], BASE[r["method"]], int(r["batch"]), int(r["prompt_len"]),
                                 int(r["gen_len"]), int(r["micro_batch"]), 32, r["checkpointing"] == "True",
                                 eight_bit="8bit" in r["optimizer"], release_cache=r.get("engine_cache") != "kept",
-                                full=r["method"] == "full", offload=r.get("optimizer_states") == "parked")
+                                full=r["method"] == "full", offload=r.get("optimizer_states") == "parked",
+                                dense=r.get("dense_update") == "True")
             measured = float(r["peak_gb"])
             assert abs(est["peak_gb"] / measured - 1) <= 0.15, (f.name, r["model"], r["method"], r["batch"],
                                                                 r["gen_len"], est["peak_gb"], measured)
@@ -338,5 +339,33 @@ def test_dense_update_is_planned_in_the_update_phase():
     assert extra == 2 * linears and 12e9 < extra < 14e9
     assert dense["phases"]["update"] == plain["phases"]["update"] + extra
     assert "dense base (dense_update)" not in estimate(s, "bf16", 64, 256, 1024, 4, dense=True)["update"]
-    with pytest.raises(ConfigError, match="config.dense_update: true or false, got 'yes'"):
+    with pytest.raises(ConfigError, match="config.dense_update: true, false or auto, got 'yes'"):
         validate(TrainConfig(dense_update="yes"))
+
+
+def test_dense_update_auto_where_measured_faster():
+    """``dense_update: auto`` with ``micro_batch_size: auto`` (80 GB, 64 sequences x 1,280 tokens): 7B QeRL takes the
+    copy at micro-batch 4 (8 without it: the copy at half of it is faster, reports/step), 14B keeps micro-batch 4
+    without it (the copy would need micro-batch 2); with a micro-batch given, on where it fits; never for a bf16 base;
+    ``qerl plan`` says so in its title."""
+    import dataclasses
+
+    from qerl.models.shapes import QWEN25
+    from qerl.train.config import ModelConfig, TrainConfig, validate
+
+    base = validate(TrainConfig(method="qerl", micro_batch_size="auto", prompts_per_step=8, model=ModelConfig(path="m"),
+                                rollout=dataclasses.replace(TrainConfig().rollout, max_new_tokens=1024)))
+    assert base.dense_update == "auto" and base.algorithm.group_size == 8  # 64 sequences per step
+    got = {}
+    for shape in ("7B", "14B"):
+        cfg, said = plan.resolve_micro_batch(base, QWEN25[shape], available=80e9)
+        got[shape] = (cfg.micro_batch_size, plan.resolve_dense_update(cfg, QWEN25[shape], available=80e9).dense_update)
+        if shape == "7B":
+            assert "with dense_update" in said and "without it 8 would fit" in said
+    assert got == {"7B": (4, True), "14B": (4, False)}
+    fixed = dataclasses.replace(base, micro_batch_size=4)
+    assert plan.resolve_dense_update(fixed, QWEN25["7B"], available=80e9).dense_update is True
+    assert plan.resolve_dense_update(fixed, QWEN25["7B"], available=24e9).dense_update is False  # does not fit
+    lora = dataclasses.replace(fixed, method="lora")
+    assert plan.resolve_dense_update(lora, QWEN25["7B"], available=80e9).dense_update is False
+    assert "dense update" in plan.plan_config(base, shape="7B", available=80e9)["markdown"].splitlines()[0]
