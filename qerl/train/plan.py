@@ -292,7 +292,7 @@ def resolve_micro_batch(cfg, s: Shape, world: int = 1, available: float | None =
     if cfg.dense_update == "auto" and method.lora and method.base == "nvfp4" and not ckpt:
         dm, dckpt = auto_micro_batch(s, method.base, rows, cfg.rollout.max_new_tokens, cfg.lora.r, eight, False,
                                      available, dense=True)
-        if not dckpt and dm >= max(MIN_MICRO_DENSE, micro // 2):  # (>= 2: it fits)
+        if not dckpt and dm >= max(MIN_MICRO_DENSE, micro // 2):  # (a size >= 2 returned without checkpointing fits)
             return dataclasses.replace(cfg, micro_batch_size=dm, dense_update=True), (
                 f"micro_batch_size auto: {dm} of {rows} sequences per update forward/backward with dense_update "
                 f"(the NVFP4 base dequantized once per update phase; without it {micro} would fit)")
@@ -304,7 +304,8 @@ def resolve_dense_update(cfg, s: Shape, world: int = 1, available: float | None 
     """``cfg`` with ``dense_update: auto`` resolved for a GPU run whose micro-batch is set: on for an NVFP4 LoRA
     method when the planned peak with the dense copy stays within 90% of ``available`` (default: the device).
     (With ``micro_batch_size: auto``, :func:`resolve_micro_batch` decides both: the dense copy at the largest
-    micro-batch that fits with it, when that is at least half the one without it and >= 2 sequences — measured,
+    micro-batch that fits with it, when that is at least half the one without it and at least
+    :data:`MIN_MICRO_DENSE` sequences — measured,
     H100, 7B batch 64 / 128 with realistic lengths: micro-batch 4 with the copy 8.96 / 13.97 s per step against 9.32
     / 15.28 s at micro-batch 8 without it, reports/step.)"""
     import dataclasses
