@@ -78,29 +78,51 @@ def rollout_to(r: Rollout, device) -> Rollout:
                    r.completion_mask.to(device), r.logprobs.to(device), r.truncated.to(device), list(r.texts))
 
 
+ENGINE_SPLIT = {"prefill_s": "rollout_prefill_seconds", "capture_s": "rollout_capture_seconds",
+                "host_s": "rollout_host_seconds"}  # RolloutEngine.last_stats -> the step's metrics (engine rollouts)
+
+
+def _engine_split(policy, before) -> dict:
+    """The rollout engine's split of the generation just run (``ENGINE_SPLIT``), or {} when it did not run
+    (``before``: its ``last_stats`` object before the call; the engine replaces it on every ``generate``)."""
+    from qerl.rollout.engine import cached_engine
+
+    eng = cached_engine(policy)
+    if eng is None or eng.last_stats is before or not eng.last_stats:
+        return {}
+    return {name: float(eng.last_stats.get(k, 0.0)) for k, name in ENGINE_SPLIT.items()}
+
+
 def _generate_share(policy, tokenizer, records, cfg, step, rounds, reward, aqn, sigma, d: Dist):
     """This rank's groups of one round (all of them on one process), generated and scored, then every rank's
     gathered in rank order: ``(rollout of the round's groups, [(reward, correct)] per row, generation seconds
-    per rank)``. Rows draw with their global rows' seeds, so the result does not depend on the world size."""
+    per rank, the engine's split of this round — the slowest rank's per part — or {})``. Rows draw with their
+    global rows' seeds, so the result does not depend on the world size."""
+    from qerl.rollout.engine import cached_engine
+
     G = cfg.algorithm.group_size
     mine = share(len(records), d)
     seed = derive_seed(cfg.seed, step, rounds, "rollout")
     t0 = time.perf_counter()
-    ro, scores = None, []
+    ro, scores, split = None, [], {}
     if len(mine):
         prompts = [format_prompt(records[i]["prompt"], tokenizer, cfg.data.template) for i in mine]
         noise = aqn.noise(sigma, derive_seed(cfg.seed, step, rounds, "aqn")) if aqn else contextlib.nullcontext()
+        eng = cached_engine(policy)
+        before = None if eng is None else eng.last_stats
         with noise:
             ro = generate(policy, tokenizer, prompts, cfg.rollout, seed=seed, num_samples=G, first_row=mine.start * G)
+        split = _engine_split(policy, before)
         scores = [reward.score(text, records[mine.start + i // G]["answer"]) for i, text in enumerate(ro.texts)]
     seconds = time.perf_counter() - t0
     if not d.on:
-        return ro, scores, [seconds]
+        return ro, scores, [seconds], split
     device = next(policy.parameters()).device
-    parts = gather(d, (None if ro is None else rollout_to(ro, "cpu"), scores, seconds),
+    parts = gather(d, (None if ro is None else rollout_to(ro, "cpu"), scores, seconds, split),
                    f"gathering the rollouts of step {step + 1}")
     ro = merge([rollout_to(p[0], device) for p in parts if p[0] is not None], tokenizer.pad_token_id)
-    return ro, [sc for p in parts for sc in p[1]], [p[2] for p in parts]
+    split = {k: max(p[3].get(k, 0.0) for p in parts) for k in set().union(*(p[3] for p in parts))}
+    return ro, [sc for p in parts for sc in p[1]], [p[2] for p in parts], split
 
 
 def collect_rollouts(policy, tokenizer, stream: PromptStream, cfg, step: int, reward, aqn, sigma: float,
@@ -114,12 +136,14 @@ def collect_rollouts(policy, tokenizer, stream: PromptStream, cfg, step: int, re
     G, want = a.group_size, cfg.prompts_per_step
     kept, kept_rewards = [], []
     all_rewards, all_correct, all_len, all_trunc = [], [], [], []
-    rounds, groups_seen, gen_max, idle = 0, 0, 0.0, 0.0
+    rounds, groups_seen, gen_max, idle, split = 0, 0, 0.0, 0.0, {}
     while True:
         n_prompts = want - sum(len(k.texts) // G for k in kept) if rounds else want
         records = stream.take(n_prompts)
-        ro, scores, seconds = _generate_share(policy, tokenizer, records, cfg, step, rounds, reward, aqn, sigma, d)
+        ro, scores, seconds, part = _generate_share(policy, tokenizer, records, cfg, step, rounds, reward, aqn, sigma,
+                                                    d)
         gen_max, idle = gen_max + max(seconds), idle + max(seconds) - min(seconds)
+        split = {k: split.get(k, 0.0) + v for k, v in part.items()}
         rewards = torch.tensor([s[0] for s in scores], dtype=torch.float32)
         if a.overlong_penalty:
             rewards = rewards + overlong_penalty(ro.lengths.cpu(), cfg.rollout.max_new_tokens, a.overlong_cache)
@@ -152,6 +176,7 @@ def collect_rollouts(policy, tokenizer, stream: PromptStream, cfg, step: int, re
         "generated_tokens": int(torch.cat(all_len).sum()),
         "rollout_gen_seconds": gen_max,  # the slowest rank's generation + scoring, summed over rounds
         "rank_idle_seconds": idle,  # the fastest rank's wait for the slowest (0 on one process)
+        **split,  # rollout engine only: its prefill / graph-capture / host-check seconds inside rollout_gen_seconds
     }
     if not kept:
         stats["groups_kept"] = 0

@@ -307,3 +307,19 @@ def test_auto_micro_batch_trains_and_says_what_it_chose(warm_model, tmp_path, ca
                 progress=False)
     assert "micro_batch_size auto: 16 of 16 sequences" in capsys.readouterr().out
     assert json.loads((out / "config.json").read_text())["micro_batch_size"] == 16 and len(rows(out)) == 1
+
+
+def test_engine_rollouts_log_their_split(warm_model, tmp_path):
+    """With the rollout engine (forced on the CPU here), every step's metrics carry its prefill / capture /
+    host-check seconds (inside ``rollout_gen_seconds``); the reference sampler logs none of them."""
+    from qerl.train.steps import ENGINE_SPLIT
+
+    out = train(make_cfg(warm_model, tmp_path / "eng", steps=2, **{"rollout.engine": "engine"}),
+                tracker=NullTracker(), progress=False)
+    for r in rows(out):
+        parts = [r[k] for k in ENGINE_SPLIT.values()]
+        assert all(v >= 0 for v in parts) and r["rollout_prefill_seconds"] > 0, r
+        assert sum(parts) <= r["rollout_gen_seconds"]
+    ref = train(make_cfg(warm_model, tmp_path / "ref", steps=1, **{"rollout.engine": "reference"}),
+                tracker=NullTracker(), progress=False)
+    assert not any(k in r for r in rows(ref) for k in ENGINE_SPLIT.values())
