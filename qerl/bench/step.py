@@ -51,14 +51,13 @@ from pathlib import Path
 
 import torch
 
+from qerl.rollout.engine.runner import SPLIT as ENGINE_SPLIT  # the engine's split of rollout_s (prefill_s, ...)
+
 COLUMNS = ["device", "model", "method", "batch", "prompt_len", "gen_len", "lengths", "nproc", "status", "rollout_s", "logprob_s",
            "update_s", "total_s", "tokens_per_s", "peak_gb", "rank_idle_s", "checkpointing", "micro_batch",
            "engine_cache", "optimizer_states", "optimizer", "samples_per_prompt", "dense_update", "prefill_s",
            "capture_s", "host_s",
            "note"]
-#: the rollout engine's own split of ``rollout_s`` (``RolloutEngine.last_stats``): prompts prefilled, CUDA graphs
-#: captured, and the GPU idle while the host checked for finished rows between windows of decode steps
-ENGINE_SPLIT = ("prefill_s", "capture_s", "host_s")
 BASE = {"lora": "bf16", "qlora": "nf4", "qerl": "nvfp4", "full": "bf16"}  # full: every weight trained
 #: the paper's one-H100 efficiency numbers (docs/paper.md): rollout tok/s at batch 8 / 2, weight GB, step s.
 PAPER = {

@@ -124,11 +124,7 @@ def live_columns(prompt_mask: torch.Tensor, completion_mask: torch.Tensor) -> tu
     """``(p0, c1)``: the first prompt column (prompts are left-padded) and one past the last completion column
     (completions right-padded) that hold a real token in any row of these masks ``[N, P]`` / ``[N, T]`` — the
     columns outside are padding in every row, so the model need not run on them (keeps >= 1 column of each)."""
-    P, T = prompt_mask.shape[1], completion_mask.shape[1]
-    p_at = torch.where(prompt_mask.bool().any(0), torch.arange(P, device=prompt_mask.device), P)
-    c_at = torch.where(completion_mask.bool().any(0), torch.arange(1, T + 1, device=completion_mask.device), 0)
-    p0, c1 = torch.stack([p_at.min(), c_at.max()]).tolist() if P and T else (0, T)
-    return min(p0, P - 1), max(c1, 1)
+    return columns_of(row_spans(prompt_mask, completion_mask), slice(None), prompt_mask.shape[1])
 
 
 def row_spans(prompt_mask: torch.Tensor, completion_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

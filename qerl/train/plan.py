@@ -269,11 +269,18 @@ def auto_micro_batch(s: Shape, base: str, rows: int, gen_len: int, rank: int = 3
     return next((m for m in sizes if fits(m, True)), 1), True
 
 
+def _eight_bit(cfg, sharding: str) -> bool:
+    """Whether the optimizer states are 8-bit (bitsandbytes; never under FSDP2): ``optim.eight_bit`` resolved."""
+    import importlib.util
+
+    return sharding != "fsdp" and (cfg.optim.eight_bit == "true" or (
+        cfg.optim.eight_bit == "auto" and importlib.util.find_spec("bitsandbytes") is not None))
+
+
 def resolve_micro_batch(cfg, s: Shape, world: int = 1, available: float | None = None):
     """``cfg`` with ``micro_batch_size: auto`` resolved by :func:`auto_micro_batch` for a model of shape ``s``
     (one process of ``world``), and a line saying what was chosen (None when the size was given)."""
     import dataclasses
-    import importlib.util
 
     from qerl.train.config import resolve_sharding
 
@@ -282,8 +289,7 @@ def resolve_micro_batch(cfg, s: Shape, world: int = 1, available: float | None =
     method = METHODS[cfg.method]
     sharding = resolve_sharding(cfg, world)
     rows = max(1, cfg.prompts_per_step * cfg.algorithm.group_size // max(1, world))
-    eight = sharding != "fsdp" and (cfg.optim.eight_bit == "true" or (
-        cfg.optim.eight_bit == "auto" and importlib.util.find_spec("bitsandbytes") is not None))
+    eight = _eight_bit(cfg, sharding)
     fk = {"dense": cfg.dense_update is True} if method.lora else {"full": True, "world": world, "sharding": sharding}
     micro, ckpt = auto_micro_batch(s, method.base, rows, cfg.rollout.max_new_tokens,
                                    cfg.lora.r, eight, cfg.gradient_checkpointing, available, **fk)
@@ -309,7 +315,6 @@ def resolve_dense_update(cfg, s: Shape, world: int = 1, available: float | None 
     H100, 7B batch 64 / 128 with realistic lengths: micro-batch 4 with the copy 8.96 / 13.97 s per step against 9.32
     / 15.28 s at micro-batch 8 without it, reports/step.)"""
     import dataclasses
-    import importlib.util
 
     if cfg.dense_update != "auto":
         return cfg
@@ -317,8 +322,7 @@ def resolve_dense_update(cfg, s: Shape, world: int = 1, available: float | None 
     if not (method.lora and method.base == "nvfp4") or cfg.micro_batch_size == "auto":
         return dataclasses.replace(cfg, dense_update=False) if cfg.micro_batch_size != "auto" else cfg
     rows = max(1, cfg.prompts_per_step * cfg.algorithm.group_size // max(1, world))
-    eight = cfg.optim.eight_bit == "true" or (
-        cfg.optim.eight_bit == "auto" and importlib.util.find_spec("bitsandbytes") is not None)
+    eight = _eight_bit(cfg, "none")
     budget = 0.9 * (device_bytes() if available is None else available)
     ckpt = cfg.gradient_checkpointing is True or (cfg.gradient_checkpointing == "auto" and needs_checkpointing(
         s, method.base, rows, PROMPT_TOKENS, cfg.rollout.max_new_tokens, cfg.micro_batch_size, cfg.lora.r, eight,
@@ -332,7 +336,6 @@ def plan_config(cfg, shape: str | None = None, available: float | None = None, w
     """The estimate for a :class:`~qerl.train.config.TrainConfig` (``shape``: a Qwen2.5 size instead of the
     model's ``config.json``; ``world``: data-parallel processes, each holding ``1/world`` of a step's sequences):
     ``{"estimate", "fits", "available", "advice", "markdown"}`` for one process."""
-    import importlib.util
     import json
     from pathlib import Path
 
@@ -356,8 +359,7 @@ def plan_config(cfg, shape: str | None = None, available: float | None = None, w
     sharding = resolve_sharding(cfg, world)
     rows = cfg.prompts_per_step * cfg.algorithm.group_size // max(1, world)
     gen = cfg.rollout.max_new_tokens
-    eight = sharding != "fsdp" and (cfg.optim.eight_bit == "true" or (
-        cfg.optim.eight_bit == "auto" and importlib.util.find_spec("bitsandbytes") is not None))
+    eight = _eight_bit(cfg, sharding)
     fk = {"full": full, "world": world, "sharding": sharding, "dense": cfg.dense_update is True}
     available = device_bytes() if available is None else available
     mode = cfg.gradient_checkpointing

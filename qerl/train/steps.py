@@ -12,6 +12,7 @@ import torch
 from qerl.data.tasks import format_prompt
 from qerl.rl.advantages import informative_groups, overlong_penalty
 from qerl.rollout import Rollout, generate, sequence_logprobs
+from qerl.rollout.engine.runner import SPLIT
 from qerl.train.dist import Dist, gather, share
 
 
@@ -78,8 +79,7 @@ def rollout_to(r: Rollout, device) -> Rollout:
                    r.completion_mask.to(device), r.logprobs.to(device), r.truncated.to(device), list(r.texts))
 
 
-ENGINE_SPLIT = {"prefill_s": "rollout_prefill_seconds", "capture_s": "rollout_capture_seconds",
-                "host_s": "rollout_host_seconds"}  # RolloutEngine.last_stats -> the step's metrics (engine rollouts)
+ENGINE_SPLIT = {k: f"rollout_{k[:-2]}_seconds" for k in SPLIT}  # RolloutEngine.last_stats -> the step's metrics
 
 
 def _engine_split(policy, before) -> dict:

@@ -56,8 +56,13 @@ def test_merge_keeps_grpo_shaped_rows_apart_and_shows_the_engine_split(tmp_path)
     real = "lognormal:median=300,sigma=0.9"
     old = {**_row("7B", "qerl", 64, 1024, 10.0), "lengths": real}
     old_file, _ = bench_step.write([old], tmp_path / "a", "GPU X")
-    text = old_file.read_text().replace(",samples_per_prompt,", ",,").replace(",1,", ",,", 1)  # (an older file)
-    old_file.write_text(text)
+    with open(old_file, newline="") as f:  # a file written before the samples_per_prompt column
+        rows = list(csv.DictReader(f))
+    with open(old_file, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=[c for c in rows[0] if c != "samples_per_prompt"], extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    assert "samples_per_prompt" not in old_file.read_text()
     new = {**_row("7B", "qerl", 64, 1024, 9.0), "lengths": real, "samples_per_prompt": 16, "prefill_s": 0.03,
            "capture_s": 0.25, "host_s": 0.05}
     b, _ = bench_step.write([new], tmp_path / "b", "GPU X")

@@ -34,6 +34,9 @@ from qerl.rollout.sampler import Rollout, encode_prompts
 from qerl.rollout.sampling import SamplingSettings, row_budget, row_seeds, sample
 
 PREFILL_TOKENS = 8192  # prompt positions per prefill call (rows chunked so the activations stay bounded)
+#: ``last_stats`` keys splitting a ``generate`` call's time: prompts prefilled, decode graphs captured, and the GPU
+#: idle while the host checked for finished rows between windows of decode steps (the rest is decoding)
+SPLIT = ("prefill_s", "capture_s", "host_s")
 
 log = logging.getLogger(__name__)
 
@@ -315,6 +318,7 @@ class RolloutEngine:
         its own seed, from its logits."""
         dev = self.device
         t0 = self._clock()
+        rt = torch.tensor(rows)
         src = shared_prompts(right, plen, rows) if self.share_prompts else list(range(len(rows)))
         uniq = sorted(set(src))
         r, slot_of = torch.tensor([rows[j] for j in uniq]), torch.tensor([slots[j] for j in uniq], device=dev)
@@ -331,13 +335,13 @@ class RolloutEngine:
         pick = torch.tensor([at[j] for j in src], device=dev)
         copies = [(slots[src[j]], slots[j]) for j in range(len(rows)) if src[j] != j]
         if copies:  # the shared prompt's K/V into the other slots of its group (positions past a prompt are junk,
-            P = int(plen[torch.tensor(rows)].max())  # rewritten by decoding before anything reads them)
+            P = int(plen[rt].max())  # rewritten by decoding before anything reads them)
             a, b = (torch.tensor(x, device=dev) for x in zip(*copies))
             for kc, vc in zip(self.kc, self.vc):
                 kc[b, :P] = kc[a, :P]
                 vc[b, :P] = vc[a, :P]
         all_slots = torch.tensor(slots, device=dev)
-        tok, lp = self.sample(torch.cat(logits)[pick], s, seeds[torch.tensor(rows)].to(dev), step0)
+        tok, lp = self.sample(torch.cat(logits)[pick], s, seeds[rt].to(dev), step0)
         self.gen_tok[all_slots, 0] = tok
         self.gen_lp[all_slots, 0] = lp
         self._timing["prefill_s"] += self._clock() - t0
