@@ -70,6 +70,7 @@ from qerl_kernels.nvfp4_wgmma import _a_operand, _gdc_wait, _issue_w, _issue_x, 
     _split_sum, _words_layout
 
 REGS_PER_SM = 65536
+SMEM_PER_PROGRAM = 232448  # sm_90: the most shared memory one program (CTA) may take, 227 KB
 PRODUCER_WARPS = 4  # the default partition (the kernel's num_warps)
 PRODUCER_REGS = 80  # the producer's cp.async address tensors spill below ~56 at BT = 64 and ~80 at BT = 128 (sm_90 compile, C = 2)
 
@@ -99,6 +100,27 @@ def ring_bytes(C: int, MT: int, BT: int, NS: int, R: int = 0, KS: bool = False) 
     rows = 64 * MT * (1 if KS else C)
     red = (C - 1) * rows * BT * 4 + 8 if KS and C > 1 else 0
     return NS * (rows * 72 + BT * 256) + 2048 + C * BT * R * 2 + red
+
+
+def min_stages(C: int, DB: bool = False, KS: bool = False) -> int:
+    """The fewest ring slots that cannot deadlock: one more than the consumers hold at once — each holds one slot
+    (two with ``DB``, :func:`consumer_events`), all the same step's, except with ``KS`` (C consumers, C steps)."""
+    return (2 if DB else 1) * (C if KS else 1) + 1
+
+
+def fit_stages(C: int, MT: int, BT: int, NS: int, R: int = 0, KS: bool = False, DB: bool = False,
+               limit: int = SMEM_PER_PROGRAM) -> int:
+    """The ring depth to launch a tuned ``NS`` with a rank-``R`` LoRA epilogue: ``NS`` where :func:`ring_bytes`
+    fits ``limit``, else the deepest ring from :func:`min_stages` up that does, else 0 (the epilogue's ``[BT, R]``
+    ``xa`` tiles do not fit beside any ring: the caller adds the LoRA outside the kernel). The tables are tuned
+    with rank 32; the engine's fused q/k/v of rank r carry ``R = 3r`` rounded up to a power of two (14B gate/up's
+    tuned M = 128 entry, ``C = 2, BT = 128, NS = 4``, needs 233,544 bytes at R = 128: over the limit)."""
+    if ring_bytes(C, MT, BT, NS, R, KS) <= limit:
+        return NS
+    for ns in range(NS - 1, min_stages(C, DB, KS) - 1, -1):
+        if ring_bytes(C, MT, BT, ns, R, KS) <= limit:
+            return ns
+    return 0
 
 
 def ring_schedule(steps: int, NS: int) -> list[tuple[int, int, int, int]]:

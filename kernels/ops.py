@@ -485,15 +485,35 @@ def _launch_wgmma(c: _Call) -> torch.Tensor:
         from qerl_kernels.nvfp4_wgmma import permute_activations
         from qerl_kernels.nvfp4_wgmma_ws import nvfp4_ws_matmul
 
+        ns, outside = ws_stages(cfg, lb.shape[1] if lb is not None else 0)
+        if outside:  # the LoRA epilogue does not fit beside the ring: the base here, s · xa · lora_bᵀ after
+            xa = xa[:c.M]  # (from the PDL primary, which then releases an ordinary launch, or x · lora_aᵀ)
         # without the LoRA primary the permutation is this kernel's PDL primary (its producer waits for it)
-        return nvfp4_ws_matmul(c.x2, c.packed, c.scale.view(torch.uint8), c.gs, bias, xa, lb, c.lora_scale,
-                               xp=permute_activations(c.x2, pdl=not c.interpret) if xperm is None else xperm,
-                               xwait=xperm is None and not c.interpret, C=int(cfg.get("C", 2)),
-                               MT=int(cfg.get("MT", 1)), BT=bt, NS=int(cfg.get("NS", 4)), SPLIT=split,
-                               OCC=int(cfg.get("OCC", 1)), SK=int(cfg.get("SK", 0)), TMA=int(cfg.get("TMA", 0)),
-                               DB=int(cfg.get("DB", 0)), KS=int(cfg.get("KS", 0)), part=part, lock=locks, pdl=c.pdl)
+        y = nvfp4_ws_matmul(c.x2, c.packed, c.scale.view(torch.uint8), c.gs, bias, None if outside else xa,
+                            None if outside else lb, c.lora_scale,
+                            xp=permute_activations(c.x2, pdl=not c.interpret) if xperm is None else xperm,
+                            xwait=xperm is None and not c.interpret, C=int(cfg.get("C", 2)),
+                            MT=int(cfg.get("MT", 1)), BT=bt, NS=ns, SPLIT=split,
+                            OCC=int(cfg.get("OCC", 1)), SK=int(cfg.get("SK", 0)), TMA=int(cfg.get("TMA", 0)),
+                            DB=int(cfg.get("DB", 0)), KS=int(cfg.get("KS", 0)), part=part, lock=locks,
+                            pdl=c.pdl and not outside)
+        return y.addmm_(xa, lb.T, alpha=c.lora_scale) if outside else y
     return nvfp4_wgmma_matmul(c.x2, c.packed, c.scale.view(torch.uint8), c.gs, bias, xa, lb, c.lora_scale,
                               **{**cfg, "SPLIT": split}, xp=xperm, part=part, lock=locks, pdl=c.pdl)
+
+
+def ws_stages(cfg: dict, r: int) -> tuple[int, bool]:
+    """``(NS, outside)`` for a ``WS`` config called with a rank-``r`` LoRA epilogue (``r`` = 0: none): the tuned
+    ring depth, or a shallower one where the epilogue's ``xa`` tiles would push the program past the shared memory
+    (:func:`qerl_kernels.nvfp4_wgmma_ws.fit_stages`); ``outside`` where no ring fits beside them — the kernel then
+    runs without the epilogue and the LoRA term is one ``addmm`` after it."""
+    from qerl_kernels.nvfp4_wgmma_ws import fit_stages
+
+    C, MT, BT, NS = int(cfg.get("C", 2)), int(cfg.get("MT", 1)), int(cfg.get("BT", 64)), int(cfg.get("NS", 4))
+    ns = fit_stages(C, MT, BT, NS, r, bool(cfg.get("KS")), bool(cfg.get("DB")))
+    if ns == 0:
+        return fit_stages(C, MT, BT, NS, 0, bool(cfg.get("KS")), bool(cfg.get("DB"))) or NS, True
+    return ns, False
 
 
 def _launch_dq(c: _Call) -> torch.Tensor:

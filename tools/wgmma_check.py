@@ -4,7 +4,8 @@ tickets (called three times: they must come back to zero), an N that is not a mu
 capture and replay with new inputs — against the dequantized fp32 reference; then forced configs: decode
 sizes M <= 16 (BT 8 | 16, split, LoRA through the PDL primary ``lora_xa``) and every large-tile candidate
 of the tuner (M > 128: BT 128 | 256, gathered or pre-permuted activations, pipelined) and the warp-specialised
-kernel's DB / KS / split / stream-K variants, with bias and LoRA.
+kernel's DB / KS / split / stream-K variants, with bias and LoRA; LoRA ranks 128 / 256 / 1,024 on the
+warp-specialised kernel (a shallower ring, or the LoRA term outside it), eager and in CUDA graphs.
 
 ``python tools/wgmma_check.py [OUT.json]`` — one line per case; exit status 1 if any case fails.
 """
@@ -132,6 +133,41 @@ def main(out=None) -> int:
         perr[M] = float((ym.float() - want).norm() / want.norm())
         bad += not perr[M] < 5e-3
         print(f"cuda graph replay PDL M={M} rel_err", f"{perr[M]:.2e}", flush=True)
+    # LoRA ranks past the tuned rank 32 (the engine's fused q/k/v: 3r rounded up to a power of two): the WS ring
+    # shallower where the epilogue's xa tiles need the room, the LoRA term after the kernel where no ring fits
+    # (ops.ws_stages); eager, then replayed from a CUDA graph with new activations
+    N, K = 1024, 3584
+    p, s, gs = nvfp4.quantize(torch.randn(N, K, device=dev, generator=g) * 0.02)
+    wref = nvfp4.dequantize(p, s, gs, torch.float32)
+    for R in (128, 256, 1024):
+        la = (torch.randn(R, K, device=dev, generator=g) * 0.02).bfloat16()
+        lb = (torch.randn(N, R, device=dev, generator=g) * 0.02).bfloat16()
+        for M, cfg in ((50, dict(C=1, BT=64, NS=6, OCC=1, TMA=1, DB=1, SPLIT=1)),
+                       (128, dict(C=2, BT=128, NS=4, OCC=1, TMA=1, SPLIT=1)),
+                       (200, dict(C=2, BT=128, NS=4, OCC=1, TMA=1, SPLIT=1, SK=1))):
+            cfg = {**ws, **cfg}
+            x = torch.randn(M, K, device=dev, generator=g).bfloat16()
+            os.environ["QERL_KERNEL_CONFIG"] = json.dumps(cfg)
+            try:
+                y = ops.nvfp4_matmul(x, p, s, gs, None, None, lb, 0.5, lora_a=la)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    yg = ops.nvfp4_matmul(x, p, s, gs, None, None, lb, 0.5, lora_a=la)
+            finally:
+                os.environ.pop("QERL_KERNEL_CONFIG")
+            want = x.float() @ wref.T + 0.5 * ((x @ la.T).float() @ lb.float().T)
+            errs = [float((y.float() - want).norm() / want.norm())]
+            x.copy_(torch.randn(M, K, device=dev, generator=g).bfloat16())
+            graph.replay()
+            want = x.float() @ wref.T + 0.5 * ((x @ la.T).float() @ lb.float().T)
+            errs.append(float((yg.float() - want).norm() / want.norm()))
+            ns, outside = ops.ws_stages(cfg, R)
+            ok = max(errs) < 5e-3
+            bad += not ok
+            rows.append({"N": N, "K": K, "M": M, "case": f"lora rank {R}", "config": cfg, "stages": ns,
+                         "lora_outside": outside, "max_rel_err": max(errs), "ok": ok})
+            print(N, K, M, f"R={R}", cfg, f"NS {cfg['NS']} -> {ns}", "outside" if outside else "fused",
+                  f"rel_err {max(errs):.2e}", "ok" if ok else "FAIL", flush=True)
     res = {"device": torch.cuda.get_device_name(), "rows": rows, "graph_rel_err": gerr, "graph_pdl_rel_err": perr,
            "failed": bad}
     if out:

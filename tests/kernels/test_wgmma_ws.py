@@ -10,7 +10,10 @@ Hopper GPU:
 * the kernel compiles for sm_90 with ptxas (split-K with bias and a PDL LoRA epilogue; stream-K; two programs per
   SM): one wgmma chain per consumer from registers, the ``cp.async`` completions arriving on mbarriers, the
   ``setmaxnreg`` register hand-over, no spills;
-* the tuner's WS candidates fit shared memory and registers.
+* the tuner's WS candidates fit shared memory and registers; every tuned WS entry, called with the LoRA ranks the
+  engine passes (fused q/k/v: 3r rounded up to a power of two), gets a ring depth that fits beside the epilogue's
+  ``xa`` tiles (``fit_stages``), or the LoRA term outside the kernel — never a launch over the shared memory (the 14B
+  q/k/v prefill with rank 32 once asked for 233,544 bytes);
 The GPU judge: the tuner's correctness check of every candidate against the dequantized reference
 (``python -m qerl.bench.kernels_tune --paths ws``), ``qerl.bench.kernels_check --part routed`` and the LoRA /
 CUDA-graph cases of the routed op (reports/kernels/README.md, "Warp-specialised kernel")."""
@@ -66,7 +69,9 @@ def test_consumer_events_read_in_order_and_release_each_step_once():
                                               (5, 2, 4, False, False), (7, 3, 1, True, False), (13, 4, 2, True, False),
                                               (8, 2, 2, True, False), (29, 6, 1, True, False), (1, 4, 1, True, False),
                                               (13, 4, 2, False, True), (29, 6, 2, True, True), (28, 6, 4, False, True),
-                                              (9, 4, 2, True, True), (3, 6, 4, False, True)])
+                                              (9, 4, 2, True, True), (3, 6, 4, False, True)]
+                         + [(17, ws.min_stages(C, DB, KS), C, DB, KS) for C in (1, 2, 4) for DB in (False, True)
+                            for KS in (False, True) if C > 1 or not KS])
 def test_ring_protocol_delivers_every_step_once_in_order_without_overwrites(steps, NS, C, DB, KS):
     """``KS``: consumer c reads only the steps c, c + C, … and each slot waits for one release (``empty`` count 1)."""
     sched = ws.ring_schedule(steps, NS)
@@ -295,3 +300,51 @@ def test_permute_primary_releases_its_dependent():
         k = triton.compile(ASTSource(_permute_kernel, sig, {"BLOCKS": 8, "PDL": pdl}), target=GPUTarget("cuda", 90, 32),
                            options={"num_warps": 4})
         assert k.asm["ptx"].count("griddepcontrol.launch_dependents") == n
+
+
+def _tuned_ws_entries():
+    import json
+    import pathlib
+
+    root = pathlib.Path(ws.__file__).parent / "tuned"
+    return [(f.stem, key, cfg) for f in sorted(root.glob("*.json")) for key, cfg in json.loads(f.read_text()).items()
+            if cfg.get("WS")]
+
+
+def test_every_tuned_ws_entry_fits_shared_memory_at_any_lora_rank():
+    from qerl_kernels.ops import ws_stages
+
+    entries = _tuned_ws_entries()
+    assert len(entries) >= 40
+    outside = 0
+    for device, key, c in entries:
+        ks, db = bool(c.get("KS")), bool(c.get("DB"))
+        for R in (0, 16, 32, 64, 128, 256, 512):
+            ns, out = ws_stages(c, R)
+            used_r = 0 if out else R
+            assert ws.ring_bytes(c["C"], c["MT"], c["BT"], ns, used_r, ks) <= ws.SMEM_PER_PROGRAM, (device, key, R)
+            assert ns == c["NS"] or ns >= ws.min_stages(c["C"], db, ks), (device, key, R, ns)
+            if R <= 32:  # the rank the tables were tuned with: the tuned launch, fused
+                assert (ns, out) == (c["NS"], False), (device, key, R)
+            outside += out
+    assert outside < len(entries)  # rank 512 alone sends some outside; the rest keep the fused epilogue
+
+
+def test_fit_stages_on_the_entry_that_overflowed():
+    """H100 14B q/k/v at M = 128 (``C = 2, BT = 128, NS = 4``) with the engine's fused rank-32 q/k/v LoRA (R = 128):
+    233,544 bytes compiled (ring_bytes 235,520) against 232,448 — one slot less fits; R = 256 needs two less; a
+    1,024-rank epilogue fits no ring."""
+    assert ws.ring_bytes(2, 1, 128, 4, 128) > ws.SMEM_PER_PROGRAM >= ws.ring_bytes(2, 1, 128, 4, 64)
+    assert ws.fit_stages(2, 1, 128, 4, 128) == 3
+    assert ws.fit_stages(2, 1, 128, 4, 256) == 2
+    assert ws.fit_stages(2, 1, 128, 4, 1024) == 0
+    assert ws.fit_stages(2, 1, 128, 4, 32) == 4
+    assert ws.min_stages(2, DB=True, KS=True) == 5 and ws.min_stages(1) == 2
+
+
+def test_fitted_ring_compiles_under_the_limit():
+    from qerl_kernels.inspect_ir import compile_ws_tma
+
+    ns = ws.fit_stages(2, 1, 128, 4, 128)
+    k = compile_ws_tma(2, 1, 128, ns, R=128, PDL=True, bias=True)
+    assert k.metadata.shared <= ws.ring_bytes(2, 1, 128, ns, 128) <= ws.SMEM_PER_PROGRAM
