@@ -5,7 +5,8 @@ capture and replay with new inputs — against the dequantized fp32 reference; t
 sizes M <= 16 (BT 8 | 16, split, LoRA through the PDL primary ``lora_xa``) and every large-tile candidate
 of the tuner (M > 128: BT 128 | 256, gathered or pre-permuted activations, pipelined) and the warp-specialised
 kernel's DB / KS / split / stream-K variants, with bias and LoRA; LoRA ranks 128 / 256 / 1,024 on the
-warp-specialised kernel (a shallower ring, or the LoRA term outside it), eager and in CUDA graphs.
+warp-specialised kernel (a shallower ring, or the LoRA term outside it), eager and in CUDA graphs; the tuned
+routes of 7B / 14B q/k/v at M = 1 … 1,024 with the engine's fused-adapter ranks 128 / 256.
 
 ``python tools/wgmma_check.py [OUT.json]`` — one line per case; exit status 1 if any case fails.
 """
@@ -168,6 +169,26 @@ def main(out=None) -> int:
                          "lora_outside": outside, "max_rel_err": max(errs), "ok": ok})
             print(N, K, M, f"R={R}", cfg, f"NS {cfg['NS']} -> {ns}", "outside" if outside else "fused",
                   f"rel_err {max(errs):.2e}", "ok" if ok else "FAIL", flush=True)
+    # the tuned routes as the engine calls them (no forced config): 7B / 14B q/k/v with the fused adapters' ranks
+    # of LoRA 32 / 64 (R = 128 / 256), decode to prefill sizes
+    for N, K in ((4608, 3584), (7168, 5120)):
+        p, s, gs = nvfp4.quantize(torch.randn(N, K, device=dev, generator=g) * 0.02)
+        wref = nvfp4.dequantize(p, s, gs, torch.float32)
+        for R in (128, 256):
+            la = (torch.randn(R, K, device=dev, generator=g) * 0.02).bfloat16()
+            lb = (torch.randn(N, R, device=dev, generator=g) * 0.02).bfloat16()
+            for M in (1, 8, 16, 64, 128, 256, 1024):
+                x = torch.randn(M, K, device=dev, generator=g).bfloat16()
+                cfg = ops._resolved_config("fwd", M, N, K, x, p, s, False)
+                want = x.float() @ wref.T + 0.5 * ((x @ la.T).float() @ lb.float().T)
+                err = float((ops.nvfp4_matmul(x, p, s, gs, None, None, lb, 0.5, lora_a=la).float() - want).norm()
+                            / want.norm())
+                ok = err < 5e-3
+                bad += not ok
+                rows.append({"N": N, "K": K, "M": M, "case": f"tuned route, lora rank {R}", "config": cfg,
+                             "max_rel_err": err, "ok": ok})
+                print(N, K, M, f"R={R} tuned", ops.path_of("fwd", cfg), f"rel_err {err:.2e}", "ok" if ok else "FAIL",
+                      flush=True)
     res = {"device": torch.cuda.get_device_name(), "rows": rows, "graph_rel_err": gerr, "graph_pdl_rel_err": perr,
            "failed": bad}
     if out:
