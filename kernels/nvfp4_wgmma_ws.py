@@ -113,8 +113,8 @@ def fit_stages(C: int, MT: int, BT: int, NS: int, R: int = 0, KS: bool = False, 
     """The ring depth to launch a tuned ``NS`` with a rank-``R`` LoRA epilogue: ``NS`` where :func:`ring_bytes`
     fits ``limit``, else the deepest ring from :func:`min_stages` up that does, else 0 (the epilogue's ``[BT, R]``
     ``xa`` tiles do not fit beside any ring: the caller adds the LoRA outside the kernel). The tables are tuned
-    with rank 32; the engine's fused q/k/v of rank r carry ``R = 3r`` rounded up to a power of two (14B gate/up's
-    tuned M = 128 entry, ``C = 2, BT = 128, NS = 4``, needs 233,544 bytes at R = 128: over the limit)."""
+    with rank 32; the engine's fused q/k/v of rank r carry ``R = 3r`` rounded up to a power of two (the H100's
+    14B q/k/v entries at M = 256 / 512, ``C = 2, BT = 128, NS = 4``, need 233,544 bytes at R = 128: over the limit)."""
     if ring_bytes(C, MT, BT, NS, R, KS) <= limit:
         return NS
     for ns in range(NS - 1, min_stages(C, DB, KS) - 1, -1):
