@@ -126,7 +126,7 @@ class TrainConfig:
     output_dir: str = "results/train/run"
     steps: int = 100
     prompts_per_step: int = 16
-    micro_batch_size: int | str = 64  # or auto: the largest the memory planner fits (qerl.train.plan.auto_micro_batch)
+    micro_batch_size: int | str = 64  # or auto: the largest the planner fits, <= half a group (plan.auto_micro_batch)
     seed: int = 0
     gradient_checkpointing: bool | str = "auto"  # true | false | auto (qerl.train.plan: on when the update would not fit)
     # NVFP4 base: dequantize the frozen linears once per update phase and multiply the bf16 copy (+2 B/weight while

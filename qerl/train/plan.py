@@ -244,16 +244,25 @@ MIN_MICRO_DENSE = 4
 
 
 def auto_micro_batch(s: Shape, base: str, rows: int, gen_len: int, rank: int = 32, eight_bit: bool = True,
-                     checkpointing="auto", available: float | None = None, **full) -> tuple[int, bool]:
+                     checkpointing="auto", available: float | None = None, group: int = 1, **full
+                     ) -> tuple[int, bool]:
     """``micro_batch_size: auto``: ``(micro, checkpointing)`` — the largest micro-batch (a power of two up to the
-    ``rows`` of a step, or ``rows`` itself) whose planned peak stays within 90% of ``available`` (default: the
-    device) without gradient checkpointing (fewer, fatter launches: the update's host time per projection is
-    paid once per micro-batch, reports/step), if that is at least :data:`MIN_MICRO_WITHOUT_CHECKPOINTING` sequences
-    (or the whole step); else, or where checkpointing is on (``True``), the largest that fits with it (at least
-    1). Measured at 14B, batch 64 (H100, reports/step): QeRL micro-batch 4 without checkpointing 25.8 s per step
-    against 29.9 s with it at 32; bf16 LoRA micro-batch 2 without 33.3 s against 36.2 s at 32 with it."""
+    ``rows`` of a step, or ``rows`` itself; at most half a GRPO ``group``, see below) whose planned peak stays within
+    90% of ``available`` (default: the device) without gradient checkpointing (fewer, fatter launches: the update's
+    host time per projection is paid once per micro-batch, reports/step), if that is at least
+    :data:`MIN_MICRO_WITHOUT_CHECKPOINTING` sequences (or the whole step); else, or where checkpointing is on
+    (``True``), the largest that fits with it (at least 1). Measured at 14B, batch 64 (H100, reports/step): QeRL
+    micro-batch 4 without checkpointing 25.8 s per step against 29.9 s with it at 32; bf16 LoRA micro-batch 2
+    without 33.3 s against 36.2 s at 32 with it.
+
+    Micro-batches are cut from each group's rows sorted by length (:func:`qerl.train.update.by_length`), so one that
+    spans a whole group runs every row at the group's longest — with drawn lengths often the cap. Halving it splits
+    the long rows from the short: 32B QeRL, one group of 16, checkpointing (H100, reports/step): update 7.82 s at
+    micro-batch 16, **5.82 s at 8**, 6.10 s at 4, 7.25 s at 2. Hence at most ``group // 2`` for groups of 8 or more
+    (smaller caps would go below the 4 sequences an NVFP4 update wants, :data:`MIN_MICRO_DENSE`)."""
     budget = 0.9 * (device_bytes() if available is None else available)
-    sizes = sorted({min(rows, 1 << i) for i in range(rows.bit_length() + 1)} | {rows}, reverse=True)
+    most = group // 2 if group >= 2 * MIN_MICRO_DENSE else rows
+    sizes = sorted({min(rows, most, 1 << i) for i in range(rows.bit_length() + 1)} | {min(rows, most)}, reverse=True)
 
     def fits(m: int, ckpt: bool) -> bool:
         return estimate(s, base, rows, PROMPT_TOKENS, gen_len, m, rank, ckpt, eight_bit, True, **full)[
@@ -291,13 +300,15 @@ def resolve_micro_batch(cfg, s: Shape, world: int = 1, available: float | None =
     rows = max(1, cfg.prompts_per_step * cfg.algorithm.group_size // max(1, world))
     eight = _eight_bit(cfg, sharding)
     fk = {"dense": cfg.dense_update is True} if method.lora else {"full": True, "world": world, "sharding": sharding}
+    group = cfg.algorithm.group_size
     micro, ckpt = auto_micro_batch(s, method.base, rows, cfg.rollout.max_new_tokens,
-                                   cfg.lora.r, eight, cfg.gradient_checkpointing, available, **fk)
+                                   cfg.lora.r, eight, cfg.gradient_checkpointing, available, group, **fk)
     said = (f"micro_batch_size auto: {micro} of {rows} sequences per update forward/backward (the largest the "
-            f"memory planner fits{' with' if ckpt else ' without'} gradient checkpointing)")
+            f"memory planner fits{' with' if ckpt else ' without'} gradient checkpointing"
+            f"{f', at most half a group of {group}' if group >= 2 * MIN_MICRO_DENSE else ''})")
     if cfg.dense_update == "auto" and method.lora and method.base == "nvfp4" and not ckpt:
         dm, dckpt = auto_micro_batch(s, method.base, rows, cfg.rollout.max_new_tokens, cfg.lora.r, eight, False,
-                                     available, dense=True)
+                                     available, group, dense=True)
         if not dckpt and dm >= max(MIN_MICRO_DENSE, micro // 2):  # (a size >= 2 returned without checkpointing fits)
             return dataclasses.replace(cfg, micro_batch_size=dm, dense_update=True), (
                 f"micro_batch_size auto: {dm} of {rows} sequences per update forward/backward with dense_update "

@@ -332,8 +332,8 @@ def test_every_tuned_ws_entry_fits_shared_memory_at_any_lora_rank():
 
 def test_fit_stages_on_the_entry_that_overflowed():
     """The H100's 14B q/k/v entries at M = 256 / 512 (``C = 2, BT = 128, NS = 4``; a 4-prompt prefill's M = 1,024
-    takes the 512 one) with the engine's fused rank-32 q/k/v LoRA (R = 128): 233,544 bytes compiled (ring_bytes 235,520) against 232,448 — one slot less fits; R = 256 needs two less; a
-    1,024-rank epilogue fits no ring."""
+    takes the 512 one) with the engine's fused rank-32 q/k/v LoRA (R = 128): 233,544 bytes compiled (ring_bytes
+    235,520) against 232,448 — one slot less fits; R = 256 needs two less; a 1,024-rank epilogue fits no ring."""
     assert ws.ring_bytes(2, 1, 128, 4, 128) > ws.SMEM_PER_PROGRAM >= ws.ring_bytes(2, 1, 128, 4, 64)
     assert ws.fit_stages(2, 1, 128, 4, 128) == 3
     assert ws.fit_stages(2, 1, 128, 4, 256) == 2
