@@ -98,7 +98,7 @@ def layer_act_bytes(s: Shape) -> float:
 def estimate(s: Shape, base: str, rows: int, prompt_len: int, gen_len: int, micro: int, rank: int = 32,
              checkpointing: bool = True, eight_bit: bool = True, release_cache: bool = True, full: bool = False,
              world: int = 1, sharding: str = "none", offload: bool = False, available: float | None = None,
-             dense: bool = False) -> dict:
+             dense: bool = False, prompts: int | None = None) -> dict:
     """Peak bytes of one training step and its parts (see the module docstring). ``rows``: sequences per step (per
     process). ``full``: the full method (``base`` bf16, no adapters; :func:`full_bytes` with ``world`` and
     ``sharding``) instead of a LoRA method. ``offload``: the optimizer states are in host memory during the
@@ -108,7 +108,10 @@ def estimate(s: Shape, base: str, rows: int, prompt_len: int, gen_len: int, micr
     where all rows' cache would not fit the plan counts the rows that do (``wave_rows`` of them at once; ``waves``
     = rows / wave_rows rounded up, the rounds if every row ran to the end: a slower rollout, not a failure; at
     least one row must fit). ``dense``: ``dense_update`` — the NVFP4 base's linears dequantized to bf16 for the
-    update phase (:func:`qerl.models.nvfp4_linear.dense_base`), 2 bytes per weight more there."""
+    update phase (:func:`qerl.models.nvfp4_linear.dense_base`), 2 bytes per weight more there. ``prompts``: the
+    distinct prompts among the ``rows`` (default: all distinct) — the engine prefills each once and copies its K/V
+    to the group's other slots (``RolloutEngine(share_prompts=True)``), so a GRPO step of G samples per prompt
+    prefills ``rows / G`` prompts."""
     T = prompt_len + gen_len
     micro = max(1, min(micro, rows))
     extra: dict = {}
@@ -119,7 +122,8 @@ def estimate(s: Shape, base: str, rows: int, prompt_len: int, gen_len: int, micr
         static = {**weight_bytes(s, base), **lora_bytes(s, rank, eight_bit)}
     kv = kv_bytes(s, rows, T)
     rollout = {**extra, "kv cache": kv,
-               "prefill": prefill_rows(rows, prompt_len) * prompt_len * (4 * s.hidden + 6 * s.intermediate) * 2,
+               "prefill": prefill_rows(min(rows, prompts or rows), prompt_len) * prompt_len
+               * (4 * s.hidden + 6 * s.intermediate) * 2,
                "sampler": 6 * rows * s.vocab * 4}
     n = micro * T
     lm = LOGIT_COPIES * min(CHUNK_TOKENS, micro * T) * s.vocab * 4
@@ -299,8 +303,9 @@ def resolve_micro_batch(cfg, s: Shape, world: int = 1, available: float | None =
     sharding = resolve_sharding(cfg, world)
     rows = max(1, cfg.prompts_per_step * cfg.algorithm.group_size // max(1, world))
     eight = _eight_bit(cfg, sharding)
-    fk = {"dense": cfg.dense_update is True} if method.lora else {"full": True, "world": world, "sharding": sharding}
     group = cfg.algorithm.group_size
+    fk = {"dense": cfg.dense_update is True} if method.lora else {"full": True, "world": world, "sharding": sharding}
+    fk["prompts"] = max(1, rows // group)
     micro, ckpt = auto_micro_batch(s, method.base, rows, cfg.rollout.max_new_tokens,
                                    cfg.lora.r, eight, cfg.gradient_checkpointing, available, group, **fk)
     said = (f"micro_batch_size auto: {micro} of {rows} sequences per update forward/backward (the largest the "
@@ -308,7 +313,7 @@ def resolve_micro_batch(cfg, s: Shape, world: int = 1, available: float | None =
             f"{f', at most half a group of {group}' if group >= 2 * MIN_MICRO_DENSE else ''})")
     if cfg.dense_update == "auto" and method.lora and method.base == "nvfp4" and not ckpt:
         dm, dckpt = auto_micro_batch(s, method.base, rows, cfg.rollout.max_new_tokens, cfg.lora.r, eight, False,
-                                     available, group, dense=True)
+                                     available, group, dense=True, prompts=fk["prompts"])
         if not dckpt and dm >= max(MIN_MICRO_DENSE, micro // 2):  # (a size >= 2 returned without checkpointing fits)
             return dataclasses.replace(cfg, micro_batch_size=dm, dense_update=True), (
                 f"micro_batch_size auto: {dm} of {rows} sequences per update forward/backward with dense_update "
@@ -333,13 +338,14 @@ def resolve_dense_update(cfg, s: Shape, world: int = 1, available: float | None 
     if not (method.lora and method.base == "nvfp4") or cfg.micro_batch_size == "auto":
         return dataclasses.replace(cfg, dense_update=False) if cfg.micro_batch_size != "auto" else cfg
     rows = max(1, cfg.prompts_per_step * cfg.algorithm.group_size // max(1, world))
+    prompts = max(1, rows // cfg.algorithm.group_size)
     eight = _eight_bit(cfg, "none")
     budget = 0.9 * (device_bytes() if available is None else available)
     ckpt = cfg.gradient_checkpointing is True or (cfg.gradient_checkpointing == "auto" and needs_checkpointing(
         s, method.base, rows, PROMPT_TOKENS, cfg.rollout.max_new_tokens, cfg.micro_batch_size, cfg.lora.r, eight,
-        budget))
+        budget, prompts=prompts))
     peak = estimate(s, method.base, rows, PROMPT_TOKENS, cfg.rollout.max_new_tokens, cfg.micro_batch_size, cfg.lora.r,
-                    ckpt, eight, True, dense=True)["peak_bytes"]
+                    ckpt, eight, True, dense=True, prompts=prompts)["peak_bytes"]
     return dataclasses.replace(cfg, dense_update=peak <= budget)
 
 
@@ -371,7 +377,8 @@ def plan_config(cfg, shape: str | None = None, available: float | None = None, w
     rows = cfg.prompts_per_step * cfg.algorithm.group_size // max(1, world)
     gen = cfg.rollout.max_new_tokens
     eight = _eight_bit(cfg, sharding)
-    fk = {"full": full, "world": world, "sharding": sharding, "dense": cfg.dense_update is True}
+    fk = {"full": full, "world": world, "sharding": sharding, "dense": cfg.dense_update is True,
+          "prompts": max(1, rows // cfg.algorithm.group_size)}
     available = device_bytes() if available is None else available
     mode = cfg.gradient_checkpointing
     ckpt = mode is True or (mode == "auto" and needs_checkpointing(
@@ -380,7 +387,7 @@ def plan_config(cfg, shape: str | None = None, available: float | None = None, w
     release = cfg.rollout.release_cache
     if release == "auto":  # keep the engine's cache (no recapture per step) when the update fits beside it
         release = full or estimate(s, method.base, rows, PROMPT_TOKENS, gen, cfg.micro_batch_size, cfg.lora.r, ckpt,
-                                   eight, False, dense=cfg.dense_update is True)["peak_bytes"] > (
+                                   eight, False, dense=cfg.dense_update is True, prompts=fk["prompts"])["peak_bytes"] > (
             KEEP_CACHE_FRACTION * available)
     args = (s, method.base, rows, PROMPT_TOKENS, gen, cfg.micro_batch_size, cfg.lora.r, ckpt, eight, release)
     est = estimate(*args, **fk)

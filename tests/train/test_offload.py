@@ -75,13 +75,14 @@ def test_bad_offload_value_is_refused():
 def test_the_planner_runs_the_rollout_in_waves_where_every_cache_does_not_fit():
     """The paper's 32B full BigMath run on 8 x 80 GB (config/resources/gpus8.yaml): 16 sequences x 8,448 tokens
     per GPU need 35 GB of KV cache beside 56 GB of gathered weights; the engine sizes its cache from the memory
-    left, so the plan counts the 4 sequences that fit at once (4 waves) and the states parked; on 141 GB one wave."""
+    left, so the plan counts the 5 sequences that fit at once (4 waves; the one prompt of each process prefilled once)
+    and the states parked; on 141 GB one wave."""
     over = {"micro_batch_size": 1, "prompts_per_step": 8, "algorithm.group_size": 16,
             "rollout.max_new_tokens": 8192}
     small = plan_config(_cfg(**over), shape="32B", available=80e9, world=8)
     e = small["estimate"]
-    assert small["fits"] and small["offload"] and e["waves"] == 4 and e["wave_rows"] == 4
-    assert "kv cache (4 of 16 sequences at once)" in e["rollout"] and "rollout 4 sequences at once" in small["markdown"]
+    assert small["fits"] and small["offload"] and e["waves"] == 4 and e["wave_rows"] == 5
+    assert "kv cache (5 of 16 sequences at once)" in e["rollout"] and "rollout 5 sequences at once" in small["markdown"]
     assert e["peak_bytes"] <= 80e9 - 2 * 1024 ** 3  # the engine's reserve stays free
     big = plan_config(_cfg(**over), shape="32B", available=141e9, world=8)
     assert big["fits"] and big["estimate"]["waves"] == 1 and "kv cache" in big["estimate"]["rollout"]
@@ -103,5 +104,5 @@ def test_train_says_when_its_rollout_will_run_in_waves(tmp_path, monkeypatch, ca
                   "algorithm.group_size": 16, "rollout.max_new_tokens": 8192})
     monkeypatch.setattr(plan, "device_bytes", lambda: 80e9)
     plan = loop._check_memory(cfg, 8)
-    assert "the rollout decodes at most 4 sequences at once" in capsys.readouterr().out
+    assert "the rollout decodes at most 5 sequences at once" in capsys.readouterr().out
     assert loop._offload(cfg, torch.device("cuda"), plan)  # auto parks the states here

@@ -164,7 +164,8 @@ def test_estimates_within_15_percent_of_the_measured_peaks():
                                 int(r["gen_len"]), int(r["micro_batch"]), 32, r["checkpointing"] == "True",
                                 eight_bit="8bit" in r["optimizer"], release_cache=r.get("engine_cache") != "kept",
                                 full=r["method"] == "full", offload=r.get("optimizer_states") == "parked",
-                                dense=r.get("dense_update") == "True")
+                                dense=r.get("dense_update") == "True",
+                                prompts=int(r["batch"]) // int(r.get("samples_per_prompt") or 1))
             measured = float(r["peak_gb"])
             assert abs(est["peak_gb"] / measured - 1) <= 0.15, (f.name, r["model"], r["method"], r["batch"],
                                                                 r["gen_len"], est["peak_gb"], measured)
@@ -220,6 +221,15 @@ def test_prefill_is_planned_per_engine_chunk():
     s = plan.QWEN25["7B"]
     big, small = (plan.estimate(s, "nvfp4", b, 256, 1024, 2, 32, False)["rollout"]["prefill"] for b in (256, 32))
     assert big == small
+    # GRPO: the engine prefills each distinct prompt once (share_prompts) — 64 rows of 4 prompts x 16 samples
+    per_row = plan.estimate(s, "nvfp4", 64, 256, 1024, 2, 32, False)["rollout"]["prefill"]
+    shared = plan.estimate(s, "nvfp4", 64, 256, 1024, 2, 32, False, prompts=4)["rollout"]["prefill"]
+    assert per_row == 32 * shared / 4 and shared == plan.estimate(s, "nvfp4", 4, 256, 1024, 2, 32, False)[
+        "rollout"]["prefill"]
+    cfg = load_config(Path(__file__).parents[2] / "config/train/tiny.yaml",
+                      {"prompts_per_step": 4, "algorithm.group_size": 16, "rollout.max_new_tokens": 1024})
+    got = plan.plan_config(cfg, shape="7B", available=80e9)["estimate"]["rollout"]["prefill"]
+    assert got == shared  # (qerl plan / qerl train count 4 prompts' prefill)
 
 
 def test_full_method_per_process_and_sharding():
