@@ -511,9 +511,7 @@ def ws_stages(cfg: dict, r: int) -> tuple[int, bool]:
 
     C, MT, BT, NS = int(cfg.get("C", 2)), int(cfg.get("MT", 1)), int(cfg.get("BT", 64)), int(cfg.get("NS", 4))
     ns = fit_stages(C, MT, BT, NS, r, bool(cfg.get("KS")), bool(cfg.get("DB")))
-    if ns == 0:
-        return fit_stages(C, MT, BT, NS, 0, bool(cfg.get("KS")), bool(cfg.get("DB"))) or NS, True
-    return ns, False
+    return (ns, False) if ns else (NS, True)  # (outside: the tuned ring, which fits without the xa tiles)
 
 
 def _launch_dq(c: _Call) -> torch.Tensor:

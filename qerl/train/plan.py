@@ -290,6 +290,13 @@ def _eight_bit(cfg, sharding: str) -> bool:
         cfg.optim.eight_bit == "auto" and importlib.util.find_spec("bitsandbytes") is not None))
 
 
+def step_rows(cfg, world: int = 1) -> tuple[int, int]:
+    """``(rows, prompts)`` of one process's step: its sequences (``prompts_per_step × group_size / world``) and the
+    distinct prompts among them (the engine prefills each once for its group: :func:`estimate`'s ``prompts``)."""
+    rows = max(1, cfg.prompts_per_step * cfg.algorithm.group_size // max(1, world))
+    return rows, max(1, rows // cfg.algorithm.group_size)
+
+
 def resolve_micro_batch(cfg, s: Shape, world: int = 1, available: float | None = None):
     """``cfg`` with ``micro_batch_size: auto`` resolved by :func:`auto_micro_batch` for a model of shape ``s``
     (one process of ``world``), and a line saying what was chosen (None when the size was given)."""
@@ -301,11 +308,11 @@ def resolve_micro_batch(cfg, s: Shape, world: int = 1, available: float | None =
         return cfg, None
     method = METHODS[cfg.method]
     sharding = resolve_sharding(cfg, world)
-    rows = max(1, cfg.prompts_per_step * cfg.algorithm.group_size // max(1, world))
+    rows, prompts = step_rows(cfg, world)
     eight = _eight_bit(cfg, sharding)
     group = cfg.algorithm.group_size
     fk = {"dense": cfg.dense_update is True} if method.lora else {"full": True, "world": world, "sharding": sharding}
-    fk["prompts"] = max(1, rows // group)
+    fk["prompts"] = prompts
     micro, ckpt = auto_micro_batch(s, method.base, rows, cfg.rollout.max_new_tokens,
                                    cfg.lora.r, eight, cfg.gradient_checkpointing, available, group, **fk)
     said = (f"micro_batch_size auto: {micro} of {rows} sequences per update forward/backward (the largest the "
@@ -313,7 +320,7 @@ def resolve_micro_batch(cfg, s: Shape, world: int = 1, available: float | None =
             f"{f', at most half a group of {group}' if group >= 2 * MIN_MICRO_DENSE else ''})")
     if cfg.dense_update == "auto" and method.lora and method.base == "nvfp4" and not ckpt:
         dm, dckpt = auto_micro_batch(s, method.base, rows, cfg.rollout.max_new_tokens, cfg.lora.r, eight, False,
-                                     available, group, dense=True, prompts=fk["prompts"])
+                                     available, group, dense=True, prompts=prompts)
         if not dckpt and dm >= max(MIN_MICRO_DENSE, micro // 2):  # (a size >= 2 returned without checkpointing fits)
             return dataclasses.replace(cfg, micro_batch_size=dm, dense_update=True), (
                 f"micro_batch_size auto: {dm} of {rows} sequences per update forward/backward with dense_update "
@@ -337,8 +344,7 @@ def resolve_dense_update(cfg, s: Shape, world: int = 1, available: float | None 
     method = METHODS[cfg.method]
     if not (method.lora and method.base == "nvfp4") or cfg.micro_batch_size == "auto":
         return dataclasses.replace(cfg, dense_update=False) if cfg.micro_batch_size != "auto" else cfg
-    rows = max(1, cfg.prompts_per_step * cfg.algorithm.group_size // max(1, world))
-    prompts = max(1, rows // cfg.algorithm.group_size)
+    rows, prompts = step_rows(cfg, world)
     eight = _eight_bit(cfg, "none")
     budget = 0.9 * (device_bytes() if available is None else available)
     ckpt = cfg.gradient_checkpointing is True or (cfg.gradient_checkpointing == "auto" and needs_checkpointing(
@@ -374,11 +380,10 @@ def plan_config(cfg, shape: str | None = None, available: float | None = None, w
     method = METHODS[cfg.method]
     full = not method.lora
     sharding = resolve_sharding(cfg, world)
-    rows = cfg.prompts_per_step * cfg.algorithm.group_size // max(1, world)
+    rows, prompts = step_rows(cfg, world)
     gen = cfg.rollout.max_new_tokens
     eight = _eight_bit(cfg, sharding)
-    fk = {"full": full, "world": world, "sharding": sharding, "dense": cfg.dense_update is True,
-          "prompts": max(1, rows // cfg.algorithm.group_size)}
+    fk = {"full": full, "world": world, "sharding": sharding, "dense": cfg.dense_update is True, "prompts": prompts}
     available = device_bytes() if available is None else available
     mode = cfg.gradient_checkpointing
     ckpt = mode is True or (mode == "auto" and needs_checkpointing(
@@ -387,8 +392,7 @@ def plan_config(cfg, shape: str | None = None, available: float | None = None, w
     release = cfg.rollout.release_cache
     if release == "auto":  # keep the engine's cache (no recapture per step) when the update fits beside it
         release = full or estimate(s, method.base, rows, PROMPT_TOKENS, gen, cfg.micro_batch_size, cfg.lora.r, ckpt,
-                                   eight, False, dense=cfg.dense_update is True, prompts=fk["prompts"])["peak_bytes"] > (
-            KEEP_CACHE_FRACTION * available)
+                                   eight, False, **fk)["peak_bytes"] > KEEP_CACHE_FRACTION * available
     args = (s, method.base, rows, PROMPT_TOKENS, gen, cfg.micro_batch_size, cfg.lora.r, ckpt, eight, release)
     est = estimate(*args, **fk)
     offload = cfg.optim.offload == "rollout"
