@@ -25,14 +25,18 @@ include: "workflow/rules/report.smk"
 # A local run limits the jobs that ask for GPUs to the GPUs it sees (snakemake would otherwise start them side by
 # side on the same GPU; `--resources gpu=N` sets another limit) and gives each job its own (qerl.gpu_claim: the
 # job's `qerl` locks that many GPUs and narrows CUDA_VISIBLE_DEVICES to them). Cluster executors are left alone.
+# `resources.jobs_per_gpu: N` lets N jobs share each GPU (small models leave most of a GPU idle).
 _gpus = wc.local_gpus(workflow.global_resources, config)
 if _gpus:
+    _share = wc.jobs_per_gpu(config)
     if "gpu" not in workflow.global_resources:
-        workflow.global_resources["gpu"] = _gpus
+        workflow.global_resources["gpu"] = _gpus * _share
+    os.environ["QERL_JOBS_PER_GPU"] = str(_share)
     wc.use_gpu_locks(os.path.join(".snakemake", "qerl-gpu-locks"))
     if workflow.is_main_process:  # (not again where a job re-reads the Snakefile)
         print(f"qerl: local run on {_gpus} visible GPU(s): GPU jobs use at most "
-              f"{workflow.global_resources['gpu'].value} at a time, each its own", file=sys.stderr)
+              f"{workflow.global_resources['gpu'].value} GPU slot(s) at a time, "
+              f"{'each its own GPU' if _share == 1 else f'{_share} to a GPU'}", file=sys.stderr)
 
 
 rule all:

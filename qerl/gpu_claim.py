@@ -30,28 +30,52 @@ def visible_ids() -> list[str]:
     return [str(i) for i in range(visible_gpus())]
 
 
+def jobs_per_gpu() -> int:
+    """How many jobs may share one GPU (``QERL_JOBS_PER_GPU``, exported by the Snakefile from the config's
+    ``resources.jobs_per_gpu``; default 1: each job its own GPU). Small models leave most of a GPU idle, so a local
+    run of many of them goes faster several to a GPU."""
+    raw = os.environ.get("QERL_JOBS_PER_GPU") or "1"
+    try:
+        n = int(raw)
+    except ValueError:
+        raise RuntimeError(f"QERL_JOBS_PER_GPU={raw!r}: expected a positive integer") from None
+    if n < 1:
+        raise RuntimeError(f"QERL_JOBS_PER_GPU={raw!r}: expected a positive integer")
+    return n
+
+
+def _lock_name(gid: str, slot: int, slots: int) -> str:
+    return f"gpu{gid}.lock" if slots == 1 else f"gpu{gid}.slot{slot}.lock"
+
+
 def claim(n: int, lock_dir: Path, ids: list[str] | None = None, timeout_s: float = 3600.0,
-          poll_s: float = 0.5) -> list[str]:
-    """Lock ``n`` of ``ids`` (default :func:`visible_ids`), lowest free first; waits while fewer are free (another
-    job still exiting) and raises ``RuntimeError`` after ``timeout_s``. Returns the claimed ids."""
+          poll_s: float = 0.5, slots: int | None = None) -> list[str]:
+    """Lock a slot on each of ``n`` distinct GPUs of ``ids`` (default :func:`visible_ids`); ``slots`` jobs may share
+    a GPU (default :func:`jobs_per_gpu`). Slots fill GPU by GPU in turn (slot 0 of every GPU first), so jobs spread
+    over the GPUs before they share one. Waits while too few are free (another job still exiting) and raises
+    ``RuntimeError`` after ``timeout_s``. Returns the claimed ids."""
     ids = visible_ids() if ids is None else ids
+    slots = jobs_per_gpu() if slots is None else slots
     if n > len(ids):
         raise RuntimeError(f"this job asks for {n} GPU(s); {len(ids)} visible ({','.join(ids) or 'none'})")
     lock_dir.mkdir(parents=True, exist_ok=True)
     start, said = time.monotonic(), 0.0
     while True:
         got: list[tuple[str, int]] = []
-        for gid in ids:
-            fd = os.open(lock_dir / f"gpu{gid}.lock", os.O_CREAT | os.O_RDWR, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            got.append((gid, fd))
-            if len(got) == n:
-                _HELD.extend(fd for _, fd in got)
-                return [g for g, _ in got]
+        for slot in range(slots):
+            for gid in ids:
+                if any(g == gid for g, _ in got):
+                    continue
+                fd = os.open(lock_dir / _lock_name(gid, slot, slots), os.O_CREAT | os.O_RDWR, 0o644)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                got.append((gid, fd))
+                if len(got) == n:
+                    _HELD.extend(fd for _, fd in got)
+                    return [g for g, _ in got]
         for _, fd in got:  # not enough free: give back what we took, wait, retry
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)

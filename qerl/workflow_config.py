@@ -234,11 +234,17 @@ def local_gpus(global_resources, config: dict) -> int | None:
     Snakefile then limits ``gpu`` to them unless ``--resources gpu=N`` was given (snakemake starts jobs whose
     ``gpu`` has no limit side by side: two training jobs on one GPU) and gives each job its own
     (:mod:`qerl.gpu_claim`)."""
-    wants = any(int((v or {}).get("gpu", 0) or 0) > 0 for v in (config.get("resources") or {}).values())
+    wants = any(int((v or {}).get("gpu", 0) or 0) > 0 for v in (config.get("resources") or {}).values()
+                if isinstance(v, dict) or v is None)
     nodes = global_resources.get("_nodes") if "_nodes" in global_resources else None
     if not wants or getattr(nodes, "value", nodes) is not None:
         return None
     return visible_gpus() or None
+
+
+def jobs_per_gpu(config: dict) -> int:
+    """``resources.jobs_per_gpu`` (default 1): how many GPU jobs of a local run may share one GPU."""
+    return int((config.get("resources") or {}).get("jobs_per_gpu", 1) or 1)
 
 
 def use_gpu_locks(directory: str) -> None:

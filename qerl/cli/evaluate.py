@@ -76,9 +76,14 @@ def run_evaluate(args) -> dict:
 
         precheck(args.model, bench, settings, args.adapter)
         model, tok = load_for_eval(args.model, args.base, args.adapter, DTYPES[args.dtype], device)
+        from qerl.models.gguf import source_tags
+        from qerl.stages.evaluate import adapter_sha256
+
+        meta = {"model": str(args.model), "base": args.base, "adapter": str(args.adapter or ""),
+                "adapter_sha256": adapter_sha256(args.adapter), "device": str(device) if device.type != "cuda"
+                else torch.cuda.get_device_name(device), **source_tags(args.model)}
         with torch.no_grad():
-            summary = evaluate(model, tok, bench, settings, out, samples, progress=not args.no_progress,
-                               meta={"model": str(args.model), "base": args.base, "adapter": str(args.adapter or "")})
+            summary = evaluate(model, tok, bench, settings, out, samples, progress=not args.no_progress, meta=meta)
     print(json.dumps({k: summary[k] for k in ("benchmark", "pass@1", "problems", "samples_per_problem")}))
     return {"pass_at_1": summary["pass@1"], "problems": summary["problems"]}
 

@@ -215,3 +215,37 @@ def run_download(args) -> dict:
     path = download(args.model, args.revision, args.output)
     print(f"downloaded {args.model}@{args.revision} to {path}")
     return {}
+
+
+def add_from_gguf(sub) -> None:
+    g = sub.add_parser("from-gguf", help="turn a local GGUF file (llama.cpp) into a model directory",
+                       description="Convert a local GGUF file (llama.cpp's format) into the Hugging Face model "
+                                   "directory every qerl stage reads, through transformers' GGUF loader, offline. The "
+                                   "weights are DEQUANTIZED from the file's types (Q4_K, Q8_0, ...) to --dtype: the "
+                                   "directory's qerl_source.json and the MLflow tags of every run on it say so. "
+                                   "Written atomically; a rerun on the same file (same sha256) does nothing.")
+    g.add_argument("--gguf", required=True, type=Path, help="the .gguf file")
+    g.add_argument("--output", required=True, type=Path, help="model directory to write")
+    g.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16",
+                   help="dtype of the written weights")
+    g.add_argument("--force", action="store_true", help="replace an output directory holding another model")
+    g.set_defaults(func=run_from_gguf)
+
+
+def run_from_gguf(args) -> int:
+    from qerl import outputs
+    from qerl.models.gguf import convert
+
+    outputs.check_not_input(args.output, {"--gguf": args.gguf})
+    if args.output.exists() and not args.output.is_dir():
+        raise outputs.OutputNotWritable(f"--output {args.output}: is a file, not a directory")
+    outputs.check_parent_writable(args.output, "model directory")
+    with outputs.hold(args.output, "from-gguf"):
+        rec = convert(args.gguf, args.output, dtype=args.dtype, force=args.force)
+    types = ", ".join(f"{k} x{v}" for k, v in rec["tensor_types"].items())
+    if rec["cached"]:
+        print(f"{args.output}: already the conversion of {args.gguf} (sha256 {rec['sha256'][:12]}); nothing to do")
+    else:
+        print(f"wrote {rec['architecture']} model {rec['name']!r} to {args.output} ({args.dtype}; dequantized from "
+              f"{types})")
+    return 0

@@ -42,8 +42,11 @@ _FINAL_NORM = re.compile(r"(^|\.)model\.norm(\.modules_to_save\.default)?$")
 
 @dataclass(frozen=True)
 class AQNSettings:
-    """σ_start/σ_end: paper Table 4 1e-2 -> 5e-4; stages K = 10; schedule: exponential (paper)."""
+    """σ_start/σ_end: paper Table 4 1e-2 -> 5e-4; stages K = 10; schedule: exponential (paper). ``enabled``:
+    ``auto`` (the method's: on for ``qerl`` only), ``true`` (also on another method's base: the bf16 LoRA + AQN
+    ablation, is it the noise or the quantization that helps?) or ``false``."""
 
+    enabled: str | bool = "auto"
     sigma_start: float = 1e-2
     sigma_end: float = 5e-4
     stages: int = 10
@@ -52,6 +55,8 @@ class AQNSettings:
     final_norm: bool = False
 
     def __post_init__(self):
+        if str(self.enabled).lower() not in ("auto", "true", "false"):
+            raise ValueError(f"aqn.enabled must be auto, true or false, got {self.enabled!r}")
         if self.stages < 1:
             raise ValueError(f"aqn.stages (K) must be >= 1, got {self.stages}")
         if self.schedule not in SCHEDULES:
@@ -62,6 +67,12 @@ class AQNSettings:
             raise ValueError(f"aqn.sigma_end ({self.sigma_end}) must be <= aqn.sigma_start ({self.sigma_start})")
         if self.apply_to not in ("rollout", "rollout+train"):
             raise ValueError(f"aqn.apply_to must be 'rollout' or 'rollout+train', got {self.apply_to!r}")
+
+
+def enabled(settings: AQNSettings, method_aqn: bool) -> bool:
+    """Whether a run adds AQN: ``settings.enabled`` when set, else the method's own choice ``method_aqn``."""
+    flag = str(settings.enabled).lower()
+    return method_aqn if flag == "auto" else flag == "true"
 
 
 def stage_of(step: int, total_steps: int, stages: int) -> int:

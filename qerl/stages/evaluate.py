@@ -165,6 +165,23 @@ def precheck(model_dir: str | Path, benchmark: str, settings: EvalSettings, adap
                   f"--benchmark {bench.path or bench.name}")
 
 
+def adapter_sha256(adapter: str | Path | None) -> str:
+    """sha256 of an adapter's weights file (``adapter_model.safetensors``), '' without an adapter: every evaluation
+    summary carries it, so a trained run's accuracy is tied to the exact adapter that produced it."""
+    if not adapter:
+        return ""
+    import hashlib
+
+    path = Path(adapter) / "adapter_model.safetensors"
+    if not path.is_file():
+        return ""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
 def load_for_eval(base_path: str | Path, base: str, adapter: str | Path | None, dtype, device):
     """The policy as trained: ``base`` format of ``base_path`` plus an optional PEFT adapter."""
     from transformers import AutoTokenizer
@@ -234,6 +251,7 @@ def evaluate(model, tokenizer, benchmark: str, settings: EvalSettings, out_json:
     tmp.replace(out_samples)
     summary = {**benchmark_meta(bench), "pass@1": sum(per_problem) / max(1, len(per_problem)),
                "problems": len(per_problem), "samples_per_problem": k, "seconds": time.time() - t0,
+               "per_problem": per_problem,
                "settings": asdict(settings), **(meta or {})}
     write_json(out_json, summary)
     return summary

@@ -20,7 +20,7 @@ from qerl.data.context import fit_records, model_context
 from qerl.data.loading import load_train_records
 from qerl.models.source import resolve_model_dir
 from qerl.rewards.registry import build_reward
-from qerl.rl.aqn import AQN, sigma_at
+from qerl.rl.aqn import AQN, enabled as aqn_enabled, sigma_at
 from qerl.rollout.engine import release_engine
 from qerl.train import dist, ownership, sharding
 from qerl.train.config import TrainConfig, resolve_sharding, to_dict
@@ -90,7 +90,7 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
     shards = sharding.strategy(resolve_sharding(cfg, d.world))  # none | optimizer (ZeRO-1) | fsdp (FSDP2)
     keep_cache = device.type == "cuda" and shards.keeps_engine_cache and _keep_engine_cache(cfg, d.world)
     policy, tokenizer = build_policy(cfg, device, d.world, src, tokenizer)
-    aqn = AQN(policy, cfg.aqn) if method.aqn else None
+    aqn = AQN(policy, cfg.aqn) if aqn_enabled(cfg.aqn, method.aqn) else None
     scorer = LogprobModule(policy)  # DDP-wrapped under torchrun (below): the update's forward goes through it
 
     # data & reward

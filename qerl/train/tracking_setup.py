@@ -18,6 +18,7 @@ def git_commit() -> str:
 
 
 def make_tracker(cfg, out: Path, run_id: str | None = None):
+    from qerl.models.gguf import source_tags
     from qerl.train.config import to_dict
 
     if cfg.tracking.backend == "none":
@@ -29,7 +30,7 @@ def make_tracker(cfg, out: Path, run_id: str | None = None):
     tags = {"method": cfg.method, "algorithm": cfg.algorithm.name, "model": cfg.model.path, "seed": str(cfg.seed),
             "git_commit": git_commit(), "device": device,
             "config_hash": hashlib.sha256(json.dumps(conf, sort_keys=True).encode()).hexdigest()[:12],
-            **cfg.tracking.tags}
+            **source_tags(cfg.model.path), **cfg.tracking.tags}
     uri = cfg.tracking.tracking_uri or default_tracking_uri(Path(out).parent)
     tracker = MLflowTracker(cfg.tracking.experiment, cfg.tracking.run_name or str(out), uri, run_id, tags)
     if run_id is None:

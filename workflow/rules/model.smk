@@ -54,3 +54,22 @@ rule download_model:
         "../envs/qerl.yaml"
     shell:
         "qerl download --model {params.hub_id} --revision {params.revision} --output {params.out} > {log} 2>&1"
+
+
+rule convert_gguf:
+    # a local GGUF file (llama.cpp's format) -> the HF directory every stage reads (weights dequantized: the
+    # directory's qerl_source.json and every run's MLflow tags say so); a rerun on the same file does nothing
+    input:
+        lambda w: config["models"][w.model]["path"],
+    output:
+        "results/models/{model}/config.json",
+    wildcard_constraints:
+        model="|".join(re.escape(m) for m in MODELS if model_source(m) == "gguf") or "^$",
+    params:
+        out=lambda w, output: os.path.dirname(output[0]),
+    log:
+        "logs/convert_gguf/{model}.log",
+    conda:
+        "../envs/qerl.yaml"
+    shell:
+        "qerl from-gguf --gguf {input} --output {params.out} --force > {log} 2>&1"
