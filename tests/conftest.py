@@ -42,3 +42,90 @@ def warm_model(tmp_path_factory):
     base = save_tiny_model(root / "base", TinySpec(seed=0))
     sft(base, root / "sft", synthetic_arithmetic(2000, seed=0), steps=80, progress=False)
     return root / "sft"
+
+
+def write_gguf(model_dir, path, qtype: str = "F32", merge: bool = False):
+    """Write the HF Qwen2 / Llama model in ``model_dir`` as a llama.cpp GGUF file at ``path`` with the ``gguf``
+    package's writer (tensors as ``qtype``: F32, F16 or Q8_0 for the 2-D weights; norms and biases stay F32), with
+    its tokenizer (byte-level BPE) and chat template in the metadata, as llama.cpp's converter lays them out.
+    ``merge``: add two BPE merges ("a b", "c d" -> new tokens "ab", "cd" in unused ids), as real files carry
+    merges (transformers 5.17's GGUF reader takes a file without merges, or with one, for something else)."""
+    import gguf
+    import numpy as np
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoTokenizer
+
+    from qerl.checkpoint import shard_files
+
+    cfg = AutoConfig.from_pretrained(model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    arch = {"qwen2": gguf.MODEL_ARCH.QWEN2, "llama": gguf.MODEL_ARCH.LLAMA}[cfg.model_type]
+    name = gguf.MODEL_ARCH_NAMES[arch]
+    w = gguf.GGUFWriter(str(path), name)
+    w.add_name(f"tiny {cfg.model_type}")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_freq_base(float(getattr(cfg, "rope_theta", None) or cfg.rope_parameters["rope_theta"]))
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_file_type({"F32": 0, "F16": 1, "Q8_0": 7}[qtype])
+    vocab = tok.get_vocab()
+    tokens = [""] * cfg.vocab_size
+    types = [gguf.TokenType.UNUSED] * cfg.vocab_size
+    special = set(tok.all_special_tokens)
+    for t, i in vocab.items():
+        if i < cfg.vocab_size:
+            tokens[i] = t
+            types[i] = gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL
+    for i, t in enumerate(tokens):
+        if not t:
+            tokens[i] = f"[PAD{i}]"
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2" if cfg.model_type == "qwen2" else "default")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_scores([0.0] * cfg.vocab_size)
+    merges = []
+    if merge:
+        free = [i for i, t in enumerate(tokens) if t.startswith("[PAD")][:2]
+        for i, new in zip(free, ("ab", "cd")):
+            tokens[i], types[i] = new, gguf.TokenType.NORMAL
+        merges = ["a b", "c d"]
+    w.add_token_merges(merges)
+    w.add_eos_token_id(tok.eos_token_id)
+    w.add_pad_token_id(tok.pad_token_id)
+    w.add_chat_template(tok.chat_template)
+    names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
+    state = {}
+    for shard in shard_files(model_dir):
+        state.update(load_file(shard))
+    for hf_name, t in state.items():
+        base, suffix = hf_name.rsplit(".", 1)
+        g = names.get_name(base)
+        assert g is not None, hf_name
+        a = t.float().numpy()
+        if arch == gguf.MODEL_ARCH.LLAMA and g.endswith(("attn_q", "attn_k")):  # llama.cpp's rotary layout
+            heads = cfg.num_attention_heads if g.endswith("attn_q") else cfg.num_key_value_heads
+            a = a.reshape(heads, 2, a.shape[0] // heads // 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
+        if a.ndim == 2 and qtype == "Q8_0":
+            w.add_tensor(f"{g}.{suffix}", gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
+                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        elif a.ndim == 2 and qtype == "F16":
+            w.add_tensor(f"{g}.{suffix}", a.astype(np.float16))
+        else:
+            w.add_tensor(f"{g}.{suffix}", a.astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tiny_dirs, tmp_path_factory):
+    """``{"F32": file, "Q8_0": file}``: the tiny Qwen2 model written as GGUF files (tensors as named)."""
+    root = tmp_path_factory.mktemp("gguf")
+    return {q: write_gguf(tiny_dirs["qwen2"], root / f"tiny-{q}.gguf", q) for q in ("F32", "Q8_0")}
