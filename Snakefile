@@ -35,8 +35,8 @@ if _gpus:
     wc.use_gpu_locks(os.path.join(".snakemake", "qerl-gpu-locks"))
     if workflow.is_main_process:  # (not again where a job re-reads the Snakefile)
         print(f"qerl: local run on {_gpus} visible GPU(s): GPU jobs use at most "
-              f"{workflow.global_resources['gpu'].value} GPU slot(s) at a time, "
-              f"{'each its own GPU' if _share == 1 else f'{_share} to a GPU'}", file=sys.stderr)
+              f"{workflow.global_resources['gpu'].value} at a time, "
+              f"{'each its own' if _share == 1 else f'up to {_share} to a GPU'}", file=sys.stderr)
 
 
 rule all:

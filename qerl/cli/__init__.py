@@ -29,7 +29,7 @@ from qerl.cli.common import tracked
 
 # the verbs in the order `qerl --help` lists them: each module's add_<verb>(sub) builds its parser
 VERBS = (models.add_build_tiny, models.add_quantize, models.add_export_merged, models.add_sft, train.add_train,
-         evaluate.add_evaluate, evaluate.add_report, models.add_download, models.add_from_gguf, models.add_fetch, train.add_plan, bench.add_bench,
+         evaluate.add_evaluate, evaluate.add_report, evaluate.add_claims, models.add_download, models.add_from_gguf, models.add_fetch, train.add_plan, bench.add_bench,
          bench.add_mlflow_init)
 
 

@@ -114,3 +114,33 @@ def run_report(args) -> dict:
         idx = build_report(config, Path(args.results), out)
     print(f"wrote {idx}")
     return {}
+
+
+def add_claims(sub) -> None:
+    c = sub.add_parser("claims", help="methods side by side against the paper's claims (accuracy with intervals, "
+                                      "curves, step time, GPU-hours)",
+                       description="From a workflow's results: one row per method x seed (pass@1 before / after, "
+                                   "adapter sha256, device, step time, GPU-hours), pass@1 per method with 95% "
+                                   "bootstrap intervals over problems and seeds, training curves, and the paper's "
+                                   "claims (a)-(d) each marked confirmed, refuted or inconclusive with its numbers.")
+    c.add_argument("--workflow-config", required=True, help="the workflow config (results/config/<name>.yaml)")
+    c.add_argument("--results", default="results", help="the workflow's results directory (train/, eval/)")
+    c.add_argument("--output", required=True, help="report directory, e.g. reports/real")
+    c.add_argument("--benchmark", default=None, help="benchmark to compare on (default: report.table1's)")
+    c.add_argument("--timing", nargs="*", default=[], metavar="METHOD=FILE",
+                   help="step times for claim (d) from runs that had the GPU to themselves: METHOD=metrics.jsonl, or "
+                        "METHOD=step_alone.csv of an earlier report (workflow runs that shared GPUs do not time fairly)")
+    c.set_defaults(func=run_claims)
+
+
+def run_claims(args) -> int:
+    from qerl.stages.claims import build, read_timing
+    from qerl.stages.report import load_workflow_config
+
+    config = load_workflow_config(Path(args.workflow_config))
+    timing = read_timing(args.timing) or None
+    result = build(config, Path(args.results), Path(args.output), args.benchmark, timing)
+    for c in result["claims"]:
+        print(f"{c['verdict']:>12}  {c['claim']}")
+    print(f"wrote {args.output}/claims.md ({result['runs']} runs)")
+    return 0

@@ -52,6 +52,22 @@ def _last_number(text: str) -> str | None:
     return found[-1].replace(",", "") if found else None
 
 
+#: a number with only a currency sign before it and the plain words of a unit after it ("20 cups", "\\$20",
+#: "2 dollars", "20 minutes/day"): math-verify reads the words as symbols (and "\\$" as text), so the answer never
+#: equals the gold number; seen in real Qwen2.5 outputs on GSM8K
+_NUMBER_UNITS = re.compile(r"^\s*(?:\\?\$)?\s*(-?\d[\d,]*(?:\.\d+)?)(?:\s+[A-Za-z][A-Za-z ]*(?:/[A-Za-z ]+)?)?\.?\s*$")
+
+
+def strip_units(answer: str | None) -> str | None:
+    """``"20 cups"`` / ``"\\$20"`` -> ``"20"``: a number with only a currency sign before it and the plain words of
+    a unit after it loses them; anything else (``"20 + x"``, ``"x = 20"``, LaTeX units that math-verify already
+    reads) is returned as it was."""
+    if answer is None:
+        return None
+    m = _NUMBER_UNITS.match(answer)
+    return m.group(1).strip() if m else answer
+
+
 _FUNCS = {"answer_tag": _answer_tag, "boxed": _boxed, "gsm8k": _gsm8k, "last_number": _last_number}
 
 

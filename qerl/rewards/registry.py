@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from qerl.rewards.extract import DEFAULT_ORDER, extract_answer
+from qerl.rewards.extract import DEFAULT_ORDER, extract_answer, strip_units
 
 RewardFn = Callable[[str, str], float]
 _REGISTRY: dict[str, Callable[..., RewardFn]] = {}
@@ -43,7 +43,7 @@ def _math(settings: RewardSettings) -> RewardFn:
     verifier = MathVerifier(timeout=settings.timeout)
 
     def reward(completion: str, gold: str) -> float:
-        return 1.0 if verifier(gold, extract_answer(completion, settings.extraction)) else 0.0
+        return 1.0 if verifier(gold, strip_units(extract_answer(completion, settings.extraction))) else 0.0
 
     reward.verifier = verifier
     return reward

@@ -1,0 +1,454 @@
+"""``qerl claims``: the methods of a workflow run side by side against the paper's claims, from ``results/``.
+
+For every (method, seed) run of one model / dataset / algorithm / benchmark it reads the training metrics
+(``metrics.jsonl``) and the evaluation summaries (``*.json`` with per-problem scores) and writes:
+
+- ``runs.csv`` / ``runs.md``: one row per method x seed: model and its source, device, steps, held-out problems,
+  pass@1 of the untrained base (the method's base format) and after training, the adapter's sha256, median step
+  time, GPU-hours, reward at the start / end, mismatch KL;
+- ``accuracy.csv`` / ``accuracy.md``: pass@1 per method, mean over seeds with a 95% interval (bootstrap over
+  problems and seeds), and its paired difference from the reference method (bf16 LoRA) with its interval;
+- ``curves.png``: reward, accuracy, entropy, response length, mismatch KL and the AQN sigma per method;
+- ``claims.md``: the paper's claims (a) accuracy at least bf16 LoRA's, (b) faster reward growth, (c) AQN raises
+  entropy early, (d) a faster step, each marked confirmed / refuted / inconclusive with the numbers behind it.
+
+Intervals are percentile bootstraps with a fixed seed (a rerun writes the same files). A claim is *confirmed* or
+*refuted* only when the interval of the difference excludes zero (and for the step time, a gap over 5% in every
+seed pair); otherwise it is *inconclusive* at this scale.
+"""
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qerl.methods import label as method_label
+from qerl.workflow_config import base_method, runs, uses_nvfp4
+
+BOOT = 2000
+REFERENCE = "lora"
+
+
+class ClaimsError(ValueError):
+    """Results that cannot make the comparison (none found, a run without its evaluation...)."""
+
+
+@dataclass
+class RunData:
+    method: str
+    seed: int
+    metrics: list[dict]
+    evaluation: dict
+    base_eval: dict | None
+    per_problem: list[float] = field(default_factory=list)
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise ClaimsError(f"{path}: a line is not JSON (a run cut off mid-write?)") from None
+    return rows
+
+
+def _eval_json(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    if "per_problem" not in data:
+        raise ClaimsError(f"{path}: has no per-problem scores (written by an older qerl evaluate); rerun it")
+    return data
+
+
+def collect(config: dict, results: Path, benchmark: str | None = None) -> tuple[list[RunData], dict]:
+    """The runs of the config's first (model, dataset, algorithm) with their metrics and evaluations."""
+    all_runs = runs(config)
+    if not all_runs:
+        raise ClaimsError("the workflow config names no runs")
+    first = all_runs[0]
+    bench = benchmark or (config.get("report", {}).get("table1", {}).get("benchmark")
+                          or config["evaluation"]["benchmarks"][0])
+    out, missing = [], []
+    for r in all_runs:
+        if (r.model, r.dataset, r.algo) != (first.model, first.dataset, first.algo):
+            continue
+        mfile = results / "train" / r.path / "metrics.jsonl"
+        ev = _eval_json(results / "eval" / r.path / f"{bench}.json")
+        if not mfile.is_file() or ev is None:
+            missing.append(r.path)
+            continue
+        base = "nvfp4" if uses_nvfp4(config, r.method) else "bf16"
+        base_ev = _eval_json(results / "eval" / f"{r.model}/{base}/untrained/none/seed0" / f"{bench}.json")
+        out.append(RunData(r.method, r.seed, _read_jsonl(mfile), ev, base_ev, ev["per_problem"]))
+    if not out:
+        raise ClaimsError(f"{results}: no run has both metrics.jsonl and a {bench} evaluation (missing: "
+                          f"{', '.join(missing[:3])}{' …' if len(missing) > 3 else ''})")
+    meta = {"model": first.model, "dataset": first.dataset, "algorithm": first.algo, "benchmark": bench,
+            "missing": missing}
+    return out, meta
+
+
+# -- statistics -------------------------------------------------------------------------------------------------
+def _by_method(data: list[RunData]) -> dict[str, list[RunData]]:
+    out: dict[str, list[RunData]] = {}
+    for d in data:
+        out.setdefault(d.method, []).append(d)
+    for v in out.values():
+        v.sort(key=lambda d: d.seed)
+    return out
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def boot_mean(scores: list[list[float]], seed: int = 0) -> tuple[float, float, float]:
+    """Mean of ``scores[seed][problem]`` and its 95% percentile interval, resampling seeds and problems."""
+    rng = random.Random(seed)
+    n_s, n_p = len(scores), len(scores[0])
+    mean = sum(map(sum, scores)) / (n_s * n_p)
+    stats = []
+    for _ in range(BOOT):
+        ss = [rng.randrange(n_s) for _ in range(n_s)]
+        pp = [rng.randrange(n_p) for _ in range(n_p)]
+        stats.append(sum(scores[s][p] for s in ss for p in pp) / (n_s * n_p))
+    return mean, _pct(stats, 0.025), _pct(stats, 0.975)
+
+
+def boot_diff(a: list[list[float]], b: list[list[float]], seed: int = 0) -> tuple[float, float, float]:
+    """Mean of ``a`` minus mean of ``b`` (same problems; seeds paired by position) and its 95% interval."""
+    rng = random.Random(seed)
+    n_s, n_p = min(len(a), len(b)), len(a[0])
+    if len(b[0]) != n_p:
+        raise ClaimsError(f"methods were evaluated on different problem counts ({n_p} vs {len(b[0])})")
+
+    def diff(ss, pp):
+        return sum(a[s][p] - b[s][p] for s in ss for p in pp) / (len(ss) * len(pp))
+
+    stats = []
+    for _ in range(BOOT):
+        stats.append(diff([rng.randrange(n_s) for _ in range(n_s)], [rng.randrange(n_p) for _ in range(n_p)]))
+    return diff(range(n_s), range(n_p)), _pct(stats, 0.025), _pct(stats, 0.975)
+
+
+def _series(d: RunData, key: str) -> list[float]:
+    return [float(m[key]) for m in d.metrics if key in m and m[key] is not None]
+
+
+def step_seconds(d: RunData) -> list[float]:
+    """Each step's rollout + update seconds, the first (compilation, graph capture) left out."""
+    return [float(m.get("rollout_seconds", 0)) + float(m.get("train_seconds", 0)) for m in d.metrics[1:]]
+
+
+def window_mean(xs: list[float], lo: float, hi: float) -> float:
+    """Mean of the part of ``xs`` between fractions ``lo`` and ``hi`` of its length."""
+    a, b = int(len(xs) * lo), max(int(len(xs) * lo) + 1, int(len(xs) * hi))
+    part = xs[a:b]
+    return sum(part) / len(part) if part else float("nan")
+
+
+def early_noise_window(d: RunData) -> tuple[int, int]:
+    """Steps [a, b) of the early noisy phase: from the first step with sigma > 0 over the next 30% of training."""
+    sig = _series(d, "sigma")
+    on = next((i for i, s in enumerate(sig) if s > 0), None)
+    if on is None:
+        n = len(d.metrics)
+        return int(0.1 * n), int(0.4 * n)
+    return on, min(len(sig), on + max(1, int(0.3 * len(sig))))
+
+
+def boot_steps(a: list[float], b: list[float], seed: int = 0) -> tuple[float, float, float]:
+    """mean(a) - mean(b) over steps and its 95% interval, resampling steps (a and b independently)."""
+    rng = random.Random(seed)
+    diff = sum(a) / len(a) - sum(b) / len(b)
+    stats = [sum(rng.choice(a) for _ in a) / len(a) - sum(rng.choice(b) for _ in b) / len(b) for _ in range(BOOT)]
+    return diff, _pct(stats, 0.025), _pct(stats, 0.975)
+
+
+def _verdict(lo: float, hi: float, positive_is_confirmed: bool = True) -> str:
+    if lo > 0:
+        return "confirmed" if positive_is_confirmed else "refuted"
+    if hi < 0:
+        return "refuted" if positive_is_confirmed else "confirmed"
+    return "inconclusive"
+
+
+# -- tables -----------------------------------------------------------------------------------------------------
+def label(config: dict, method: str) -> str:
+    """The paper's row label of a method, or ``variant (base label + overrides)``."""
+    if method in config.get("variants", {}):
+        over = config["variants"][method].get("overrides", {})
+        if over == {"aqn": {"enabled": True}}:
+            return f"{method_label(base_method(config, method))} + AQN"
+        return f"{method} ({method_label(base_method(config, method))} variant)"
+    return method_label(method)
+
+
+def gpu_hours(d: RunData) -> float:
+    """Training (every step's rollout + update seconds) plus evaluation seconds, in hours of one GPU."""
+    train = sum(float(m.get("rollout_seconds", 0)) + float(m.get("train_seconds", 0)) for m in d.metrics)
+    return (train + float(d.evaluation.get("seconds", 0))) / 3600
+
+
+def run_rows(data: list[RunData], meta: dict, config: dict) -> list[list[str]]:
+    head = ["model", "model_source", "method", "label", "seed", "device", "steps", "problems", "samples_per_problem",
+            "pass1_before", "pass1_after", "adapter_sha256", "median_step_s", "gpu_hours", "reward_first10",
+            "reward_last10", "mismatch_kl_mean", "entropy_mean"]
+    rows = [head]
+    for d in data:
+        ev, rew = d.evaluation, _series(d, "reward_mean")
+        src = ev.get("model_source") or "hf"
+        if src == "gguf":
+            src = f"gguf (dequantized from {ev.get('model_dequantized_from', '?')})"
+        kl, ent = _series(d, "mismatch_kl"), _series(d, "entropy")
+        rows.append([meta["model"], src, d.method, label(config, d.method), str(d.seed), str(ev.get("device", "")),
+                     str(len(d.metrics)), str(ev["problems"]), str(ev.get("samples_per_problem", "")),
+                     f"{100 * d.base_eval['pass@1']:.2f}" if d.base_eval else "",
+                     f"{100 * ev['pass@1']:.2f}", str(ev.get("adapter_sha256", "")),
+                     f"{statistics.median(step_seconds(d)):.3f}" if len(d.metrics) > 1 else "",
+                     f"{gpu_hours(d):.4f}", f"{window_mean(rew, 0, 0.1):.3f}", f"{window_mean(rew, 0.9, 1):.3f}",
+                     f"{sum(kl) / len(kl):.2e}" if kl else "", f"{sum(ent) / len(ent):.4f}" if ent else ""])
+    return rows
+
+
+def accuracy_rows(data: list[RunData], config: dict) -> list[list[str]]:
+    by = _by_method(data)
+    rows = [["method", "label", "seeds", "problems", "pass1_mean", "ci95_low", "ci95_high", "base_pass1",
+             f"diff_vs_{REFERENCE}", "diff_ci95_low", "diff_ci95_high"]]
+    ref = by.get(REFERENCE)
+    for method, ds in by.items():
+        scores = [d.per_problem for d in ds]
+        m, lo, hi = boot_mean(scores)
+        base = ds[0].base_eval
+        row = [method, label(config, method), str(len(ds)), str(len(scores[0])), f"{100 * m:.2f}", f"{100 * lo:.2f}",
+               f"{100 * hi:.2f}", f"{100 * base['pass@1']:.2f}" if base else ""]
+        if ref and method != REFERENCE:
+            dm, dlo, dhi = boot_diff(scores, [d.per_problem for d in ref])
+            row += [f"{100 * dm:+.2f}", f"{100 * dlo:+.2f}", f"{100 * dhi:+.2f}"]
+        else:
+            row += ["", "", ""]
+        rows.append(row)
+    return rows
+
+
+# -- claims -----------------------------------------------------------------------------------------------------
+def claims(data: list[RunData], config: dict, timing: dict[str, list[dict]] | None = None) -> list[dict]:
+    """The paper's four claims checked on these runs: ``{"claim", "verdict", "numbers"}`` each. ``timing``: method ->
+    metrics of a run that had its GPU to itself (``--timing``), the step times of claim (d); without it the
+    workflow runs' own step times are used, and when those runs shared GPUs (``resources.jobs_per_gpu`` > 1) the
+    claim stays inconclusive."""
+    by = _by_method(data)
+    out = []
+    qerl, lora = by.get("qerl"), by.get(REFERENCE)
+    if not (qerl and lora):
+        return [{"claim": c, "verdict": "inconclusive", "numbers": "needs runs of both qerl and lora"}
+                for c in ("(a)", "(b)", "(c)", "(d)")]
+    # (a) accuracy
+    dm, dlo, dhi = boot_diff([d.per_problem for d in qerl], [d.per_problem for d in lora])
+    qm, lm = boot_mean([d.per_problem for d in qerl])[0], boot_mean([d.per_problem for d in lora])[0]
+    # "at least": refuted when the whole interval lies below zero, confirmed when QeRL is at least as accurate
+    verdict = "refuted" if dhi < 0 else ("confirmed" if dm >= 0 else "inconclusive")
+    gain = ""
+    if qerl[0].base_eval and lora[0].base_eval:
+        gain = (f"; gain over its own untrained base: QeRL {100 * (qm - qerl[0].base_eval['pass@1']):+.1f} "
+                f"(NVFP4 base {100 * qerl[0].base_eval['pass@1']:.1f}), bf16 LoRA "
+                f"{100 * (lm - lora[0].base_eval['pass@1']):+.1f} (bf16 base {100 * lora[0].base_eval['pass@1']:.1f})")
+    out.append({"claim": "(a) QeRL reaches at least bf16 LoRA's accuracy", "verdict": verdict,
+                "numbers": f"pass@1 {100 * qm:.1f} vs {100 * lm:.1f}; difference {100 * dm:+.1f} points, 95% interval "
+                           f"[{100 * dlo:+.1f}, {100 * dhi:+.1f}] (problems x seeds){gain}"})
+    # (b) reward growth: mean reward of the last 20% of steps minus the first 20%, per seed
+    def growth(d):
+        r = _series(d, "reward_mean")
+        return window_mean(r, 0.8, 1.0) - window_mean(r, 0.0, 0.2)
+
+    gq, gl = [growth(d) for d in qerl], [growth(d) for d in lora]
+    late_q = [x for d in qerl for x in _series(d, "reward_mean")[int(0.8 * len(d.metrics)):]]
+    early_q = [x for d in qerl for x in _series(d, "reward_mean")[:int(0.2 * len(d.metrics))]]
+    late_l = [x for d in lora for x in _series(d, "reward_mean")[int(0.8 * len(d.metrics)):]]
+    early_l = [x for d in lora for x in _series(d, "reward_mean")[:int(0.2 * len(d.metrics))]]
+    rng = random.Random(1)
+    stats = []
+    for _ in range(BOOT):
+        def m(xs):
+            return sum(rng.choice(xs) for _ in xs) / len(xs)
+        stats.append((m(late_q) - m(early_q)) - (m(late_l) - m(early_l)))
+    d_b = statistics.mean(gq) - statistics.mean(gl)
+    lo, hi = _pct(stats, 0.025), _pct(stats, 0.975)
+    out.append({"claim": "(b) QeRL's reward grows faster than bf16 LoRA's", "verdict": _verdict(lo, hi),
+                "numbers": f"reward gain, last 20% of steps minus first 20%: QeRL {', '.join(f'{g:+.3f}' for g in gq)} "
+                           f"vs bf16 LoRA {', '.join(f'{g:+.3f}' for g in gl)} (per seed); difference {d_b:+.3f}, 95% "
+                           f"interval [{lo:+.3f}, {hi:+.3f}] (steps resampled)"})
+    # (c) entropy early: with AQN vs without, on the same base
+    parts, verdicts = [], []
+    for with_, without in (("qerl", "nvfp4_lora"), *[(v, base_method(config, v)) for v in by
+                                                      if v in config.get("variants", {})
+                                                      and config["variants"][v].get("overrides") ==
+                                                      {"aqn": {"enabled": True}}]):
+        if with_ not in by or without not in by:
+            continue
+        a_vals, b_vals = [], []
+        for da, db in zip(by[with_], by[without]):
+            lo_s, hi_s = early_noise_window(da)
+            a_vals += _series(da, "entropy")[lo_s:hi_s]
+            b_vals += _series(db, "entropy")[lo_s:hi_s]
+        if not a_vals or not b_vals:
+            continue
+        diff, lo, hi = boot_steps(a_vals, b_vals)
+        verdicts.append(_verdict(lo, hi))
+        parts.append(f"{label(config, with_)} vs {label(config, without)}: entropy {statistics.mean(a_vals):.4f} vs "
+                     f"{statistics.mean(b_vals):.4f} over the first 30% of the noisy steps, difference {diff:+.4f}, "
+                     f"95% interval [{lo:+.4f}, {hi:+.4f}]")
+    verdict = verdicts[0] if verdicts and len(set(verdicts)) == 1 else "inconclusive"
+    out.append({"claim": "(c) AQN raises policy entropy early in training", "verdict": verdict,
+                "numbers": "; ".join(parts) or "no run pair with and without AQN"})
+    # (d) step time
+    shared = int((config.get("resources") or {}).get("jobs_per_gpu", 1) or 1) > 1
+    if timing and "qerl" in timing and REFERENCE in timing:
+        mq = [statistics.median(step_seconds(RunData("qerl", 0, timing["qerl"], {}, None)))]
+        ml = [statistics.median(step_seconds(RunData(REFERENCE, 0, timing[REFERENCE], {}, None)))]
+        how = f"runs alone on the GPU ({len(timing['qerl'])} steps each, --timing)"
+    else:
+        mq = [statistics.median(step_seconds(d)) for d in qerl]
+        ml = [statistics.median(step_seconds(d)) for d in lora]
+        how = ("the workflow's runs, which shared GPUs (resources.jobs_per_gpu "
+               f"{config['resources']['jobs_per_gpu']}): not a fair timing" if shared else "the workflow's runs")
+    ratios = [b / a for a, b in zip(mq, ml)]
+    verdict = ("confirmed" if all(r > 1.05 for r in ratios) else
+               "refuted" if all(r < 0.95 for r in ratios) else "inconclusive")
+    if shared and not timing:
+        verdict = "inconclusive"
+    devices = sorted({str(d.evaluation.get("device", "?")) for d in data})
+    out.append({"claim": "(d) the QeRL step is faster than bf16 LoRA's", "verdict": verdict,
+                "numbers": f"median step (rollout + update, step 1 left out) QeRL {', '.join(f'{x:.2f}' for x in mq)} s "
+                           f"vs bf16 LoRA {', '.join(f'{x:.2f}' for x in ml)} s: bf16 LoRA / QeRL = "
+                           f"{', '.join(f'{r:.2f}x' for r in ratios)}; {how} ({', '.join(devices)})"})
+    return out
+
+
+# -- figures and the report -------------------------------------------------------------------------------------
+PANELS = (("reward_mean", "reward"), ("accuracy", "accuracy (training batch)"), ("entropy", "policy entropy"),
+          ("response_len_mean", "response length (tokens)"), ("mismatch_kl", "rollout-vs-trainer KL"),
+          ("sigma", "AQN sigma"))
+
+
+def _moving(xs: list[float], w: int = 9) -> list[float]:
+    out = []
+    for i in range(len(xs)):
+        part = xs[max(0, i - w + 1): i + 1]
+        out.append(sum(part) / len(part))
+    return out
+
+
+def figure(data: list[RunData], config: dict, path: Path, title: str) -> Path:
+    """Six panels of training curves, one line per method (mean over seeds, moving average of 9 steps)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by = _by_method(data)
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    for ax, (key, name) in zip(axes.flat, PANELS):
+        for method, ds in by.items():
+            series = [_series(d, key) for d in ds]
+            n = min(len(x) for x in series)
+            if not n:
+                continue
+            mean = [sum(x[i] for x in series) / len(series) for i in range(n)]
+            ax.plot(range(1, n + 1), mean if key == "sigma" else _moving(mean), label=label(config, method))
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        if key == "mismatch_kl":
+            ax.set_yscale("log")
+    axes.flat[0].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _md(rows: list[list[str]], skip: tuple[str, ...] = ()) -> str:
+    keep = [i for i, h in enumerate(rows[0]) if h not in skip]
+    lines = ["| " + " | ".join(rows[0][i] for i in keep) + " |", "|" + "---|" * len(keep)]
+    lines += ["| " + " | ".join(r[i] for i in keep) + " |" for r in rows[1:]]
+    return "\n".join(lines) + "\n"
+
+
+def _csv_text(rows: list[list[str]]) -> str:
+    import csv
+    import io
+
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(rows)
+    return buf.getvalue()
+
+
+TIMING_KEYS = ("step", "rollout_seconds", "rollout_gen_seconds", "generated_tokens", "train_seconds", "sigma",
+               "rollout_capture_seconds", "rollout_prefill_seconds", "peak_memory_gb")
+
+
+def read_timing(specs: list[str]) -> dict[str, list[dict]]:
+    """``METHOD=FILE`` pairs -> method -> metrics rows: a ``metrics.jsonl`` of a run that had its GPU to itself, or
+    the ``step_alone.csv`` an earlier ``qerl claims`` wrote (its rows of that method)."""
+    import csv
+
+    out: dict[str, list[dict]] = {}
+    for spec in specs:
+        method, sep, path = spec.partition("=")
+        if not sep or not method or not path:
+            raise ClaimsError(f"--timing {spec!r}: expected METHOD=FILE (metrics.jsonl or step_alone.csv)")
+        f = Path(path)
+        if not f.is_file():
+            raise ClaimsError(f"--timing {spec}: {f} not found")
+        if f.suffix == ".csv":
+            with open(f, newline="") as fh:
+                rows = [r for r in csv.DictReader(fh) if r.get("method") == method]
+            out[method] = [{k: float(v) for k, v in r.items() if k != "method" and v != ""} for r in rows]
+        else:
+            out[method] = _read_jsonl(f)
+        if len(out[method]) < 2:
+            raise ClaimsError(f"--timing {spec}: fewer than 2 steps of {method} in {f}")
+    return out
+
+
+def build(config: dict, results: Path, out: Path, benchmark: str | None = None,
+          timing: dict[str, list[dict]] | None = None) -> dict:
+    """Write runs.csv/.md, accuracy.csv/.md, curves.png and claims.md (and step_alone.csv with ``timing``) into
+    ``out``; returns the claims."""
+    from qerl.workflow_config import write_text_atomic
+
+    data, meta = collect(config, results, benchmark)
+    out.mkdir(parents=True, exist_ok=True)
+    runs_rows, acc_rows = run_rows(data, meta, config), accuracy_rows(data, config)
+    found = claims(data, config, timing)
+    if timing:
+        rows = [["method", *TIMING_KEYS]] + [[m, *(str(r.get(k, "")) for k in TIMING_KEYS)]
+                                              for m, rs in timing.items() for r in rs]
+        write_text_atomic(str(out / "step_alone.csv"), _csv_text(rows))
+    write_text_atomic(str(out / "runs.csv"), _csv_text(runs_rows))
+    write_text_atomic(str(out / "runs.md"), _md(runs_rows, skip=("model", "adapter_sha256")))
+    write_text_atomic(str(out / "accuracy.csv"), _csv_text(acc_rows))
+    write_text_atomic(str(out / "accuracy.md"), _md(acc_rows))
+    figure(data, config, out / "curves.png",
+           f"{meta['model']} - {meta['algorithm']} on {meta['dataset']} (mean over seeds)")
+    text = [f"# Claims checked: `{config.get('configuration', '')}` — {meta['model']}, {meta['algorithm'].upper()} on "
+            f"{meta['dataset']}, pass@1 on {meta['benchmark']}", "",
+            "Generated by `qerl claims` from the workflow's results (metrics.jsonl and evaluation JSON files).", "",
+            "| claim (paper) | verdict at this scale | numbers |", "|---|---|---|"]
+    text += [f"| {c['claim']} | **{c['verdict']}** | {c['numbers']} |" for c in found]
+    text += ["", "## pass@1 per method (mean over seeds, 95% interval over problems and seeds)", "", _md(acc_rows),
+             "## Runs", "", _md(runs_rows, skip=("model", "adapter_sha256")), "![training curves](curves.png)", ""]
+    if meta["missing"]:
+        text += [f"Runs without results (left out): {', '.join(meta['missing'])}", ""]
+    write_text_atomic(str(out / "claims.md"), "\n".join(text))
+    return {"claims": found, "runs": len(data)}
