@@ -129,3 +129,9 @@ def tiny_gguf(tiny_dirs, tmp_path_factory):
     """``{"F32": file, "Q8_0": file}``: the tiny Qwen2 model written as GGUF files (tensors as named)."""
     root = tmp_path_factory.mktemp("gguf")
     return {q: write_gguf(tiny_dirs["qwen2"], root / f"tiny-{q}.gguf", q) for q in ("F32", "Q8_0")}
+
+
+@pytest.fixture(scope="session")
+def gguf_writer():
+    """:func:`write_gguf`, for tests that write GGUF files of their own models."""
+    return write_gguf

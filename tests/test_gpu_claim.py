@@ -57,3 +57,22 @@ def test_the_cli_hook_narrows_cuda_visible_devices_once(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert gpu_claim.claim_from_env() is None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu3.lock", "gpu5.lock", "gpu7.lock"]
+
+
+def test_jobs_share_a_gpu_up_to_jobs_per_gpu_spread_over_the_gpus_first(tmp_path, monkeypatch):
+    """`resources.jobs_per_gpu: N` (QERL_JOBS_PER_GPU): N jobs may hold a slot of one GPU; slot 0 of every GPU fills
+    before any GPU takes a second job, so jobs spread before they share."""
+    ids = ["0", "1"]
+    got = [gpu_claim.claim(1, tmp_path, ids, slots=2)[0] for _ in range(4)]
+    assert got == ["0", "1", "0", "1"]
+    with pytest.raises(RuntimeError, match="no 1 free GPU"):
+        gpu_claim.claim(1, tmp_path, ids, slots=2, timeout_s=0.2, poll_s=0.05)
+    gpu_claim.release()
+    assert gpu_claim.claim(2, tmp_path, ids, slots=2) == ["0", "1"]  # a 2-GPU job takes one slot on each
+    gpu_claim.release()
+    monkeypatch.setenv("QERL_JOBS_PER_GPU", "3")
+    assert gpu_claim.jobs_per_gpu() == 3
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv("QERL_JOBS_PER_GPU", bad)
+        with pytest.raises(RuntimeError, match="QERL_JOBS_PER_GPU"):
+            gpu_claim.jobs_per_gpu()

@@ -367,7 +367,8 @@ def figure(data: list[RunData], config: dict, path: Path, title: str) -> Path:
         ax.set_title(name)
         ax.set_xlabel("step")
         if key == "mismatch_kl":
-            ax.set_yscale("log")
+            if any(line.get_ydata().min() != line.get_ydata().max() for line in ax.get_lines()):
+                ax.set_yscale("log")
     axes.flat[0].legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()

@@ -2,7 +2,7 @@
 
 import pytest
 
-from qerl.rewards.extract import extract_answer, gsm8k_gold
+from qerl.rewards.extract import extract_answer, gsm8k_gold, strip_units
 from qerl.rewards.registry import RewardSettings, build_reward, format_reward, register_reward
 from qerl.rewards.verify import MathVerifier
 
@@ -84,3 +84,25 @@ def test_registry_and_format():
     assert build_reward(RewardSettings(correctness="always_one_test"))("", "") == 1.0
     with pytest.raises(ValueError, match="unknown reward"):
         build_reward(RewardSettings(correctness="nope"))
+
+
+@pytest.mark.parametrize("answer, want", [
+    ("20 cups", "20"), ("2 dollars", "2"), ("20 minutes/day", "20"), ("\\$20", "20"), ("$1,000", "1,000"),
+    ("-3.5 meters.", "-3.5"), ("20", "20"),
+    # left alone: an expression, an equation, a number glued to a symbol, LaTeX units math-verify reads itself
+    ("20 + x", "20 + x"), ("x = 20", "x = 20"), ("20x", "20x"), ("20 \\text{ cups}", "20 \\text{ cups}"),
+    ("20 cups of 3", "20 cups of 3"), (None, None),
+])
+def test_strip_units(answer, want):
+    assert strip_units(answer) == want
+
+
+def test_math_reward_takes_plain_word_units_of_real_outputs():
+    """Seen in a real Qwen2.5 0.5B run on GSM8K: \\boxed{20 cups} and \\boxed{\\$20} against the gold 20 scored 0."""
+    reward = build_reward(RewardSettings(correctness="math"))
+    try:
+        for text in ("so \\boxed{20 cups}", "<answer>20 minutes/day</answer>", "\\boxed{\\$20}", "\\boxed{20}"):
+            assert reward.score(text, "20")[1] == 1.0, text
+        assert reward.score("\\boxed{200 cups}", "20")[1] == 0.0
+    finally:
+        reward.close()

@@ -323,3 +323,20 @@ def test_engine_rollouts_log_their_split(warm_model, tmp_path):
     ref = train(make_cfg(warm_model, tmp_path / "ref", steps=1, **{"rollout.engine": "reference"}),
                 tracker=NullTracker(), progress=False)
     assert not any(k in r for r in rows(ref) for k in ENGINE_SPLIT.values())
+
+
+def test_aqn_enabled_on_a_bf16_lora_base_and_off_for_qerl(warm_model, tmp_path):
+    """`aqn.enabled`: auto = the method's own (qerl only); true adds the noise to another method (the bf16 LoRA +
+    AQN ablation); false removes it from qerl."""
+    from qerl.rl.aqn import AQNSettings, enabled
+
+    assert enabled(AQNSettings(), True) and not enabled(AQNSettings(), False)
+    assert enabled(AQNSettings(enabled=True), False) and not enabled(AQNSettings(enabled="false"), True)
+    with pytest.raises(ValueError, match="aqn.enabled must be auto, true or false"):
+        AQNSettings(enabled="sometimes")
+    sig = {}
+    for name, method, flag in (("lora_aqn", "lora", True), ("lora", "lora", "auto"), ("qerl_off", "qerl", False)):
+        out = train(make_cfg(warm_model, tmp_path / name, method=method, steps=2, **{"aqn.enabled": flag}),
+                    tracker=NullTracker(), progress=False)
+        sig[name] = [r["sigma"] for r in rows(out)]
+    assert sig["lora_aqn"][-1] > 0 and sig["lora"] == [0.0, 0.0] and sig["qerl_off"] == [0.0, 0.0]

@@ -1,0 +1,131 @@
+"""`qerl claims`: methods side by side against the paper's claims, from a results tree written here (hand-made
+metrics and evaluations with known answers)."""
+import csv
+import json
+import random
+import subprocess
+import sys
+import zlib
+
+import pytest
+
+CONFIG = {
+    "configuration": "unit", "models": {"m": {"source": "tiny"}}, "datasets": {"d": {"task": "synthetic"}},
+    "variants": {"lora_aqn": {"method": "lora", "overrides": {"aqn": {"enabled": True}}}},
+    "experiments": [{"models": ["m"], "datasets": ["d"], "methods": ["lora", "nvfp4_lora", "qerl", "lora_aqn"],
+                     "algorithms": ["grpo"], "seeds": [0, 1]}],
+    "evaluation": {"benchmarks": ["b"]}, "resources": {"jobs_per_gpu": 2},
+}
+
+
+def _write(results, method, seed, acc, reward_slope, entropy, step_s, sigma_on):
+    rng = random.Random(zlib.crc32(f"{method}{seed}".encode()))
+    run = results / "train" / f"m/{method}/grpo/d/seed{seed}"
+    run.mkdir(parents=True)
+    lines = []
+    for i in range(50):
+        lines.append(json.dumps({"step": i + 1, "reward_mean": 0.1 + reward_slope * i + rng.uniform(-0.01, 0.01),
+                                 "accuracy": 0.1, "entropy": entropy + rng.uniform(-0.005, 0.005),
+                                 "response_len_mean": 100, "mismatch_kl": 1e-4, "sigma": 0.01 if sigma_on and i >= 5
+                                 else 0.0, "rollout_seconds": step_s * 0.7 if i else 20.0,
+                                 "train_seconds": step_s * 0.3}))
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    ev = results / "eval" / f"m/{method}/grpo/d/seed{seed}"
+    ev.mkdir(parents=True)
+    per = [1.0 if rng.random() < acc else 0.0 for _ in range(300)]
+    (ev / "b.json").write_text(json.dumps({"pass@1": sum(per) / 300, "problems": 300, "samples_per_problem": 1,
+                                           "per_problem": per, "seconds": 36.0, "device": "Test GPU",
+                                           "adapter_sha256": f"{method}{seed}"}))
+
+
+@pytest.fixture
+def results(tmp_path):
+    res = tmp_path / "results"
+    for seed in (0, 1):
+        _write(res, "lora", seed, 0.40, 0.004, 0.30, 2.0, False)
+        _write(res, "lora_aqn", seed, 0.40, 0.004, 0.30, 2.0, True)
+        _write(res, "nvfp4_lora", seed, 0.30, 0.002, 0.30, 2.2, False)
+        _write(res, "qerl", seed, 0.30, 0.002, 0.40, 2.2, True)
+    for base, acc in (("bf16", 0.3), ("nvfp4", 0.25)):
+        d = res / "eval" / f"m/{base}/untrained/none/seed0"
+        d.mkdir(parents=True)
+        (d / "b.json").write_text(json.dumps({"pass@1": acc, "problems": 300, "per_problem": [acc] * 300}))
+    return res
+
+
+def test_report_tables_intervals_and_verdicts(results, tmp_path):
+    from qerl.stages.claims import build
+
+    out = tmp_path / "rep"
+    got = build(CONFIG, results, out)
+    assert got["runs"] == 8
+    verdicts = {c["claim"][:3]: c["verdict"] for c in got["claims"]}
+    # QeRL ~10 points below bf16 LoRA on 300 problems x 2 seeds: refuted; slower reward growth: refuted;
+    # entropy 0.40 vs 0.30 once the noise is on: confirmed; the runs shared GPUs and no --timing: inconclusive
+    assert verdicts == {"(a)": "refuted", "(b)": "refuted", "(c)": "inconclusive", "(d)": "inconclusive"}
+    c_text = next(c["numbers"] for c in got["claims"] if c["claim"].startswith("(c)"))
+    assert "QeRL) vs NVFP4 LoRA: entropy 0.4012 vs 0.2997" in c_text and "bf16 LoRA + AQN vs bf16 LoRA" in c_text
+    rows = list(csv.DictReader(open(out / "accuracy.csv")))
+    by = {r["method"]: r for r in rows}
+    for method in by:
+        per = [json.loads((results / "eval" / f"m/{method}/grpo/d/seed{s}/b.json").read_text())["per_problem"]
+               for s in (0, 1)]
+        mean = 100 * sum(map(sum, per)) / 600
+        r = by[method]
+        assert abs(float(r["pass1_mean"]) - mean) < 0.006 and float(r["ci95_low"]) < mean < float(r["ci95_high"])
+    assert float(by["qerl"]["diff_ci95_high"]) < 0 and by["qerl"]["base_pass1"] == "25.00"
+    runs = list(csv.DictReader(open(out / "runs.csv")))
+    assert len(runs) == 8 and {r["device"] for r in runs} == {"Test GPU"}
+    r0 = next(r for r in runs if r["method"] == "lora" and r["seed"] == "0")
+    assert r0["pass1_before"] == "30.00" and r0["adapter_sha256"] == "lora0" and r0["steps"] == "50"
+    assert r0["median_step_s"] == "2.000"  # the first step (compilation) left out
+    assert abs(float(r0["gpu_hours"]) - (20.0 + 0.6 + 49 * 2.0 + 36.0) / 3600) < 1e-4
+    assert (out / "curves.png").stat().st_size > 10_000 and "| (a) QeRL" in (out / "claims.md").read_text()
+    first = (out / "accuracy.csv").read_bytes()
+    build(CONFIG, results, out)
+    assert (out / "accuracy.csv").read_bytes() == first  # seeded bootstrap: a rerun writes the same numbers
+
+
+def test_timing_from_runs_alone_decides_the_step_claim(results, tmp_path):
+    from qerl.stages.claims import ClaimsError, build, read_timing
+
+    alone = tmp_path / "alone"
+    for method, s in (("lora", 2.0), ("qerl", 1.5)):
+        (alone / method).mkdir(parents=True)
+        (alone / method / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": i, "rollout_seconds": s * 0.7, "train_seconds": s * 0.3, "sigma": 0}) + "\n"
+            for i in range(1, 11)))
+    timing = read_timing([f"{m}={alone / m / 'metrics.jsonl'}" for m in ("lora", "qerl")])
+    got = build(CONFIG, results, tmp_path / "rep", timing=timing)
+    d = next(c for c in got["claims"] if c["claim"].startswith("(d)"))
+    assert d["verdict"] == "confirmed" and "1.33x" in d["numbers"] and "alone" in d["numbers"]
+    again = read_timing([f"{m}={tmp_path / 'rep' / 'step_alone.csv'}" for m in ("lora", "qerl")])
+    assert [r["rollout_seconds"] for r in again["qerl"]] == [r["rollout_seconds"] for r in timing["qerl"]]
+    for bad, want in (("qerl", "expected METHOD=FILE"), (f"qerl={tmp_path / 'none.jsonl'}", "not found")):
+        with pytest.raises(ClaimsError, match=want):
+            read_timing([bad])
+
+
+def test_missing_results_are_named(results, tmp_path):
+    import shutil
+
+    from qerl.stages.claims import ClaimsError, build
+
+    shutil.rmtree(results / "eval" / "m/lora_aqn")
+    got = build(CONFIG, results, tmp_path / "rep")
+    assert got["runs"] == 6 and "m/lora_aqn/grpo/d/seed0" in (tmp_path / "rep" / "claims.md").read_text()
+    with pytest.raises(ClaimsError, match="no run has both metrics.jsonl and a b evaluation"):
+        build(CONFIG, tmp_path / "empty", tmp_path / "rep2")
+
+
+def test_cli(results, tmp_path):
+    import yaml
+
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(CONFIG))
+    r = subprocess.run([sys.executable, "-m", "qerl", "claims", "--workflow-config", str(cfg), "--results",
+                        str(results), "--output", str(tmp_path / "rep")], capture_output=True, text=True)
+    assert r.returncode == 0 and "refuted  (a) QeRL reaches at least bf16 LoRA's accuracy" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "qerl", "claims", "--workflow-config", str(cfg), "--results",
+                        str(tmp_path / "nothing"), "--output", str(tmp_path / "rep3")], capture_output=True, text=True)
+    assert r.returncode == 2 and "no run has both" in r.stderr and "Traceback" not in r.stderr
