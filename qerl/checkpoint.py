@@ -270,11 +270,22 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
+def umask_mode(directory: bool = False) -> int:
+    """The mode a new file (or directory) gets under the process's umask: 0o644 / 0o755 with the usual 022."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return (0o777 if directory else 0o666) & ~mask
+
+
 def _sync_tree(root: Path) -> None:
     """fsync every file of a finished directory, then the directory, before it is renamed into place (a power
-    loss must not leave a renamed directory of empty files)."""
-    for dirpath, _, files in os.walk(root):
+    loss must not leave a renamed directory of empty files). Every file gets the umask's mode on the way: the
+    safetensors writer makes its files 0600, which a group-shared results directory cannot read."""
+    fmode, dmode = umask_mode(), umask_mode(directory=True)
+    for dirpath, dirs, files in os.walk(root):
+        os.chmod(dirpath, dmode)
         for name in files:
+            os.chmod(os.path.join(dirpath, name), fmode)
             fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
             try:
                 os.fsync(fd)

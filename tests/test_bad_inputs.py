@@ -65,6 +65,20 @@ def world(tmp_path_factory):
     long.write_text(json.dumps({"prompt": "7 " * 2000, "answer": "1"}) + "\n")
     w["long"] = long
     (root / "workflow.yaml").write_text((ROOT / "config" / "config.yaml").read_text())
+    # a directory that is not a run, with a run's names in it
+    notrun = root / "not_a_run"
+    (notrun / "final").mkdir(parents=True)
+    (notrun / "checkpoint").mkdir()
+    (notrun / "notes.txt").write_text("mine\n")
+    (notrun / "final" / "thesis.tex").write_text("\\section{mine}\n")
+    (notrun / "checkpoint" / "important.txt").write_text("mine\n")
+    w["notrun_cfg"] = write_cfg(root / "notrun.yaml", w["model"], notrun)
+    (root / "dup.yaml").write_text(yaml.safe_dump(json.loads(json.dumps(TRAIN))) + "steps: 100\n")
+    (root / "dup_nested.yaml").write_text("optim:\n  lr: 0.001\n  lr: 0.1\nsteps: 2\n")
+    (root / "empty_answers.jsonl").write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": ""}) + "\n"
+                                                      for i in range(4)))
+    (root / "other_eval.json").write_text(json.dumps({"pass@1": 0.5, "model": "elsewhere/model", "base": "bf16",
+                                                      "adapter": "", "benchmark": "synthetic_test"}))
     return w
 
 
@@ -157,6 +171,16 @@ CASES = [
      ["contains the input model.path"]),
     ("train-into-a-model-directory", ["train", "--config", W("cfg"), "--set", ("output_dir", W("wide")), "--overwrite"],
      2, ["holds model weights", "model.safetensors"]),
+    ("train-overwrite-a-directory-that-is-not-a-run", ["train", "--config", W("notrun_cfg"), "--overwrite"], 2,
+     ["not a qerl run's", "final/thesis.tex", "checkpoint/important.txt"]),
+    ("train-into-a-directory-that-is-not-a-run", ["train", "--config", W("notrun_cfg")], 2,
+     ["not a qerl run's", "choose another output_dir"]),
+    ("train-resume-finished-run-with-fewer-steps", ["train", "--config", W("cfg"), "--resume", "--set", "steps=1"],
+     2, ["finished run (2 steps", "steps=1 would run nothing", "steps >= 2"]),
+    ("train-config-key-twice", ["train", "--config", R("dup.yaml")], 2, ["dup.yaml", "'steps' is given twice"]),
+    ("train-empty-gold-answers", ["train", "--config", W("cfg"), "--set", ("output_dir", R("run_empty_ans")),
+                                  "--set", "data.task=local", "--set", ("data.path", R("empty_answers.jsonl"))], 2,
+     ["empty_answers.jsonl", "row 0", "'answer' is empty"]),
     ("train-huge-synthetic-set", ["train", "--config", W("cfg"), "--set", "data.synthetic_size=1000000000000"], 2,
      ["synthetic_size"]),
     # sft / export-merged / quantize never replace what they did not write, nor their own input
@@ -178,6 +202,33 @@ CASES = [
                                        "--output", W("model")], 2, ["not an earlier report"]),
     ("download-among-other-files", ["download", "--model", "a/b", "--revision", "main", "--output", R("other")], 2,
      ["other", "not an earlier download"]),
+    ("quantize-force-over-a-training-run", ["quantize", "--model", W("model"), "--output", R("run"), "--force"], 2,
+     ["run", "is not a model directory", "never other files"]),
+    ("tiny-force-over-a-training-run", ["build-tiny", "--output", R("run"), "--force"], 2,
+     ["is not a model directory"]),
+    ("sft-force-over-a-training-run", ["sft", "--model", W("model"), "--output", R("run"), "--force", "--steps", "1"],
+     2, ["is not a model directory"]),
+    ("export-force-over-other-files", ["export-merged", "--base", W("model"), "--adapter", R("run/final"),
+                                       "--output", R("other"), "--force"], 2, ["other", "is not a model directory"]),
+    ("quantize-force-over-notes", ["quantize", "--model", W("model"), "--output", R("other"), "--force"], 2,
+     ["other", "notes.txt", "is not a model directory"]),
+    ("tiny-force-over-notes", ["build-tiny", "--output", R("other"), "--force"], 2, ["is not a model directory"]),
+    ("sft-force-over-notes", ["sft", "--model", W("model"), "--output", R("other"), "--force", "--steps", "1"], 2,
+     ["is not a model directory"]),
+    ("export-force-over-a-training-run", ["export-merged", "--base", W("model"), "--adapter", R("run/final"),
+                                          "--output", R("run"), "--force"], 2, ["is not a model directory"]),
+    ("quantize-ignore-regex-matches-nothing", ["quantize", "--model", W("model"), "--output", R("q7"), "--ignore",
+                                               "re:.*vision.*"], 2, ["--ignore 're:.*vision.*' matches no Linear"]),
+    ("train-nested-key-twice", ["train", "--config", R("dup_nested.yaml")], 2, ["'lr' is given twice"]),
+    ("quantize-ignore-matches-nothing", ["quantize", "--model", W("model"), "--output", R("q6"), "--ignore",
+                                         "lm_haed"], 2, ["--ignore 'lm_haed' matches no Linear module"]),
+    ("eval-summary-and-samples-same-file", ["evaluate", "--model", W("model"), "--base", "bf16", "--benchmark",
+                                            "synthetic_test", "--output", R("same.json"), "--samples-output",
+                                            R("same.json")], 2, ["same file"]),
+    ("eval-over-another-policys-summary", ["evaluate", "--model", W("model"), "--base", "bf16", "--benchmark",
+                                           "synthetic_test", "--output", R("other_eval.json"), "--max-new-tokens",
+                                           "8"], 2, ["other_eval.json", "another policy", "elsewhere/model",
+                                                     "--overwrite"]),
     ("sft-over-a-training-run", ["sft", "--model", W("model"), "--output", W("run"), "--steps", "1"], 2,
      ["run", "--force"]),
     ("export-adapter-of-another-model", ["export-merged", "--base", W("wide"), "--adapter", R("run/final"),
@@ -281,7 +332,7 @@ def test_bad_input_is_one_clear_line(world, argv, status, fragments, capsys):
 
 
 def test_the_table_has_enough_cases():
-    assert len(CASES) >= 40
+    assert len(CASES) >= 100
     assert {c[1][0] for c in CASES} >= {"train", "evaluate", "quantize", "report", "plan", "build-tiny"}
 
 
@@ -325,3 +376,29 @@ def test_a_full_disk_names_the_path_and_the_intact_checkpoint(world, tmp_path, m
     monkeypatch.setattr(state, "save_file", real)
     assert main(["train", "--config", str(cfg), "--no-progress", "--auto-resume"]) == 0
     assert [json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+def test_a_run_whose_metrics_end_in_a_cut_off_line_resumes(world, tmp_path):
+    """A kill in the middle of writing a metrics row leaves a line without its newline: the run resumes from its
+    intact checkpoint (the cut row is dropped and recomputed), without --overwrite."""
+    from qerl.cli import main
+
+    run = tmp_path / "cut"
+    shutil.copytree(world["run"], run)
+    (run / "summary.json").unlink()
+    metrics = run / "metrics.jsonl"
+    metrics.write_text(metrics.read_text() + '{"step": 3, "reward_me')
+    cfg = write_cfg(tmp_path / "cut.yaml", world["model"], run, steps=3)
+    assert main(["train", "--config", str(cfg), "--resume", "--no-progress"]) == 0
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and metrics.read_text().endswith("\n")
+
+
+def test_outputs_get_the_umask_mode(world):
+    """Checkpoint and adapter weights are written by safetensors with mode 0600; every output file gets the mode
+    the umask gives (0644 under 022), so a group-shared results directory stays readable."""
+    from qerl.checkpoint import umask_mode
+
+    for f in ("checkpoint/trainable.safetensors", "final/adapter_model.safetensors", "final/adapter_config.json"):
+        assert (world["run"] / f).stat().st_mode & 0o777 == umask_mode(), f
+    assert (world["nvfp4"] / "model.safetensors").stat().st_mode & 0o777 == umask_mode()

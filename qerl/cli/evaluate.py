@@ -30,6 +30,8 @@ def add_evaluate(sub) -> None:
     v.add_argument("--name", default=None, help="local file: the benchmark's name in the results (default: its stem)")
     v.add_argument("--output", required=True, help="summary JSON path")
     v.add_argument("--samples-output", default=None, help="per-sample JSONL (default: beside the JSON)")
+    v.add_argument("--overwrite", action="store_true",
+                   help="replace an --output that holds the evaluation of another model / adapter / benchmark")
     v.add_argument("--samples", type=POSITIVE, default=4, help="k samples per problem (pass@1 is their mean)")
     v.add_argument("--temperature", type=float_in(0.0), default=0.6,
                    help="sampling temperature (0 = greedy; paper 0.6)")
@@ -70,7 +72,9 @@ def run_evaluate(args) -> dict:
     outputs.check_file_output(samples, "--samples-output file")
     for path, flag in ((out, "--output"), (samples, "--samples-output")):
         outputs.check_not_input(path, {"--model": args.model, "--adapter": args.adapter}, flag)
-    check_outputs_are_ours(out, samples)
+    check_outputs_are_ours(out, samples, {"model": str(args.model), "base": args.base,
+                                          "adapter": str(args.adapter or ""), "benchmark": bench.name},
+                           overwrite=args.overwrite)
     with outputs.hold(out, "evaluate"):
         import torch
 

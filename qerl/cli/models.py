@@ -36,6 +36,7 @@ def run_build_tiny(args) -> int:
     from qerl import outputs
 
     outputs.check_parent_writable(args.output, "tiny model")
+    outputs.check_force_replaces_a_model(args.output, args.force)
     with outputs.hold(args.output, "build-tiny"):
         out = save_tiny_model(args.output, spec, max_shard_size=args.max_shard_size, force=args.force)
     print(f"wrote tiny {args.arch} model to {out}")
@@ -76,6 +77,7 @@ def run_quantize(args) -> int:
     if args.output.exists() and not args.output.is_dir():
         raise outputs.OutputNotWritable(f"--output {args.output}: is a file, not a directory")
     outputs.check_parent_writable(args.output, "quantized checkpoint")
+    outputs.check_force_replaces_a_model(args.output, args.force)
     with outputs.hold(args.output, "quantize"):
         summary = quantize_checkpoint(args.model, args.output, force=args.force,
                                       max_shard_size=args.max_shard_size, ignore=tuple(args.ignore),
@@ -106,6 +108,7 @@ def run_export_merged(args) -> int:
 
     outputs.check_not_input(args.output, {"--base": args.base, "--adapter": args.adapter})
     outputs.check_parent_writable(args.output, "merged model")
+    outputs.check_force_replaces_a_model(args.output, args.force)
     with outputs.hold(args.output, "export-merged"):
         out = export_merged(args.base, args.adapter, args.output, force=args.force)
     print(f"wrote merged bf16 model to {out}")
@@ -139,6 +142,7 @@ def run_sft(args) -> int:
 
     outputs.check_not_input(args.output, {"--model": args.model})
     outputs.check_parent_writable(args.output, "warm-started model")
+    outputs.check_force_replaces_a_model(args.output, args.force)
     with outputs.hold(args.output, "sft"):
         stats = sft(args.model, args.output, records, steps=args.steps, lr=args.lr, batch_size=args.batch_size,
                     seed=args.seed, progress=not args.no_progress, force=args.force)

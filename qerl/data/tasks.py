@@ -94,6 +94,9 @@ def _map_rows(rows, prompt_field: str, answer_field: str, answer_format: str, so
             answer = gold_answer(answer, answer_format)
         except ValueError as e:
             raise DataError(f"{source}: row {i}, field {answer_field!r} ({answer_format} format): {e}") from None
+        if not answer.strip():
+            raise DataError(f"{source}: row {i}, field {answer_field!r} is empty: an empty gold answer makes an empty "
+                            "completion count as correct (the policy would learn to say nothing); fix or drop the row")
         if max_prompt_chars is None or len(prompt) <= max_prompt_chars:
             out.append({"prompt": prompt, "answer": answer})
     return out

@@ -121,19 +121,36 @@ def benchmark_meta(benchmark) -> dict:
             "benchmark_fields": {"prompt": b.prompt_field, "answer": b.answer_field, "format": b.answer_format}}
 
 
-def check_outputs_are_ours(summary: Path, samples: Path) -> None:
+IDENTITY = ("model", "base", "adapter", "benchmark")
+
+
+def check_outputs_are_ours(summary: Path, samples: Path, identity: dict | None = None,
+                           overwrite: bool = False) -> None:
     """An existing ``summary`` / ``samples`` file is replaced only if an earlier evaluation wrote it (a summary JSON
-    with ``pass@1``; a JSONL of samples), never another file given by mistake (a model's ``config.json``)."""
+    with ``pass@1``; a JSONL of samples), never another file given by mistake (a model's ``config.json``), and — unless
+    ``overwrite`` — only by an evaluation of the same policy on the same benchmark (``identity``: model, base,
+    adapter, benchmark). ``summary`` and ``samples`` must be two files."""
     from qerl.checkpoint import CheckpointError
 
+    if Path(summary).resolve() == Path(samples).resolve():
+        raise CheckpointError(f"--output and --samples-output are the same file ({summary}): the summary would "
+                              "overwrite the samples; give two paths")
     if summary.is_file():
         try:
-            ok = "pass@1" in json.loads(summary.read_text())
+            old = json.loads(summary.read_text())
+            ok = isinstance(old, dict) and "pass@1" in old
         except (ValueError, TypeError, UnicodeDecodeError):
-            ok = False
+            ok, old = False, {}
         if not ok:
             raise CheckpointError(f"--output {summary}: exists and is not an evaluation summary; refusing to "
                                   "overwrite it")
+        if identity and not overwrite:
+            diff = [k for k in IDENTITY if k in old and k in identity and str(old[k]) != str(identity[k])]
+            if diff:
+                shown = ", ".join(f"{k} {old[k]!r}" for k in diff)
+                raise CheckpointError(f"--output {summary}: holds the evaluation of another policy or benchmark "
+                                      f"({shown}); pass --overwrite to replace it and its samples, or choose another "
+                                      "--output")
     if samples.is_file() and samples.stat().st_size:
         with open(samples, "rb") as f:
             head = f.readline(1 << 20)

@@ -87,6 +87,13 @@ def plan(src: Path, ignore: tuple[str, ...]) -> tuple[dict, TensorIndex, list[_U
     index = TensorIndex(src)
     linears = _linear_modules(AutoConfig.from_pretrained(src))
     targets = [n for n, (_, _, _, cls) in linears.items() if is_target(n, cls, ["Linear"], ignore)]
+    from qerl.quant.format import _matches
+
+    unused = [p for p in ignore if not any(_matches(p, n, cls) for n, (_, _, _, cls) in linears.items())]
+    if unused:  # a typo (lm_haed) would quantize what it meant to keep, without a word
+        names = sorted(linears)
+        raise CheckpointError(f"--ignore {unused[0]!r} matches no Linear module of {src} (names look like "
+                              f"{names[0]!r}, {names[-1]!r}; class names like 'Linear'; regexes start with 're:')")
     if not targets:
         raise CheckpointError(f"{src}: no Linear layers to quantize (ignore={list(ignore)})")
     for name in targets:

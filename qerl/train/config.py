@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -150,6 +151,10 @@ class TrainConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
 
+#: what a person writes as a number that YAML 1.1 keeps a string: ``3e-4``, ``1E5``, ``+2e3`` (no dot, or a sign)
+_YAML11_FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
+
+
 def _check_type(value, hint, path: str):
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
@@ -172,6 +177,8 @@ def _check_type(value, hint, path: str):
             raise ConfigError(f"{path}: expected a list, got {value!r}")
         return tuple(_check_type(v, typing.get_args(hint)[0], f"{path}[{i}]") for i, v in enumerate(value))
     if hint is float:
+        if isinstance(value, str) and _YAML11_FLOAT.match(value.strip()):
+            value = float(value)  # `3e-4`: YAML 1.1 (PyYAML) reads a float without a dot as a string
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{path}: expected a number, got {value!r}")
         if not math.isfinite(value):
@@ -303,9 +310,13 @@ def load_config(path: str | Path, overrides: dict | None = None) -> TrainConfig:
     """Read a YAML config file (plus optional overrides merged on top) and validate it."""
     import yaml
 
+    from qerl.yamlio import DuplicateKeyError, load
+
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load(path.read_text(), str(path)) or {}
+    except DuplicateKeyError as e:
+        raise ConfigError(str(e)) from None
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
     except IsADirectoryError:

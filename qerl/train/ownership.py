@@ -69,17 +69,53 @@ def status(out: Path) -> RunStatus:
     rows, last = 0, 0
     metrics = out / "metrics.jsonl"
     if metrics.exists():
-        for i, line in enumerate(metrics.read_text().splitlines()):
+        lines = metrics.read_text().splitlines()
+        for i, line in enumerate(lines):
             if not line.strip():
                 continue
             try:
                 step = int(json.loads(line)["step"])
             except (ValueError, KeyError, TypeError, json.JSONDecodeError):
+                if i == len(lines) - 1 and cut_off_tail(metrics):
+                    break  # a row cut off by a kill mid-write: the resumed run drops it (loop._truncate_metrics)
                 raise CheckpointError(f"{metrics}: line {i + 1} is not a metrics row of qerl train") from None
             rows, last = rows + 1, max(last, step)
     ckpt = out / CHECKPOINT
     return RunStatus(rows, last, checkpoint_step(ckpt) if ckpt.is_dir() else None,
                      (out / "summary.json").exists(), (out / "final").exists())
+
+
+def cut_off_tail(metrics: Path) -> bool:
+    """Whether ``metrics.jsonl`` ends in a row without its newline (every row is written whole with one; a kill in
+    the middle of that write leaves this)."""
+    data = Path(metrics).read_bytes()
+    return bool(data) and not data.endswith(b"\n")
+
+
+#: files that mark ``final/`` and ``checkpoint/`` as qerl train's (one of them must be there)
+MARKERS = {"final": ("adapter_config.json", "config.json"),
+           CHECKPOINT: ("trainer_state.json", "trainer_state.pt", "trainable.safetensors")}
+
+
+def foreign_run_files(out: Path) -> list[str]:
+    """Names under ``out`` that look like a run's but are not qerl train's: a ``final/`` or ``checkpoint/`` without
+    any file qerl writes there, a ``summary.json`` that is no run summary. ``--overwrite`` would delete them."""
+    out, bad = Path(out), []
+    for sub, markers in MARKERS.items():
+        d = out / sub
+        if d.exists() and not d.is_dir():
+            bad.append(sub)
+        elif d.is_dir() and any(d.iterdir()) and not any((d / m).exists() for m in markers):
+            bad.append(f"{sub}/{sorted(p.name for p in d.iterdir())[0]}")
+    summary = out / "summary.json"
+    if summary.exists():
+        try:
+            ok = isinstance(data := json.loads(summary.read_text()), dict) and {"method", "steps"} <= set(data)
+        except (ValueError, UnicodeDecodeError, OSError):
+            ok = False
+        if not ok:
+            bad.append("summary.json")
+    return bad
 
 
 def recover(out: Path) -> str | None:
@@ -106,6 +142,10 @@ def prepare(out: Path, mode: str, config: dict | None = None) -> bool:
                         "output_dir")
     if out.is_dir():
         _check_not_foreign(out)
+        if bad := foreign_run_files(out):
+            raise OwnershipError(f"output_dir {out} holds files that are not a qerl run's ({', '.join(bad[:3])}): "
+                                 "training would overwrite them and --overwrite would delete them; choose another "
+                                 "output_dir")
     note = recover(out) if out.is_dir() else None
     if note:
         print(note, flush=True)
@@ -135,6 +175,11 @@ def prepare(out: Path, mode: str, config: dict | None = None) -> bool:
         return False
     if config is not None:
         _check_same_run(out, config)
+        steps = int(config.get("steps") or 0)
+        if st.finished and steps < st.last_step:
+            raise OwnershipError(f"output_dir {out} holds {st.describe()}: resuming it with steps={steps} would run "
+                                 "nothing and rewrite its final/ under a config that disagrees with its summary; use "
+                                 f"steps >= {st.last_step} to train it further, or set another output_dir")
     return True
 
 

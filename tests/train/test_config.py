@@ -56,3 +56,16 @@ def test_tri_state_optim_switch_takes_yaml_booleans(tmp_path):
     p.write_text("model: {path: m}\noptim: {eight_bit: false}\n")
     assert load_config(p).optim.eight_bit == "false"
 
+
+
+def test_numbers_yaml_1_1_reads_as_strings_are_taken_as_numbers(tmp_path):
+    """`lr: 3e-4` is a string to PyYAML (YAML 1.1 wants a dot); every reader sees a number, so it is one."""
+    from qerl.train.config import ConfigError, load_config
+
+    f = tmp_path / "c.yaml"
+    f.write_text("model: {path: m}\noptim: {lr: 3e-4, weight_decay: 1E-2}\naqn: {sigma_start: 5e-2}\n")
+    cfg = load_config(f)
+    assert cfg.optim.lr == 3e-4 and cfg.optim.weight_decay == 0.01 and cfg.aqn.sigma_start == 0.05
+    f.write_text("model: {path: m}\noptim: {lr: fast}\n")
+    with pytest.raises(ConfigError, match="optim.lr: expected a number, got 'fast'"):
+        load_config(f)

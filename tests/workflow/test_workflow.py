@@ -135,6 +135,7 @@ def test_ablations_are_config_only(tmp_path, ablation):
     # the runs' qerl-train configs: a bad value, an unknown key (checked by `qerl train`'s own rules)
     ("train: {algorithm: {group_size: eight}}\n", "algorithm.group_size: expected an integer, got 'eight'"),
     ("method_overrides: {qerl: {aqn: {sigma_strat: 0.01}}}\n", "sigma_strat"),
+    ("train: {steps: 3}\ntrain: {steps: 9}\n", "key 'train' is given twice (lines 1 and 2)"),
 ])
 def test_bad_configs_fail_before_any_job(tmp_path, edit, culprit):
     bad = tmp_path / "bad.yaml"

@@ -11,6 +11,20 @@ from snakemake.utils import validate
 from qerl import workflow_config as wc
 from qerl.inputs import benchmark_names
 
+def _strict_configfiles():
+    """A key given twice in a config file (a section written twice): snakemake's YAML reader keeps the last, silently."""
+    from qerl.yamlio import DuplicateKeyError, load
+
+    for f in getattr(workflow, "configfiles", None) or []:
+        try:
+            load(open(f).read(), str(f))
+        except DuplicateKeyError as e:
+            raise WorkflowError(str(e)) from None
+        except (OSError, UnicodeDecodeError, ValueError):
+            pass  # (snakemake reports unreadable files itself)
+
+
+_strict_configfiles()
 validate(config, os.path.join(workflow.basedir, "workflow/schemas/config.schema.yaml"))
 # `inputs_lock` (qerl fetch): hub models / training sets at the locked commits (in the config from here on), the
 # benchmarks' commits passed to `qerl evaluate --revision`, and every job with the hub off
