@@ -31,8 +31,7 @@ if _gpus:
     _share = wc.jobs_per_gpu(config)
     if "gpu" not in workflow.global_resources:
         workflow.global_resources["gpu"] = _gpus * _share
-    os.environ["QERL_JOBS_PER_GPU"] = str(_share)
-    wc.use_gpu_locks(os.path.join(".snakemake", "qerl-gpu-locks"))
+    wc.use_gpu_locks(os.path.join(".snakemake", "qerl-gpu-locks"), _share)
     if workflow.is_main_process:  # (not again where a job re-reads the Snakefile)
         print(f"qerl: local run on {_gpus} visible GPU(s): GPU jobs use at most "
               f"{workflow.global_resources['gpu'].value} at a time, "

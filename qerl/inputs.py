@@ -127,8 +127,19 @@ def read_lock(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise InputsError(f"inputs_lock {path}: not found (write it with `qerl fetch --configfile ...`)")
-    lock = yaml.safe_load(path.read_text()) or {}
+    try:
+        lock = yaml.safe_load(path.read_text()) or {}
+    except UnicodeDecodeError:
+        raise InputsError(f"inputs_lock {path}: not a text file (a lock is the YAML `qerl fetch` writes)") from None
+    except yaml.YAMLError as e:
+        raise InputsError(f"inputs_lock {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(lock, dict):
+        raise InputsError(f"inputs_lock {path}: the top level must be a mapping (models:, datasets:), got a "
+                          f"{type(lock).__name__}")
     for kind in ("models", "datasets"):
+        if not isinstance(lock.get(kind) or {}, dict):
+            raise InputsError(f"inputs_lock {path}: {kind} must be a mapping of name -> entry, got "
+                              f"{type(lock[kind]).__name__}")
         for name, e in (lock.get(kind) or {}).items():
             if not isinstance(e, dict) or not _COMMIT.match(str(e.get("commit", ""))) or not e.get("repo"):
                 raise InputsError(f"inputs_lock {path}: {kind}.{name} needs repo and a 40-hex commit, got {e!r}")

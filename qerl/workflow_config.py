@@ -247,10 +247,11 @@ def jobs_per_gpu(config: dict) -> int:
     return int((config.get("resources") or {}).get("jobs_per_gpu", 1) or 1)
 
 
-def use_gpu_locks(directory: str) -> None:
-    """Export ``QERL_GPU_LOCKS`` (absolute) for the jobs this snakemake starts locally: each GPU job's ``qerl``
-    locks GPUs of its own there (:mod:`qerl.gpu_claim`)."""
+def use_gpu_locks(directory: str, jobs_per_gpu: int = 1) -> None:
+    """Export ``QERL_GPU_LOCKS`` (absolute) and ``QERL_JOBS_PER_GPU`` for the jobs this snakemake starts locally:
+    each GPU job's ``qerl`` locks a slot of GPUs of its own there (:mod:`qerl.gpu_claim`)."""
     os.environ["QERL_GPU_LOCKS"] = os.path.abspath(directory)
+    os.environ["QERL_JOBS_PER_GPU"] = str(jobs_per_gpu)
 
 
 def where(configuration: str, results: str = "results", mlflow_uri: str | None = None) -> str:

@@ -74,6 +74,13 @@ def world(tmp_path_factory):
     (notrun / "checkpoint" / "important.txt").write_text("mine\n")
     w["notrun_cfg"] = write_cfg(root / "notrun.yaml", w["model"], notrun)
     (root / "dup.yaml").write_text(yaml.safe_dump(json.loads(json.dumps(TRAIN))) + "steps: 100\n")
+    hub = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    hub["models"] = {"q": {"source": "hub", "hub_id": "Qwen/Qwen2.5-3B-Instruct", "revision": "main"}}
+    (root / "hub.yaml").write_text(yaml.safe_dump(hub))
+    (root / "other_repo.lock.yaml").write_text(yaml.safe_dump(
+        {"models": {"q": {"repo": "someone/else", "revision": "main", "commit": "a" * 40}}, "datasets": {}}))
+    (root / "binary.jsonl").write_bytes(bytes(range(256)) * 4)
+    (root / "binary.parquet").write_bytes(bytes(range(256)) * 4)
     (root / "dup_nested.yaml").write_text("optim:\n  lr: 0.001\n  lr: 0.1\nsteps: 2\n")
     (root / "empty_answers.jsonl").write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": ""}) + "\n"
                                                       for i in range(4)))
@@ -216,9 +223,28 @@ CASES = [
     ("sft-force-over-notes", ["sft", "--model", W("model"), "--output", R("other"), "--force", "--steps", "1"], 2,
      ["is not a model directory"]),
     ("export-force-over-a-training-run", ["export-merged", "--base", W("model"), "--adapter", R("run/final"),
-                                          "--output", R("run"), "--force"], 2, ["is not a model directory"]),
+                                          "--output", R("broken_run"), "--force"], 2, ["is not a model directory"]),
     ("quantize-ignore-regex-matches-nothing", ["quantize", "--model", W("model"), "--output", R("q7"), "--ignore",
                                                "re:.*vision.*"], 2, ["--ignore 're:.*vision.*' matches no Linear"]),
+    ("train-binary-data-file", ["train", "--config", W("cfg"), "--set", ("output_dir", R("run_bin")),
+                                "--set", "data.task=local", "--set", ("data.path", R("binary.jsonl"))], 2,
+     ["binary.jsonl", "not a UTF-8 text file"]),
+    ("train-binary-parquet", ["train", "--config", W("cfg"), "--set", ("output_dir", R("run_binp")),
+                              "--set", "data.task=local", "--set", ("data.path", R("binary.parquet"))], 2,
+     ["binary.parquet", "not a readable Parquet file"]),
+    ("eval-binary-benchmark", ["evaluate", "--model", W("model"), "--base", "bf16", "--benchmark", R("binary.jsonl"),
+                               "--output", R("eb.json")], 2, ["binary.jsonl", "not a UTF-8 text file"]),
+    ("fetch-check-lock-top-level-list", ["fetch", "--configfile", R("workflow.yaml"), "--check", "--lock",
+                                         R("list.yaml")], 2, ["list.yaml", "must be a mapping"]),
+    ("fetch-check-lock-broken-yaml", ["fetch", "--configfile", R("workflow.yaml"), "--check", "--lock",
+                                      R("bad.yaml")], 2, ["bad.yaml", "not valid YAML"]),
+    ("fetch-check-lock-binary", ["fetch", "--configfile", R("workflow.yaml"), "--check", "--lock",
+                                 R("binary.jsonl")], 2, ["binary.jsonl", "not a text file"]),
+    ("fetch-check-lock-of-another-repo", ["fetch", "--configfile", R("hub.yaml"), "--check", "--lock",
+                                          R("other_repo.lock.yaml")], 2,
+     ["locked as someone/else@main", "asks for Qwen/Qwen2.5-3B-Instruct@main"]),
+    ("fetch-config-key-twice", ["fetch", "--configfile", R("dup.yaml"), "--dry-run"], 2,
+     ["dup.yaml", "given twice"]),
     ("train-nested-key-twice", ["train", "--config", R("dup_nested.yaml")], 2, ["'lr' is given twice"]),
     ("quantize-ignore-matches-nothing", ["quantize", "--model", W("model"), "--output", R("q6"), "--ignore",
                                          "lm_haed"], 2, ["--ignore 'lm_haed' matches no Linear module"]),

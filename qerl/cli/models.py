@@ -182,12 +182,21 @@ def run_fetch(args) -> dict:
 
     from qerl import inputs
     from qerl.workflow_config import _merge
+    from qerl.yamlio import DuplicateKeyError, load
 
     config: dict = {}
     for path in args.configfile:
         if not path.is_file():
             raise inputs.InputsError(f"--configfile {path}: not found")
-        config = _merge(config, yaml.safe_load(path.read_text()) or {})
+        try:
+            part = load(path.read_text(), str(path)) or {}
+        except (DuplicateKeyError, UnicodeDecodeError, yaml.YAMLError) as e:
+            what = "not a text file" if isinstance(e, UnicodeDecodeError) else str(e).splitlines()[0]
+            raise inputs.InputsError(f"--configfile {path}: {what}") from None
+        if not isinstance(part, dict):
+            raise inputs.InputsError(f"--configfile {path}: the top level must be a mapping, got a "
+                                     f"{type(part).__name__}")
+        config = _merge(config, part)
     todo = inputs.hub_inputs(config)
     lock_path = args.lock or inputs.default_lock_path(args.configfile[0])
     if args.dry_run:
@@ -195,7 +204,9 @@ def run_fetch(args) -> dict:
             print(f"{x.kind} {x.name}: {x.repo}@{x.revision}")
         return {}
     if args.check:
-        missing = inputs.check_cached(todo, inputs.read_lock(lock_path))
+        lock = inputs.read_lock(lock_path)
+        inputs.locked_commits(config, lock, f"inputs_lock {lock_path}")  # judged as the workflow judges it
+        missing = inputs.check_cached(todo, lock)
         if missing:
             files = " ".join(map(str, args.configfile))
             raise inputs.InputsError(f"{len(missing)} of {len(todo)} locked inputs are missing here: "

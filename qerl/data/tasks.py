@@ -132,17 +132,26 @@ def load_local(path: str | Path, prompt_field: str = "prompt", answer_field: str
         raise DataError(f"{path}: file not found")
     if path.suffix == ".jsonl":
         rows = []
-        with open(path) as f:
-            for i, line in enumerate(f):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as e:
-                        raise DataError(f"{path}: line {i + 1} is not JSON ({e})") from None
+        try:
+            with open(path, encoding="utf-8") as f:
+                for i, line in enumerate(f):
+                    if line.strip():
+                        try:
+                            rows.append(json.loads(line))
+                        except json.JSONDecodeError as e:
+                            raise DataError(f"{path}: line {i + 1} is not JSON ({e})") from None
+        except UnicodeDecodeError:
+            raise DataError(f"{path}: not a UTF-8 text file (a .jsonl file holds one JSON object per line)") from None
+        if any(not isinstance(r, dict) for r in rows):
+            raise DataError(f"{path}: every line must be a JSON object with the prompt and answer fields")
     elif path.suffix == ".parquet":
         import pandas as pd
 
-        rows = pd.read_parquet(path).to_dict("records")
+        try:
+            rows = pd.read_parquet(path).to_dict("records")
+        except Exception as e:  # pyarrow's errors for a file that is no Parquet
+            raise DataError(f"{path}: not a readable Parquet file ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0] if str(e) else ''})") from None
     else:
         raise DataError(f"{path}: unsupported file type {path.suffix!r} (use .jsonl or .parquet)")
     return _map_rows(rows, prompt_field, answer_field, answer_format, str(path))
