@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import re
 from pathlib import Path
 
 from qerl.workflow_config import write_text_atomic
@@ -62,7 +63,7 @@ def markdown(res: dict, source: str) -> str:
 
 def write(res: dict, out: Path, source: str) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
-    stem = "cost_" + res["device"].replace(" ", "_")
+    stem = "cost_" + re.sub(r"[^A-Za-z0-9.]+", "_", res["device"]).strip("_")
     rows = [{"device": res["device"], "table": name, **x} for name, t in res["tables"].items() for x in t["runs"]]
     csv_path, md_path = out / f"{stem}.csv", out / f"{stem}.md"
     import io
@@ -90,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+DEFAULT_GPU_GB = 80.0
+
+
 def main(argv=None) -> int:
     import yaml
 
@@ -102,6 +106,8 @@ def main(argv=None) -> int:
         raise SystemExit(f"qerl bench cost: {a.configfile}: no such config file")
     config = yaml.safe_load(a.configfile.read_text()) or {}
     res = paper_projection(config, a.gpus, a.gpu_gb)
+    if a.gpu_gb != DEFAULT_GPU_GB:  # the rates are the H100's; the memory is the one asked for: the files say both
+        res["device"] = f"{res['device']} rates, {a.gpu_gb:g} GB per GPU"
     if not res["tables"]:
         raise SystemExit(f"qerl bench cost: {a.configfile}: no report.table* with runs of a Qwen2.5 3B/7B/14B/32B "
                          "model (models.<name>.paper_column) to project")
