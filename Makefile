@@ -24,6 +24,7 @@ install: $(STAMP)
 ## SNAKEMAKE_ARGS for more snakemake options)
 CONFIGFILES ?=
 run: $(STAMP)
+	@for f in $(CONFIGFILES); do [ -f "$$f" ] || { echo "make run: CONFIGFILES: $$f: no such config file" >&2; exit 2; }; done
 	QERL_MAKE=1 $(BIN)/snakemake --cores all $(if $(CONFIGFILES),--configfile $(CONFIGFILES)) $(SNAKEMAKE_ARGS)
 	@$(BIN)/python -m qerl.workflow_config where $(CONFIGFILES)
 

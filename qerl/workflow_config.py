@@ -297,3 +297,27 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def unknown_keys(data, schema: dict, root: dict | None = None, path: str = "") -> list[tuple[str, str | None]]:
+    """``(key path, nearest allowed key or None)`` for every key of ``data`` that ``schema`` (JSON schema: objects
+    with ``properties`` and ``additionalProperties: false``, ``$ref`` into ``$defs``) does not allow."""
+    import difflib
+
+    root = schema if root is None else root
+    if "$ref" in schema:
+        schema = root["$defs"][schema["$ref"].rsplit("/", 1)[1]]
+    if not isinstance(data, dict) or schema.get("type", "object") != "object":
+        return []
+    props = schema.get("properties") or {}
+    out = []
+    for key, value in data.items():
+        where = f"{path}.{key}" if path else str(key)
+        if key in props:
+            out += unknown_keys(value, props[key], root, where)
+        elif schema.get("additionalProperties") is False:
+            near = difflib.get_close_matches(str(key), list(props), n=1, cutoff=0.6)
+            out.append((where, near[0] if near else None))
+        elif isinstance(schema.get("additionalProperties"), dict):
+            out += unknown_keys(value, schema["additionalProperties"], root, where)
+    return out

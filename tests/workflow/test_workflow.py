@@ -136,6 +136,8 @@ def test_ablations_are_config_only(tmp_path, ablation):
     ("train: {algorithm: {group_size: eight}}\n", "algorithm.group_size: expected an integer, got 'eight'"),
     ("method_overrides: {qerl: {aqn: {sigma_strat: 0.01}}}\n", "sigma_strat"),
     ("train: {steps: 3}\ntrain: {steps: 9}\n", "key 'train' is given twice (lines 1 and 2)"),
+    ("evalaution: {samples: 2}\n", "bad.yaml: unknown key 'evalaution' (did you mean 'evaluation'?)"),
+    ("models: {tiny-qwen2: {sft_step: 3}}\n", "unknown key 'models.tiny-qwen2.sft_step' (did you mean 'sft_steps'?)"),
 ])
 def test_bad_configs_fail_before_any_job(tmp_path, edit, culprit):
     bad = tmp_path / "bad.yaml"

@@ -12,16 +12,24 @@ from qerl import workflow_config as wc
 from qerl.inputs import benchmark_names
 
 def _strict_configfiles():
-    """A key given twice in a config file (a section written twice): snakemake's YAML reader keeps the last, silently."""
+    """Per config file, before the schema's own (long) report: a key given twice (snakemake's YAML reader keeps the
+    last, silently) and a key the schema does not know, in one line naming the file, the key's path and the
+    nearest valid key."""
     from qerl.yamlio import DuplicateKeyError, load
 
+    schema = yaml.safe_load(open(os.path.join(workflow.basedir, "workflow/schemas/config.schema.yaml")))
     for f in getattr(workflow, "configfiles", None) or []:
         try:
-            load(open(f).read(), str(f))
+            data = load(open(f).read(), str(f))
         except DuplicateKeyError as e:
             raise WorkflowError(str(e)) from None
         except (OSError, UnicodeDecodeError, ValueError):
-            pass  # (snakemake reports unreadable files itself)
+            continue  # (snakemake reports unreadable files itself)
+        bad = wc.unknown_keys(data, schema)
+        if bad:
+            key, near = bad[0]
+            raise WorkflowError(f"{f}: unknown key '{key}'" + (f" (did you mean '{near}'?)" if near else "")
+                                + (f"; {len(bad) - 1} more" if len(bad) > 1 else ""))
 
 
 _strict_configfiles()
