@@ -9,6 +9,24 @@ import os
 from pathlib import Path
 
 
+def check_reachable(uri: str | None, timeout_s: float = 5.0, what: str = "tracking URI") -> None:
+    """An ``http(s)://`` tracking URI whose server does not answer a TCP connection within ``timeout_s`` is a
+    ``ValueError`` (one line) before any model loads: MLflow itself retries for minutes, then prints a traceback.
+    File stores (``sqlite:///``, paths) need no check."""
+    if not uri or not uri.startswith(("http://", "https://")):
+        return
+    import socket
+    from urllib.parse import urlparse
+
+    u = urlparse(uri)
+    port = u.port or (443 if u.scheme == "https" else 80)
+    try:
+        socket.create_connection((u.hostname, port), timeout=timeout_s).close()
+    except OSError as e:
+        raise ValueError(f"{what} {uri}: cannot connect ({e.strerror or e}); start the MLflow server there, or "
+                         "track into a local store (sqlite:///path/mlflow.db)") from None
+
+
 class NullTracker:
     """Does nothing (tests, or ``tracking.backend: none``)."""
 

@@ -42,6 +42,9 @@ def tracked(args, func):
     uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
         raise ValueError("--mlflow-run-name needs --mlflow-uri or MLFLOW_TRACKING_URI")
+    from qerl.tracking import check_reachable
+
+    check_reachable(uri, what="--mlflow-uri")
     tags = dict(t.split("=", 1) for t in args.mlflow_tag)
     if os.environ.get("QERL_CONFIG_HASH"):  # the workflow's config hash (workflow/rules/common.smk)
         tags.setdefault("config_hash", os.environ["QERL_CONFIG_HASH"])

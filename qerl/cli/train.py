@@ -48,6 +48,11 @@ def run_train(args) -> int:
     from qerl.train.methods import resolve_device
 
     cfg = load_config(args.config, overrides(args.set))  # a bad config fails here, before any process starts
+    if cfg.tracking.backend == "mlflow":
+        from qerl.tracking import check_reachable
+
+        check_reachable(cfg.tracking.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"),
+                        what="tracking.tracking_uri")
     out = Path(cfg.output_dir)
     launching = (args.nproc > 1 or args.nnodes > 1 or args.dry_run) and "WORLD_SIZE" not in os.environ
     if not launching and os.environ.get("RANK", "0") != "0":  # a rank of a run started by torchrun itself
