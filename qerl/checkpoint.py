@@ -156,6 +156,17 @@ def parse_size(size: str | int) -> int:
     return n
 
 
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    """The sha256 of a file's bytes (hex), read in chunks."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
 def is_nonempty_dir(path: Path) -> bool:
     return Path(path).is_dir() and any(Path(path).iterdir())
 

@@ -14,11 +14,10 @@ architecture or tensor type the loader does not take.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
-from qerl.checkpoint import CheckpointError
+from qerl.checkpoint import CheckpointError, sha256_file
 
 MARKER = "qerl_source.json"
 MAGIC = b"GGUF"
@@ -26,14 +25,6 @@ MAGIC = b"GGUF"
 
 class GGUFError(CheckpointError):
     """A GGUF file that cannot be turned into a model directory; the message names the file and the problem."""
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _supported() -> tuple[set[str], set[str]]:

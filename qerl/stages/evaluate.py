@@ -108,16 +108,12 @@ def benchmark_records(benchmark, s: EvalSettings) -> tuple[list[dict], str, str]
 def benchmark_meta(benchmark) -> dict:
     """What the summary records of a benchmark: its name and, for a local file, its path, fields and sha256 (so
     a result names the exact problems it was computed on)."""
-    import hashlib
+    from qerl.checkpoint import sha256_file
 
     b = resolve_benchmark(benchmark)
     if b.source != "local":
         return {"benchmark": b.name, **({"benchmark_revision": b.revision} if b.revision else {})}
-    h = hashlib.sha256()
-    with open(b.path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return {"benchmark": b.name, "benchmark_file": str(b.path), "benchmark_sha256": h.hexdigest(),
+    return {"benchmark": b.name, "benchmark_file": str(b.path), "benchmark_sha256": sha256_file(b.path),
             "benchmark_fields": {"prompt": b.prompt_field, "answer": b.answer_field, "format": b.answer_format}}
 
 
@@ -185,18 +181,10 @@ def precheck(model_dir: str | Path, benchmark: str, settings: EvalSettings, adap
 def adapter_sha256(adapter: str | Path | None) -> str:
     """sha256 of an adapter's weights file (``adapter_model.safetensors``), '' without an adapter: every evaluation
     summary carries it, so a trained run's accuracy is tied to the exact adapter that produced it."""
-    if not adapter:
-        return ""
-    import hashlib
+    from qerl.checkpoint import sha256_file
 
-    path = Path(adapter) / "adapter_model.safetensors"
-    if not path.is_file():
-        return ""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
+    path = Path(adapter) / "adapter_model.safetensors" if adapter else None
+    return sha256_file(path) if path is not None and path.is_file() else ""
 
 
 def load_for_eval(base_path: str | Path, base: str, adapter: str | Path | None, dtype, device):
