@@ -245,6 +245,7 @@ def load_adapter(model, adapter_dir: str | Path, is_trainable: bool = False):
         raise FileNotFoundError(f"{adapter_dir}: no adapter_config.json (not a PEFT adapter directory)")
     config = LoraConfig.from_pretrained(str(adapter_dir))
     config._register_custom_module({NVFP4Linear: _lora_linear_cls()})
+    _check_base(adapter_dir, model)
     try:
         peft_model = PeftModel.from_pretrained(model, str(adapter_dir), config=config, is_trainable=is_trainable)
     except RuntimeError as e:  # torch's load_state_dict: "size mismatch for ...", one line per tensor
@@ -255,16 +256,67 @@ def load_adapter(model, adapter_dir: str | Path, is_trainable: bool = False):
 
         raise CheckpointError(f"{adapter_dir}: an adapter of another model ({len(lines)} tensor(s) of other shapes, "
                               f"e.g. {lines[0]})") from None
+    _check_all_loaded(adapter_dir, peft_model)
     return make_lean(peft_model)
+
+
+#: written beside a saved adapter: the base it was trained on (PEFT records only a path)
+BASE_RECORD = "qerl_adapter.json"
+_BASE_KEYS = ("model_type", "num_hidden_layers", "hidden_size", "intermediate_size", "vocab_size")
+
+
+def base_record(model) -> dict:
+    cfg = model.config
+    return {k: getattr(cfg, k, None) for k in _BASE_KEYS}
+
+
+def _check_base(adapter_dir: Path, model) -> None:
+    """An adapter saved by qerl names its base's architecture and sizes; another base (a Llama of the same sizes,
+    fewer layers) is refused before loading — PEFT would load what fits and warn about the rest."""
+    import json
+
+    from qerl.checkpoint import CheckpointError
+
+    record = adapter_dir / BASE_RECORD
+    if not record.is_file():
+        return
+    saved, mine = json.loads(record.read_text()), base_record(model)
+    diff = [k for k in _BASE_KEYS if saved.get(k) is not None and mine.get(k) is not None and saved[k] != mine[k]]
+    if diff:
+        shown = ", ".join(f"{k} {saved[k]} vs {mine[k]}" for k in diff)
+        raise CheckpointError(f"{adapter_dir}: an adapter of another model (trained on a base with {shown} of this "
+                              "base)")
+
+
+def _check_all_loaded(adapter_dir: Path, peft_model) -> None:
+    """Every tensor of the adapter file found its module (a base with fewer layers leaves some without one)."""
+    from safetensors import safe_open
+
+    from qerl.checkpoint import CheckpointError
+
+    f = adapter_dir / "adapter_model.safetensors"
+    if not f.is_file():
+        return
+    with safe_open(str(f), "pt") as h:
+        keys = list(h.keys())
+    have = {n.replace(".default", "") for n, _ in peft_model.named_parameters() if "lora_" in n}
+    lost = [k for k in keys if k not in have]
+    if lost:
+        raise CheckpointError(f"{adapter_dir}: an adapter of another model ({len(lost)} of its {len(keys)} tensors "
+                              f"have no module in this base, e.g. {lost[0]})")
 
 
 def save_adapter(peft_model, output: str | Path) -> Path:
     """Save adapters in PEFT format, atomically (temp directory, then rename)."""
     from qerl.checkpoint import atomic_directory
 
+    import json
+
     output = Path(output)
     with atomic_directory(output, force=True) as tmp:
         peft_model.save_pretrained(str(tmp))
+        base = peft_model.get_base_model() if hasattr(peft_model, "get_base_model") else peft_model
+        (tmp / BASE_RECORD).write_text(json.dumps(base_record(base), indent=1) + "\n")
     return output
 
 

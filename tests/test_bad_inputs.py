@@ -31,7 +31,9 @@ def world(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("bad")
     w = {"root": root, "model": save_tiny_model(root / "model", TinySpec(seed=3)),
-         "wide": save_tiny_model(root / "wide", TinySpec(seed=3, hidden_size=128, intermediate_size=256))}
+         "wide": save_tiny_model(root / "wide", TinySpec(seed=3, hidden_size=128, intermediate_size=256)),
+         "llama": save_tiny_model(root / "llama", TinySpec(arch="llama", seed=3)),
+         "shallow": save_tiny_model(root / "shallow", TinySpec(seed=3, num_hidden_layers=1))}
     assert main(["quantize", "--model", str(w["model"]), "--output", str(root / "nvfp4"), "--no-progress"]) == 0
     w["nvfp4"] = root / "nvfp4"
     w["cfg"] = write_cfg(root / "train.yaml", w["model"], root / "run")
@@ -271,6 +273,17 @@ CASES = [
                                        "synthetic_test", "--adapter", R("run/final"), "--output", R("e.json"),
                                        "--max-new-tokens", "8", "--device", "cpu"], 2,
      ["run/final", "adapter of another model"]),
+    ("eval-adapter-on-a-llama-base-of-the-same-sizes", ["evaluate", "--model", W("llama"), "--base", "bf16",
+                                                        "--benchmark", "synthetic_test", "--adapter", R("run/final"),
+                                                        "--output", R("e.json"), "--max-new-tokens", "8",
+                                                        "--device", "cpu"], 2,
+     ["run/final", "adapter of another model", "model_type qwen2 vs llama"]),
+    ("eval-adapter-on-a-base-with-fewer-layers", ["evaluate", "--model", W("shallow"), "--base", "bf16", "--benchmark",
+                                                  "synthetic_test", "--adapter", R("run/final"), "--output",
+                                                  R("e.json"), "--max-new-tokens", "8", "--device", "cpu"], 2,
+     ["run/final", "num_hidden_layers 2 vs 1"]),
+    ("export-adapter-on-a-llama-base", ["export-merged", "--base", W("llama"), "--adapter", R("run/final"),
+                                        "--output", R("merged_llama")], 2, ["adapter of another model", "llama"]),
     ("eval-samples-zero", ["evaluate", "--model", W("model"), "--base", "bf16", "--benchmark", "synthetic_test",
                            "--output", R("e.json"), "--samples", "0"], 2, ["--samples", "must be >= 1"]),
     ("eval-limit-zero", ["evaluate", "--model", W("model"), "--base", "bf16", "--benchmark", "synthetic_test",

@@ -332,3 +332,8 @@ def _save_final(out: Path, policy, tokenizer, method, weights: dict | None = Non
         policy.save_pretrained(str(tmp), **({"state_dict": weights} if weights is not None else {}))
         if not method.lora:
             tokenizer.save_pretrained(str(tmp))
+        else:  # the base it was trained on, so another base is refused when it is loaded (qerl.lora.load_adapter)
+            from qerl.lora import BASE_RECORD, base_record
+
+            base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+            write_json(tmp / BASE_RECORD, base_record(base))
