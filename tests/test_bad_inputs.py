@@ -82,6 +82,7 @@ def world(tmp_path_factory):
     (root / "other_repo.lock.yaml").write_text(yaml.safe_dump(
         {"models": {"q": {"repo": "someone/else", "revision": "main", "commit": "a" * 40}}, "datasets": {}}))
     (root / "binary.jsonl").write_bytes(bytes(range(256)) * 4)
+    (root / "cut.gguf").write_bytes(b"GGUF" + bytes(12))
     (root / "binary.parquet").write_bytes(bytes(range(256)) * 4)
     (root / "dup_nested.yaml").write_text("optim:\n  lr: 0.001\n  lr: 0.1\nsteps: 2\n")
     (root / "empty_answers.jsonl").write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": ""}) + "\n"
@@ -254,6 +255,26 @@ CASES = [
     ("quantize-unreachable-mlflow-server", ["quantize", "--model", W("model"), "--output", R("q8"),
                                             "--mlflow-run-name", "q", "--mlflow-uri", "http://127.0.0.1:1/"], 2,
      ["--mlflow-uri http://127.0.0.1:1/", "cannot connect"]),
+    ("from-gguf-missing-file", ["from-gguf", "--gguf", R("none.gguf"), "--output", R("g1")], 2,
+     ["none.gguf", "no such GGUF file"]),
+    ("from-gguf-not-a-gguf", ["from-gguf", "--gguf", R("binary.jsonl"), "--output", R("g2")], 2,
+     ["binary.jsonl", "not a GGUF file"]),
+    ("from-gguf-truncated", ["from-gguf", "--gguf", R("cut.gguf"), "--output", R("g3")], 2,
+     ["cut.gguf", "truncated or corrupt"]),
+    ("from-gguf-force-over-a-training-run", ["from-gguf", "--gguf", R("cut.gguf"), "--output", R("run"), "--force"],
+     2, ["run", "not a model directory"]),
+    ("from-gguf-output-is-a-file", ["from-gguf", "--gguf", R("cut.gguf"), "--output", R("a_file")], 2,
+     ["a_file", "is a file"]),
+    ("claims-results-missing", ["claims", "--workflow-config", R("workflow.yaml"), "--results", R("no_results"),
+                                "--output", R("cl")], 2, ["no run has both metrics.jsonl"]),
+    ("claims-timing-not-method-file", ["claims", "--workflow-config", R("workflow.yaml"), "--results",
+                                       R("results_empty"), "--output", R("cl"), "--timing", "qerl"], 2,
+     ["--timing 'qerl'", "METHOD=FILE"]),
+    ("claims-config-missing", ["claims", "--workflow-config", R("nope.yaml"), "--output", R("cl")], 2,
+     ["nope.yaml", "not found"]),
+    ("eval-over-another-benchmarks-summary", ["evaluate", "--model", W("model"), "--base", "bf16", "--benchmark",
+                                              R("binary.jsonl"), "--output", R("other_eval.json")], 2,
+     ["other_eval.json", "benchmark 'synthetic_test'", "--overwrite"]),
     ("train-nested-key-twice", ["train", "--config", R("dup_nested.yaml")], 2, ["'lr' is given twice"]),
     ("quantize-ignore-matches-nothing", ["quantize", "--model", W("model"), "--output", R("q6"), "--ignore",
                                          "lm_haed"], 2, ["--ignore 'lm_haed' matches no Linear module"]),
@@ -378,7 +399,7 @@ def test_bad_input_is_one_clear_line(world, argv, status, fragments, capsys):
 
 
 def test_the_table_has_enough_cases():
-    assert len(CASES) >= 100
+    assert len(CASES) >= 120
     assert {c[1][0] for c in CASES} >= {"train", "evaluate", "quantize", "report", "plan", "build-tiny"}
 
 

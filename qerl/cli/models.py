@@ -255,6 +255,7 @@ def run_from_gguf(args) -> int:
     if args.output.exists() and not args.output.is_dir():
         raise outputs.OutputNotWritable(f"--output {args.output}: is a file, not a directory")
     outputs.check_parent_writable(args.output, "model directory")
+    outputs.check_force_replaces_a_model(args.output, args.force)
     with outputs.hold(args.output, "from-gguf"):
         rec = convert(args.gguf, args.output, dtype=args.dtype, force=args.force)
     types = ", ".join(f"{k} x{v}" for k, v in rec["tensor_types"].items())
