@@ -135,13 +135,38 @@ def run_plan(args) -> int:
     from qerl.train.plan import plan_config
 
     cfg = load_config(args.config, overrides(args.set))
+    run_plan = _run_plan(cfg, args)
     res = plan_config(cfg, shape=args.shape, available=None if args.gpu_gb is None else args.gpu_gb * 1e9,
                       world=args.nproc)
+    if run_plan is not None:
+        res["run_plan"] = run_plan.lines()
+        if not args.json:
+            print("\n".join(run_plan.lines()))
     if args.cost:
         res["cost"] = _plan_cost(args, cfg)
     print(json.dumps(res, default=float) if args.json else res["markdown"] + res.get("cost", {}).get("markdown", ""),
           end="\n" if args.json else "")
     return 0 if res["fits"] else 3
+
+
+def _run_plan(cfg, args):
+    """What ``qerl train --config`` would resolve on this machine (:mod:`qerl.train.runplan`), for a local model on
+    the config's device; None for a hub id (planned after download) or a GPU config on a machine without one (the
+    memory plan below still answers for ``--gpu-gb``)."""
+    from pathlib import Path
+
+    from qerl.train.methods import resolve_device
+    from qerl.train.runplan import resolve
+
+    if not (Path(cfg.model.path) / "config.json").exists():
+        return None
+    try:
+        device = resolve_device(cfg.device)
+    except Exception:  # (a CUDA config planned on a CPU machine)
+        return None
+    if device.type == "cuda" and args.gpu_gb is not None:
+        return None  # the plan for another GPU's memory is the estimate below, not this machine's
+    return resolve(cfg, device.type, args.nproc)[1]
 
 
 def _plan_cost(args, cfg) -> dict:

@@ -5,7 +5,6 @@ AQN noise lives in the norms' forward (see :mod:`qerl.rl.aqn`). Under ``torchrun
 every rank, each with its share of the rollouts and of the update (:mod:`qerl.train.dist`)."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import random
@@ -20,10 +19,10 @@ from qerl.data.context import fit_records, model_context
 from qerl.data.loading import load_train_records
 from qerl.models.source import resolve_model_dir
 from qerl.rewards.registry import build_reward
-from qerl.rl.aqn import AQN, enabled as aqn_enabled, sigma_at
+from qerl.rl.aqn import AQN, sigma_at
 from qerl.rollout.engine import release_engine
 from qerl.train import dist, ownership, sharding
-from qerl.train.config import TrainConfig, resolve_sharding, to_dict
+from qerl.train.config import TrainConfig, to_dict
 from qerl.train.methods import METHODS, build_policy, load_tokenizer, resolve_device
 from qerl.train.offload import StateOffload
 from qerl.train.state import TrainState, save_checkpoint
@@ -72,25 +71,17 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
     if note and d.main:
         print(note, flush=True)
 
-    # micro_batch_size / dense_update: auto -> what the memory planner fits (the model's config.json; the device)
-    if cfg.dense_update == "auto" and device.type != "cuda":  # (CPU training runs fp32: nothing to gain)
-        cfg = dataclasses.replace(cfg, dense_update=False)
-    if cfg.micro_batch_size == "auto" or cfg.dense_update == "auto":
-        from qerl.models.shapes import Shape
-        from qerl.train.plan import resolve_dense_update, resolve_micro_batch
+    # every auto setting resolved once (qerl.train.runplan; `qerl plan` prints the same plan); on a GPU a
+    # configuration that cannot fit is refused here, before anything loads
+    from qerl.train.runplan import resolve as resolve_plan
 
-        shape = Shape.from_config(json.loads((Path(src) / "config.json").read_text()))
-        cfg, said = resolve_micro_batch(cfg, shape, d.world)
-        cfg = resolve_dense_update(cfg, shape, d.world)
-        if said and d.main:
-            print(said, flush=True)
-
-    # model & method (on a GPU, a configuration that cannot fit is refused before anything loads)
-    plan = _check_memory(cfg, d.world) if device.type == "cuda" else None
-    shards = sharding.strategy(resolve_sharding(cfg, d.world))  # none | optimizer (ZeRO-1) | fsdp (FSDP2)
-    keep_cache = device.type == "cuda" and shards.keeps_engine_cache and _keep_engine_cache(cfg, d.world)
+    cfg, run_plan, plan = resolve_plan(cfg, device.type, d.world, src)
+    if d.main:
+        print("\n".join(run_plan.lines()), flush=True)
+    shards = sharding.strategy(run_plan.sharding)  # none | optimizer (ZeRO-1) | fsdp (FSDP2)
+    keep_cache = run_plan.keep_engine_cache
     policy, tokenizer = build_policy(cfg, device, d.world, src, tokenizer)
-    aqn = AQN(policy, cfg.aqn) if aqn_enabled(cfg.aqn, method.aqn) else None
+    aqn = AQN(policy, cfg.aqn) if run_plan.aqn else None
     scorer = LogprobModule(policy)  # DDP-wrapped under torchrun (below): the update's forward goes through it
 
     # data & reward
@@ -115,7 +106,7 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
                 f"resume with --nproc {state.world_size} (or start a new output_dir)")
         stream.pos = state.data_pos
     scorer = shards.wrap(scorer, d, device)
-    parking = StateOffload(optimizer) if _offload(cfg, device, plan) else None
+    parking = StateOffload(optimizer) if run_plan.offload else None
     if parking is not None and d.main:
         print("optimizer states parked in host memory during each rollout (optim.offload)", flush=True)
     metrics_path = out / "metrics.jsonl"
@@ -249,41 +240,6 @@ def _oom_error(cfg: TrainConfig, step: int, phase: str, device, out: Path, batch
         f"step {step + 1}: out of GPU memory in the {phase} phase ({sizes}{mem}: {first}). The last checkpoint "
         f"({out / 'checkpoint'}, {last}) is intact: lower micro_batch_size or rollout.max_new_tokens, or set "
         "gradient_checkpointing: true (`qerl plan --config ...` estimates it), then rerun with --resume.")
-
-
-def _keep_engine_cache(cfg: TrainConfig, world: int) -> bool:
-    from qerl.train.plan import keep_engine_cache
-
-    return keep_engine_cache(cfg, world)
-
-
-def _offload(cfg: TrainConfig, device, plan: dict | None) -> bool:
-    """``optim.offload`` resolved: ``rollout`` parks the states (on a GPU; on a CPU-only run only under the tests'
-    ``QERL_OFFLOAD_ON_CPU=1``), ``auto`` where the memory ``plan`` (:func:`_check_memory`) parks them."""
-    from qerl.train import offload
-
-    mode = cfg.optim.offload
-    if mode == "none" or (device.type != "cuda" and not offload.PARK_ON_CPU):
-        return False
-    return mode == "rollout" or (device.type == "cuda" and plan is not None and plan["offload"])
-
-
-def _check_memory(cfg: TrainConfig, world: int) -> dict | None:
-    """The memory planner's verdict for a local model directory (a hub id is planned after download only):
-    raises where it cannot fit, else returns the plan (:func:`qerl.train.plan.plan_config`), or None."""
-    from qerl.train.plan import check_fits
-
-    path = Path(cfg.model.path) / "config.json"
-    if not path.exists():
-        return None
-    res = check_fits(cfg, path, world=world)
-    e = res["estimate"]
-    if e["waves"] > 1:
-        print(f"memory plan: the rollout decodes at most {e['wave_rows']} sequences at once, a finished one's "
-              f"KV slot going to the next (up to {e['waves']} rounds: the KV cache of every sequence does not "
-              "fit; fewer sequences per step or a shorter rollout.max_new_tokens would decode them together)",
-              flush=True)
-    return res
 
 
 def _write_summary(out: Path, metrics_path: Path, cfg: TrainConfig) -> None:

@@ -94,7 +94,7 @@ def test_the_planner_runs_the_rollout_in_waves_where_every_cache_does_not_fit():
 def test_train_says_when_its_rollout_will_run_in_waves(tmp_path, monkeypatch, capsys):
     import json
 
-    from qerl.train import loop, plan
+    from qerl.train import plan, runplan
 
     s = plan.QWEN25["32B"]
     (tmp_path / "config.json").write_text(json.dumps({
@@ -103,6 +103,7 @@ def test_train_says_when_its_rollout_will_run_in_waves(tmp_path, monkeypatch, ca
     cfg = _cfg(**{"model.path": str(tmp_path), "micro_batch_size": 1, "prompts_per_step": 8,
                   "algorithm.group_size": 16, "rollout.max_new_tokens": 8192})
     monkeypatch.setattr(plan, "device_bytes", lambda: 80e9)
-    plan = loop._check_memory(cfg, 8)
-    assert "the rollout decodes at most 5 sequences at once" in capsys.readouterr().out
-    assert loop._offload(cfg, torch.device("cuda"), plan)  # auto parks the states here
+    memory, notes = runplan._memory(cfg, 8, tmp_path / "config.json")
+    assert "the rollout decodes at most 5 sequences at once" in notes[0]
+    assert runplan._offload(cfg.optim.offload, "cuda", memory)  # auto parks the states here
+    assert not runplan._offload("none", "cuda", memory) and runplan._offload("rollout", "cuda", None)
