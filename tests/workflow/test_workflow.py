@@ -247,6 +247,9 @@ def test_default_workflow_fresh_copy_killed_rerun_and_checked(tmp_path):
                 "accuracy.png"):
         assert (rep / fig).stat().st_size > 10_000 and f"]({fig})" in (rep / "index.md").read_text()
     assert not (repo / "reports").exists()  # the committed example is never a workflow target
+    for name in ("table1.csv", "runs.csv"):  # ... and it is what this run reports (a stale copy fails here)
+        assert (rep / name).read_text() == (ROOT / "reports/default" / name).read_text(), \
+            f"reports/default/{name} differs from a fresh run's: `make example-report` and commit it"
     # 5. MLflow: one run per job (sft, quantize, 6 train, 8 eval, report), all finished, named by path
     import mlflow
 
