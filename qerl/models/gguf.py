@@ -112,8 +112,10 @@ def convert(gguf_path: Path, output: Path, dtype: str = "bfloat16", force: bool 
         if not force:
             what = "the conversion of another GGUF file" if old else "files that are not a converted model"
             raise GGUFError(f"--output {output}: holds {what}; pass --force to replace a model directory")
-        if not (output / "config.json").is_file():
-            raise GGUFError(f"--output {output}: is not a model directory (no config.json); --force replaces a "
+        from qerl.outputs import is_model_dir
+
+        if not is_model_dir(output):
+            raise GGUFError(f"--output {output}: is not a model directory (no model config.json); --force replaces a "
                             "model, never other files: choose another --output")
     if dtype not in ("bfloat16", "float16", "float32"):
         raise GGUFError(f"--dtype {dtype!r}: expected bfloat16, float16 or float32")

@@ -270,10 +270,11 @@ def _truncate_metrics(path: Path, completed_steps: int) -> None:
     from qerl.train.ownership import cut_off_tail
 
     rows = [line for line in path.read_text().splitlines() if line.strip()]
-    if rows and cut_off_tail(path):
+    cut = bool(rows) and cut_off_tail(path)
+    if cut:
         rows = rows[:-1]  # a row a kill cut off mid-write: recomputed with its step
     keep = [r for r in rows if json.loads(r)["step"] <= completed_steps]
-    if len(keep) != len(rows) or cut_off_tail(path):  # (atomically: a kill now leaves the old rows or the kept ones)
+    if len(keep) != len(rows) or cut:  # (atomically: a kill now leaves the old rows or the kept ones)
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text("".join(r + "\n" for r in keep))
         os.replace(tmp, path)
