@@ -17,7 +17,7 @@ import torch
 
 from qerl.bench.timing import copy_bandwidth
 from qerl.bench.timing import eager_time as _eager_time, graph_time as _graph_time, graph_times as _graph_times
-from qerl.models.shapes import QWEN25, projections  # noqa: F401 (projections: the bench's public shape table)
+from qerl.models.shapes import QWEN25, SHAPES, projections  # noqa: F401 (projections: the bench's public shape table)
 
 MODELS = ("7B", "14B", "32B")  # the Qwen2.5 sizes whose projections are timed (their shapes: qerl.models.shapes)
 MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 2048, 8192)
@@ -92,6 +92,10 @@ def bench_shape(model: str, proj: str, N: int, K: int, ms, lora_rank: int = 32, 
             # the whole LoRA (x·Aᵀ included): fused into the decode launch at M <= 16
             named["fwd_lora"] = [lambda p=p, s=s, g=g: nvfp4_matmul(x, p, s, g, None, None, lb, 2.0, lora_a=la)
                                  for _, p, s, g in ws]
+            # what the bf16 LoRA policy runs for the same projection (the engine's dense Proj): cuBLAS, x·Aᵀ, addmm
+            named["fwd_cublas_lora"] = [lambda w=w: torch.addmm(torch.nn.functional.linear(x, w),
+                                                                torch.nn.functional.linear(x, la), lb.t(), alpha=2.0)
+                                        for w, *_ in ws]
         t = {
             **_graph_times(named),
             # the seam's pure-torch reference (dequantize, then cuBLAS): what runs without the kernels
@@ -112,6 +116,8 @@ def bench_shape(model: str, proj: str, N: int, K: int, ms, lora_rank: int = 32, 
                 "GBps": (q_bytes + io) / sec / 1e9, "cublas_GBps": (bf16_bytes + io) / t[f"{kind}_cublas"] / 1e9,
                 "TFLOPs": 2 * M * N * K / sec / 1e12,
                 "lora32_overhead": (t["fwd_lora"] / t["fwd"] - 1) if kind == "fwd" and "fwd_lora" in t else None,
+                "lora_us": t["fwd_lora"] * 1e6 if kind == "fwd" and "fwd_lora" in t else None,
+                "lora_speedup": t["fwd_cublas_lora"] / t["fwd_lora"] if kind == "fwd" and "fwd_lora" in t else None,
                 **({} if not gemlite else {  # gemlite A16W4_NVFP on the same packed weights (forward only)
                     "gemlite_us": peer.get("us") if kind == "fwd" else None,
                     "gemlite_speedup": t["fwd_cublas"] / peer["s"] if kind == "fwd" and peer.get("s") else None,
@@ -271,8 +277,8 @@ def build_parser():
     p = argparse.ArgumentParser(prog="qerl bench kernels", description=__doc__.splitlines()[0],
                                 formatter_class=HelpFormatter)
     p.add_argument("--output", default="reports/kernels", help="directory for <device>.csv / .md")
-    p.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS),
-                   help="Qwen2.5 sizes whose projection shapes are timed")
+    p.add_argument("--models", nargs="*", default=list(MODELS), choices=list(SHAPES),
+                   help="Qwen2.5 sizes whose projection shapes are timed (0.5B / 1.5B too)")
     p.add_argument("--ms", nargs="*", type=int, default=list(MS), help="token counts M")
     p.add_argument("--tune", action="store_true", help="search tile configs first (writes kernels/tuned/<device>.json)")
     p.add_argument("--workers", type=int, default=0,

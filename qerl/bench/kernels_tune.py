@@ -277,8 +277,8 @@ def _compile(job: tuple) -> str | None:
         if kind == "fwd":
             ops.nvfp4_matmul(x, *w)
             if lora:
-                la = torch.randn(32, K, device="cuda", dtype=torch.bfloat16)
-                ops.nvfp4_matmul(x, *w, None, None, torch.randn(256, 32, device="cuda", dtype=torch.bfloat16),
+                la = torch.randn(lora, K, device="cuda", dtype=torch.bfloat16)
+                ops.nvfp4_matmul(x, *w, None, None, torch.randn(256, lora, device="cuda", dtype=torch.bfloat16),
                                  2.0, lora_a=la)
         else:
             ops.nvfp4_matmul_t(x, *w)
@@ -329,6 +329,23 @@ def tune_all(shapes, ms, progress: bool = True, csv_path: Path | None = None, ki
         return _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers, lora)
 
 
+def _rank(lora, N: int, K: int) -> int:
+    """The LoRA rank a forward candidate of (N, K) is timed with: ``lora`` itself, or its entry for (N, K) when it
+    is a dict (``--lora engine``: each projection at the rank the rollout engine calls it with)."""
+    return int(lora.get((N, K), 0)) if isinstance(lora, dict) else int(lora)
+
+
+def engine_ranks(model: str, r: int = 32) -> dict:
+    """``{(N, K): rank}`` of ``model``'s projections as the rollout engine calls them with rank-``r`` adapters on all
+    seven: q/k/v fused (3r) and gate/up fused (2r), each zero-padded to a power of two >= 16
+    (:class:`qerl.rollout.engine.model_view.Proj`); o and down at r."""
+    from qerl.models.shapes import projections
+
+    pad = lambda n: max(16, 1 << (n - 1).bit_length())  # noqa: E731
+    parts = {"qkv": 3, "o": 1, "gate_up": 2, "down": 1}
+    return {nk: pad(parts[name] * r) for name, nk in projections(model).items()}
+
+
 def _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers, lora=0) -> Path:
     from tqdm.auto import tqdm
 
@@ -343,7 +360,7 @@ def _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers, lora=0) -> 
     log = []
     weights: dict = {}
     if workers > 1:
-        planned = [(kind, M, c, lora if kind == "fwd" else 0, K) for kind, M, N, K in jobs
+        planned = [(kind, M, c, _rank(lora, N, K) if kind == "fwd" else 0, K) for kind, M, N, K in jobs
                    for c in candidates(kind, M, N, K, sms, paths, _current(paths, device, kind, M, N, K, sms))]
         bad = precompile(planned, workers, progress)
         print(json.dumps({"precompiled": len({_compile_key(*j) for j in planned}), "failed": bad}), flush=True)
@@ -358,9 +375,10 @@ def _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers, lora=0) -> 
         x = torch.randn(M, K if kind == "fwd" else N, device="cuda", dtype=torch.bfloat16)
         ref = _reference(kind, x, *ws[0])
         op = ops.nvfp4_matmul if kind == "fwd" else ops.nvfp4_matmul_t
-        if lora and kind == "fwd":  # the call as the engine makes it: y = x Ŵᵀ + 2 · (x Aᵀ) Bᵀ
-            la = torch.randn(lora, K, device="cuda", dtype=torch.bfloat16) * 0.02
-            lb = torch.randn(N, lora, device="cuda", dtype=torch.bfloat16) * 0.02
+        rank = _rank(lora, N, K)
+        if rank and kind == "fwd":  # the call as the engine makes it: y = x Ŵᵀ + 2 · (x Aᵀ) Bᵀ
+            la = torch.randn(rank, K, device="cuda", dtype=torch.bfloat16) * 0.02
+            lb = torch.randn(N, rank, device="cuda", dtype=torch.bfloat16) * 0.02
             ref = ref + 2.0 * ((x @ la.T).float() @ lb.float().T)
             op = (lambda x_, *w, la=la, lb=lb: ops.nvfp4_matmul(x_, *w, None, None, lb, 2.0, lora_a=la))
         dense = [nvfp4.dequantize(*w, torch.bfloat16) for w in ws[:max(2, min(4, 2 ** 28 // (N * K * 2) + 1))]]
@@ -380,7 +398,7 @@ def _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers, lora=0) -> 
                 err = repr(e)[:80]
             finally:
                 os.environ.pop("QERL_KERNEL_CONFIG", None)
-            log.append({"device": device, "kind": kind, "M": M, "N": N, "K": K, "lora": lora if kind == "fwd" else 0,
+            log.append({"device": device, "kind": kind, "M": M, "N": N, "K": K, "lora": rank if kind == "fwd" else 0,
                         **cfg, "us": t * 1e6,
                         "cublas_us": t_cublas * 1e6, "speedup": t_cublas / t, "rel_err": err})
             if best is None or t < best[0]:
@@ -424,7 +442,7 @@ def _write_csv(rows, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    from qerl.models.shapes import QWEN25 as MODELS, projections
+    from qerl.models.shapes import SHAPES as MODELS, projections
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="*", default=["7B"], choices=list(MODELS))
@@ -440,14 +458,21 @@ def main(argv=None) -> int:
                         "ws: the warp-specialised kernel (forward, M 17..512) against the config in use now")
     p.add_argument("--workers", type=int, default=0,
                    help="compile the candidates in this many processes first (0/1: compile while timing)")
-    p.add_argument("--lora", type=int, default=0, metavar="R",
+    p.add_argument("--lora", default="0", metavar="R",
                    help="time the forward candidates with a rank-R LoRA adapter on the call (as the rollout engine "
-                        "calls every projection); 0: without")
+                        "calls every projection); 0: without; 'engine': each projection at the rank the engine "
+                        "calls it with for rank-32 adapters (fused q/k/v: 128, gate/up: 64, o and down: 32)")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
+    if a.lora == "engine":
+        lora = {nk: r for m in a.models for nk, r in engine_ranks(m).items()}
+    elif a.lora.isdigit():
+        lora = int(a.lora)
+    else:
+        p.error(f"--lora: expected a rank or 'engine', got {a.lora!r}")
     shapes = [nk for m in a.models for name, nk in projections(m).items() if a.projs is None or name in a.projs]
     path = tune_all(shapes, a.ms, progress=not a.no_progress, csv_path=Path(a.csv) if a.csv else None,
-                    kinds=tuple(a.kinds), paths=a.paths, workers=a.workers, lora=a.lora)
+                    kinds=tuple(a.kinds), paths=a.paths, workers=a.workers, lora=lora)
     print(json.dumps({"tuned": str(path)}))
     return 0
 

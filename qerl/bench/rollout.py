@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from qerl.models.random import CountTokenizer, prompts
+from qerl.models.shapes import SHAPES
 
 COLUMNS = ["device", "model", "base", "engine", "batch", "group_size", "lengths", "prompt_len", "gen_len", "tok_s",
            "ms_per_step", "floor_ms", "frac_of_floor", "peak_gb", "note"]
@@ -328,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="qerl bench rollout", description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter)
     p.add_argument("--output", default="reports/rollout", help="directory of the <device>.csv / .md / .png set")
-    p.add_argument("--models", nargs="+", default=["7B", "14B", "32B"], choices=["7B", "14B", "32B"],
+    p.add_argument("--models", nargs="+", default=["7B", "14B", "32B"], choices=list(SHAPES),
                    help="Qwen2.5 shapes (random weights)")
     p.add_argument("--bases", nargs="+", default=["bf16", "nvfp4", "nf4"], choices=["bf16", "nvfp4", "nf4"],
                    help="base formats")

@@ -22,14 +22,21 @@ def add_bench(sub) -> None:
                                     "(quantize, train, evaluate) on random-weight stand-ins, timed "
                                     "(reports/reproduce/rehearsal_<device>.csv / .md). `qerl bench cost "
                                     "[--configfile config/paper.yaml]` projects each paper table's GPU-hours from "
-                                    "those measurements (no GPU; reports/reproduce/cost_<device>.csv / .md).")
-    bk.add_argument("what", choices=["kernels", "rollout", "step", "rehearsal", "cost"], help="which benchmark")
+                                    "those measurements (no GPU; reports/reproduce/cost_<device>.csv / .md). `qerl bench host "
+                                    "[--models 0.5B 7B] [--ms ...]` measures the host time of eager NVFP4 calls "
+                                    "(reports/host/<device>.csv / .md).")
+    bk.add_argument("what", choices=["kernels", "host", "rollout", "step", "rehearsal", "cost"],
+                    help="which benchmark")
     bk.add_argument("rest", nargs=argparse.REMAINDER,
                     help="options of the benchmark (see `qerl bench kernels|rollout|step|rehearsal|cost --help`)")
     bk.set_defaults(func=run_bench)
 
 
 def run_bench(args) -> int:
+    if args.what == "host":
+        from qerl.bench import host as bench_host
+
+        return bench_host.main(args.rest)
     if args.what == "rollout":
         from qerl.bench import rollout as bench_rollout
 

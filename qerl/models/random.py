@@ -13,13 +13,13 @@ import types
 import torch
 from torch import nn
 
-from qerl.models.shapes import QWEN25
+from qerl.models.shapes import named
 
 
 def qwen_config(model: str, dtype: torch.dtype = torch.bfloat16):
     from transformers import Qwen2Config
 
-    s = QWEN25[model]
+    s = named(model)
     return Qwen2Config(vocab_size=s.vocab, hidden_size=s.hidden, intermediate_size=s.intermediate,
                        num_hidden_layers=s.layers, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
                        max_position_embeddings=32768,

@@ -1,7 +1,7 @@
 """Model shapes by name, one place for the planner, the random-weight stand-ins and the benchmarks (no torch).
 
-:class:`Shape` holds the sizes that set memory and time; :data:`QWEN25` the Qwen2.5 sizes the paper trains
-(Instruct checkpoints' ``config.json``: hidden H, intermediate I, layers L, heads, kv heads, head dim D, vocab V).
+:class:`Shape` holds the sizes that set memory and time; :data:`QWEN25` the Qwen2.5 sizes the paper trains,
+:data:`SHAPES` those and the small ones (0.5B, 1.5B) (Instruct checkpoints' ``config.json``: hidden H, intermediate I, layers L, heads, kv heads, head dim D, vocab V).
 """
 from __future__ import annotations
 
@@ -52,9 +52,22 @@ QWEN25 = {"3B": Shape(2048, 11008, 36, 16, 2, 128, 151936, tied=True),  # the pa
           "32B": Shape(5120, 27648, 64, 40, 8, 128, 152064)}
 
 
+#: the small Qwen2.5 sizes people start with (not in the paper's tables): benchmarks, tuned kernel tables and random
+#: stand-ins take them too (``config.json`` of Qwen2.5-0.5B-Instruct / Qwen2.5-1.5B-Instruct)
+QWEN25_SMALL = {"0.5B": Shape(896, 4864, 24, 14, 2, 64, 151936, tied=True),
+                "1.5B": Shape(1536, 8960, 28, 12, 2, 128, 151936, tied=True)}
+#: every named size, smallest first (benchmarks and the kernel tuner; look one up with :func:`named`)
+SHAPES = {**QWEN25_SMALL, **QWEN25}
+
+
+def named(model: str) -> Shape:
+    """The shape called ``model`` ("0.5B" … "32B"), read from :data:`QWEN25` / :data:`QWEN25_SMALL` at call time."""
+    return QWEN25[model] if model in QWEN25 else QWEN25_SMALL[model]
+
+
 def projections(model: str) -> dict[str, tuple[int, int]]:
     """(N, K) of one layer's fused projections as the engine runs them (q/k/v and gate/up fused)."""
-    s = QWEN25[model]
+    s = named(model)
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
     return {"qkv": (q + 2 * kv, s.hidden), "o": (s.hidden, q), "gate_up": (2 * s.intermediate, s.hidden),
             "down": (s.hidden, s.intermediate)}

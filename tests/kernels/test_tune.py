@@ -117,3 +117,28 @@ def test_lora_option_reaches_the_search(monkeypatch):
     assert tune.main(["--models", "7B", "--projs", "o", "--ms", "8"]) == 0 and seen["lora"] == 0
     key = tune._compile_key("fwd", 8, {"MMV": 1, "BM": 8, "SPLIT": 1}, 32, 3584)
     assert key[3] == 32 and key[1] == 8  # the LoRA launch: the real M
+
+
+def test_engine_ranks_are_the_ranks_the_rollout_engine_calls_each_projection_with():
+    from qerl.models.shapes import projections
+
+    ranks = tune.engine_ranks("0.5B")
+    p = projections("0.5B")
+    # fused q/k/v: 3 x 32 = 96 padded to 128; fused gate/up: 64; o and down: 32
+    assert ranks == {p["qkv"]: 128, p["o"]: 32, p["gate_up"]: 64, p["down"]: 32}
+    assert p["qkv"] == (14 * 64 + 2 * 2 * 64, 896) and p["down"] == (896, 4864)
+    assert tune._rank(ranks, *p["qkv"]) == 128 and tune._rank(32, 1, 1) == 32 and tune._rank({}, 5, 5) == 0
+
+
+@pytest.mark.parametrize("model", ["0.5B", "1.5B"])
+def test_the_h100_table_has_the_small_models_decode_sizes(model):
+    """The small models people start with are tuned (issue 45): every fused projection at the decode buckets the
+    GRPO rollouts of 8 x 8 sequences pass through, each entry a config of a path that exists."""
+    from qerl.models.shapes import projections
+    from qerl_kernels import ops
+
+    table = json.loads((ops.TUNED_DIR / "NVIDIA_H100_80GB_HBM3.json").read_text())
+    for N, K in projections(model).values():
+        for m in (1, 8, 16, 32, 64):
+            cfg = table[f"fwd:{m}:{N}:{K}"]
+            assert ops.path_of("fwd", cfg) in ("wgmma", "mmv"), (model, N, K, m, cfg)

@@ -1,0 +1,164 @@
+"""Host time of one eager NVFP4 linear call: ``qerl bench host`` (GPU; writes ``<output>/<device>.csv / .md``).
+
+Every path outside the rollout engine's CUDA graphs — prefill, the update's forward and backward, evaluation, anyone's
+own loop over qerl's layers — launches its NVFP4 linears one by one from Python, so the host time of a call is paid
+per projection and per layer. A call's *host time* here is the time Python spends issuing it: ``n`` calls back to back
+between two synchronisations, the clock read before the second one, divided by ``n`` (the GPU runs behind and never
+makes the host wait: ``n`` is kept below the launch queue's depth). The same for the cuBLAS calls a bf16 layer makes
+(``F.linear``; with LoRA the engine's dense projection: ``F.linear``, ``x·Aᵀ``, ``addmm``).
+
+Rows: projection shape (N, K) x M x call — ``fwd`` (``qerl_kernels.ops.nvfp4_matmul``), ``fwd_lora`` (with a
+rank-32 adapter, ``lora_a=``), ``bwd`` (``nvfp4_matmul_t``), ``seam`` (``qerl.ops.nvfp4_linear``, what
+``NVFP4Linear.forward`` calls), and the cuBLAS counterparts; ``path`` is the kernel route the call takes
+(``ops.route_of``). The target (issue 45): at most 40 µs of host time per NVFP4 call at any M.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import cProfile
+import io
+import pstats
+import time
+from pathlib import Path
+
+import torch
+
+TARGET_US = 40.0
+MS = (1, 8, 16, 64, 128, 512, 2048)
+
+
+def host_us(fn, n: int = 100, warm: int = 10) -> float:
+    """Microseconds of host time per call of ``fn`` (see module docstring)."""
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) * 1e6 / n
+
+
+def profile_top(fn, n: int = 200, lines: int = 18) -> str:
+    """cProfile of ``n`` calls of ``fn``, the functions with the most own time first."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(lines)
+    return buf.getvalue()
+
+
+def bench_shape(model: str, proj: str, N: int, K: int, ms, rank: int = 32) -> list[dict]:
+    from qerl.ops import nvfp4_linear
+    from qerl.quant import nvfp4
+    from qerl_kernels import ops
+
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02
+    p, s, g = nvfp4.quantize(w)
+    w = nvfp4.dequantize(p, s, g, torch.bfloat16)
+    la = torch.randn(rank, K, device="cuda", dtype=torch.bfloat16) * 0.01
+    lb = torch.randn(N, rank, device="cuda", dtype=torch.bfloat16) * 0.01
+    rows = []
+    for M in ms:
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+        F = torch.nn.functional
+        calls = {
+            "fwd": (lambda: ops.nvfp4_matmul(x, p, s, g), lambda: F.linear(x, w), ops.route_of("fwd", x, p, s)[0]),
+            "fwd_lora": (lambda: ops.nvfp4_matmul(x, p, s, g, None, None, lb, 2.0, lora_a=la),
+                         lambda: torch.addmm(F.linear(x, w), F.linear(x, la), lb.t(), alpha=2.0),
+                         ops.route_of("fwd", x, p, s)[0]),
+            "bwd": (lambda: ops.nvfp4_matmul_t(dy, p, s, g), lambda: dy @ w, ops.route_of("bwd", dy, p, s)[0]),
+            "seam": (lambda: nvfp4_linear(x, p, s, g), lambda: F.linear(x, w), ops.route_of("fwd", x, p, s)[0]),
+        }
+        with torch.no_grad():
+            for call, (ours, cublas, path) in calls.items():
+                us, ref = host_us(ours), host_us(cublas)
+                rows.append({"model": model, "proj": proj, "N": N, "K": K, "M": M, "call": call, "path": path,
+                             "host_us": round(us, 1), "cublas_host_us": round(ref, 1),
+                             "meets": us <= TARGET_US})
+    return rows
+
+
+def write(rows: list[dict], out: Path, device: str, profile: str = "") -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    stem = device.replace(" ", "_")
+    with open(out / f"{stem}.csv", "w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=list(rows[0]) + ["device"])
+        wr.writeheader()
+        for r in rows:
+            wr.writerow({**r, "device": device})
+    worst = max(rows, key=lambda r: r["host_us"])
+    met = sum(r["meets"] for r in rows)
+    lines = [f"# Host time per eager NVFP4 linear call — {device}", "",
+             f"`qerl bench host`: µs of Python per call, {len(rows)} rows; target ≤ {TARGET_US:.0f} µs: "
+             f"{met} / {len(rows)} meet it; the slowest is {worst['call']} {worst['model']} {worst['proj']} "
+             f"M = {worst['M']} ({worst['path']}): {worst['host_us']} µs.", "",
+             "| model | proj | N | K | M | call | path | host µs | cuBLAS host µs |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['proj']} | {r['N']} | {r['K']} | {r['M']} | {r['call']} | {r['path']} | "
+                     f"{r['host_us']} | {r['cublas_host_us']} |")
+    if profile:
+        lines += ["", "## Where the slowest call's host time goes (cProfile, own time first)", "", "```", profile.strip(),
+                  "```"]
+    path = out / f"{stem}.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from qerl.argtypes import HelpFormatter
+    from qerl.models.shapes import SHAPES
+
+    p = argparse.ArgumentParser(prog="qerl bench host", description=__doc__.split("\n\n")[0],
+                                formatter_class=HelpFormatter)
+    p.add_argument("--output", default="reports/host", help="directory of the <device>.csv / .md")
+    p.add_argument("--models", nargs="+", default=["0.5B", "7B"], choices=list(SHAPES), help="Qwen2.5 shapes")
+    p.add_argument("--projs", nargs="+", default=["qkv", "down"], choices=["qkv", "o", "gate_up", "down"],
+                   help="projections of each model")
+    p.add_argument("--ms", nargs="+", type=int, default=list(MS), help="token counts M")
+    p.add_argument("--no-profile", action="store_true", help="leave the cProfile of the slowest call out")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from qerl.models.shapes import projections
+
+    a = build_parser().parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("qerl bench host: needs a CUDA GPU (host time of kernel launches)")
+    rows = []
+    for model in a.models:
+        for proj, (N, K) in projections(model).items():
+            if proj in a.projs:
+                rows += bench_shape(model, proj, N, K, a.ms)
+                print(f"{model} {proj}: " + ", ".join(f"{r['call']}@{r['M']} {r['host_us']}" for r in rows[-4 * len(a.ms):]),
+                      flush=True)
+    profile = ""
+    if not a.no_profile:
+        from qerl.quant import nvfp4
+        from qerl_kernels import ops
+
+        worst = max((r for r in rows if r["call"] != "seam"), key=lambda r: r["host_us"])
+        p, s, g = nvfp4.quantize(torch.randn(worst["N"], worst["K"], device="cuda", dtype=torch.bfloat16) * 0.02)
+        x = torch.randn(worst["M"], worst["K"] if worst["call"] != "bwd" else worst["N"], device="cuda",
+                        dtype=torch.bfloat16)
+        la = torch.randn(32, worst["K"], device="cuda", dtype=torch.bfloat16) * 0.01
+        lb = torch.randn(worst["N"], 32, device="cuda", dtype=torch.bfloat16) * 0.01
+        fn = {"fwd": lambda: ops.nvfp4_matmul(x, p, s, g), "bwd": lambda: ops.nvfp4_matmul_t(x, p, s, g),
+              "fwd_lora": lambda: ops.nvfp4_matmul(x, p, s, g, None, None, lb, 2.0, lora_a=la)}[worst["call"]]
+        with torch.no_grad():
+            fn()
+            profile = f"{worst['call']} {worst['model']} {worst['proj']} M = {worst['M']}\n" + profile_top(fn)
+    print(write(rows, Path(a.output), torch.cuda.get_device_name(), profile))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
