@@ -122,11 +122,16 @@ def _launch_compiled(kernel, grid, device, args) -> bool:
     import torch
     from triton import knobs
 
+    from qerl_kernels.launch import _no_hooks
+
     try:
         stream = torch.cuda.current_stream(device).cuda_stream
-        kernel.run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata,
-                   kernel.launch_metadata(grid, stream, *args), knobs.runtime.launch_enter_hook,
-                   knobs.runtime.launch_exit_hook, *args)
+        if _no_hooks(knobs):  # (empty hook chains: nothing to call, no launch metadata to build)
+            kernel.run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata, None, None, None, *args)
+        else:
+            kernel.run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata,
+                       kernel.launch_metadata(grid, stream, *args), knobs.runtime.launch_enter_hook,
+                       knobs.runtime.launch_exit_hook, *args)
         return True
     except (AttributeError, TypeError):
         _DIRECT[0] = False

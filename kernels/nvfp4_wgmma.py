@@ -55,6 +55,7 @@ from triton.language.extra.cuda import gdc_launch_dependents
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
+from qerl_kernels import launch
 from qerl_kernels.nvfp4_gemv import WORD_PAIRS_PTX
 from qerl_kernels.nvfp4_matmul import FP4_PAIRS_PTX
 
@@ -115,8 +116,8 @@ def permute_activations(x, out=None, pdl: bool = False):
     if out is None:
         out = torch.empty((M, K), device=x.device, dtype=x.dtype)
     nblk = K // 128
-    _permute_kernel[(M, triton.cdiv(nblk, 8))](x, out, nblk, x.stride(0), out.stride(0), BLOCKS=8, PDL=bool(pdl),
-                                               num_warps=4)
+    launch.run(_permute_kernel, (M, triton.cdiv(nblk, 8)), (x, out, nblk, x.stride(0), out.stride(0)),
+               dict(BLOCKS=8, PDL=bool(pdl), num_warps=4))
     return out
 
 
@@ -577,12 +578,12 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None,
         grid = (tiles, 1)
         part = out
         lock = torch.zeros(1, device=x.device, dtype=torch.int32) if lock is None else lock
-    _nvfp4_wgmma_kernel[grid](
+    launch.run(_nvfp4_wgmma_kernel, grid, (
         xp, packed, scale_u8, gs, out, bias if bias is not None else out, part, lock,
         M, N, K, xp.stride(0), out.stride(0), packed.stride(0), scale_u8.stride(0), SPLIT,
-        xa if xa is not None else out, lora_b if lora_b is not None else out, float(lora_scale),
+        xa if xa is not None else out, lora_b if lora_b is not None else out, float(lora_scale)), dict(
         HAS_BIAS=bias is not None, USE_SPLIT=SPLIT > 1, WG=WG, BT=BT, NS=NS, XG=bool(XG), PIPE=bool(PIPE),
         NSW=max(int(NSW), NS) if PIPE else 0, MT=int(MT), R=lora_b.shape[1] if lora_b is not None else 0,
-        PDL=bool(pdl), XS=bool(XS), SK=bool(SK), num_warps=4 * WG, **({"launch_pdl": True} if pdl else {}))
+        PDL=bool(pdl), XS=bool(XS), SK=bool(SK), num_warps=4 * WG, **({"launch_pdl": True} if pdl else {})))
     return out
 

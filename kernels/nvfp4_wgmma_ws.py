@@ -66,6 +66,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, \
     warpgroup_mma_wait
 
+from qerl_kernels import launch
 from qerl_kernels.nvfp4_wgmma import _a_operand, _gdc_wait, _issue_w, _issue_x, _output, _scales_layout, _sms, \
     _split_sum, _words_layout
 
@@ -608,9 +609,9 @@ def nvfp4_ws_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lo
             raise ValueError(f"nvfp4_ws: the TMA producer takes C = 1 or 2 consumer warpgroups, got C={C}")
         w_desc = TensorDescriptor.from_tensor(packed, [RW, 64], W_TMA_LAYOUT)
         x_desc = TensorDescriptor.from_tensor(xp, [BT, 128], X_TMA_LAYOUT)
-        _nvfp4_ws_tma_kernel[grid](w_desc, x_desc, scale_u8, *epilogue, M, N, K, out.stride(0), scale_u8.stride(0),
-                                   max(1, SPLIT), *lora, **consts)
+        launch.run(_nvfp4_ws_tma_kernel, grid, (w_desc, x_desc, scale_u8, *epilogue, M, N, K, out.stride(0),
+                                                scale_u8.stride(0), max(1, SPLIT), *lora), consts)
     else:
-        _nvfp4_ws_kernel[grid](xp, packed, scale_u8, *epilogue, M, N, K, xp.stride(0), out.stride(0), packed.stride(0),
-                               scale_u8.stride(0), max(1, SPLIT), *lora, **consts)
+        launch.run(_nvfp4_ws_kernel, grid, (xp, packed, scale_u8, *epilogue, M, N, K, xp.stride(0), out.stride(0),
+                                            packed.stride(0), scale_u8.stride(0), max(1, SPLIT), *lora), consts)
     return out

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from qerl_kernels import launch
+
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 TUNED_DIR = Path(__file__).parent / "tuned"  # the tuned tables (written by python -m qerl.bench.kernels_tune)
 
@@ -272,22 +274,27 @@ _RESOLVED: dict = {}
 _RESOLVED_MAX = 4096
 
 
-def _resolved_config(kind: str, M: int, N: int, K: int, x2, packed, scale, interpret: bool) -> dict:
-    """``_runnable(config_for(...))``, memoised on everything either reads (shape, dtype, device, the
-    alignments ``_runnable`` checks, ``QERL_KERNEL_CONFIG``): the host-side cost of a decode call is what a
-    token costs in an eager rollout, and a training micro-batch repeats each (M, N, K) for every layer, forward
-    and backward. Training Ms vary per batch: the memo is cleared past ``_RESOLVED_MAX`` keys. Returns a fresh
-    copy (callers pop keys)."""
+def _resolved_config(kind: str, M: int, N: int, K: int, x2, packed, scale, interpret: bool) -> tuple[dict, tuple]:
+    """``(config, key)``: ``_runnable(config_for(...))``, memoised on ``key`` — everything either reads (shape, dtype,
+    device, the alignments ``_runnable`` checks, ``QERL_KERNEL_CONFIG``, the launch mode): the host-side cost of a
+    decode call is what a token costs in an eager rollout, and a training micro-batch repeats each (M, N, K) for every
+    layer, forward and backward. Training Ms vary per batch: the memo is cleared past ``_RESOLVED_MAX`` keys. The
+    config is a fresh copy (callers pop keys)."""
     if len(_RESOLVED) > _RESOLVED_MAX:
         _RESOLVED.clear()
     key = (kind, M, N, K, x2.dtype, x2.device, interpret, packed.data_ptr() % 16, packed.stride(0) % 16,
-           x2.data_ptr() % 16, x2.stride(0) % 8, scale.data_ptr() % 4, scale.stride(0) % 4,
+           x2.data_ptr() % 16, x2.stride(0), scale.data_ptr() % 4, scale.stride(0) % 4,
            os.environ.get("QERL_KERNEL_CONFIG"), _MODE[0])
     cfg = _RESOLVED.get(key)
     if cfg is None:
         cfg = _RESOLVED[key] = _runnable(kind, _for_launch_mode(config_for(kind, M, N, K, x2.device)), M, K, x2,
                                          packed, scale, interpret)
-    return dict(cfg)
+    return dict(cfg), key
+
+
+def _sig(t) -> tuple | None:
+    """What a launch specialises on for an optional tensor argument: None, or (dtype, 16-byte aligned, row stride)."""
+    return None if t is None else (t.dtype, t.data_ptr() % 16, t.stride(0) if t.ndim > 1 else 0, t.shape[-1])
 
 
 LAUNCH_MODES = ("eager", "graph")
@@ -383,9 +390,9 @@ def _pdl_primary(x2, lora_a, M: int, K: int, r: int, locks) -> torch.Tensor:
     xa = torch.empty(16 * blocks, r, device=x2.device, dtype=x2.dtype)
     nxp = min(XA_PROGRAMS, -(-K // 128))
     xap = torch.empty(blocks * nxp * 16 * r, device=x2.device, dtype=torch.float32)
-    _lora_xa_kernel[(nxp, blocks)](x2, lora_a, xa, xap, locks[_LOCK_SLOTS - 4:], locks, M, K, x2.stride(0), nxp,
-                                   R=r, KB=128, QB=XA_QB, PDL=XA_PDL_AT, STAGES=_xa_stages(K), num_warps=4,
-                                   num_stages=1)
+    launch.run(_lora_xa_kernel, (nxp, blocks), (x2, lora_a, xa, xap, locks[_LOCK_SLOTS - 4:], locks, M, K, x2.stride(0),
+                                                nxp),
+               dict(R=r, KB=128, QB=XA_QB, PDL=XA_PDL_AT, STAGES=_xa_stages(K), num_warps=4, num_stages=1))
     return xa
 
 
@@ -444,12 +451,20 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
     launch, from a PDL launch before it, or from one ``x @ lora_a.T`` first)."""
     M = x2.shape[0]
     N, K = packed.shape[0], packed.shape[1] * 2
-    cfg = _resolved_config(kind, M, N, K, x2, packed, scale, interpret)
+    cfg, key = _resolved_config(kind, M, N, K, x2, packed, scale, interpret)
     route = lora_route(kind, cfg, M, K, LORA_LAUNCH) if lora_a is not None else "matmul"
+    # the scope of this call's launches (qerl_kernels.launch): the config's key and everything else its launchers
+    # branch or specialise on — the optional tensors, the rank, the LoRA route and the experiment knobs
+    scope = (key, n_out, r, route, tuple(_sig(t) for t in extra), _sig(lora_a), LORA_LAUNCH, XA_PROGRAMS, XA_QB,
+             XA_STAGES, XA_PDL_AT, XA_PDL_ROWS)
     if lora_a is not None and route == "matmul":
         extra, lora_a = (extra[0], x2 @ lora_a.T, extra[2]), None
     call = _Call(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret, cfg, lora_a, route == "pdl")
-    return _LAUNCHERS[path_of(kind, cfg)](call)
+    prev = launch.scope(scope)
+    try:
+        return _LAUNCHERS[path_of(kind, cfg)](call)
+    finally:
+        launch.restore(prev)
 
 
 def _launch_wgmma(c: _Call) -> torch.Tensor:
@@ -576,15 +591,14 @@ def _launch_mmv(c: _Call) -> torch.Tensor:
         xa = torch.empty(16, c.r, device=x2.device, dtype=x2.dtype)
         xap = torch.empty(xp * 16 * c.r, device=x2.device, dtype=torch.float32)
     pdl = c.lora_a is not None and c.pdl
-    _nvfp4_mmv_kernel[grid](x2, c.packed, s8, c.gs, out, bias if bias is not None else dummy,
-                            xa if xa is not None else dummy, lb if lb is not None else dummy, part, locks,
-                            c.lora_a if xp else dummy, xap, locks[_LOCK_SLOTS - 4:], M, N, K, x2.stride(0),
-                            out.stride(0), c.packed.stride(0), s8.stride(0), float(c.lora_scale), split,
-                            HAS_BIAS=bias is not None, R=c.r, USE_SPLIT=split > 1, EVEN_K=K % 128 == 0, WARPS=warps,
-                            NB=BM // 8, PREFETCH=cfg.get("num_stages", 1), XPRE=cfg.get("XPRE", 1),
-                            L2=cfg.get("L2", 0), PFD=cfg.get("PFD", 0), FUSED=xp > 0,
-                            UNROLL=bool(cfg.get("UNROLL", 0)), XP=xp, RB=rb, PDL=pdl, num_warps=warps, num_stages=1,
-                            launch_pdl=pdl)
+    launch.run(_nvfp4_mmv_kernel, grid, (
+        x2, c.packed, s8, c.gs, out, bias if bias is not None else dummy, xa if xa is not None else dummy,
+        lb if lb is not None else dummy, part, locks, c.lora_a if xp else dummy, xap, locks[_LOCK_SLOTS - 4:], M, N, K,
+        x2.stride(0), out.stride(0), c.packed.stride(0), s8.stride(0), float(c.lora_scale), split), dict(
+        HAS_BIAS=bias is not None, R=c.r, USE_SPLIT=split > 1, EVEN_K=K % 128 == 0, WARPS=warps, NB=BM // 8,
+        PREFETCH=cfg.get("num_stages", 1), XPRE=cfg.get("XPRE", 1), L2=cfg.get("L2", 0), PFD=cfg.get("PFD", 0),
+        FUSED=xp > 0, UNROLL=bool(cfg.get("UNROLL", 0)), XP=xp, RB=rb, PDL=pdl, num_warps=warps, num_stages=1,
+        launch_pdl=pdl))
     return out
 
 
@@ -600,10 +614,11 @@ def _launch_gemv(c: _Call) -> torch.Tensor:
     bias, xa, lb = c.extra
     s8, dummy = c.scale.view(torch.uint8), c.x2
     grid = (triton.cdiv(c.N, BN), triton.cdiv(c.M, BM), split)
-    _nvfp4_gemv_kernel[grid](c.x2, c.packed, s8, c.gs, out, bias if bias is not None else dummy,
-                             xa if xa is not None else dummy, lb if lb is not None else dummy, part, locks,
-                             c.M, c.N, c.K, c.x2.stride(0), out.stride(0), c.packed.stride(0) // 4, s8.stride(0),
-                             float(c.lora_scale), split, HAS_BIAS=bias is not None, R=c.r, **common, **cfg)
+    launch.run(_nvfp4_gemv_kernel, grid, (
+        c.x2, c.packed, s8, c.gs, out, bias if bias is not None else dummy, xa if xa is not None else dummy,
+        lb if lb is not None else dummy, part, locks, c.M, c.N, c.K, c.x2.stride(0), out.stride(0),
+        c.packed.stride(0) // 4, s8.stride(0), float(c.lora_scale), split),
+        dict(HAS_BIAS=bias is not None, R=c.r, **common, **cfg))
     return out
 
 
@@ -619,11 +634,11 @@ def _launch_tile_fwd(c: _Call) -> torch.Tensor:
     bias, xa, lb = c.extra
     s8, dummy = c.scale.view(torch.uint8), c.x2
     grid = (triton.cdiv(c.N, BN), triton.cdiv(c.M, BM), split)
-    _nvfp4_fwd_kernel[grid](c.x2, c.packed, s8, c.gs, out, bias if bias is not None else dummy,
-                            xa if xa is not None else dummy, lb if lb is not None else dummy, part, locks,
-                            c.M, c.N, c.K, c.x2.stride(0), out.stride(0), c.packed.stride(0), s8.stride(0),
-                            float(c.lora_scale), split, HAS_BIAS=bias is not None, R=c.r,
-                            SWAP=bool(cfg.pop("SWAP", 0)), **common, **cfg)
+    launch.run(_nvfp4_fwd_kernel, grid, (
+        c.x2, c.packed, s8, c.gs, out, bias if bias is not None else dummy, xa if xa is not None else dummy,
+        lb if lb is not None else dummy, part, locks, c.M, c.N, c.K, c.x2.stride(0), out.stride(0), c.packed.stride(0),
+        s8.stride(0), float(c.lora_scale), split),
+        dict(HAS_BIAS=bias is not None, R=c.r, SWAP=bool(cfg.pop("SWAP", 0)), **common, **cfg))
     return out
 
 
@@ -639,10 +654,10 @@ def _launch_tile_bwd(c: _Call) -> torch.Tensor:
     dyb, la = c.extra
     s8, dummy = c.scale.view(torch.uint8), c.x2
     grid = (triton.cdiv(c.K, BK), triton.cdiv(c.M, BM), split)
-    _nvfp4_bwd_kernel[grid](c.x2, c.packed, s8, c.gs, out, dyb if dyb is not None else dummy,
-                            la if la is not None else dummy, part, locks, c.M, c.N, c.K, c.x2.stride(0),
-                            out.stride(0), c.packed.stride(0), s8.stride(0), float(c.lora_scale), split, R=c.r,
-                            SWAP=bool(cfg.pop("SWAP", 0)), **common, **cfg)
+    launch.run(_nvfp4_bwd_kernel, grid, (
+        c.x2, c.packed, s8, c.gs, out, dyb if dyb is not None else dummy, la if la is not None else dummy, part, locks,
+        c.M, c.N, c.K, c.x2.stride(0), out.stride(0), c.packed.stride(0), s8.stride(0), float(c.lora_scale), split),
+        dict(R=c.r, SWAP=bool(cfg.pop("SWAP", 0)), **common, **cfg))
     return out
 
 

@@ -54,10 +54,12 @@ def profile_top(fn, n: int = 200, lines: int = 18) -> str:
     return buf.getvalue()
 
 
-def bench_shape(model: str, proj: str, N: int, K: int, ms, rank: int = 32) -> list[dict]:
+def bench_shape(model: str, proj: str, N: int, K: int, ms, rank: int = 32, direct: bool = True) -> list[dict]:
+    """Rows of one projection shape at each M (see module docstring); ``direct``: with the direct launches of
+    :mod:`qerl_kernels.launch` (False: every launch through Triton's own path, the comparison)."""
     from qerl.ops import nvfp4_linear
     from qerl.quant import nvfp4
-    from qerl_kernels import ops
+    from qerl_kernels import launch, ops
 
     w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02
     p, s, g = nvfp4.quantize(w)
@@ -79,10 +81,16 @@ def bench_shape(model: str, proj: str, N: int, K: int, ms, rank: int = 32) -> li
         }
         with torch.no_grad():
             for call, (ours, cublas, path) in calls.items():
+                # the direct launches (qerl_kernels.launch) must give Triton's own launches' result, bit for bit
+                launch.DIRECT[0] = False
+                want = ours()
+                launch.DIRECT[0] = direct
+                before = launch._STATS["direct"]
                 us, ref = host_us(ours), host_us(cublas)
+                got = ours()
                 rows.append({"model": model, "proj": proj, "N": N, "K": K, "M": M, "call": call, "path": path,
-                             "host_us": round(us, 1), "cublas_host_us": round(ref, 1),
-                             "meets": us <= TARGET_US})
+                             "host_us": round(us, 1), "cublas_host_us": round(ref, 1), "meets": us <= TARGET_US,
+                             "direct_launches": launch._STATS["direct"] - before, "same_result": torch.equal(got, want)})
     return rows
 
 
@@ -99,7 +107,10 @@ def write(rows: list[dict], out: Path, device: str, profile: str = "") -> Path:
     lines = [f"# Host time per eager NVFP4 linear call — {device}", "",
              f"`qerl bench host`: µs of Python per call, {len(rows)} rows; target ≤ {TARGET_US:.0f} µs: "
              f"{met} / {len(rows)} meet it; the slowest is {worst['call']} {worst['model']} {worst['proj']} "
-             f"M = {worst['M']} ({worst['path']}): {worst['host_us']} µs.", "",
+             f"M = {worst['M']} ({worst['path']}): {worst['host_us']} µs. Direct launches "
+             f"(`qerl_kernels.launch`): {'off' if not any(r.get('direct_launches') for r in rows) else 'on'}; "
+             f"results equal to Triton's own launches in {sum(bool(r.get('same_result', True)) for r in rows)} / "
+             f"{len(rows)} rows.", "",
              "| model | proj | N | K | M | call | path | host µs | cuBLAS host µs |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['proj']} | {r['N']} | {r['K']} | {r['M']} | {r['call']} | {r['path']} | "
@@ -124,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="projections of each model")
     p.add_argument("--ms", nargs="+", type=int, default=list(MS), help="token counts M")
     p.add_argument("--no-profile", action="store_true", help="leave the cProfile of the slowest call out")
+    p.add_argument("--no-direct", action="store_true",
+                   help="every launch through Triton's own path (qerl_kernels.launch.DIRECT off): the comparison")
     return p
 
 
@@ -137,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     for model in a.models:
         for proj, (N, K) in projections(model).items():
             if proj in a.projs:
-                rows += bench_shape(model, proj, N, K, a.ms)
+                rows += bench_shape(model, proj, N, K, a.ms, direct=not a.no_direct)
                 print(f"{model} {proj}: " + ", ".join(f"{r['call']}@{r['M']} {r['host_us']}" for r in rows[-4 * len(a.ms):]),
                       flush=True)
     profile = ""

@@ -4,7 +4,8 @@ from qerl.bench import host
 
 def _row(call, M, us, path="mmv"):
     return {"model": "0.5B", "proj": "qkv", "N": 1152, "K": 896, "M": M, "call": call, "path": path, "host_us": us,
-            "cublas_host_us": 14.0, "meets": us <= host.TARGET_US}
+            "cublas_host_us": 14.0, "meets": us <= host.TARGET_US,
+            "direct_launches": 100, "same_result": True}
 
 
 def test_report_counts_rows_meeting_the_target_and_names_the_slowest(tmp_path):
@@ -13,7 +14,8 @@ def test_report_counts_rows_meeting_the_target_and_names_the_slowest(tmp_path):
     text = md.read_text()
     assert md.name == "NVIDIA_H100_80GB_HBM3.md"
     assert "1 / 3 meet it" in text and "the slowest is bwd 0.5B qkv M = 64 (tile_bwd): 120.5 µs" in text
-    assert "ncalls tottime" in text
+    assert "ncalls tottime" in text and "Direct launches (`qerl_kernels.launch`): on" in text
+    assert "equal to Triton's own launches in 3 / 3 rows" in text
     csv_text = (tmp_path / "NVIDIA_H100_80GB_HBM3.csv").read_text().splitlines()
     assert csv_text[0].endswith(",device") and len(csv_text) == 4 and "NVIDIA H100 80GB HBM3" in csv_text[1]
 

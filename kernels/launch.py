@@ -1,0 +1,96 @@
+"""Launching a Triton / Gluon kernel without Triton's per-call work, for eager calls (``ops._launch``).
+
+``kernel[grid](*args, **kw)`` binds every argument, specialises each one (dtype, 16-byte alignment, ``== 1``), hashes
+the result and looks the compiled kernel up: 25-40 µs of host time per launch on the H100 machines' CPUs, paid by
+every projection called eagerly (prefill, the update's forward and backward, evaluation, anyone's own loop), two or
+three times for routes with a pre-pass or a LoRA primary. :func:`run` pays it once per *scope*: the caller (``ops``)
+opens a scope keyed on everything that decides the launches of one call — shapes, dtypes, alignments, the resolved
+config, which optional tensors are given — and inside it the first launch of each kernel goes through Triton and
+remembers the compiled kernel and the constexpr values; later launches in the same scope call the compiled kernel's
+launcher directly with the runtime arguments.
+
+Contract for callers: inside one scope a kernel's runtime (non-constexpr) arguments are passed positionally and its
+constexprs by keyword, with the same values every time the scope recurs (the scope key must imply them). A launch
+that breaks the contract (a runtime argument by keyword) is never remembered: it always takes Triton's path.
+Outside a scope (``scope(None)``, the default) every launch takes Triton's path. ``DIRECT[0] = False`` turns the
+direct path off (the checks compare both).
+"""
+from __future__ import annotations
+
+DIRECT = [True]  # direct launches on (tests and experiments turn it off)
+_SCOPE = [None, 0]  # the current call's key (ops._launch; None outside) and its launches so far
+_HITS: dict = {}  # (scope, launch ordinal) -> (kernel, number of positional args, compiled kernel, constexpr values)
+_MAX = 8192  # remembered launches before the memo is cleared (training Ms vary per micro-batch)
+_STATS = {"direct": 0, "triton": 0}
+
+
+def scope(key) -> tuple:
+    """Enter the scope ``key`` (None: no scope); returns the previous state for :func:`restore`. A scope's launches
+    are told apart by their order: the code path of one call is a function of its key (the contract)."""
+    prev = (_SCOPE[0], _SCOPE[1])
+    _SCOPE[0], _SCOPE[1] = key, 0
+    return prev
+
+
+def restore(prev: tuple) -> None:
+    """Leave the current scope for the one :func:`scope` returned."""
+    _SCOPE[0], _SCOPE[1] = prev
+
+
+def clear() -> None:
+    """Forget every remembered launch (e.g. after the tuned tables changed)."""
+    _HITS.clear()
+
+
+def _constexpr_tail(kernel, n_pos: int, kw: dict) -> tuple | None:
+    """The values of ``kernel``'s parameters after the first ``n_pos`` (keywords or defaults), in order, or None
+    when one of them is a runtime argument given by keyword or left out (then the launch is not remembered)."""
+    out = []
+    for p in kernel.params[n_pos:]:
+        if not p.is_constexpr:
+            return None
+        if p.name in kw:
+            out.append(kw[p.name])
+        elif p.has_default:
+            out.append(p.default)
+        else:
+            return None
+    return tuple(out)
+
+
+def _no_hooks(knobs) -> bool:
+    """Whether no launch hook is installed (Triton 3.6 keeps empty hook chains; a profiler adds to them)."""
+    h, g = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    return (h is None or not getattr(h, "calls", True)) and (g is None or not getattr(g, "calls", True))
+
+
+def run(kernel, grid, args: tuple, kw: dict):
+    """``kernel[grid](*args, **kw)``; inside a scope, the compiled kernel's launcher directly when this scope
+    launched ``kernel`` before (see module docstring) and no launch hook is installed (hooks — profilers — get
+    Triton's own path, which calls them). ``grid`` is a 1-3 tuple."""
+    key = _SCOPE[0]
+    if key is not None:
+        key = (key, _SCOPE[1])
+        _SCOPE[1] += 1
+        if DIRECT[0]:
+            hit = _HITS.get(key)
+            if hit is not None and hit[0] is kernel and hit[1] == len(args):
+                from triton import knobs
+                from triton.runtime.driver import driver
+
+                if _no_hooks(knobs):
+                    compiled, tail = hit[2], hit[3]
+                    stream = driver.active.get_current_stream(driver.active.get_current_device())
+                    compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
+                                 compiled.function, compiled.packed_metadata, None, None, None, *(args + tail))
+                    _STATS["direct"] += 1
+                    return compiled
+    compiled = kernel[grid](*args, **kw)
+    _STATS["triton"] += 1
+    if key is not None and compiled is not None and hasattr(compiled, "packed_metadata"):
+        tail = _constexpr_tail(kernel, len(args), kw)
+        if tail is not None:
+            if len(_HITS) >= _MAX:
+                _HITS.clear()
+            _HITS[key] = (kernel, len(args), compiled, tail)
+    return compiled

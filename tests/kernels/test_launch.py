@@ -1,0 +1,127 @@
+"""``qerl_kernels.launch``: the direct launch of a remembered compiled kernel (logic, with stand-in kernels: the GPU
+check is ``qerl bench host`` and ``python -m qerl.bench.kernels_check``, which run both paths)."""
+import types
+
+import pytest
+
+pytest.importorskip("triton")
+
+from qerl_kernels import launch  # noqa: E402
+
+
+class _Param:
+    def __init__(self, name, constexpr, default=None):
+        self.name, self.is_constexpr, self.default, self.has_default = name, constexpr, default, default is not None
+
+
+class _Compiled:
+    packed_metadata, function = object(), object()
+
+    def __init__(self):
+        self.runs = []
+        self.run = lambda *a: self.runs.append(a)
+
+    def launch_metadata(self, grid, stream, *args):
+        return None
+
+
+class _Kernel:
+    """A JIT function with parameters (x, n, BLOCK: constexpr, FLAG: constexpr = True)."""
+
+    def __init__(self, compiled):
+        self.params = [_Param("x", False), _Param("n", False), _Param("BLOCK", True), _Param("FLAG", True, True)]
+        self.compiled, self.triton_calls = compiled, []
+
+    def __getitem__(self, grid):
+        def go(*args, **kw):
+            self.triton_calls.append((grid, args, kw))
+            return self.compiled
+        return go
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    launch.clear()
+    drv = types.SimpleNamespace(active=types.SimpleNamespace(get_current_device=lambda: 0,
+                                                             get_current_stream=lambda dev: 1234))
+    import sys
+
+    import triton.runtime.driver  # noqa: F401 (the module; ``triton.runtime.driver`` the attribute is its object)
+    monkeypatch.setattr(sys.modules["triton.runtime.driver"], "driver", drv)
+    c = _Compiled()
+    return _Kernel(c), c
+
+
+def test_second_launch_in_a_scope_calls_the_compiled_launcher_with_runtime_args_then_constexprs(fake):
+    k, c = fake
+    for x in ("a", "b"):
+        prev = launch.scope(("call", 1))
+        launch.run(k, (3, 2), (x, 7), dict(BLOCK=64, num_warps=4))
+        launch.restore(prev)
+    assert len(k.triton_calls) == 1 and len(c.runs) == 1
+    grid0, grid1, grid2, stream, *_, enter, leave = c.runs[0][:9]
+    assert (grid0, grid1, grid2, stream) == (3, 2, 1, 1234) and enter is None and leave is None
+    assert c.runs[0][9:] == ("b", 7, 64, True)  # the default of FLAG filled in; num_warps is no parameter
+
+
+def test_no_scope_different_scope_or_direct_off_take_tritons_path(fake):
+    k, c = fake
+    launch.run(k, (1,), ("a", 1), dict(BLOCK=8))
+    launch.run(k, (1,), ("a", 1), dict(BLOCK=8))
+    for key in ("s1", "s2"):
+        prev = launch.scope(key)
+        launch.run(k, (1,), ("a", 1), dict(BLOCK=8))
+        launch.restore(prev)
+    launch.DIRECT[0] = False
+    try:
+        prev = launch.scope("s1")
+        launch.run(k, (1,), ("a", 1), dict(BLOCK=8))
+        launch.restore(prev)
+    finally:
+        launch.DIRECT[0] = True
+    assert len(k.triton_calls) == 5 and c.runs == []
+
+
+def test_a_runtime_argument_by_keyword_is_never_remembered(fake):
+    k, c = fake
+    for _ in range(2):
+        prev = launch.scope("s")
+        launch.run(k, (1,), ("a",), dict(n=5, BLOCK=8))
+        launch.restore(prev)
+    assert len(k.triton_calls) == 2 and c.runs == []
+
+
+def test_launches_of_one_scope_are_told_apart_by_order_and_kernel(fake):
+    k, c = fake
+    other = _Kernel(_Compiled())
+    for _ in range(2):
+        prev = launch.scope("s")
+        launch.run(k, (1,), ("a", 1), dict(BLOCK=8))  # ordinal 0
+        launch.run(other, (1,), ("b", 2), dict(BLOCK=16))  # ordinal 1
+        launch.restore(prev)
+    assert len(k.triton_calls) == 1 and len(other.triton_calls) == 1
+    assert c.runs[0][9:] == ("a", 1, 8, True) and other.compiled.runs[0][9:] == ("b", 2, 16, True)
+    prev = launch.scope("s")  # a different kernel at a remembered ordinal: Triton's path, not a wrong launch
+    launch.run(other, (1,), ("c", 3), dict(BLOCK=16))
+    launch.restore(prev)
+    assert len(other.triton_calls) == 2
+
+
+def test_an_installed_launch_hook_gets_tritons_path(fake):
+    from triton import knobs
+
+    k, c = fake
+    seen = []
+    hook = seen.append
+    for _ in range(2):
+        prev = launch.scope("s")
+        launch.run(k, (1,), ("a", 1), dict(BLOCK=8))
+        launch.restore(prev)
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        prev = launch.scope("s")
+        launch.run(k, (1,), ("a", 1), dict(BLOCK=8))
+        launch.restore(prev)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert len(k.triton_calls) == 2 and len(c.runs) == 1
