@@ -9,9 +9,10 @@ config, which optional tensors are given — and inside it the first launch of e
 remembers the compiled kernel and the constexpr values; later launches in the same scope call the compiled kernel's
 launcher directly with the runtime arguments.
 
-Contract for callers: inside one scope a kernel's runtime (non-constexpr) arguments are passed positionally and its
-constexprs by keyword, with the same values every time the scope recurs (the scope key must imply them). A launch
-that breaks the contract (a runtime argument by keyword) is never remembered: it always takes Triton's path.
+Contract for callers: inside one scope the arguments that vary between calls (tensors, runtime sizes) are passed
+positionally; every keyword argument has the same value every time the scope recurs (the scope key must imply it:
+constexprs, launch options, a runtime count such as the MMV kernel's ``XP``). A launch that leaves a parameter out
+which has no default is never remembered: it always takes Triton's path.
 Outside a scope (``scope(None)``, the default) every launch takes Triton's path. ``DIRECT[0] = False`` turns the
 direct path off (the checks compare both).
 """
@@ -43,12 +44,11 @@ def clear() -> None:
 
 
 def _constexpr_tail(kernel, n_pos: int, kw: dict) -> tuple | None:
-    """The values of ``kernel``'s parameters after the first ``n_pos`` (keywords or defaults), in order, or None
-    when one of them is a runtime argument given by keyword or left out (then the launch is not remembered)."""
+    """The values of ``kernel``'s parameters after the first ``n_pos`` — given by keyword, else their defaults — in
+    order, or None when one has neither (then the launch is not remembered). Keywords are constant within a scope
+    (the contract), constexprs or not."""
     out = []
     for p in kernel.params[n_pos:]:
-        if not p.is_constexpr:
-            return None
         if p.name in kw:
             out.append(kw[p.name])
         elif p.has_default:

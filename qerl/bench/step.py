@@ -51,6 +51,8 @@ from pathlib import Path
 
 import torch
 
+from qerl.models.shapes import SHAPES
+
 from qerl.rollout.engine.runner import SPLIT as ENGINE_SPLIT  # the engine's split of rollout_s (prefill_s, ...)
 
 COLUMNS = ["device", "model", "method", "batch", "prompt_len", "gen_len", "lengths", "nproc", "status", "rollout_s", "logprob_s",
@@ -501,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="qerl bench step", description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter)
     p.add_argument("--output", default="reports/step", help="directory of the <device>.csv / .md set")
-    p.add_argument("--models", nargs="+", default=["7B", "14B", "32B"], choices=["7B", "14B", "32B"],
+    p.add_argument("--models", nargs="+", default=["7B", "14B", "32B"], choices=list(SHAPES),
                    help="Qwen2.5 shapes (random weights)")
     p.add_argument("--methods", nargs="+", default=["lora", "qlora", "qerl"], choices=list(BASE),
                    help="training methods to time")

@@ -247,6 +247,24 @@ MIN_MICRO_WITHOUT_CHECKPOINTING = 2  # auto: below this, checkpointing with a fa
 MIN_MICRO_DENSE = 4
 
 
+# The half-group cap below pays off where the update is arithmetic-bound (32B, reports/step); a small model's update is
+# host-bound — Python and launches per layer per micro-batch — and wants the fewest micro-batches that fit. Measured
+# (H100, 2026-11-26, random 0.5B, 64 sequences of 128 + ~200 tokens, QeRL with dense_update): update 2.31 s at
+# micro-batch 4, 0.78 s at 16, 0.54 s at 64 — ~6 ms of host time per decoder layer per micro-batch forward + backward,
+# against ~13 ms of arithmetic for a whole micro-batch of 4. The cap applies where the capped micro-batch's arithmetic
+# (forward + backward dX at UPDATE_TFLOPS) takes at least its host time (HOST_S_PER_LAYER per decoder layer).
+HOST_S_PER_LAYER = 6e-3
+UPDATE_TFLOPS = 400.0
+
+
+def host_bound(s: Shape, micro: int, seq_len: int) -> bool:
+    """Whether a micro-batch of ``micro`` sequences of ``seq_len`` tokens is host-bound on a model of shape ``s``: its
+    forward + backward arithmetic (``4 x linear weights x tokens`` at :data:`UPDATE_TFLOPS`) takes less than its host
+    time (:data:`HOST_S_PER_LAYER` per decoder layer)."""
+    weights = s.layers * sum(k * n for k, n in s.projections().values()) + s.vocab * s.hidden
+    return 4.0 * weights * micro * seq_len / (UPDATE_TFLOPS * 1e12) < HOST_S_PER_LAYER * s.layers
+
+
 def auto_micro_batch(s: Shape, base: str, rows: int, gen_len: int, rank: int = 32, eight_bit: bool = True,
                      checkpointing="auto", available: float | None = None, group: int = 1, **full
                      ) -> tuple[int, bool]:
@@ -263,9 +281,11 @@ def auto_micro_batch(s: Shape, base: str, rows: int, gen_len: int, rank: int = 3
     spans a whole group runs every row at the group's longest — with drawn lengths often the cap. Halving it splits
     the long rows from the short: 32B QeRL, one group of 16, checkpointing (H100, reports/step): update 7.82 s at
     micro-batch 16, **5.82 s at 8**, 6.10 s at 4, 7.25 s at 2. Hence at most ``group // 2`` for groups of 8 or more
-    (smaller caps would go below the 4 sequences an NVFP4 update wants, :data:`MIN_MICRO_DENSE`)."""
+    (smaller caps would go below the 4 sequences an NVFP4 update wants, :data:`MIN_MICRO_DENSE`) — unless the capped
+    micro-batch is host-bound (:func:`host_bound`: small models), where the largest that fits is fastest."""
     budget = 0.9 * (device_bytes() if available is None else available)
-    most = group // 2 if group >= 2 * MIN_MICRO_DENSE else rows
+    capped = group >= 2 * MIN_MICRO_DENSE and not host_bound(s, group // 2, PROMPT_TOKENS + gen_len)
+    most = group // 2 if capped else rows
     sizes = sorted({min(rows, most, 1 << i) for i in range(rows.bit_length() + 1)} | {min(rows, most)}, reverse=True)
 
     def fits(m: int, ckpt: bool) -> bool:
@@ -313,11 +333,12 @@ def resolve_micro_batch(cfg, s: Shape, world: int = 1, available: float | None =
     group = cfg.algorithm.group_size
     fk = {"dense": cfg.dense_update is True} if method.lora else {"full": True, "world": world, "sharding": sharding}
     fk["prompts"] = prompts
+    capped = group >= 2 * MIN_MICRO_DENSE and not host_bound(s, group // 2, PROMPT_TOKENS + cfg.rollout.max_new_tokens)
     micro, ckpt = auto_micro_batch(s, method.base, rows, cfg.rollout.max_new_tokens,
                                    cfg.lora.r, eight, cfg.gradient_checkpointing, available, group, **fk)
     said = (f"micro_batch_size auto: {micro} of {rows} sequences per update forward/backward (the largest the "
             f"memory planner fits{' with' if ckpt else ' without'} gradient checkpointing"
-            f"{f', at most half a group of {group}' if group >= 2 * MIN_MICRO_DENSE else ''})")
+            f"{f', at most half a group of {group}' if capped else ''})")
     if cfg.dense_update == "auto" and method.lora and method.base == "nvfp4" and not ckpt:
         dm, dckpt = auto_micro_batch(s, method.base, rows, cfg.rollout.max_new_tokens, cfg.lora.r, eight, False,
                                      available, group, dense=True, prompts=prompts)

@@ -82,13 +82,18 @@ def test_no_scope_different_scope_or_direct_off_take_tritons_path(fake):
     assert len(k.triton_calls) == 5 and c.runs == []
 
 
-def test_a_runtime_argument_by_keyword_is_never_remembered(fake):
+def test_keywords_are_remembered_as_scope_constants_and_a_missing_parameter_is_never_remembered(fake):
     k, c = fake
-    for _ in range(2):
+    for x in ("a", "b"):
         prev = launch.scope("s")
-        launch.run(k, (1,), ("a",), dict(n=5, BLOCK=8))
+        launch.run(k, (1,), (x,), dict(n=5, BLOCK=8))  # n: a runtime count the scope implies
         launch.restore(prev)
-    assert len(k.triton_calls) == 2 and c.runs == []
+    assert len(k.triton_calls) == 1 and c.runs[0][9:] == ("b", 5, 8, True)
+    for _ in range(2):
+        prev = launch.scope("t")
+        launch.run(k, (1,), ("a",), dict(BLOCK=8))  # n given nowhere: Triton's path (and its error) every time
+        launch.restore(prev)
+    assert len(k.triton_calls) == 3
 
 
 def test_launches_of_one_scope_are_told_apart_by_order_and_kernel(fake):

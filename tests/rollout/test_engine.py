@@ -365,3 +365,19 @@ def test_eos_at_ends_rows_like_an_eos_on_both_paths(tiny_dirs, tok):
         generate(model, tok, PROMPTS, s, seed=3, num_samples=2, eos_at=[1, 2])
     with pytest.raises(ValueError, match="eos_at"):
         generate(model, tok, PROMPTS, s, seed=3, num_samples=2, eos_at=[13] * 6)
+
+
+def test_kv_cache_positions_are_rounded_so_a_slightly_longer_prompt_keeps_cache_and_graphs(tiny_dirs, tok):
+    """A real run's longest prompt grows over its first steps: the cache is allocated in POSITION_STEP multiples
+    (capped at the context) so the next step's few extra prompt tokens reuse it — and the decode graphs keyed on it."""
+    from qerl.rollout.engine.runner import POSITION_STEP
+
+    model = load_policy(tiny_dirs["qwen2"], base="bf16", dtype=torch.float32)
+    eng = RolloutEngine(model, tok)
+    s = SamplingSettings(temperature=0, max_new_tokens=4, engine="engine")
+    eng.generate(["a"], s)
+    first = eng.kc[0]
+    assert first.shape[1] == min(POSITION_STEP, eng.context) and first.shape[1] % 64 == 0
+    eng.generate(["a much longer prompt than before, by a few tokens"], s)
+    assert eng.kc[0] is first  # the same cache: no reallocation, graphs keyed on its shape stay valid
+    assert eng.kc[0].shape[1] <= eng.context

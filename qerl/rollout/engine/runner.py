@@ -34,6 +34,9 @@ from qerl.rollout.sampler import Rollout, encode_prompts
 from qerl.rollout.sampling import SamplingSettings, row_budget, row_seeds, sample
 
 PREFILL_TOKENS = 8192  # prompt positions per prefill call (rows chunked so the activations stay bounded)
+#: KV cache positions are allocated in multiples of this: a real run's longest prompt grows over its first steps, and
+#: each larger cache meant new decode graphs (0.2-3 s of captures a step for a real 0.5B model, issue 45)
+POSITION_STEP = 256
 #: ``last_stats`` keys splitting a ``generate`` call's time: prompts prefilled, decode graphs captured, and the GPU
 #: idle while the host checked for finished rows between windows of decode steps (the rest is decoding)
 SPLIT = ("prefill_s", "capture_s", "host_s")
@@ -156,9 +159,13 @@ class RolloutEngine:
         return noisy
 
     def _ensure_cache(self, slots: int, positions: int) -> None:
+        """A KV cache of at least ``slots`` slots of ``positions`` positions (kept when the present one is as large).
+        A new one holds positions rounded up to :data:`POSITION_STEP` (at most the model's context): a step whose
+        longest prompt is a few tokens longer reuses it and its captured graphs instead of capturing them again."""
         L, Hkv, D = len(self.view.layers), self.view.kv_heads, self.view.head_dim
         if self.kc is not None and self.kc[0].shape[0] >= slots + 1 and self.kc[0].shape[1] >= positions:
             return
+        positions = max(positions, min(self.context or positions, -(-positions // POSITION_STEP) * POSITION_STEP))
         self.release()
         shape = (slots + 1, positions, Hkv, D)  # the last slot takes the padding rows of a bucket
         self.kc = [torch.zeros(shape, dtype=self.view.dtype, device=self.device) for _ in range(L)]
