@@ -94,6 +94,13 @@ def bench_shape(model: str, proj: str, N: int, K: int, ms, rank: int = 32, direc
     return rows
 
 
+def with_comparison(rows: list[dict], triton_rows: list[dict]) -> list[dict]:
+    """``rows`` (direct launches on), each with ``triton_host_us``: the same call's host time with every launch
+    through Triton's own path (``triton_rows``, a ``--no-direct`` run of the same shapes and Ms)."""
+    off = {(r["model"], r["proj"], int(r["M"]), r["call"]): float(r["host_us"]) for r in triton_rows}
+    return [{**r, "triton_host_us": off.get((r["model"], r["proj"], int(r["M"]), r["call"]))} for r in rows]
+
+
 def write(rows: list[dict], out: Path, device: str, profile: str = "") -> Path:
     out.mkdir(parents=True, exist_ok=True)
     stem = device.replace(" ", "_")
@@ -111,10 +118,15 @@ def write(rows: list[dict], out: Path, device: str, profile: str = "") -> Path:
              f"(`qerl_kernels.launch`): {'off' if not any(r.get('direct_launches') for r in rows) else 'on'}; "
              f"results equal to Triton's own launches in {sum(bool(r.get('same_result', True)) for r in rows)} / "
              f"{len(rows)} rows.", "",
-             "| model | proj | N | K | M | call | path | host µs | cuBLAS host µs |", "|---|---|---|---|---|---|---|---|---|"]
+             "`Triton path µs`: the same call with every launch through Triton's own `kernel[grid](...)` (`--no-direct`, "
+             "measured in the same run); `cuBLAS µs`: what a bf16 layer's calls cost (`F.linear`; with LoRA the "
+             "engine's dense projection, three calls).", "",
+             "| model | proj | N | K | M | call | path | host µs | Triton path µs | cuBLAS µs |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        tri = r.get("triton_host_us")
         lines.append(f"| {r['model']} | {r['proj']} | {r['N']} | {r['K']} | {r['M']} | {r['call']} | {r['path']} | "
-                     f"{r['host_us']} | {r['cublas_host_us']} |")
+                     f"{r['host_us']} | {'' if tri is None else tri} | {r['cublas_host_us']} |")
     if profile:
         lines += ["", "## Where the slowest call's host time goes (cProfile, own time first)", "", "```", profile.strip(),
                   "```"]
@@ -136,7 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ms", nargs="+", type=int, default=list(MS), help="token counts M")
     p.add_argument("--no-profile", action="store_true", help="leave the cProfile of the slowest call out")
     p.add_argument("--no-direct", action="store_true",
-                   help="every launch through Triton's own path (qerl_kernels.launch.DIRECT off): the comparison")
+                   help="only the run with every launch through Triton's own path (qerl_kernels.launch.DIRECT off)")
+    p.add_argument("--no-compare", action="store_true",
+                   help="skip the comparison run through Triton's own path (default: both, the comparison first)")
     return p
 
 
@@ -150,7 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     for model in a.models:
         for proj, (N, K) in projections(model).items():
             if proj in a.projs:
-                rows += bench_shape(model, proj, N, K, a.ms, direct=not a.no_direct)
+                if a.no_direct or a.no_compare:
+                    rows += bench_shape(model, proj, N, K, a.ms, direct=not a.no_direct)
+                else:  # Triton's own path first (its compiles warm both), then the direct launches
+                    off = bench_shape(model, proj, N, K, a.ms, direct=False)
+                    rows += with_comparison(bench_shape(model, proj, N, K, a.ms, direct=True), off)
                 print(f"{model} {proj}: " + ", ".join(f"{r['call']}@{r['M']} {r['host_us']}" for r in rows[-4 * len(a.ms):]),
                       flush=True)
     profile = ""

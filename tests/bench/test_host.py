@@ -23,3 +23,12 @@ def test_report_counts_rows_meeting_the_target_and_names_the_slowest(tmp_path):
 def test_parser_knows_the_small_shapes():
     a = host.build_parser().parse_args(["--models", "0.5B", "1.5B", "--ms", "1", "64"])
     assert a.models == ["0.5B", "1.5B"] and a.ms == [1, 64]
+
+
+def test_comparison_rows_carry_the_triton_path_time_of_the_same_call(tmp_path):
+    on = [_row("fwd", 1, 60.0), _row("fwd_lora", 1, 90.0)]
+    off = [{**_row("fwd", 1, 95.0), "M": "1"}, _row("fwd_lora", 1, 140.0)]
+    rows = host.with_comparison(on, off)
+    assert [r["triton_host_us"] for r in rows] == [95.0, 140.0]
+    text = host.write(rows, tmp_path, "dev").read_text()
+    assert "| 0.5B | qkv | 1152 | 896 | 1 | fwd | mmv | 60.0 | 95.0 | 14.0 |" in text
