@@ -130,7 +130,7 @@ def test_engine_ranks_are_the_ranks_the_rollout_engine_calls_each_projection_wit
     assert tune._rank(ranks, *p["qkv"]) == 128 and tune._rank(32, 1, 1) == 32 and tune._rank({}, 5, 5) == 0
 
 
-@pytest.mark.parametrize("model", ["0.5B", "1.5B"])
+@pytest.mark.parametrize("model", ["0.5B", "1.5B", "3B"])
 def test_the_h100_table_has_the_small_models_decode_sizes(model):
     """The small models people start with are tuned (issue 45): every fused projection at the decode buckets the
     GRPO rollouts of 8 x 8 sequences pass through, each entry a config of a path that exists."""
