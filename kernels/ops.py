@@ -58,30 +58,49 @@ DQ_ROWS = 64  # above this many rows the untuned choice is dequantize-windows + 
 DQ_CHUNK = 1 << 25  # weights per dequantized window (64 MiB of bf16 scratch)
 
 
-WGMMA_ROWS = (16, 128)  # forward M in (16, 128]: the warpgroup-MMA kernel (nvfp4_wgmma) when K % 128 == 0
+WGMMA_ROWS = (0, 128)  # forward M in (0, 128]: the warpgroup-MMA kernel (nvfp4_wgmma) when K % 128 == 0 (untuned shapes)
+WGMMA_TUNED_ROWS = (16, 128)  # the M range whose tuned WGMMA entries also serve neighbouring M buckets (tuned_entry)
+HEURISTIC = "v2"  # "v1": the untuned configs before 2026-11-26 (MMV at M <= 16; comparisons and experiments)
 
 
 def wgmma_heuristic(M: int, N: int, K: int, sms: int) -> dict:
-    """Untuned config of :mod:`qerl_kernels.nvfp4_wgmma` (the H100 search,
-    NVIDIA_H100_80GB_HBM3_tune_wgmma.csv [ea84b65]: pre-permuted activations won every key, also at
-    BT = 32): one warpgroup, BT = 32 activation rows up to M = 32, else 64; 3 ring stages; K split so
-    that ~3 programs per SM run."""
-    bt = 32 if M <= 32 else 64
-    tiles = -(-N // 64) * -(-M // bt)
-    split = max(1, min(K // 256, round(3 * sms / tiles)))
-    return dict(WGMMA=1, WG=1, BT=bt, NS=3, SPLIT=split, XG=0)
+    """Untuned config of :mod:`qerl_kernels.nvfp4_wgmma`, read off the H100 search of 12 small-model shapes
+    (Qwen2.5 0.5B / 1.5B / 3B, N·K 0.8–45 M weights, every candidate with the engine's LoRA on the call, 2026-11-26,
+    reports/kernels "Small models"): one warpgroup; BT = 8 activation rows up to M = 8, 16 up to 32, 32 up to 64 (64
+    where the weight has >= 128 row tiles of 64, and above M = 64); activations staged by the kernel itself (``XS``: no
+    pre-pass launch) up to M = 8, and up to 64 while fewer than 128 row tiles share the work; K split so that ~2.5
+    programs per SM run (at most K/256 steps). ``HEURISTIC = "v1"``: the older rule (BT 32 / 64, 3 programs per SM,
+    the pre-pass)."""
+    if HEURISTIC == "v1":
+        bt = 32 if M <= 32 else 64
+        tiles = -(-N // 64) * -(-M // bt)
+        split = max(1, min(K // 256, round(3 * sms / tiles)))
+        return dict(WGMMA=1, WG=1, BT=bt, NS=3, SPLIT=split, XG=0)
+    rows = -(-N // 64)
+    bt = 8 if M <= 8 else 16 if M <= 32 else (32 if M <= 64 and rows < 128 else 64)
+    tiles = rows * -(-M // bt)
+    split = max(1, min(K // 256, round(2.5 * sms / tiles)))
+    cfg = dict(WGMMA=1, WG=1, BT=bt, NS=2 if M <= 64 else 3, SPLIT=split, XG=0)
+    if M <= 8 or (M <= 64 and rows < 128):
+        cfg["XS"] = 1
+    return cfg
 
 
 def heuristic(kind: str, M: int, N: int, K: int, sms: int, dq: bool = True, wgmma: bool = True) -> dict:
-    """Config when no tuned entry exists. Forward M in ``WGMMA_ROWS`` with K % 128 == 0: the
-    warpgroup-MMA kernel (:func:`wgmma_heuristic`; ``wgmma=False``: never). Above ``DQ_ROWS`` rows: ``DQ`` (dequantize windows of at
-    most ``CHUNK`` weights, cuBLAS on each: :mod:`qerl_kernels.nvfp4_dequant`). Below: ``MMV`` decode
-    kernel for forward M <= 16, else a tensor-core tile — BM/BN/BK, SPLIT (reduction split over
-    programs so that decode sizes fill the SMs), SWAP (weight tile as the MMA's A operand: needed for
-    wgmma tiles, BM > 32), warps, stages. ``kind`` is 'fwd' or 'bwd' (bwd tiles dX over (M, K) and
-    loops over N). ``dq=False``: never ``DQ`` (the Triton-only choice)."""
-    if kind == "fwd" and wgmma and WGMMA_ROWS[0] < M <= WGMMA_ROWS[1] and K % 128 == 0:
-        return wgmma_heuristic(M, N, K, sms)
+    """Config when no tuned entry exists. Forward M <= 128 with K % 128 == 0: the warpgroup-MMA kernel
+    (:func:`wgmma_heuristic`; ``wgmma=False``: never), carrying at M <= 16 the single-launch decode kernel's config
+    as ``EAGER`` for calls launched one by one (:func:`launch_mode`; ``HEURISTIC = "v1"``: the kernel only for M
+    17–128). Above ``DQ_ROWS`` rows: ``DQ`` (dequantize windows of at most ``CHUNK`` weights, cuBLAS on each:
+    :mod:`qerl_kernels.nvfp4_dequant`). Below: ``MMV`` decode kernel for forward M <= 16, else a tensor-core tile —
+    BM/BN/BK, SPLIT (reduction split over programs so that decode sizes fill the SMs), SWAP (weight tile as the MMA's
+    A operand: needed for wgmma tiles, BM > 32), warps, stages. ``kind`` is 'fwd' or 'bwd' (bwd tiles dX over (M, K)
+    and loops over N). ``dq=False``: never ``DQ`` (the Triton-only choice)."""
+    low = WGMMA_TUNED_ROWS[0] if HEURISTIC == "v1" else WGMMA_ROWS[0]
+    if kind == "fwd" and wgmma and low < M <= WGMMA_ROWS[1] and K % 128 == 0:
+        cfg = wgmma_heuristic(M, N, K, sms)
+        if M <= 16:
+            cfg["EAGER"] = heuristic(kind, M, N, K, sms, dq, wgmma=False)
+        return cfg
     if dq and M > DQ_ROWS:  # compute-bound: dequantize windows of W at ~copy bandwidth, multiply with cuBLAS
         return dict(DQ=1, CHUNK=DQ_CHUNK)
     if kind == "fwd" and M <= 16 and K % 32 == 0:  # register-fragment tensor-core decode kernel
@@ -120,8 +139,8 @@ def tuned_entry(device_name: str, kind: str, M: int, N: int, K: int) -> dict | N
     if hit is None:
         def suits(cfg: dict) -> bool:
             return not ((cfg.get("MMV") or cfg.get("GEMV")) and M > 32) and not (cfg.get("DQ") and M < 64) \
-                and not (cfg.get("WGMMA") and not (WGMMA_ROWS[0] < M <= 2 * WGMMA_ROWS[1] or
-                                                   (M > WGMMA_ROWS[1] and cfg.get("BT", 0) >= 128)))
+                and not (cfg.get("WGMMA") and not (WGMMA_TUNED_ROWS[0] < M <= 2 * WGMMA_TUNED_ROWS[1] or
+                                                   (M > WGMMA_TUNED_ROWS[1] and cfg.get("BT", 0) >= 128)))
 
         have = {b: c for b in M_BUCKETS if (c := table.get(f"{kind}:{b}:{N}:{K}")) is not None and suits(c)}
         if have:
@@ -143,6 +162,8 @@ def config_for(kind: str, M: int, N: int, K: int, device: torch.device) -> dict:
         return forced
     hit = tuned_entry(_device_name(device.index or 0), kind, M, N, K)
     cfg = dict(hit) if hit else heuristic(kind, M, N, K, _sm_count(device.index or 0))
+    if cfg.get("WGMMA") and M <= 16 and "EAGER" not in cfg:  # eager calls at decode sizes: one launch (launch_mode)
+        cfg["EAGER"] = heuristic(kind, M, N, K, _sm_count(device.index or 0), wgmma=False)
     return {**cfg, **forced}
 
 

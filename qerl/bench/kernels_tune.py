@@ -309,7 +309,7 @@ def _current(paths: str, device: str, kind: str, M: int, N: int, K: int, sms: in
     """The config in use now, which the restricted searches time against: ``decode`` — the tuned entry,
     else the heuristic; ``dq`` — the tuned Triton entry, else the Triton-only heuristic."""
     if paths in ("decode", "wgmma", "streamk", "ws"):
-        cur = ops.tuned_entry(device, kind, M, N, K) or ops.heuristic(kind, M, N, K, sms, wgmma=False)
+        cur = ops.tuned_entry(device, kind, M, N, K) or ops.heuristic(kind, M, N, K, sms)
         cur.pop("EAGER", None)  # the graph-mode config (keep_eager carries EAGER over)
         return cur
     if paths == "dq":

@@ -56,13 +56,18 @@ QWEN25 = {"3B": Shape(2048, 11008, 36, 16, 2, 128, 151936, tied=True),  # the pa
 #: stand-ins take them too (``config.json`` of Qwen2.5-0.5B-Instruct / Qwen2.5-1.5B-Instruct)
 QWEN25_SMALL = {"0.5B": Shape(896, 4864, 24, 14, 2, 64, 151936, tied=True),
                 "1.5B": Shape(1536, 8960, 28, 12, 2, 128, 151936, tied=True)}
-#: every named size, smallest first (benchmarks and the kernel tuner; look one up with :func:`named`)
-SHAPES = {**QWEN25_SMALL, **QWEN25}
+#: shapes of other model families, for measuring the kernels where no tuned entry exists (Llama 3.2 1B / 3B and
+#: Llama 3.1 8B ``config.json`` sizes; the random stand-ins build them as Qwen2 models of those sizes)
+OTHER = {"llama-1B": Shape(2048, 8192, 16, 32, 8, 64, 128256, tied=True),
+         "llama-3B": Shape(3072, 8192, 28, 24, 8, 128, 128256, tied=True),
+         "llama-8B": Shape(4096, 14336, 32, 32, 8, 128, 128256)}
+#: every named size (benchmarks and the kernel tuner; look one up with :func:`named`)
+SHAPES = {**QWEN25_SMALL, **QWEN25, **OTHER}
 
 
 def named(model: str) -> Shape:
     """The shape called ``model`` ("0.5B" … "32B"), read from :data:`QWEN25` / :data:`QWEN25_SMALL` at call time."""
-    return QWEN25[model] if model in QWEN25 else QWEN25_SMALL[model]
+    return QWEN25[model] if model in QWEN25 else QWEN25_SMALL.get(model) or OTHER[model]
 
 
 def projections(model: str) -> dict[str, tuple[int, int]]:

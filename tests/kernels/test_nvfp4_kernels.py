@@ -92,16 +92,29 @@ def test_heuristic_configs_fill_the_gpu():
     from qerl_kernels.ops import heuristic, m_bucket
 
     assert [m_bucket(m) for m in (1, 3, 16, 17, 9000)] == [1, 4, 16, 32, 8192]
-    cfg = heuristic("fwd", 1, 3584, 3584, 132)  # decode: register-fragment kernel, K split over programs
-    assert cfg["MMV"] == 1 and cfg["BM"] == 8 and cfg["SPLIT"] > 1
-    assert heuristic("fwd", 16, 3584, 3584, 132)["BM"] == 16
+    # decode sizes: the warpgroup-MMA kernel, activations staged by the kernel (no pre-pass), K split over programs;
+    # for eager calls the single-launch register-fragment kernel (EAGER)
+    cfg = heuristic("fwd", 1, 3584, 3584, 132)
+    assert cfg["WGMMA"] == 1 and cfg["BT"] == 8 and cfg["XS"] == 1 and cfg["SPLIT"] > 1
+    assert cfg["EAGER"]["MMV"] == 1 and cfg["EAGER"]["BM"] == 8 and cfg["EAGER"]["SPLIT"] > 1
+    assert heuristic("fwd", 16, 3584, 3584, 132)["EAGER"]["BM"] == 16
+    assert heuristic("fwd", 16, 3584, 3584, 132, wgmma=False)["MMV"] == 1  # (fp16, interpreter: no Gluon)
+    # a tiny shape (0.5B q/k/v: 18 row tiles) splits K to fill the SMs, at most K / 256 ways
+    assert heuristic("fwd", 8, 1152, 896, 132)["SPLIT"] == 3
+    ops.HEURISTIC = "v1"  # the older rule: MMV at M <= 16, the pre-pass and BT 32 / 64 at M 17..128
+    try:
+        assert heuristic("fwd", 1, 3584, 3584, 132)["MMV"] == 1
+        assert heuristic("fwd", 64, 3584, 3584, 132)["BT"] == 64 and "XS" not in heuristic("fwd", 64, 3584, 3584, 132)
+    finally:
+        ops.HEURISTIC = "v2"
     assert "MMV" not in heuristic("fwd", 16, 3584, 3600, 132)  # K % 32 != 0: tensor-core tiles
     cfg = heuristic("bwd", 1, 3584, 3584, 132)
     assert cfg["BM"] == 16 and cfg["SPLIT"] > 1
-    cfg = heuristic("fwd", 64, 3584, 3584, 132)  # M 17..128, K % 128 == 0: warpgroup MMA, pre-permuted rows
-    assert cfg["WGMMA"] == 1 and cfg["BT"] == 64 and cfg["XG"] == 0 and cfg["SPLIT"] > 1
-    cfg = heuristic("fwd", 32, 37888, 3584, 132)
-    assert cfg["WGMMA"] == 1 and cfg["BT"] == 32 and cfg["SPLIT"] == 1
+    cfg = heuristic("fwd", 64, 3584, 3584, 132)  # M 17..64, K % 128 == 0, < 128 row tiles: staged in the kernel
+    assert cfg["WGMMA"] == 1 and cfg["BT"] == 32 and cfg["XS"] == 1 and cfg["SPLIT"] > 1 and "EAGER" not in cfg
+    cfg = heuristic("fwd", 32, 37888, 3584, 132)  # many row tiles: the pre-pass, no split
+    assert cfg["WGMMA"] == 1 and cfg["BT"] == 16 and "XS" not in cfg and cfg["SPLIT"] == 1
+    assert heuristic("fwd", 128, 3584, 3584, 132)["BT"] == 64
     assert "WGMMA" not in heuristic("fwd", 64, 3584, 3600, 132)  # K % 128 != 0: tensor-core tiles
     assert heuristic("fwd", 64, 3584, 3584, 132, wgmma=False)["BM"] == 64  # tile up to DQ_ROWS
     assert heuristic("fwd", 4096, 3584, 3584, 132) == {"DQ": 1, "CHUNK": ops.DQ_CHUNK}  # above: dequantize + cuBLAS

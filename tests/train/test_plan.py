@@ -152,6 +152,7 @@ def test_estimates_within_15_percent_of_the_measured_peaks():
     from pathlib import Path
 
     from qerl.bench.step import BASE
+    from qerl.models.shapes import named
 
     files = sorted((Path(__file__).parents[2] / "reports" / "step").glob("*.csv"))
     assert files, "reports/step has no benchmark CSV"
@@ -160,7 +161,7 @@ def test_estimates_within_15_percent_of_the_measured_peaks():
         for r in csv.DictReader(open(f)):
             if r["status"] != "ok":
                 continue
-            est = plan.estimate(plan.QWEN25[r["model"]], BASE[r["method"]], int(r["batch"]), int(r["prompt_len"]),
+            est = plan.estimate(named(r["model"]), BASE[r["method"]], int(r["batch"]), int(r["prompt_len"]),
                                 int(r["gen_len"]), int(r["micro_batch"]), 32, r["checkpointing"] == "True",
                                 eight_bit="8bit" in r["optimizer"], release_cache=r.get("engine_cache") != "kept",
                                 full=r["method"] == "full", offload=r.get("optimizer_states") == "parked",
