@@ -85,7 +85,7 @@ def test_a_kill_at_each_instant_of_the_checkpoint_swap_loses_nothing(point, warm
 
 
 def test_second_writer_refused_at_once_and_ctrl_c_says_what_is_intact(warm_model, tmp_path):
-    cfg = config(tmp_path, warm_model, "run", steps=200)
+    cfg = config(tmp_path, warm_model, "run", steps=100_000)  # interrupted long before (200 could finish)
     out = tmp_path / "run"
     first = qerl("train", "--config", cfg, "--no-progress", popen=True)
     lock = tmp_path / ".run.lock"
