@@ -58,7 +58,7 @@ DQ_ROWS = 64  # above this many rows the untuned choice is dequantize-windows + 
 DQ_CHUNK = 1 << 25  # weights per dequantized window (64 MiB of bf16 scratch)
 
 
-WGMMA_ROWS = (0, 128)  # forward M in (0, 128]: the warpgroup-MMA kernel (nvfp4_wgmma) when K % 128 == 0 (untuned shapes)
+WGMMA_ROWS = (0, 128)  # untuned forward M in (0, 128]: the warpgroup-MMA kernel (nvfp4_wgmma) when K % 128 == 0
 WGMMA_TUNED_ROWS = (16, 128)  # the M range whose tuned WGMMA entries also serve neighbouring M buckets (tuned_entry)
 HEURISTIC = "v2"  # "v1": the untuned configs before 2026-11-26 (MMV at M <= 16; comparisons and experiments)
 

@@ -90,7 +90,8 @@ def bench_shape(model: str, proj: str, N: int, K: int, ms, rank: int = 32, direc
                 got = ours()
                 rows.append({"model": model, "proj": proj, "N": N, "K": K, "M": M, "call": call, "path": path,
                              "host_us": round(us, 1), "cublas_host_us": round(ref, 1), "meets": us <= TARGET_US,
-                             "direct_launches": launch._STATS["direct"] - before, "same_result": torch.equal(got, want)})
+                             "direct_launches": launch._STATS["direct"] - before,
+                             "same_result": torch.equal(got, want)})
     return rows
 
 
@@ -118,8 +119,9 @@ def write(rows: list[dict], out: Path, device: str, profile: str = "") -> Path:
              f"(`qerl_kernels.launch`): {'off' if not any(r.get('direct_launches') for r in rows) else 'on'}; "
              f"results equal to Triton's own launches in {sum(bool(r.get('same_result', True)) for r in rows)} / "
              f"{len(rows)} rows.", "",
-             "`Triton path µs`: the same call with every launch through Triton's own `kernel[grid](...)` (`--no-direct`, "
-             "measured in the same run); `cuBLAS µs`: what a bf16 layer's calls cost (`F.linear`; with LoRA the "
+             "`Triton path µs`: the same call with every launch through Triton's own `kernel[grid](...)` "
+             "(`--no-direct`, measured in the same run); `cuBLAS µs`: what a bf16 layer's calls cost (`F.linear`; "
+             "with LoRA the "
              "engine's dense projection, three calls).", "",
              "| model | proj | N | K | M | call | path | host µs | Triton path µs | cuBLAS µs |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -128,8 +130,8 @@ def write(rows: list[dict], out: Path, device: str, profile: str = "") -> Path:
         lines.append(f"| {r['model']} | {r['proj']} | {r['N']} | {r['K']} | {r['M']} | {r['call']} | {r['path']} | "
                      f"{r['host_us']} | {'' if tri is None else tri} | {r['cublas_host_us']} |")
     if profile:
-        lines += ["", "## Where the slowest call's host time goes (cProfile, own time first)", "", "```", profile.strip(),
-                  "```"]
+        lines += ["", "## Where the slowest call's host time goes (cProfile, own time first)", "", "```",
+                  profile.strip(), "```"]
     path = out / f"{stem}.md"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -169,8 +171,8 @@ def main(argv: list[str] | None = None) -> int:
                 else:  # Triton's own path first (its compiles warm both), then the direct launches
                     off = bench_shape(model, proj, N, K, a.ms, direct=False)
                     rows += with_comparison(bench_shape(model, proj, N, K, a.ms, direct=True), off)
-                print(f"{model} {proj}: " + ", ".join(f"{r['call']}@{r['M']} {r['host_us']}" for r in rows[-4 * len(a.ms):]),
-                      flush=True)
+                done = ", ".join(f"{r['call']}@{r['M']} {r['host_us']}" for r in rows[-4 * len(a.ms):])
+                print(f"{model} {proj}: {done}", flush=True)
     profile = ""
     if not a.no_profile:
         from qerl.quant import nvfp4
