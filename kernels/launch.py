@@ -18,8 +18,11 @@ direct path off (the checks compare both).
 """
 from __future__ import annotations
 
+import threading
+
 DIRECT = [True]  # direct launches on (tests and experiments turn it off)
-_SCOPE = [None, 0]  # the current call's key (ops._launch; None outside) and its launches so far
+_TLS = threading.local()  # per thread (autograd runs CUDA backward on its own thread): .key (the current call's scope,
+# None outside), .n (its launches so far)
 _HITS: dict = {}  # (scope, launch ordinal) -> (kernel, number of positional args, compiled kernel, constexpr values)
 _MAX = 8192  # remembered launches before the memo is cleared (training Ms vary per micro-batch)
 _STATS = {"direct": 0, "triton": 0}
@@ -28,14 +31,14 @@ _STATS = {"direct": 0, "triton": 0}
 def scope(key) -> tuple:
     """Enter the scope ``key`` (None: no scope); returns the previous state for :func:`restore`. A scope's launches
     are told apart by their order: the code path of one call is a function of its key (the contract)."""
-    prev = (_SCOPE[0], _SCOPE[1])
-    _SCOPE[0], _SCOPE[1] = key, 0
+    prev = (getattr(_TLS, "key", None), getattr(_TLS, "n", 0))
+    _TLS.key, _TLS.n = key, 0
     return prev
 
 
 def restore(prev: tuple) -> None:
     """Leave the current scope for the one :func:`scope` returned."""
-    _SCOPE[0], _SCOPE[1] = prev
+    _TLS.key, _TLS.n = prev
 
 
 def clear() -> None:
@@ -68,10 +71,10 @@ def run(kernel, grid, args: tuple, kw: dict):
     """``kernel[grid](*args, **kw)``; inside a scope, the compiled kernel's launcher directly when this scope
     launched ``kernel`` before (see module docstring) and no launch hook is installed (hooks — profilers — get
     Triton's own path, which calls them). ``grid`` is a 1-3 tuple."""
-    key = _SCOPE[0]
+    key = getattr(_TLS, "key", None)
     if key is not None:
-        key = (key, _SCOPE[1])
-        _SCOPE[1] += 1
+        key = (key, _TLS.n)
+        _TLS.n += 1
         if DIRECT[0]:
             hit = _HITS.get(key)
             if hit is not None and hit[0] is kernel and hit[1] == len(args):

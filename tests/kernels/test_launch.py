@@ -130,3 +130,17 @@ def test_an_installed_launch_hook_gets_tritons_path(fake):
     finally:
         knobs.runtime.launch_enter_hook.remove(hook)
     assert len(k.triton_calls) == 2 and len(c.runs) == 1
+
+
+def test_scopes_are_per_thread(fake):
+    """A scope opened on one thread (the trainer's) is not the scope of another (autograd's CUDA backward thread)."""
+    import threading
+
+    k, c = fake
+    seen = []
+    prev = launch.scope("main")
+    t = threading.Thread(target=lambda: seen.append(launch._TLS.__dict__.get("key")))
+    t.start()
+    t.join()
+    launch.restore(prev)
+    assert seen == [None] and getattr(launch._TLS, "key", None) is None
