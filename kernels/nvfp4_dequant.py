@@ -25,6 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from qerl_kernels.launch import _no_hooks
 from qerl_kernels.nvfp4_matmul import _e4m3_to_f32
 
 
@@ -121,8 +122,6 @@ def _launch_compiled(kernel, grid, device, args) -> bool:
     cache lookup. False (and the direct path off) when this Triton's API differs."""
     import torch
     from triton import knobs
-
-    from qerl_kernels.launch import _no_hooks
 
     try:
         stream = torch.cuda.current_stream(device).cuda_stream

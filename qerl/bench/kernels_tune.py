@@ -340,10 +340,10 @@ def engine_ranks(model: str, r: int = 32) -> dict:
     seven: q/k/v fused (3r) and gate/up fused (2r), each zero-padded to a power of two >= 16
     (:class:`qerl.rollout.engine.model_view.Proj`); o and down at r."""
     from qerl.models.shapes import projections
+    from qerl.rollout.engine.model_view import padded_rank
 
-    pad = lambda n: max(16, 1 << (n - 1).bit_length())  # noqa: E731
     parts = {"qkv": 3, "o": 1, "gate_up": 2, "down": 1}
-    return {nk: pad(parts[name] * r) for name, nk in projections(model).items()}
+    return {nk: padded_rank(parts[name] * r) for name, nk in projections(model).items()}
 
 
 def _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers, lora=0) -> Path:

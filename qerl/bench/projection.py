@@ -101,9 +101,8 @@ def bench_to_train() -> float:
 
 
 def linear_weights(s: Shape) -> int:
-    """Weights of the linear layers a token passes through: the seven projections of every layer and lm_head."""
-    per_layer = sum(k * n for k, n in s.projections().values())
-    return s.layers * per_layer + s.vocab * s.hidden
+    """Weights of the linear layers a token passes through: :meth:`Shape.linear_weights`."""
+    return s.linear_weights()
 
 
 def update_flops(s: Shape, tokens: int, updates: int, checkpointing: bool = True, full: bool = False,

@@ -32,6 +32,10 @@ class Shape:
                    g("num_key_value_heads") or heads, g("head_dim") or g("hidden_size") // heads, g("vocab_size"),
                    bool(g("tie_word_embeddings", False)), _bf16_layers(g("quantization_config"), layers))
 
+    def linear_weights(self) -> int:
+        """Weights of the linear layers a token passes through: the seven projections of every layer and lm_head."""
+        return self.layers * sum(k * n for k, n in self.projections().values()) + self.vocab * self.hidden
+
     def projections(self) -> dict[str, tuple[int, int]]:
         """(K, N) of the seven projections of one layer."""
         H, I, q, kv = self.hidden, self.intermediate, self.heads * self.head_dim, self.kv_heads * self.head_dim

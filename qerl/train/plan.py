@@ -261,8 +261,13 @@ def host_bound(s: Shape, micro: int, seq_len: int) -> bool:
     """Whether a micro-batch of ``micro`` sequences of ``seq_len`` tokens is host-bound on a model of shape ``s``: its
     forward + backward arithmetic (``4 x linear weights x tokens`` at :data:`UPDATE_TFLOPS`) takes less than its host
     time (:data:`HOST_S_PER_LAYER` per decoder layer)."""
-    weights = s.layers * sum(k * n for k, n in s.projections().values()) + s.vocab * s.hidden
-    return 4.0 * weights * micro * seq_len / (UPDATE_TFLOPS * 1e12) < HOST_S_PER_LAYER * s.layers
+    return 4.0 * s.linear_weights() * micro * seq_len / (UPDATE_TFLOPS * 1e12) < HOST_S_PER_LAYER * s.layers
+
+
+def half_group_cap(s: Shape, group: int, gen_len: int) -> bool:
+    """Whether micro-batch auto caps a micro-batch at half a GRPO ``group`` (:func:`auto_micro_batch`): groups of at
+    least ``2 x MIN_MICRO_DENSE`` whose half-group micro-batch is not :func:`host_bound`."""
+    return group >= 2 * MIN_MICRO_DENSE and not host_bound(s, group // 2, PROMPT_TOKENS + gen_len)
 
 
 def auto_micro_batch(s: Shape, base: str, rows: int, gen_len: int, rank: int = 32, eight_bit: bool = True,
@@ -284,8 +289,7 @@ def auto_micro_batch(s: Shape, base: str, rows: int, gen_len: int, rank: int = 3
     (smaller caps would go below the 4 sequences an NVFP4 update wants, :data:`MIN_MICRO_DENSE`) — unless the capped
     micro-batch is host-bound (:func:`host_bound`: small models), where the largest that fits is fastest."""
     budget = 0.9 * (device_bytes() if available is None else available)
-    capped = group >= 2 * MIN_MICRO_DENSE and not host_bound(s, group // 2, PROMPT_TOKENS + gen_len)
-    most = group // 2 if capped else rows
+    most = group // 2 if half_group_cap(s, group, gen_len) else rows
     sizes = sorted({min(rows, most, 1 << i) for i in range(rows.bit_length() + 1)} | {min(rows, most)}, reverse=True)
 
     def fits(m: int, ckpt: bool) -> bool:
@@ -333,12 +337,11 @@ def resolve_micro_batch(cfg, s: Shape, world: int = 1, available: float | None =
     group = cfg.algorithm.group_size
     fk = {"dense": cfg.dense_update is True} if method.lora else {"full": True, "world": world, "sharding": sharding}
     fk["prompts"] = prompts
-    capped = group >= 2 * MIN_MICRO_DENSE and not host_bound(s, group // 2, PROMPT_TOKENS + cfg.rollout.max_new_tokens)
     micro, ckpt = auto_micro_batch(s, method.base, rows, cfg.rollout.max_new_tokens,
                                    cfg.lora.r, eight, cfg.gradient_checkpointing, available, group, **fk)
     said = (f"micro_batch_size auto: {micro} of {rows} sequences per update forward/backward (the largest the "
             f"memory planner fits{' with' if ckpt else ' without'} gradient checkpointing"
-            f"{f', at most half a group of {group}' if capped else ''})")
+            f"{f', at most half a group of {group}' if half_group_cap(s, group, cfg.rollout.max_new_tokens) else ''})")
     if cfg.dense_update == "auto" and method.lora and method.base == "nvfp4" and not ckpt:
         dm, dckpt = auto_micro_batch(s, method.base, rows, cfg.rollout.max_new_tokens, cfg.lora.r, eight, False,
                                      available, group, dense=True, prompts=prompts)

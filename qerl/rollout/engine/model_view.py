@@ -24,6 +24,12 @@ class EngineUnsupported(ValueError):
     """The model (architecture, module type, adapter setup) is not one the engine runs."""
 
 
+def padded_rank(r: int) -> int:
+    """The rank the engine runs a (fused) adapter of total rank ``r`` at: zero-padded to a power of two >= 16 (the
+    kernels' ``tl.dot`` needs R >= 16)."""
+    return max(16, 1 << (r - 1).bit_length())
+
+
 @dataclass
 class Proj:
     """One projection ``y = x · Wᵀ + bias + s · (x · Aᵀ) · Bᵀ``, or several sibling projections fused along N
@@ -62,7 +68,7 @@ class Proj:
             off = lora.disable_adapters or lora.merged
             parts.append((lora.lora_A[name].weight, lora.lora_B[name].weight, float(lora.scaling[name]), off))
         r_sum = sum(p[0].shape[0] for p in parts if p)
-        R = max(16, 1 << (r_sum - 1).bit_length())
+        R = padded_rank(r_sum)
         K = next(p[0].shape[1] for p in parts if p)
         dev = next(p[0].device for p in parts if p)
         N = sum(self.rows)
