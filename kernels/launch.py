@@ -25,7 +25,15 @@ _TLS = threading.local()  # per thread (autograd runs CUDA backward on its own t
 # None outside), .n (its launches so far)
 _HITS: dict = {}  # (scope, launch ordinal) -> (kernel, number of positional args, compiled kernel, constexpr values)
 _MAX = 8192  # remembered launches before the memo is cleared (training Ms vary per micro-batch)
+_MEMO: dict = {}  # (scope, builder) -> what the builder returned (see memo)
 _STATS = {"direct": 0, "triton": 0}
+_TRITON: list = []  # (triton.knobs, the active driver's module-level handle), imported on the first direct launch
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for host-side grid sizes. ``triton.cdiv`` is a JIT-callable: called from Python it unwraps its
+    arguments as constexprs, ~4 µs per call on the H100 machines' CPUs, four of them per launch."""
+    return -(-a // b)
 
 
 def scope(key) -> tuple:
@@ -42,8 +50,25 @@ def restore(prev: tuple) -> None:
 
 
 def clear() -> None:
-    """Forget every remembered launch (e.g. after the tuned tables changed)."""
+    """Forget every remembered launch and memo (e.g. after the tuned tables changed)."""
     _HITS.clear()
+    _MEMO.clear()
+
+
+def memo(build, *args):
+    """``build(*args)``, computed once per scope and remembered: a launcher's static part (grid, constexprs, scratch
+    sizes, the keyword arguments of its launches), which the contract makes a function of the scope key. Outside a
+    scope, or with the direct launches off, computed on every call. The result is shared: treat it as read-only."""
+    key = getattr(_TLS, "key", None)
+    if key is None or not DIRECT[0]:
+        return build(*args)
+    k = (key, build)
+    hit = _MEMO.get(k)
+    if hit is None:
+        if len(_MEMO) >= _MAX:
+            _MEMO.clear()
+        hit = _MEMO[k] = build(*args)
+    return hit
 
 
 def _constexpr_tail(kernel, n_pos: int, kw: dict) -> tuple | None:
@@ -78,12 +103,16 @@ def run(kernel, grid, args: tuple, kw: dict):
         if DIRECT[0]:
             hit = _HITS.get(key)
             if hit is not None and hit[0] is kernel and hit[1] == len(args):
-                from triton import knobs
-                from triton.runtime.driver import driver
+                if not _TRITON:
+                    from triton import knobs
+                    from triton.runtime.driver import driver
 
+                    _TRITON[:] = [knobs, driver]
+                knobs, driver = _TRITON
                 if _no_hooks(knobs):
                     compiled, tail = hit[2], hit[3]
-                    stream = driver.active.get_current_stream(driver.active.get_current_device())
+                    active = driver.active
+                    stream = active.get_current_stream(active.get_current_device())
                     compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
                                  compiled.function, compiled.packed_metadata, None, None, None, *(args + tail))
                     _STATS["direct"] += 1

@@ -25,6 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from qerl_kernels import launch
 from qerl_kernels.launch import _no_hooks
 from qerl_kernels.nvfp4_matmul import _e4m3_to_f32
 
@@ -90,7 +91,7 @@ def dequantize_into(out, packed, scale8, gs, interpret: bool = False, BR: int = 
         raise ValueError("dequantize_into: every tensor needs unit stride along C")
     if R == 0 or C == 0:
         return out
-    grid = (triton.cdiv(R, BR), triton.cdiv(C // 16, BG))
+    grid = (launch.cdiv(R, BR), launch.cdiv(C // 16, BG))
     args = (packed, scale8, gs, out, R, C // 2, packed.stride(0), scale8.stride(0), out.stride(0))
     key = None
     if not interpret and _DIRECT[0]:

@@ -116,7 +116,7 @@ def permute_activations(x, out=None, pdl: bool = False):
     if out is None:
         out = torch.empty((M, K), device=x.device, dtype=x.dtype)
     nblk = K // 128
-    launch.run(_permute_kernel, (M, triton.cdiv(nblk, 8)), (x, out, nblk, x.stride(0), out.stride(0)),
+    launch.run(_permute_kernel, (M, launch.cdiv(nblk, 8)), (x, out, nblk, x.stride(0), out.stride(0)),
                dict(BLOCKS=8, PDL=bool(pdl), num_warps=4))
     return out
 
@@ -558,7 +558,7 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None,
         xp = permute_activations(x)
     out = torch.empty((M, N), device=x.device, dtype=torch.bfloat16)
     RW = 64 * WG * MT
-    tiles = triton.cdiv(N, RW) * triton.cdiv(M, BT)
+    tiles = launch.cdiv(N, RW) * launch.cdiv(M, BT)
     if SK:
         if PIPE:
             raise ValueError("nvfp4_wgmma: SK (stream-K) runs the plain loop, got PIPE=1")

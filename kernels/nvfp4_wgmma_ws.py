@@ -565,6 +565,47 @@ W_TMA_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, ra
 X_TMA_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)  # the wgmma B operand
 
 
+def _ws_static(x, packed, xp, lora_b, has_bias, C, MT, BT, NS, SPLIT, OCC, SK, TMA, DB, KS, pdl, xwait) -> tuple:
+    """:func:`nvfp4_ws_matmul`'s static part (per scope, :func:`qerl_kernels.launch.memo`): ``(RW, tiles, grid, P,
+    constexprs, TMA descriptor fields)`` — the descriptors' fields but their base, validated once by
+    ``TensorDescriptor.from_tensor`` (shape, strides, alignment and dtype are the scope's)."""
+    M, K = x.shape
+    N = packed.shape[0]
+    RW = 64 * MT * (1 if KS else C)
+    tiles = launch.cdiv(N, RW) * launch.cdiv(M, BT)
+    maxnreg, creg, _ = register_split(C, OCC)
+    P = 0
+    if SK:
+        P = min(int(OCC) * _sms(x.device), tiles * (K // 128))
+        grid, SPLIT = (P, 1), 1
+    else:
+        grid = (tiles, max(1, SPLIT))
+    consts = dict(HAS_BIAS=has_bias, USE_SPLIT=SPLIT > 1, C=int(C), MT=int(MT), BT=int(BT), NS=int(NS),
+                  CREGS=creg, R=lora_b.shape[1] if lora_b is not None else 0, PDL=bool(pdl), SK=bool(SK), DB=bool(DB),
+                  KS=bool(KS), XWAIT=bool(xwait),
+                  num_warps=PRODUCER_WARPS, maxnreg=maxnreg, **({"launch_pdl": True} if pdl or xwait else {}))
+    descs = None
+    if TMA:
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        if C not in (1, 2):
+            raise ValueError(f"nvfp4_ws: the TMA producer takes C = 1 or 2 consumer warpgroups, got C={C}")
+        descs = tuple({k: v for k, v in vars(TensorDescriptor.from_tensor(t, block, layout)).items() if k != "base"}
+                      for t, block, layout in ((packed, [RW, 64], W_TMA_LAYOUT), (xp, [BT, 128], X_TMA_LAYOUT)))
+    return RW, tiles, grid, P, consts, descs
+
+
+def _descriptor(t, fields: dict):
+    """A gluon ``TensorDescriptor`` of ``t`` with the validated ``fields`` of :func:`_ws_static` (its constructor's
+    checks cost ~5 µs of host time per descriptor, two per call)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    d = object.__new__(TensorDescriptor)
+    vars(d).update(fields)
+    d.base = t
+    return d
+
+
 def nvfp4_ws_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lora_scale=1.0, *, xp, C=2, MT=1, BT=64,
                     NS=4, SPLIT=1, OCC=1, SK=0, TMA=0, DB=0, KS=0, part=None, lock=None, pdl=False, xwait=False):
     """``y [M, N]`` bf16 with :func:`_nvfp4_ws_kernel` (``TMA``: :func:`_nvfp4_ws_tma_kernel`, C = 1 | 2; ``DB``,
@@ -579,36 +620,23 @@ def nvfp4_ws_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lo
     caller's)."""
     M, K = x.shape
     N = packed.shape[0]
-    RW = 64 * MT * (1 if KS else C)
-    tiles = triton.cdiv(N, RW) * triton.cdiv(M, BT)
-    maxnreg, creg, _ = register_split(C, OCC)
+    RW, tiles, grid, P, consts, descs = launch.memo(_ws_static, x, packed, xp, lora_b, bias is not None, C, MT, BT, NS,
+                                                    SPLIT, OCC, SK, TMA, DB, KS, pdl, xwait)
     out = torch.empty((M, N), device=x.device, dtype=torch.bfloat16)
     if SK:
-        P = min(int(OCC) * _sms(x.device), tiles * (K // 128))
-        grid, SPLIT = (P, 1), 1
+        SPLIT = 1
         if part is None or part.numel() < 2 * P * RW * BT:
             part = torch.empty(2 * P * RW * BT, device=x.device, dtype=torch.float32)
-    else:
-        grid = (tiles, max(1, SPLIT))
-        if SPLIT > 1 and part is None:
-            part = torch.empty(SPLIT * M * N, device=x.device, dtype=torch.float32)
-        elif SPLIT <= 1:
-            part = out
+    elif SPLIT > 1 and part is None:
+        part = torch.empty(SPLIT * M * N, device=x.device, dtype=torch.float32)
+    elif SPLIT <= 1:
+        part = out
     if lock is None or lock.numel() < tiles * C:
         lock = torch.zeros(tiles * C, device=x.device, dtype=torch.int32)
     epilogue = (gs, out, bias if bias is not None else out, part, lock)
     lora = (xa if xa is not None else out, lora_b if lora_b is not None else out, float(lora_scale))
-    consts = dict(HAS_BIAS=bias is not None, USE_SPLIT=SPLIT > 1, C=int(C), MT=int(MT), BT=int(BT), NS=int(NS),
-                  CREGS=creg, R=lora_b.shape[1] if lora_b is not None else 0, PDL=bool(pdl), SK=bool(SK), DB=bool(DB),
-                  KS=bool(KS), XWAIT=bool(xwait),
-                  num_warps=PRODUCER_WARPS, maxnreg=maxnreg, **({"launch_pdl": True} if pdl or xwait else {}))
     if TMA:
-        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-        if C not in (1, 2):
-            raise ValueError(f"nvfp4_ws: the TMA producer takes C = 1 or 2 consumer warpgroups, got C={C}")
-        w_desc = TensorDescriptor.from_tensor(packed, [RW, 64], W_TMA_LAYOUT)
-        x_desc = TensorDescriptor.from_tensor(xp, [BT, 128], X_TMA_LAYOUT)
+        w_desc, x_desc = _descriptor(packed, descs[0]), _descriptor(xp, descs[1])
         launch.run(_nvfp4_ws_tma_kernel, grid, (w_desc, x_desc, scale_u8, *epilogue, M, N, K, out.stride(0),
                                                 scale_u8.stride(0), max(1, SPLIT), *lora), consts)
     else:

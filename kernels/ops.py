@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import json
 import math
 import os
+import types
 from pathlib import Path
 
 import torch
@@ -211,6 +212,13 @@ def _locks(device: torch.device) -> torch.Tensor:
     return torch.zeros(_LOCK_SLOTS, dtype=torch.int32, device=device)
 
 
+@functools.lru_cache(maxsize=None)
+def _lock_tail(device: torch.device) -> torch.Tensor:
+    """The last 4 slots of :func:`_locks` (the fused LoRA's ticket, flag and counter; the PDL primary's tickets), one
+    view per device (a slice is ~1 µs of host time per call)."""
+    return _locks(device)[_LOCK_SLOTS - 4:]
+
+
 def why_not(path: str, kind: str, K: int, x2, packed, scale, interpret: bool) -> str | None:
     """Why kernel ``path`` (:func:`path_of`) cannot run on these tensors, or None when it can: the warpgroup-MMA
     and register-fragment kernels are PTX (no interpreter) on bf16 activations (their raw bits feed the MMA) with
@@ -295,22 +303,27 @@ _RESOLVED: dict = {}
 _RESOLVED_MAX = 4096
 
 
-def _resolved_config(kind: str, M: int, N: int, K: int, x2, packed, scale, interpret: bool) -> tuple[dict, tuple]:
-    """``(config, key)``: ``_runnable(config_for(...))``, memoised on ``key`` — everything either reads (shape, dtype,
-    device, the alignments ``_runnable`` checks, ``QERL_KERNEL_CONFIG``, the launch mode): the host-side cost of a
-    decode call is what a token costs in an eager rollout, and a training micro-batch repeats each (M, N, K) for every
-    layer, forward and backward. Training Ms vary per batch: the memo is cleared past ``_RESOLVED_MAX`` keys. The
-    config is a fresh copy (callers pop keys)."""
-    if len(_RESOLVED) > _RESOLVED_MAX:
-        _RESOLVED.clear()
+def _resolved(kind: str, x2, packed, scale, n_out: int, extra: tuple, r: int, interpret: bool, lora_a) -> tuple:
+    """``(scope, config, LoRA route, path)`` of a call, memoised on ``scope`` — everything that decides its launches:
+    shape, dtype, device, the alignments ``_runnable`` checks, ``QERL_KERNEL_CONFIG``, the launch mode, the optional
+    tensors (:func:`_sig`), the rank and the experiment knobs. ``scope`` is also the call's
+    :func:`qerl_kernels.launch.scope`. The host-side cost of a decode call is what a token costs in an eager rollout,
+    and a training micro-batch repeats each (M, N, K) for every layer, forward and backward. Training Ms vary per
+    batch: the memo is cleared past ``_RESOLVED_MAX`` keys. The config is shared and read-only."""
+    M, N, K = x2.shape[0], packed.shape[0], packed.shape[1] * 2
     key = (kind, M, N, K, x2.dtype, x2.device, interpret, packed.data_ptr() % 16, packed.stride(0) % 16,
            x2.data_ptr() % 16, x2.stride(0), scale.data_ptr() % 4, scale.stride(0) % 4,
-           os.environ.get("QERL_KERNEL_CONFIG"), _MODE[0])
-    cfg = _RESOLVED.get(key)
-    if cfg is None:
-        cfg = _RESOLVED[key] = _runnable(kind, _for_launch_mode(config_for(kind, M, N, K, x2.device)), M, K, x2,
-                                         packed, scale, interpret)
-    return dict(cfg), key
+           os.environ.get("QERL_KERNEL_CONFIG"), _MODE[0], n_out, r, tuple(map(_sig, extra)), _sig(lora_a),
+           LORA_LAUNCH, XA_PROGRAMS, XA_QB, XA_STAGES, XA_PDL_AT, XA_PDL_ROWS)
+    hit = _RESOLVED.get(key)
+    if hit is None:
+        if len(_RESOLVED) >= _RESOLVED_MAX:
+            _RESOLVED.clear()
+        cfg = _runnable(kind, _for_launch_mode(config_for(kind, M, N, K, x2.device)), M, K, x2, packed, scale,
+                        interpret)
+        route = lora_route(kind, cfg, M, K, LORA_LAUNCH) if lora_a is not None else "matmul"
+        hit = _RESOLVED[key] = (key, types.MappingProxyType(cfg), route, path_of(kind, cfg))
+    return hit
 
 
 def _sig(t) -> tuple | None:
@@ -411,7 +424,7 @@ def _pdl_primary(x2, lora_a, M: int, K: int, r: int, locks) -> torch.Tensor:
     xa = torch.empty(16 * blocks, r, device=x2.device, dtype=x2.dtype)
     nxp = min(XA_PROGRAMS, -(-K // 128))
     xap = torch.empty(blocks * nxp * 16 * r, device=x2.device, dtype=torch.float32)
-    launch.run(_lora_xa_kernel, (nxp, blocks), (x2, lora_a, xa, xap, locks[_LOCK_SLOTS - 4:], locks, M, K, x2.stride(0),
+    launch.run(_lora_xa_kernel, (nxp, blocks), (x2, lora_a, xa, xap, _lock_tail(locks.device), locks, M, K, x2.stride(0),
                                                 nxp),
                dict(R=r, KB=128, QB=XA_QB, PDL=XA_PDL_AT, STAGES=_xa_stages(K), num_warps=4, num_stages=1))
     return xa
@@ -421,7 +434,7 @@ def _pdl_primary(x2, lora_a, M: int, K: int, r: int, locks) -> torch.Tensor:
 class _Call:
     """One kernel call as the launchers see it: the 2-D operand ``x2`` (activations, or ``dy`` backward), the packed
     weight, its scales, ``extra`` (forward: ``(bias, xa, lora_b)``; backward: ``(dyb, lora_a)``), the resolved
-    ``cfg`` (a copy the launcher may consume) and, forward with ``lora_a``, whether ``xa`` comes from a PDL
+    ``cfg`` (shared by every call of the scope: read-only) and, forward with ``lora_a``, whether ``xa`` comes from a PDL
     primary (``pdl``) or from producer programs of the decode launch (``lora_a`` kept)."""
 
     kind: str
@@ -434,13 +447,18 @@ class _Call:
     lora_scale: float
     r: int
     interpret: bool
-    cfg: dict
+    cfg: types.MappingProxyType
     lora_a: torch.Tensor | None = None
     pdl: bool = False
 
     @property
     def M(self) -> int:
         return self.x2.shape[0]
+
+    @property
+    def s8(self) -> torch.Tensor:
+        """The scales as uint8 (the kernels decode the E4M3 bits themselves; no new view where they are uint8)."""
+        return self.scale if self.scale.dtype == torch.uint8 else self.scale.view(torch.uint8)
 
     @property
     def N(self) -> int:
@@ -467,75 +485,72 @@ def path_of(kind: str, cfg: dict) -> str:
 
 
 def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret, lora_a=None):
-    """One call of the path ``config_for`` picks (:func:`path_of`, one launcher each). ``lora_a`` (forward;
-    ``extra`` = (bias, None, lora_b)): ``xa = x · lora_aᵀ`` as :func:`lora_route` says (inside the decode kernel's
-    launch, from a PDL launch before it, or from one ``x @ lora_a.T`` first)."""
-    M = x2.shape[0]
-    N, K = packed.shape[0], packed.shape[1] * 2
-    cfg, key = _resolved_config(kind, M, N, K, x2, packed, scale, interpret)
-    route = lora_route(kind, cfg, M, K, LORA_LAUNCH) if lora_a is not None else "matmul"
-    # the scope of this call's launches (qerl_kernels.launch): the config's key and everything else its launchers
-    # branch or specialise on — the optional tensors, the rank, the LoRA route and the experiment knobs
-    scope = (key, n_out, r, route, tuple(_sig(t) for t in extra), _sig(lora_a), LORA_LAUNCH, XA_PROGRAMS, XA_QB,
-             XA_STAGES, XA_PDL_AT, XA_PDL_ROWS)
+    """One call of the path ``config_for`` picks (:func:`path_of`, one launcher each), its launches in the call's
+    scope (:mod:`qerl_kernels.launch`). ``lora_a`` (forward; ``extra`` = (bias, None, lora_b)): ``xa = x · lora_aᵀ``
+    as :func:`lora_route` says (inside the decode kernel's launch, from a PDL launch before it, or from one
+    ``x @ lora_a.T`` first)."""
+    scope, cfg, route, path = _resolved(kind, x2, packed, scale, n_out, extra, r, interpret, lora_a)
     if lora_a is not None and route == "matmul":
         extra, lora_a = (extra[0], x2 @ lora_a.T, extra[2]), None
     call = _Call(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret, cfg, lora_a, route == "pdl")
     prev = launch.scope(scope)
     try:
-        return _LAUNCHERS[path_of(kind, cfg)](call)
+        return _LAUNCHERS[path](call)
     finally:
         launch.restore(prev)
+
+
+def _wgmma_static(c: _Call) -> tuple:
+    """:func:`_launch_wgmma`'s static part (per scope): ``(split, stream-K, WS, outside, kernel keywords)``."""
+    cfg = c.cfg
+    split = int(cfg.get("SPLIT", 1))
+    wg, bt = int(cfg.get("C", 2) if cfg.get("WS") else cfg.get("WG", 1)), int(cfg.get("BT", 64))
+    rows = 64 * int(cfg.get("MT", 1)) * (1 if cfg.get("KS") else wg)  # weight rows per program (KS: C share 64·MT)
+    tiles = launch.cdiv(c.N, rows) * launch.cdiv(c.M, bt)
+    if cfg.get("WS"):  # one ticket per consumer sub-tile (KS: consumer 0's)
+        tiles *= wg
+    if tiles > _LOCK_SLOTS - 4:
+        split = 1
+    sk = bool(cfg.get("SK")) and tiles <= _LOCK_SLOTS - 4  # (more tiles than tickets: one program per tile)
+    lb = c.extra[2]
+    if cfg.get("WS"):
+        ns, outside = ws_stages(cfg, lb.shape[1] if lb is not None else 0)
+        kw = dict(C=int(cfg.get("C", 2)), MT=int(cfg.get("MT", 1)), BT=bt, NS=ns, SPLIT=split,
+                  OCC=int(cfg.get("OCC", 1)), SK=int(sk), TMA=int(cfg.get("TMA", 0)), DB=int(cfg.get("DB", 0)),
+                  KS=int(cfg.get("KS", 0)))
+        return split, sk, True, outside, kw
+    kw = {**{k: v for k, v in cfg.items() if k != "SK"}, "SPLIT": split, **({"SK": cfg["SK"]} if sk else {})}
+    return split, sk, False, False, kw
 
 
 def _launch_wgmma(c: _Call) -> torch.Tensor:
     """Warpgroup MMA, decoded weights as the register operand (M 17..128; where tuned: 1..16, 256; ``SK``: the
     stream-K schedule; ``WS``: the warp-specialised kernel, :mod:`qerl_kernels.nvfp4_wgmma_ws`, M 32..512 where
     tuned)."""
-    import triton
+    from qerl_kernels.nvfp4_wgmma import nvfp4_wgmma_matmul, permute_activations
 
-    from qerl_kernels.nvfp4_wgmma import nvfp4_wgmma_matmul
-
-    cfg, (bias, xa, lb) = c.cfg, c.extra
-    split = int(cfg.get("SPLIT", 1))
-    wg, bt = int(cfg.get("C", 2) if cfg.get("WS") else cfg.get("WG", 1)), int(cfg.get("BT", 64))
-    rows = 64 * int(cfg.get("MT", 1)) * (1 if cfg.get("KS") else wg)  # weight rows per program (KS: C share 64·MT)
-    tiles = triton.cdiv(c.N, rows) * triton.cdiv(c.M, bt)
-    if cfg.get("WS"):  # one ticket per consumer sub-tile (KS: consumer 0's)
-        tiles *= wg
-    if tiles > _LOCK_SLOTS - 4:
-        split = 1
+    split, sk, ws, outside, kw = launch.memo(_wgmma_static, c)
+    bias, xa, lb = c.extra
     locks, xperm = _locks(c.x2.device), None
-    if cfg.get("SK") and tiles > _LOCK_SLOTS - 4:  # (more tiles than tickets: one program per tile)
-        cfg = {k: v for k, v in cfg.items() if k != "SK"}
-    if cfg.get("SK"):  # stream-K: the wrapper sizes its partial-tile workspace (2 tiles per program)
-        part = None
-    else:
-        part = torch.empty(split * c.M * c.N if split > 1 else 1, device=c.x2.device, dtype=torch.float32)
+    # stream-K: the wrapper sizes its partial-tile workspace (2 tiles per program); without split-K: none
+    part = torch.empty(split * c.M * c.N, device=c.x2.device, dtype=torch.float32) if split > 1 and not sk else None
     if c.pdl:  # permute first: the PDL primary (xa [16, R]) must be the launch right before the kernel
-        from qerl_kernels.nvfp4_wgmma import permute_activations
-
-        xperm = None if cfg.get("XG") or cfg.get("XS") else permute_activations(c.x2)
+        xperm = None if c.cfg.get("XG") or c.cfg.get("XS") else permute_activations(c.x2)
         xa = _pdl_primary(c.x2, c.lora_a, c.M, c.K, c.r, locks)
-    if cfg.get("WS"):  # the warp-specialised kernel (pre-permuted activations; split-K or stream-K)
-        from qerl_kernels.nvfp4_wgmma import permute_activations
+    if ws:  # the warp-specialised kernel (pre-permuted activations; split-K or stream-K)
         from qerl_kernels.nvfp4_wgmma_ws import nvfp4_ws_matmul
 
-        ns, outside = ws_stages(cfg, lb.shape[1] if lb is not None else 0)
         if outside:  # the LoRA epilogue does not fit beside the ring: the base here, s · xa · lora_bᵀ after
             xa = xa[:c.M]  # (from the PDL primary, which then releases an ordinary launch, or x · lora_aᵀ)
         # without the LoRA primary the permutation is this kernel's PDL primary (its producer waits for it)
-        y = nvfp4_ws_matmul(c.x2, c.packed, c.scale.view(torch.uint8), c.gs, bias, None if outside else xa,
+        y = nvfp4_ws_matmul(c.x2, c.packed, c.s8, c.gs, bias, None if outside else xa,
                             None if outside else lb, c.lora_scale,
                             xp=permute_activations(c.x2, pdl=not c.interpret) if xperm is None else xperm,
-                            xwait=xperm is None and not c.interpret, C=int(cfg.get("C", 2)),
-                            MT=int(cfg.get("MT", 1)), BT=bt, NS=ns, SPLIT=split,
-                            OCC=int(cfg.get("OCC", 1)), SK=int(cfg.get("SK", 0)), TMA=int(cfg.get("TMA", 0)),
-                            DB=int(cfg.get("DB", 0)), KS=int(cfg.get("KS", 0)), part=part, lock=locks,
-                            pdl=c.pdl and not outside)
+                            xwait=xperm is None and not c.interpret, part=part, lock=locks,
+                            pdl=c.pdl and not outside, **kw)
         return y.addmm_(xa, lb.T, alpha=c.lora_scale) if outside else y
-    return nvfp4_wgmma_matmul(c.x2, c.packed, c.scale.view(torch.uint8), c.gs, bias, xa, lb, c.lora_scale,
-                              **{**cfg, "SPLIT": split}, xp=xperm, part=part, lock=locks, pdl=c.pdl)
+    return nvfp4_wgmma_matmul(c.x2, c.packed, c.s8, c.gs, bias, xa, lb, c.lora_scale,
+                              **kw, xp=xperm, part=part, lock=locks, pdl=c.pdl)
 
 
 def ws_stages(cfg: dict, r: int) -> tuple[int, bool]:
@@ -554,131 +569,156 @@ def _launch_dq(c: _Call) -> torch.Tensor:
     """Dequantize windows of W + cuBLAS (large M)."""
     from qerl_kernels.nvfp4_dequant import dq_backward, dq_forward
 
-    chunk, s8 = int(c.cfg.get("CHUNK", DQ_CHUNK)), c.scale.view(torch.uint8)
+    chunk, s8 = int(c.cfg.get("CHUNK", DQ_CHUNK)), c.s8
     run = dq_forward if c.kind == "fwd" else dq_backward
     return run(c.x2, c.packed, s8, c.gs, *c.extra, c.lora_scale, chunk, c.interpret)
 
 
-def _tile_setup(c: _Call, producers: int = 0):
-    """What every Triton tile launch shares: the output, split-K partials and tickets, the common constexprs.
-    Consumes SPLIT, BM, BN, BK (and XPAD) from ``c.cfg``."""
-    import triton
-
-    cfg, M, N, K = c.cfg, c.M, c.N, c.K
+def _tile_static(c: _Call, producers: int = 0) -> tuple:
+    """What every Triton tile launch shares and the scope fixes (:func:`qerl_kernels.launch.memo`): ``(cfg, split,
+    (BM, BN, BK), common)`` — the config less SPLIT, BM, BN, BK and XPAD, the split (1 where its tickets would not
+    fit), the tile sizes and the common constexprs."""
+    cfg, M, N, K = dict(c.cfg), c.M, c.N, c.K
     split = cfg.pop("SPLIT")
     BM, BN, BK = cfg.pop("BM"), cfg.pop("BN"), cfg.pop("BK")
     cfg.pop("XPAD", 0)
-    out = torch.empty(M, c.n_out, device=c.x2.device, dtype=c.x2.dtype)
-    tiles = triton.cdiv(M, BM) * (triton.cdiv(N, BN) + producers if c.kind == "fwd" else triton.cdiv(K, BK))
+    tiles = launch.cdiv(M, BM) * (launch.cdiv(N, BN) + producers if c.kind == "fwd" else launch.cdiv(K, BK))
     if split > 1 and tiles > _LOCK_SLOTS - 4:  # the last 4 slots: the fused LoRA's ticket, flag, counter
         split = 1
-    part = torch.empty(split * M * c.n_out if split > 1 else 1, device=c.x2.device, dtype=torch.float32)
     common = dict(USE_SPLIT=split > 1, EVEN_K=K % BK == 0, BM=BM, BN=BN, BK=BK, FAST=not c.interpret,
                   DOT_FP32=c.interpret)
-    return out, part, _locks(c.x2.device), split, (BM, BN, BK), common
+    return cfg, split, (BM, BN, BK), common
 
 
-def _launch_mmv(c: _Call) -> torch.Tensor:
-    """Tensor cores on register fragments (decode sizes; 8 x NB activation rows per program)."""
-    import triton
+@functools.lru_cache(maxsize=None)
+def _no_split(device: torch.device) -> torch.Tensor:
+    """The fp32 stand-in for the split-K partials of a launch without split-K (never read or written)."""
+    return torch.zeros(1, dtype=torch.float32, device=device)
 
-    from qerl_kernels.nvfp4_mmv import _nvfp4_mmv_kernel
 
-    cfg, M, N, K = c.cfg, c.M, c.N, c.K
-    xpad = cfg.get("XPAD", 0)  # activations copied to a padded row stride first
+def _buffers(c: _Call, split: int) -> tuple:
+    """Per call: the output ``[M, n_out]`` and the split-K partials (fp32, ``split · M · n_out``; a shared stand-in
+    without split-K) and the device's tickets."""
+    dev = c.x2.device
+    out = torch.empty(c.M, c.n_out, device=dev, dtype=c.x2.dtype)
+    part = torch.empty(split * c.M * c.n_out, device=dev, dtype=torch.float32) if split > 1 else _no_split(dev)
+    return out, part, _locks(dev)
+
+
+def _mmv_static(c: _Call) -> tuple:
+    """The MMV launch's static part (per scope): ``(grid, split, xp, xpad, pdl, kw)``."""
+    M, N, K = c.M, c.N, c.K
     xp = min(XA_PRODUCERS[1], max(XA_PRODUCERS[0], -(-K // 256))) if c.lora_a is not None and not c.pdl else 0
-    out, part, locks, split, (BM, BN, BK), _ = _tile_setup(c, xp)
+    xpad = c.cfg.get("XPAD", 0)  # activations copied to a padded row stride first
+    cfg, split, (BM, BN, BK), _ = _tile_static(c, xp)
     mmv = cfg.pop("MMV")
     rb = int(cfg.pop("RB", 1))  # blocks of 16 weight rows per warp
     if mmv != 1 or BM not in (8, 16, 32, 64) or BN not in (32, 64, 128, 256) or BK != 128 or rb not in (1, 2):
         raise ValueError(f"MMV config needs MMV 1, BM 8|16|32|64, BN = 16 x RB x warps, BK 128, RB 1|2; "
                          f"got MMV={mmv} BM={BM} BN={BN} BK={BK} RB={rb}")
-    bias, xa, lb = c.extra
-    x2, s8, dummy = c.x2, c.scale.view(torch.uint8), c.x2
     warps = BN // (16 * rb)  # 16 x RB weight rows per warp, BM = 8 x NB activation rows, BK = 128
-    grid = (triton.cdiv(N, BN) + xp, triton.cdiv(M, BM), split)
-    if xpad and M > 1 and x2.stride(0) * x2.element_size() % 128 == 0:
-        # rows at a 128-byte multiple stride put every activation row's fragment loads on the same L1
-        # banks; a copy with 16 more bytes per row spreads them (up to 19% on gate/up projections, a
-        # loss on small ones, H200: mmv_xpad_sweep_NVIDIA_H200.json [ea84b65]; tuned keys carry
-        # XPAD where it won)
+    grid = (launch.cdiv(N, BN) + xp, launch.cdiv(M, BM), split)
+    # rows at a 128-byte multiple stride put every activation row's fragment loads on the same L1 banks; a copy
+    # with 16 more bytes per row spreads them (up to 19% on gate/up projections, a loss on small ones, H200:
+    # mmv_xpad_sweep_NVIDIA_H200.json [ea84b65]; tuned keys carry XPAD where it won)
+    xpad = bool(xpad and M > 1 and c.x2.stride(0) * c.x2.element_size() % 128 == 0)
+    pdl = c.lora_a is not None and c.pdl
+    bias = c.extra[0]
+    kw = dict(HAS_BIAS=bias is not None, R=c.r, USE_SPLIT=split > 1, EVEN_K=K % 128 == 0, WARPS=warps, NB=BM // 8,
+              PREFETCH=cfg.get("num_stages", 1), XPRE=cfg.get("XPRE", 1), L2=cfg.get("L2", 0), PFD=cfg.get("PFD", 0),
+              FUSED=xp > 0, UNROLL=bool(cfg.get("UNROLL", 0)), XP=xp, RB=rb, PDL=pdl, num_warps=warps, num_stages=1,
+              launch_pdl=pdl)
+    return grid, split, xp, xpad, pdl, kw
+
+
+def _launch_mmv(c: _Call) -> torch.Tensor:
+    """Tensor cores on register fragments (decode sizes; 8 x NB activation rows per program)."""
+    from qerl_kernels.nvfp4_mmv import _nvfp4_mmv_kernel
+
+    grid, split, xp, xpad, pdl, kw = launch.memo(_mmv_static, c)
+    M, N, K = c.M, c.N, c.K
+    out, part, locks = _buffers(c, split)
+    bias, xa, lb = c.extra
+    x2, s8, dummy = c.x2, c.s8, c.x2
+    if xpad:
         padded = torch.empty(M, K + 8, device=x2.device, dtype=x2.dtype)
         padded[:, :K].copy_(x2)
         x2 = padded[:, :K]
     xap = dummy
-    if c.lora_a is not None and c.pdl:  # xa [16, R] by the preceding launch, overlapped with this one
+    if pdl:  # xa [16, R] by the preceding launch, overlapped with this one
         xa = _pdl_primary(x2, c.lora_a, M, K, c.r, locks)
     if xp:  # xa [16, R] written by the launch's producer programs, their fp32 partials in xap
         xa = torch.empty(16, c.r, device=x2.device, dtype=x2.dtype)
         xap = torch.empty(xp * 16 * c.r, device=x2.device, dtype=torch.float32)
-    pdl = c.lora_a is not None and c.pdl
     launch.run(_nvfp4_mmv_kernel, grid, (
         x2, c.packed, s8, c.gs, out, bias if bias is not None else dummy, xa if xa is not None else dummy,
-        lb if lb is not None else dummy, part, locks, c.lora_a if xp else dummy, xap, locks[_LOCK_SLOTS - 4:], M, N, K,
-        x2.stride(0), out.stride(0), c.packed.stride(0), s8.stride(0), float(c.lora_scale), split), dict(
-        HAS_BIAS=bias is not None, R=c.r, USE_SPLIT=split > 1, EVEN_K=K % 128 == 0, WARPS=warps, NB=BM // 8,
-        PREFETCH=cfg.get("num_stages", 1), XPRE=cfg.get("XPRE", 1), L2=cfg.get("L2", 0), PFD=cfg.get("PFD", 0),
-        FUSED=xp > 0, UNROLL=bool(cfg.get("UNROLL", 0)), XP=xp, RB=rb, PDL=pdl, num_warps=warps, num_stages=1,
-        launch_pdl=pdl))
+        lb if lb is not None else dummy, part, locks, c.lora_a if xp else dummy, xap, _lock_tail(locks.device), M, N, K,
+        x2.stride(0), out.stride(0), c.packed.stride(0), s8.stride(0), float(c.lora_scale), split), kw)
     return out
+
+
+def _gemv_static(c: _Call) -> tuple:
+    cfg, split, (BM, BN, BK), common = _tile_static(c)
+    cfg.pop("GEMV"), common.pop("DOT_FP32"), cfg.pop("SWAP", None)
+    grid = (launch.cdiv(c.N, BN), launch.cdiv(c.M, BM), split)
+    return grid, split, dict(HAS_BIAS=c.extra[0] is not None, R=c.r, **common, **cfg)
 
 
 def _launch_gemv(c: _Call) -> torch.Tensor:
     """CUDA-core path for decode sizes (reads the packed rows as 32-bit words)."""
-    import triton
-
     from qerl_kernels.nvfp4_gemv import _nvfp4_gemv_kernel
 
-    out, part, locks, split, (BM, BN, BK), common = _tile_setup(c)
-    cfg = c.cfg
-    cfg.pop("GEMV"), common.pop("DOT_FP32"), cfg.pop("SWAP", None)
+    grid, split, kw = launch.memo(_gemv_static, c)
+    out, part, locks = _buffers(c, split)
     bias, xa, lb = c.extra
-    s8, dummy = c.scale.view(torch.uint8), c.x2
-    grid = (triton.cdiv(c.N, BN), triton.cdiv(c.M, BM), split)
+    s8, dummy = c.s8, c.x2
     launch.run(_nvfp4_gemv_kernel, grid, (
         c.x2, c.packed, s8, c.gs, out, bias if bias is not None else dummy, xa if xa is not None else dummy,
         lb if lb is not None else dummy, part, locks, c.M, c.N, c.K, c.x2.stride(0), out.stride(0),
-        c.packed.stride(0) // 4, s8.stride(0), float(c.lora_scale), split),
-        dict(HAS_BIAS=bias is not None, R=c.r, **common, **cfg))
+        c.packed.stride(0) // 4, s8.stride(0), float(c.lora_scale), split), kw)
     return out
+
+
+def _tile_fwd_static(c: _Call) -> tuple:
+    cfg, split, (BM, BN, BK), common = _tile_static(c)
+    cfg.pop("GEMV", None), cfg.pop("MMV", None)
+    grid = (launch.cdiv(c.N, BN), launch.cdiv(c.M, BM), split)
+    return grid, split, dict(HAS_BIAS=c.extra[0] is not None, R=c.r, SWAP=bool(cfg.pop("SWAP", 0)), **common, **cfg)
 
 
 def _launch_tile_fwd(c: _Call) -> torch.Tensor:
     """Tensor-core tiles, forward (every M)."""
-    import triton
-
     from qerl_kernels.nvfp4_matmul import _nvfp4_fwd_kernel
 
-    out, part, locks, split, (BM, BN, BK), common = _tile_setup(c)
-    cfg = c.cfg
-    cfg.pop("GEMV", None), cfg.pop("MMV", None)
+    grid, split, kw = launch.memo(_tile_fwd_static, c)
+    out, part, locks = _buffers(c, split)
     bias, xa, lb = c.extra
-    s8, dummy = c.scale.view(torch.uint8), c.x2
-    grid = (triton.cdiv(c.N, BN), triton.cdiv(c.M, BM), split)
+    s8, dummy = c.s8, c.x2
     launch.run(_nvfp4_fwd_kernel, grid, (
         c.x2, c.packed, s8, c.gs, out, bias if bias is not None else dummy, xa if xa is not None else dummy,
         lb if lb is not None else dummy, part, locks, c.M, c.N, c.K, c.x2.stride(0), out.stride(0), c.packed.stride(0),
-        s8.stride(0), float(c.lora_scale), split),
-        dict(HAS_BIAS=bias is not None, R=c.r, SWAP=bool(cfg.pop("SWAP", 0)), **common, **cfg))
+        s8.stride(0), float(c.lora_scale), split), kw)
     return out
+
+
+def _tile_bwd_static(c: _Call) -> tuple:
+    cfg, split, (BM, BN, BK), common = _tile_static(c)
+    cfg.pop("GEMV", None), cfg.pop("MMV", None)
+    grid = (launch.cdiv(c.K, BK), launch.cdiv(c.M, BM), split)
+    return grid, split, dict(R=c.r, SWAP=bool(cfg.pop("SWAP", 0)), **common, **cfg)
 
 
 def _launch_tile_bwd(c: _Call) -> torch.Tensor:
     """Tensor-core tiles, backward ``dX`` (tiles over (M, K), loops over N)."""
-    import triton
-
     from qerl_kernels.nvfp4_matmul import _nvfp4_bwd_kernel
 
-    out, part, locks, split, (BM, BN, BK), common = _tile_setup(c)
-    cfg = c.cfg
-    cfg.pop("GEMV", None), cfg.pop("MMV", None)
+    grid, split, kw = launch.memo(_tile_bwd_static, c)
+    out, part, locks = _buffers(c, split)
     dyb, la = c.extra
-    s8, dummy = c.scale.view(torch.uint8), c.x2
-    grid = (triton.cdiv(c.K, BK), triton.cdiv(c.M, BM), split)
+    s8, dummy = c.s8, c.x2
     launch.run(_nvfp4_bwd_kernel, grid, (
         c.x2, c.packed, s8, c.gs, out, dyb if dyb is not None else dummy, la if la is not None else dummy, part, locks,
-        c.M, c.N, c.K, c.x2.stride(0), out.stride(0), c.packed.stride(0), s8.stride(0), float(c.lora_scale), split),
-        dict(R=c.r, SWAP=bool(cfg.pop("SWAP", 0)), **common, **cfg))
+        c.M, c.N, c.K, c.x2.stride(0), out.stride(0), c.packed.stride(0), s8.stride(0), float(c.lora_scale), split), kw)
     return out
 
 
@@ -694,7 +734,7 @@ def _matmul_impl(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, gs:
                  bias: torch.Tensor | None, xa: torch.Tensor | None, lora_b: torch.Tensor | None,
                  lora_scale: float, lora_a: torch.Tensor | None = None) -> torch.Tensor:
     """The forward behind the custom op ``qerl::nvfp4_matmul`` (eager calls come here directly)."""
-    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x if x.ndim == 2 else x.reshape(-1, x.shape[-1])
     r = 0
     if xa is not None:
         xa, lora_b = _pad_rank(xa.reshape(-1, xa.shape[-1]).to(x.dtype), 1), _pad_rank(lora_b.to(x.dtype), 1)
@@ -704,7 +744,7 @@ def _matmul_impl(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, gs:
         r = lora_a.shape[0]
     out = _launch("fwd", x2.contiguous(), packed, scale, gs, packed.shape[0], (bias, xa, lora_b), lora_scale, r,
                   _interpreting(), lora_a)
-    return out.reshape(*x.shape[:-1], packed.shape[0])
+    return out if x.ndim == 2 else out.reshape(*x.shape[:-1], packed.shape[0])
 
 
 @torch.library.custom_op("qerl::nvfp4_matmul", mutates_args=())
@@ -722,14 +762,14 @@ def _(x, packed, scale, gs, bias, xa, lora_b, lora_scale, lora_a=None):
 def _matmul_t_impl(dy: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, gs: torch.Tensor,
                    dyb: torch.Tensor | None, lora_a: torch.Tensor | None, lora_scale: float) -> torch.Tensor:
     """The backward-input behind the custom op ``qerl::nvfp4_matmul_t``."""
-    d2 = dy.reshape(-1, dy.shape[-1])
+    d2 = dy if dy.ndim == 2 else dy.reshape(-1, dy.shape[-1])
     r = 0
     if dyb is not None:
         dyb, lora_a = _pad_rank(dyb.reshape(-1, dyb.shape[-1]).to(dy.dtype), 1), _pad_rank(lora_a.to(dy.dtype), 0)
         r = dyb.shape[1]
     out = _launch("bwd", d2.contiguous(), packed, scale, gs, packed.shape[1] * 2, (dyb, lora_a), lora_scale, r,
                   _interpreting())
-    return out.reshape(*dy.shape[:-1], packed.shape[1] * 2)
+    return out if dy.ndim == 2 else out.reshape(*dy.shape[:-1], packed.shape[1] * 2)
 
 
 @torch.library.custom_op("qerl::nvfp4_matmul_t", mutates_args=())

@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from qerl_kernels import launch
+
 
 def reference(q, k, v, cos, sin, k_cache, v_cache, flat):
     """The definition in torch (fp32 math, one rounding); writes the caches, returns ``q_out``."""
@@ -80,7 +82,7 @@ def rope_cache_write(q, k, v, cos, sin, k_cache, v_cache, flat, heads_per_progra
                          f"{tuple(k_cache.shape)}")
     out = torch.empty((B, Hq, D), device=q.device, dtype=q.dtype)
     HB = min(heads_per_program, triton.next_power_of_2(Hq + Hkv))
-    grid = (B, triton.cdiv(Hq + Hkv, HB))
+    grid = (B, launch.cdiv(Hq + Hkv, HB))
     _rope_cache_kernel[grid](q, k, v, cos, sin, k_cache, v_cache, flat, out, q.stride(0), q.stride(1), k.stride(0),
                              k.stride(1), v.stride(0), v.stride(1), cos.stride(0), Hq, Hkv, D=D, HB=HB, num_warps=4)
     return out

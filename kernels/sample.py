@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from qerl_kernels import launch
 from qerl_kernels.nvfp4_wgmma import _sms
 
 BLOCK = 1024  # vocabulary entries per loop iteration of a program
@@ -136,8 +137,8 @@ def _combine_kernel(logits_ptr, stride_b, pv_ptr, pi_ptr, pm_ptr, ps_ptr, tok_pt
 def chunks_for(B: int, V: int, programs: int, block: int = BLOCK) -> int:
     """Vocabulary chunks per row so that ``B · chunks`` programs reach ``programs`` (each chunk a whole number
     of ``block``s, at least one)."""
-    blocks = triton.cdiv(V, block)
-    return max(1, min(blocks, triton.cdiv(programs, max(1, B))))
+    blocks = launch.cdiv(V, block)
+    return max(1, min(blocks, launch.cdiv(programs, max(1, B))))
 
 
 def gumbel_sample(logits: torch.Tensor, seed: torch.Tensor, step: torch.Tensor, temperature: float, *,
@@ -162,8 +163,8 @@ def gumbel_sample(logits: torch.Tensor, seed: torch.Tensor, step: torch.Tensor, 
     if chunks is None:
         programs = 2 * _sms(dev) if dev.type == "cuda" else 4
         chunks = chunks_for(B, V, programs, block)
-    chunk = triton.cdiv(triton.cdiv(V, chunks), block) * block
-    NC = triton.cdiv(V, chunk)
+    chunk = launch.cdiv(launch.cdiv(V, chunks), block) * block
+    NC = launch.cdiv(V, chunk)
     pv = torch.empty(B * NC, device=dev, dtype=torch.float32)
     pi = torch.empty(B * NC, device=dev, dtype=torch.int32)
     pm = torch.empty_like(pv)
