@@ -86,6 +86,22 @@ def _constexpr_tail(kernel, n_pos: int, kw: dict) -> tuple | None:
     return tuple(out)
 
 
+def _triton() -> list:
+    """``[triton.knobs, triton's driver config]``, imported once (an import statement costs ~1 µs per call)."""
+    from triton import knobs
+    from triton.runtime.driver import driver
+
+    _TRITON[:] = [knobs, driver]
+    return _TRITON
+
+
+def current_stream():
+    """The current CUDA stream of the current device as Triton's launchers take it (a raw handle; cheaper than
+    ``torch.cuda.current_stream().cuda_stream``, which builds a Stream object)."""
+    active = (_TRITON or _triton())[1].active
+    return active.get_current_stream(active.get_current_device())
+
+
 def _no_hooks(knobs) -> bool:
     """Whether no launch hook is installed (Triton 3.6 keeps empty hook chains; a profiler adds to them)."""
     h, g = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
@@ -103,12 +119,7 @@ def run(kernel, grid, args: tuple, kw: dict):
         if DIRECT[0]:
             hit = _HITS.get(key)
             if hit is not None and hit[0] is kernel and hit[1] == len(args):
-                if not _TRITON:
-                    from triton import knobs
-                    from triton.runtime.driver import driver
-
-                    _TRITON[:] = [knobs, driver]
-                knobs, driver = _TRITON
+                knobs, driver = _TRITON or _triton()
                 if _no_hooks(knobs):
                     compiled, tail = hit[2], hit[3]
                     active = driver.active

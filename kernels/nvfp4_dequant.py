@@ -121,11 +121,10 @@ def _launch_compiled(kernel, grid, device, args) -> bool:
     """Launch ``kernel`` (a ``triton.compiler.CompiledKernel`` this process compiled and ran) on ``grid``
     with ``args`` (every kernel argument, constexprs included, in order) as ``JITFunction.run`` does after its
     cache lookup. False (and the direct path off) when this Triton's API differs."""
-    import torch
     from triton import knobs
 
     try:
-        stream = torch.cuda.current_stream(device).cuda_stream
+        stream = launch.current_stream()
         if _no_hooks(knobs):  # (empty hook chains: nothing to call, no launch metadata to build)
             kernel.run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata, None, None, None, *args)
         else:
