@@ -44,6 +44,11 @@ def scope(key) -> tuple:
     return prev
 
 
+def in_scope() -> bool:
+    """Whether a scope is open on this thread."""
+    return getattr(_TLS, "key", None) is not None
+
+
 def restore(prev: tuple) -> None:
     """Leave the current scope for the one :func:`scope` returned."""
     _TLS.key, _TLS.n = prev

@@ -26,7 +26,6 @@ import triton
 import triton.language as tl
 
 from qerl_kernels import launch
-from qerl_kernels.launch import _no_hooks
 from qerl_kernels.nvfp4_matmul import _e4m3_to_f32
 
 
@@ -93,48 +92,22 @@ def dequantize_into(out, packed, scale8, gs, interpret: bool = False, BR: int = 
         return out
     grid = (launch.cdiv(R, BR), launch.cdiv(C // 16, BG))
     args = (packed, scale8, gs, out, R, C // 2, packed.stride(0), scale8.stride(0), out.stride(0))
-    key = None
-    if not interpret and _DIRECT[0]:
-        key = (out.device, out.dtype, packed.dtype, scale8.dtype, gs.dtype, *args[4:], packed.data_ptr() % 16,
-               scale8.data_ptr() % 16, gs.data_ptr() % 16, out.data_ptr() % 16, BR, BG, num_warps)
-        compiled = _COMPILED.get(key)
-        if compiled is not None and _launch_compiled(compiled, grid, out.device, args + (BR, BG, True)):
-            return out
-    compiled = _nvfp4_dequant_kernel[grid](*args, BR=BR, BG=BG, EXACT_DIV=not interpret, num_warps=num_warps)
-    if key is not None and compiled is not None:
-        if len(_COMPILED) > 1024:
-            _COMPILED.clear()
-        _COMPILED[key] = compiled
-    return out
-
-
-# Compiled dequantize kernels by everything Triton specialises this kernel's launch on (dtypes, the integer
-# arguments — exactly, stricter than Triton's ``== 1`` / ``% 16`` — pointer alignments, meta-parameters).
-# A hit launches the compiled kernel directly: ``JITFunction.run`` binds and specialises the arguments on
-# every call (~25-40 µs of host time per launch on the H100 box, measured), once per projection and
-# direction in a training step. ``_DIRECT[0]`` turns itself off if this Triton's ``CompiledKernel`` differs.
-_COMPILED: dict = {}
-_DIRECT = [True]
-
-
-def _launch_compiled(kernel, grid, device, args) -> bool:
-    """Launch ``kernel`` (a ``triton.compiler.CompiledKernel`` this process compiled and ran) on ``grid``
-    with ``args`` (every kernel argument, constexprs included, in order) as ``JITFunction.run`` does after its
-    cache lookup. False (and the direct path off) when this Triton's API differs."""
-    from triton import knobs
-
+    kw = dict(BR=BR, BG=BG, EXACT_DIV=not interpret, num_warps=num_warps)
+    if launch.in_scope():  # a call of qerl_kernels.ops: its scope fixes everything this launch specialises on
+        launch.run(_nvfp4_dequant_kernel, grid, args, kw)
+        return out
+    # called on its own (weight loading, the engine's dense copies): a scope of its own, keyed on what Triton
+    # specialises this launch on — the integer arguments exactly (stricter than Triton's ``== 1`` / ``% 16``),
+    # dtypes, pointer alignments, meta-parameters
+    key = ("dequantize_into", out.device, out.dtype, packed.dtype, scale8.dtype, gs.dtype, *args[4:],
+           packed.data_ptr() % 16, scale8.data_ptr() % 16, gs.data_ptr() % 16, out.data_ptr() % 16, BR, BG,
+           num_warps, interpret)
+    prev = launch.scope(key)
     try:
-        stream = launch.current_stream()
-        if _no_hooks(knobs):  # (empty hook chains: nothing to call, no launch metadata to build)
-            kernel.run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata, None, None, None, *args)
-        else:
-            kernel.run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata,
-                       kernel.launch_metadata(grid, stream, *args), knobs.runtime.launch_enter_hook,
-                       knobs.runtime.launch_exit_hook, *args)
-        return True
-    except (AttributeError, TypeError):
-        _DIRECT[0] = False
-        return False
+        launch.run(_nvfp4_dequant_kernel, grid, args, kw)
+    finally:
+        launch.restore(prev)
+    return out
 
 
 def _dequant(out, packed, scale8, gs, interpret: bool):

@@ -61,6 +61,7 @@ DQ_CHUNK = 1 << 25  # weights per dequantized window (64 MiB of bf16 scratch)
 
 WGMMA_ROWS = (0, 128)  # untuned forward M in (0, 128]: the warpgroup-MMA kernel (nvfp4_wgmma) when K % 128 == 0
 WGMMA_TUNED_ROWS = (16, 128)  # the M range whose tuned WGMMA entries also serve neighbouring M buckets (tuned_entry)
+EAGER_XS_ROWS = 64  # eager calls of a warpgroup-MMA config with a pre-pass, up to this M: the one-launch XS config
 HEURISTIC = "v2"  # "v1": the untuned configs before 2026-11-26 (MMV at M <= 16; comparisons and experiments)
 
 
@@ -165,6 +166,10 @@ def config_for(kind: str, M: int, N: int, K: int, device: torch.device) -> dict:
     cfg = dict(hit) if hit else heuristic(kind, M, N, K, _sm_count(device.index or 0))
     if cfg.get("WGMMA") and M <= 16 and "EAGER" not in cfg:  # eager calls at decode sizes: one launch (launch_mode)
         cfg["EAGER"] = heuristic(kind, M, N, K, _sm_count(device.index or 0), wgmma=False)
+    elif cfg.get("WGMMA") and M <= EAGER_XS_ROWS and "EAGER" not in cfg and not (cfg.get("XS") or cfg.get("XG")):
+        # eager calls up to EAGER_XS_ROWS rows: the activations staged by the kernel itself (one launch, no TMA
+        # descriptors) instead of the pre-pass launch the tuned config (timed in CUDA graphs) carries
+        cfg["EAGER"] = {**wgmma_heuristic(M, N, K, _sm_count(device.index or 0)), "XS": 1}
     return {**cfg, **forced}
 
 
@@ -303,18 +308,18 @@ _RESOLVED: dict = {}
 _RESOLVED_MAX = 4096
 
 
-def _resolved(kind: str, x2, packed, scale, n_out: int, extra: tuple, r: int, interpret: bool, lora_a) -> tuple:
+def _resolved(kind: str, x2, packed, scale, gs, n_out: int, extra: tuple, r: int, interpret: bool, lora_a) -> tuple:
     """``(scope, config, LoRA route, path)`` of a call, memoised on ``scope`` — everything that decides its launches:
-    shape, dtype, device, the alignments ``_runnable`` checks, ``QERL_KERNEL_CONFIG``, the launch mode, the optional
+    shape, dtype, device, the alignments ``_runnable`` checks (and the global scale's), ``QERL_KERNEL_CONFIG``, the launch mode, the optional
     tensors (:func:`_sig`), the rank and the experiment knobs. ``scope`` is also the call's
     :func:`qerl_kernels.launch.scope`. The host-side cost of a decode call is what a token costs in an eager rollout,
     and a training micro-batch repeats each (M, N, K) for every layer, forward and backward. Training Ms vary per
     batch: the memo is cleared past ``_RESOLVED_MAX`` keys. The config is shared and read-only."""
     M, N, K = x2.shape[0], packed.shape[0], packed.shape[1] * 2
     key = (kind, M, N, K, x2.dtype, x2.device, interpret, packed.data_ptr() % 16, packed.stride(0) % 16,
-           x2.data_ptr() % 16, x2.stride(0), scale.data_ptr() % 4, scale.stride(0) % 4,
+           x2.data_ptr() % 16, x2.stride(0), scale.data_ptr() % 4, scale.stride(0) % 4, gs.data_ptr() % 16,
            os.environ.get("QERL_KERNEL_CONFIG"), _MODE[0], n_out, r, tuple(map(_sig, extra)), _sig(lora_a),
-           LORA_LAUNCH, XA_PROGRAMS, XA_QB, XA_STAGES, XA_PDL_AT, XA_PDL_ROWS)
+           LORA_LAUNCH, XA_PROGRAMS, XA_QB, XA_STAGES, XA_PDL_AT, XA_PDL_ROWS, EAGER_XS_ROWS, HEURISTIC)
     hit = _RESOLVED.get(key)
     if hit is None:
         if len(_RESOLVED) >= _RESOLVED_MAX:
@@ -489,7 +494,7 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
     scope (:mod:`qerl_kernels.launch`). ``lora_a`` (forward; ``extra`` = (bias, None, lora_b)): ``xa = x · lora_aᵀ``
     as :func:`lora_route` says (inside the decode kernel's launch, from a PDL launch before it, or from one
     ``x @ lora_a.T`` first)."""
-    scope, cfg, route, path = _resolved(kind, x2, packed, scale, n_out, extra, r, interpret, lora_a)
+    scope, cfg, route, path = _resolved(kind, x2, packed, scale, gs, n_out, extra, r, interpret, lora_a)
     if lora_a is not None and route == "matmul":
         extra, lora_a = (extra[0], x2 @ lora_a.T, extra[2]), None
     call = _Call(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret, cfg, lora_a, route == "pdl")

@@ -3,8 +3,10 @@
 Every path outside the rollout engine's CUDA graphs — prefill, the update's forward and backward, evaluation, anyone's
 own loop over qerl's layers — launches its NVFP4 linears one by one from Python, so the host time of a call is paid
 per projection and per layer. A call's *host time* here is the time Python spends issuing it: ``n`` calls back to back
-between two synchronisations, the clock read before the second one, divided by ``n`` (the GPU runs behind and never
-makes the host wait: ``n`` is kept below the launch queue's depth). The same for the cuBLAS calls a bf16 layer makes
+issued while the GPU is held busy by one long ``torch.cuda._sleep`` launched first (so no call waits for the GPU,
+whatever its own GPU time: ``n`` is kept below the launch queue's depth), divided by ``n``; the median of
+``REPEATS`` such runs. A call's *loop time* is what a loop of such calls sees: ``n`` calls back to back and a
+synchronisation, per call — the larger of its host time and its GPU time. The same for the cuBLAS calls a bf16 layer makes
 (``F.linear``; with LoRA the engine's dense projection: ``F.linear``, ``x·Aᵀ``, ``addmm``).
 
 Rows: projection shape (N, K) x M x call — ``fwd`` (``qerl_kernels.ops.nvfp4_matmul``), ``fwd_lora`` (with a
@@ -19,6 +21,7 @@ import csv
 import cProfile
 import io
 import pstats
+import statistics
 import time
 from pathlib import Path
 
@@ -28,17 +31,39 @@ TARGET_US = 40.0
 MS = (1, 8, 16, 64, 128, 512, 2048)
 
 
-def host_us(fn, n: int = 100, warm: int = 10) -> float:
-    """Microseconds of host time per call of ``fn`` (see module docstring)."""
+REPEATS = 5
+SLEEP_CYCLES = 200_000_000  # ~0.1 s of GPU time at H100 / H200 clocks: longer than any run of n calls on the host
+
+
+def host_us(fn, n: int = 100, warm: int = 10, repeats: int = REPEATS) -> float:
+    """Microseconds of host time per call of ``fn``: the median over ``repeats`` runs of ``n`` calls issued behind a
+    GPU sleep (see module docstring)."""
     for _ in range(warm):
         fn()
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
+    runs = []
+    for _ in range(repeats):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        runs.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+    return statistics.median(runs) * 1e6 / n
+
+
+def loop_us(fn, n: int = 100, repeats: int = REPEATS) -> float:
+    """Microseconds per call of ``n`` calls of ``fn`` back to back, the synchronisation included (median of
+    ``repeats`` runs): what an eager loop pays, host or GPU, whichever is slower."""
     torch.cuda.synchronize()
-    return (t1 - t0) * 1e6 / n
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        runs.append(time.perf_counter() - t0)
+    return statistics.median(runs) * 1e6 / n
 
 
 def profile_top(fn, n: int = 200, lines: int = 18) -> str:
@@ -87,9 +112,11 @@ def bench_shape(model: str, proj: str, N: int, K: int, ms, rank: int = 32, direc
                 launch.DIRECT[0] = direct
                 before = launch._STATS["direct"]
                 us, ref = host_us(ours), host_us(cublas)
+                loop, loop_ref = loop_us(ours), loop_us(cublas)
                 got = ours()
                 rows.append({"model": model, "proj": proj, "N": N, "K": K, "M": M, "call": call, "path": path,
-                             "host_us": round(us, 1), "cublas_host_us": round(ref, 1), "meets": us <= TARGET_US,
+                             "host_us": round(us, 1), "cublas_host_us": round(ref, 1), "loop_us": round(loop, 1),
+                             "cublas_loop_us": round(loop_ref, 1), "meets": us <= TARGET_US,
                              "direct_launches": launch._STATS["direct"] - before,
                              "same_result": torch.equal(got, want)})
     return rows
@@ -122,13 +149,17 @@ def write(rows: list[dict], out: Path, device: str, profile: str = "") -> Path:
              "`Triton path µs`: the same call with every launch through Triton's own `kernel[grid](...)` "
              "(`--no-direct`, measured in the same run); `cuBLAS µs`: what a bf16 layer's calls cost (`F.linear`; "
              "with LoRA the "
-             "engine's dense projection, three calls).", "",
-             "| model | proj | N | K | M | call | path | host µs | Triton path µs | cuBLAS µs |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "engine's dense projection, three calls). Host µs: issued while the GPU sleeps (no call waits for it); "
+             "loop µs: calls back to back and a synchronisation, per call (host or GPU, whichever is slower); "
+             f"medians of {REPEATS} runs of 100 calls.", "",
+             "| model | proj | N | K | M | call | path | host µs | Triton path µs | cuBLAS µs | loop µs | "
+             "cuBLAS loop µs |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         tri = r.get("triton_host_us")
         lines.append(f"| {r['model']} | {r['proj']} | {r['N']} | {r['K']} | {r['M']} | {r['call']} | {r['path']} | "
-                     f"{r['host_us']} | {'' if tri is None else tri} | {r['cublas_host_us']} |")
+                     f"{r['host_us']} | {'' if tri is None else tri} | {r['cublas_host_us']} | "
+                     f"{r.get('loop_us', '')} | {r.get('cublas_loop_us', '')} |")
     if profile:
         lines += ["", "## Where the slowest call's host time goes (cProfile, own time first)", "", "```",
                   profile.strip(), "```"]

@@ -525,8 +525,9 @@ print(json.dumps(res))
 def test_launch_mode_picks_the_eager_or_graph_config(monkeypatch):
     """The committed H200 table at M = 16 (7B o): the warpgroup-MMA config under launch_mode("graph") (how
     the benchmark and the tuner time), the single-launch decode kernel (EAGER) for eager calls, the
-    default; the mode is restored after the block, a bad mode is refused; entries without EAGER are the
-    same in both modes."""
+    default; at M = 64 a tuned config with the activation pre-pass runs eagerly as the one-launch XS config; the mode
+    is restored after the block, a bad mode is refused; above ``EAGER_XS_ROWS`` the entries are the same in both
+    modes."""
     import qerl_kernels.ops as ops
 
     monkeypatch.setattr(ops, "_device_name", lambda i: "NVIDIA H200")
@@ -534,11 +535,15 @@ def test_launch_mode_picks_the_eager_or_graph_config(monkeypatch):
     dev = torch.device("cuda", 0)
     assert ops._MODE[0] == "eager"
     eager = ops._for_launch_mode(ops.config_for("fwd", 16, 3584, 3584, dev))
+    eager64 = ops._for_launch_mode(ops.config_for("fwd", 64, 3584, 3584, dev))
     with ops.launch_mode("graph"):
         graph = ops._for_launch_mode(ops.config_for("fwd", 16, 3584, 3584, dev))
-        big = ops._for_launch_mode(ops.config_for("fwd", 64, 3584, 3584, dev))
+        graph64 = ops._for_launch_mode(ops.config_for("fwd", 64, 3584, 3584, dev))
+        big = ops._for_launch_mode(ops.config_for("fwd", 256, 3584, 3584, dev))
     assert eager.get("MMV") and "WGMMA" not in eager and graph.get("WGMMA") and "EAGER" not in graph
-    assert ops._MODE[0] == "eager" and ops._for_launch_mode(ops.config_for("fwd", 64, 3584, 3584, dev)) == big
+    assert graph64.get("WGMMA") and not graph64.get("XS") and "EAGER" not in graph64
+    assert eager64 == {**ops.wgmma_heuristic(64, 3584, 3584, 132), "XS": 1}
+    assert ops._MODE[0] == "eager" and ops._for_launch_mode(ops.config_for("fwd", 256, 3584, 3584, dev)) == big
     with pytest.raises(ValueError, match="mode must be one of"):
         with ops.launch_mode("graphs"):
             pass
