@@ -61,7 +61,7 @@ DQ_CHUNK = 1 << 25  # weights per dequantized window (64 MiB of bf16 scratch)
 
 WGMMA_ROWS = (0, 128)  # untuned forward M in (0, 128]: the warpgroup-MMA kernel (nvfp4_wgmma) when K % 128 == 0
 WGMMA_TUNED_ROWS = (16, 128)  # the M range whose tuned WGMMA entries also serve neighbouring M buckets (tuned_entry)
-EAGER_XS_ROWS = 64  # eager calls of a warpgroup-MMA config with a pre-pass, up to this M: the one-launch XS config
+EAGER_XS_ROWS = 64  # eager warpgroup-MMA calls with a pre-pass up to this M: the one-launch XS config where it suits
 HEURISTIC = "v2"  # "v1": the untuned configs before 2026-11-26 (MMV at M <= 16; comparisons and experiments)
 
 
@@ -167,9 +167,14 @@ def config_for(kind: str, M: int, N: int, K: int, device: torch.device) -> dict:
     if cfg.get("WGMMA") and M <= 16 and "EAGER" not in cfg:  # eager calls at decode sizes: one launch (launch_mode)
         cfg["EAGER"] = heuristic(kind, M, N, K, _sm_count(device.index or 0), wgmma=False)
     elif cfg.get("WGMMA") and M <= EAGER_XS_ROWS and "EAGER" not in cfg and not (cfg.get("XS") or cfg.get("XG")):
-        # eager calls up to EAGER_XS_ROWS rows: the activations staged by the kernel itself (one launch, no TMA
-        # descriptors) instead of the pre-pass launch the tuned config (timed in CUDA graphs) carries
-        cfg["EAGER"] = {**wgmma_heuristic(M, N, K, _sm_count(device.index or 0)), "XS": 1}
+        # eager calls: where the untuned rule stages the activations in the kernel (one launch, no TMA descriptors;
+        # fewer than 128 row tiles), that config instead of the pre-pass launch the tuned one (timed in CUDA graphs)
+        # carries. Eagerly, 7B q/k/v, o and down at M = 24-64 took 38-60 µs per call in a loop instead of 52-99;
+        # 7B gate/up (592 row tiles) ran 30% slower staged, so it keeps its tuned config (H200, 2026-11-26,
+        # reports/host/README.md)
+        eager = wgmma_heuristic(M, N, K, _sm_count(device.index or 0))
+        if eager.get("XS"):
+            cfg["EAGER"] = eager
     return {**cfg, **forced}
 
 

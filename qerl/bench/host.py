@@ -32,18 +32,21 @@ MS = (1, 8, 16, 64, 128, 512, 2048)
 
 
 REPEATS = 5
-SLEEP_CYCLES = 200_000_000  # ~0.1 s of GPU time at H100 / H200 clocks: longer than any run of n calls on the host
+CLOCK_HZ = 2.0e9  # GPU cycles per second assumed when sizing the sleep (H100 / H200 boost clocks are below it)
 
 
 def host_us(fn, n: int = 100, warm: int = 10, repeats: int = REPEATS) -> float:
     """Microseconds of host time per call of ``fn``: the median over ``repeats`` runs of ``n`` calls issued behind a
-    GPU sleep (see module docstring)."""
+    GPU sleep (see module docstring) twice as long as the warm-up calls say ``n`` calls take."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
     for _ in range(warm):
         fn()
     torch.cuda.synchronize()
+    cycles = int(2 * n * (time.perf_counter() - t0) / warm * CLOCK_HZ)
     runs = []
     for _ in range(repeats):
-        torch.cuda._sleep(SLEEP_CYCLES)
+        torch.cuda._sleep(cycles)
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
