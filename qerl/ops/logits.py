@@ -7,7 +7,10 @@ of magnitude 4–8 is rounded to 1/32–1/16, which shows up directly as a log-p
 
 :func:`token_logprobs` is the trainer's path (paper Eq. 1–3 consume ``log π(o_t | q, o_<t)``): positions
 in blocks of about ``chunk`` tokens, each block's fp32 logits recomputed in the backward
-(``torch.utils.checkpoint``), so the memory per token is the hidden state, not ``V`` floats.
+(``torch.utils.checkpoint``), so the memory per token is the hidden state, not ``V`` floats. On CUDA with bf16 / fp16
+hidden states each block is one autograd node (:class:`_BlockLogprobs`): the fp32-output GEMM, then one Triton pass
+for the log-probs and entropies and, in the backward, the GEMM again and one pass writing the gradient of the logits in
+the activations' dtype (:mod:`qerl_kernels.token_logprob`; torch's composite, the CPU path, is its reference).
 """
 from __future__ import annotations
 
@@ -93,6 +96,57 @@ def _chunk_logprobs(h, weight, bias, targets, inv_t: float, with_entropy: bool):
     return lp, -(lsm.exp() * lsm).sum(-1)
 
 
+class _BlockLogprobs(torch.autograd.Function):
+    """One block of :func:`token_logprobs` on CUDA: ``h [n, H]`` bf16/fp16, ``weight [V, H]``, optional ``bias [V]``,
+    ``targets [n]`` -> ``(lp [n], ent [n] or None)`` fp32, the fp32 logits never kept: the backward recomputes them
+    (one GEMM) and :func:`qerl_kernels.token_logprob.grad` writes ``∂L/∂logits`` in ``h``'s dtype for ``dh = · W`` and
+    ``dW = ·ᵀ h``. The entropy is returned detached."""
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, targets, inv_t: float, with_entropy: bool):
+        from qerl_kernels import token_logprob
+
+        lp, ent, lse = token_logprob.forward(_block_logits(h, weight, bias), targets, inv_t, with_entropy)
+        ctx.save_for_backward(h, weight, bias, targets, lse)
+        ctx.inv_t = inv_t
+        if ent is not None:
+            ctx.mark_non_differentiable(ent)
+        return lp, ent
+
+    @staticmethod
+    def backward(ctx, g_lp, g_ent):
+        from qerl_kernels import token_logprob
+
+        h, weight, bias, targets, lse = ctx.saved_tensors
+        if g_lp is None:
+            return None, None, None, None, None, None
+        d = token_logprob.grad(_block_logits(h, weight, bias), targets, g_lp.float(), lse, ctx.inv_t, h.dtype)
+        dh = d @ weight if ctx.needs_input_grad[0] else None
+        dw = d.t() @ h if ctx.needs_input_grad[1] else None
+        db = d.float().sum(0) if bias is not None and ctx.needs_input_grad[2] else None
+        return dh, dw, db, None, None, None
+
+
+def _block_logits(h, weight, bias):
+    """fp32 ``h · weightᵀ (+ bias)``: one fp32-output GEMM on CUDA; the upcast product elsewhere (the interpreter)."""
+    out = torch.mm(h, weight.t(), out_dtype=torch.float32) if h.is_cuda else h.float() @ weight.float().t()
+    return out if bias is None else out.add_(bias.float())
+
+
+def _fused_ok(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether :class:`_BlockLogprobs` runs: CUDA, bf16 / fp16 hidden states and weight of one dtype, the
+    fp32-output GEMM available (or the Triton interpreter, for the tests)."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return hidden.dtype in (torch.bfloat16, torch.float16) and weight.dtype == hidden.dtype and FUSED[0]
+    return (FUSED[0] and hidden.is_cuda and hidden.dtype in (torch.bfloat16, torch.float16)
+            and weight.dtype == hidden.dtype and _mm_fp32_ok(hidden.device))
+
+
+FUSED = [True]  # the fused blocks on where they can run (the checks and the benchmark compare both)
+
+
 def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
                    bias: torch.Tensor | None = None, with_entropy: bool = False, chunk: int = CHUNK_TOKENS):
     """Per-token ``log softmax(h·Wᵀ / T)[target]`` (and entropies) from hidden states, in blocks of positions.
@@ -106,8 +160,17 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     step = max(1, chunk // max(1, hidden.shape[0]))
     lps, ents = [], []
+    fused = _fused_ok(hidden, weight)
     for s in range(0, hidden.shape[1], step):
         args = (hidden[:, s:s + step], weight, bias, targets[:, s:s + step], inv_t, with_entropy)
+        if fused:
+            hb, tb = args[0], args[3]
+            lp, ent = _BlockLogprobs.apply(hb.reshape(-1, hb.shape[-1]), weight, bias, tb.reshape(-1), inv_t,
+                                           with_entropy)
+            lps.append(lp.view(tb.shape))
+            if with_entropy:
+                ents.append(ent.view(tb.shape))
+            continue
         if grad:
             lp, ent = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
         else:
