@@ -24,8 +24,10 @@ def add_bench(sub) -> None:
                                     "[--configfile config/paper.yaml]` projects each paper table's GPU-hours from "
                                     "those measurements (no GPU; reports/reproduce/cost_<device>.csv / .md). `qerl bench host "
                                     "[--models 0.5B 7B] [--ms ...]` measures the host time of eager NVFP4 calls "
-                                    "(reports/host/<device>.csv / .md).")
-    bk.add_argument("what", choices=["kernels", "host", "rollout", "step", "rehearsal", "cost"],
+                                    "(reports/host/<device>.csv / .md). `qerl bench logprobs [--tokens ...] [--hidden ...]` times "
+                                    "the update's per-token log-probs, fused blocks against torch's composite "
+                                    "(reports/logprobs/<device>.csv / .md).")
+    bk.add_argument("what", choices=["kernels", "host", "logprobs", "rollout", "step", "rehearsal", "cost"],
                     help="which benchmark")
     bk.add_argument("rest", nargs=argparse.REMAINDER,
                     help="options of the benchmark (see `qerl bench kernels|rollout|step|rehearsal|cost --help`)")
@@ -37,6 +39,10 @@ def run_bench(args) -> int:
         from qerl.bench import host as bench_host
 
         return bench_host.main(args.rest)
+    if args.what == "logprobs":
+        from qerl.bench import logprobs as bench_logprobs
+
+        return bench_logprobs.main(args.rest)
     if args.what == "rollout":
         from qerl.bench import rollout as bench_rollout
 
