@@ -55,9 +55,10 @@ def restore(prev: tuple) -> None:
 
 
 def clear() -> None:
-    """Forget every remembered launch and memo (e.g. after the tuned tables changed)."""
+    """Forget every remembered launch and memo (e.g. after the tuned tables changed) and the imported driver handle."""
     _HITS.clear()
     _MEMO.clear()
+    _TRITON.clear()
 
 
 def memo(build, *args):

@@ -144,3 +144,42 @@ def test_scopes_are_per_thread(fake):
     t.join()
     launch.restore(prev)
     assert seen == [None] and getattr(launch._TLS, "key", None) is None
+
+
+def test_memo_computes_a_launchers_static_part_once_per_scope(fake):
+    """``launch.memo``: once per (scope, builder) inside a scope; on every call outside one or with the direct
+    launches off; ``clear`` forgets it."""
+    calls = []
+
+    def build(n):
+        calls.append(n)
+        return ("static", n)
+
+    for _ in range(3):
+        prev = launch.scope(("call", 1))
+        assert launch.memo(build, 5) == ("static", 5)
+        launch.restore(prev)
+    assert calls == [5]
+    prev = launch.scope(("call", 2))  # another scope: built again
+    launch.memo(build, 6)
+    launch.restore(prev)
+    assert calls == [5, 6]
+    launch.memo(build, 7), launch.memo(build, 7)  # outside any scope: every call
+    assert calls == [5, 6, 7, 7] and not launch.in_scope()
+    launch.DIRECT[0] = False
+    try:
+        prev = launch.scope(("call", 1))
+        launch.memo(build, 8)
+        launch.restore(prev)
+    finally:
+        launch.DIRECT[0] = True
+    assert calls[-1] == 8
+    launch.clear()
+    prev = launch.scope(("call", 1))
+    launch.memo(build, 9)
+    launch.restore(prev)
+    assert calls[-1] == 9
+
+
+def test_cdiv_is_plain_integer_ceil_division():
+    assert [launch.cdiv(a, 8) for a in (0, 1, 8, 9, 4096, 4097)] == [0, 1, 1, 2, 512, 513]
