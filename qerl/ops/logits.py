@@ -97,21 +97,25 @@ def _chunk_logprobs(h, weight, bias, targets, inv_t: float, with_entropy: bool):
 
 
 class _BlockLogprobs(torch.autograd.Function):
-    """One block of :func:`token_logprobs` on CUDA: ``h [n, H]`` bf16/fp16, ``weight [V, H]``, optional ``bias [V]``,
-    ``targets [n]`` -> ``(lp [n], ent [n] or None)`` fp32, the fp32 logits never kept: the backward recomputes them
-    (one GEMM) and :func:`qerl_kernels.token_logprob.grad` writes ``∂L/∂logits`` in ``h``'s dtype for ``dh = · W`` and
+    """One block of :func:`token_logprobs` on CUDA: ``h [N, t, H]`` bf16/fp16 (a slice of the hidden states: saved
+    as the view it is, no copy), ``weight [V, H]``, optional ``bias [V]``, ``targets [N, t]`` -> ``(lp [N, t],
+    ent [N, t] or None)`` fp32, the fp32 logits never kept: the backward recomputes them (one GEMM) and
+    :func:`qerl_kernels.token_logprob.grad` writes ``∂L/∂logits`` in ``h``'s dtype for ``dh = · W`` and
     ``dW = ·ᵀ h``. The entropy is returned detached."""
 
     @staticmethod
     def forward(ctx, h, weight, bias, targets, inv_t: float, with_entropy: bool):
         from qerl_kernels import token_logprob
 
-        lp, ent, lse = token_logprob.forward(_block_logits(h, weight, bias), targets, inv_t, with_entropy)
+        h2 = h.reshape(-1, h.shape[-1])
+        lp, ent, lse = token_logprob.forward(_block_logits(h2, weight, bias), targets.reshape(-1), inv_t,
+                                             with_entropy)
         ctx.save_for_backward(h, weight, bias, targets, lse)
         ctx.inv_t = inv_t
         if ent is not None:
+            ent = ent.view(targets.shape)
             ctx.mark_non_differentiable(ent)
-        return lp, ent
+        return lp.view(targets.shape), ent
 
     @staticmethod
     def backward(ctx, g_lp, g_ent):
@@ -120,9 +124,11 @@ class _BlockLogprobs(torch.autograd.Function):
         h, weight, bias, targets, lse = ctx.saved_tensors
         if g_lp is None:
             return None, None, None, None, None, None
-        d = token_logprob.grad(_block_logits(h, weight, bias), targets, g_lp.float(), lse, ctx.inv_t, h.dtype)
-        dh = d @ weight if ctx.needs_input_grad[0] else None
-        dw = d.t() @ h if ctx.needs_input_grad[1] else None
+        h2 = h.reshape(-1, h.shape[-1])
+        d = token_logprob.grad(_block_logits(h2, weight, bias), targets.reshape(-1), g_lp.reshape(-1).float(), lse,
+                               ctx.inv_t, h.dtype)
+        dh = (d @ weight).view(h.shape) if ctx.needs_input_grad[0] else None
+        dw = d.t() @ h2 if ctx.needs_input_grad[1] else None
         db = d.float().sum(0) if bias is not None and ctx.needs_input_grad[2] else None
         return dh, dw, db, None, None, None
 
@@ -164,12 +170,10 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     for s in range(0, hidden.shape[1], step):
         args = (hidden[:, s:s + step], weight, bias, targets[:, s:s + step], inv_t, with_entropy)
         if fused:
-            hb, tb = args[0], args[3]
-            lp, ent = _BlockLogprobs.apply(hb.reshape(-1, hb.shape[-1]), weight, bias, tb.reshape(-1), inv_t,
-                                           with_entropy)
-            lps.append(lp.view(tb.shape))
+            lp, ent = _BlockLogprobs.apply(*args)
+            lps.append(lp)
             if with_entropy:
-                ents.append(ent.view(tb.shape))
+                ents.append(ent)
             continue
         if grad:
             lp, ent = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
