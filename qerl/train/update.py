@@ -22,6 +22,7 @@ from qerl.rl.advantages import group_advantages
 from qerl.rl.losses import LossSettings, mismatch_stats, policy_loss, truncated_is_weights
 from qerl.rollout.sampler import columns_of, row_spans, sequence_logprobs
 from qerl.train import dist, sharding
+from qerl.train.fused import fused_elementwise
 from qerl.train.steps import derive_seed, logprobs_no_grad, micro_weight
 
 
@@ -122,7 +123,7 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
     micro = by_length(rank_micro_batches(len(batch.texts), a.group_size, cfg.micro_batch_size, d),
                       batch.completion_mask, a.group_size)
     one_pass = a.updates_per_batch == 1 and not a.old_logprob_pass  # old log-probs = the update's forward
-    with ctx:
+    with ctx, fused_elementwise(policy):  # RMSNorm and the SiLU gate as fused kernels (CUDA)
         with phase("logprob"):
             old_logp = mismatch = is_w = ref_logp = None
             if not one_pass:
