@@ -58,7 +58,7 @@ from qerl.rollout.engine.runner import SPLIT as ENGINE_SPLIT  # the engine's spl
 COLUMNS = ["device", "model", "method", "batch", "prompt_len", "gen_len", "lengths", "nproc", "status", "rollout_s", "logprob_s",
            "update_s", "total_s", "tokens_per_s", "peak_gb", "rank_idle_s", "checkpointing", "micro_batch",
            "engine_cache", "optimizer_states", "optimizer", "samples_per_prompt", "dense_update", "prefill_s",
-           "capture_s", "host_s",
+           "capture_s", "host_s", "fused_update",
            "note"]
 BASE = {"lora": "bf16", "qlora": "nf4", "qerl": "nvfp4", "full": "bf16"}  # full: every weight trained
 #: the paper's one-H100 efficiency numbers (docs/paper.md): rollout tok/s at batch 8 / 2, weight GB, step s.
@@ -256,7 +256,7 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
     base = {"device": device, "model": model, "method": method, "prompt_len": prompt_len, "micro_batch": micro,
             "nproc": d.world, "engine_cache": "kept" if keep_cache else "released",
             "optimizer_states": "parked" if offload else "gpu", "lengths": str(lengths) if lengths else "fixed",
-            "samples_per_prompt": 1, "dense_update": dense}
+            "samples_per_prompt": 1, "dense_update": dense, "fused_update": fused_on()}
     try:
         lm = build(model, BASE[method])
     except torch.cuda.OutOfMemoryError as e:
@@ -324,6 +324,14 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
     gc.collect()
     torch.cuda.empty_cache()
     return rows
+
+
+def fused_on() -> bool:
+    """Whether the update runs with its norms and SiLU gate fused (:mod:`qerl.train.fused`: on CUDA, unless
+    ``FUSED[0]`` is off); older rows of the CSV, without the column, ran without."""
+    from qerl.train.fused import FUSED
+
+    return bool(FUSED[0] and torch.cuda.is_available())
 
 
 def _first(e: BaseException) -> str:

@@ -166,7 +166,8 @@ def test_estimates_within_15_percent_of_the_measured_peaks():
                                 eight_bit="8bit" in r["optimizer"], release_cache=r.get("engine_cache") != "kept",
                                 full=r["method"] == "full", offload=r.get("optimizer_states") == "parked",
                                 dense=r.get("dense_update") == "True",
-                                prompts=int(r["batch"]) // int(r.get("samples_per_prompt") or 1))
+                                prompts=int(r["batch"]) // int(r.get("samples_per_prompt") or 1),
+                                fused=r.get("fused_update") == "True")
             measured = float(r["peak_gb"])
             assert abs(est["peak_gb"] / measured - 1) <= 0.15, (f.name, r["model"], r["method"], r["batch"],
                                                                 r["gen_len"], est["peak_gb"], measured)
