@@ -101,13 +101,6 @@ def _triton() -> list:
     return _TRITON
 
 
-def current_stream():
-    """The current CUDA stream of the current device as Triton's launchers take it (a raw handle; cheaper than
-    ``torch.cuda.current_stream().cuda_stream``, which builds a Stream object)."""
-    active = (_TRITON or _triton())[1].active
-    return active.get_current_stream(active.get_current_device())
-
-
 def _no_hooks(knobs) -> bool:
     """Whether no launch hook is installed (Triton 3.6 keeps empty hook chains; a profiler adds to them)."""
     h, g = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook

@@ -1,8 +1,8 @@
 """Per-token log-probs (and entropies) of fp32 logits, and their gradient, in one pass each: the trainer's
 ``log π(o_t | q, o_<t)`` (paper Eq. 1–3) without the ~15 passes torch makes over a ``[n, V]`` block.
 
-The definition (:func:`reference`, and :func:`qerl.ops.logits.token_logprobs`'s CPU path), with ``z = logits · τ``,
-``τ = float32(1 / T)``:
+The definition (torch's composite, :func:`qerl.ops.logits._chunk_logprobs`: the CPU path and the reference), with
+``z = logits · τ``, ``τ = float32(1 / T)``:
 
     lse = log Σ_v exp(z_v)            lp = z_target - lse          ent = lse - Σ_v softmax(z)_v · z_v
     ∂lp / ∂logits_v = τ · (1[v = target] - exp(z_v - lse))       (the entropy is not differentiated: the trainer
@@ -102,9 +102,3 @@ def grad(logits: torch.Tensor, targets: torch.Tensor, g: torch.Tensor, lse: torc
                    dict(BLOCK=GRAD_BLOCK, num_warps=8))
     return out
 
-
-def reference(logits: torch.Tensor, targets: torch.Tensor, inv_t: float):
-    """The torch definition: ``(lp, ent)`` of ``logits [n, V]`` (differentiable in ``logits``; ent as computed)."""
-    lsm = (logits.float() * inv_t).log_softmax(-1)
-    lp = lsm.gather(-1, targets.clamp(0, logits.shape[-1] - 1)[:, None])[:, 0]
-    return lp, -(lsm.exp() * lsm).sum(-1)

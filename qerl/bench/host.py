@@ -17,7 +17,6 @@ rank-32 adapter, ``lora_a=``), ``bwd`` (``nvfp4_matmul_t``), ``seam`` (``qerl.op
 from __future__ import annotations
 
 import argparse
-import csv
 import cProfile
 import io
 import pstats
@@ -133,13 +132,9 @@ def with_comparison(rows: list[dict], triton_rows: list[dict]) -> list[dict]:
 
 
 def write(rows: list[dict], out: Path, device: str, profile: str = "") -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    stem = device.replace(" ", "_")
-    with open(out / f"{stem}.csv", "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=list(rows[0]) + ["device"])
-        wr.writeheader()
-        for r in rows:
-            wr.writerow({**r, "device": device})
+    from qerl.bench.report import device_csv
+
+    stem = device_csv(rows, out, device)
     worst = max(rows, key=lambda r: r["host_us"])
     met = sum(r["meets"] for r in rows)
     lines = [f"# Host time per eager NVFP4 linear call — {device}", "",
@@ -166,7 +161,7 @@ def write(rows: list[dict], out: Path, device: str, profile: str = "") -> Path:
     if profile:
         lines += ["", "## Where the slowest call's host time goes (cProfile, own time first)", "", "```",
                   profile.strip(), "```"]
-    path = out / f"{stem}.md"
+    path = stem.with_suffix(".md")
     path.write_text("\n".join(lines) + "\n")
     return path
 

@@ -10,7 +10,6 @@ differences and the relative difference of the hidden states' gradient. Times ar
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import time
 from pathlib import Path
@@ -63,13 +62,9 @@ def bench(tokens: int, hidden: int, vocab: int = VOCAB, rows: int = 64, reps: in
 
 def write(rows: list[dict], out: Path, device: str) -> Path:
     """``<device>.csv`` and ``.md`` (the table and the fused / composite speed-ups) under ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    stem = device.replace(" ", "_")
-    with open(out / f"{stem}.csv", "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=list(rows[0]) + ["device"])
-        wr.writeheader()
-        for r in rows:
-            wr.writerow({**r, "device": device})
+    from qerl.bench.report import device_csv
+
+    stem = device_csv(rows, out, device)
     lines = [f"# Per-token log-probs of the update — {device}", "",
              "`qerl bench logprobs`: `qerl.ops.logits.token_logprobs` (log-probs + entropies, then the hidden "
              "states' gradient), fused blocks vs torch's composite, the same inputs; medians.", "",
@@ -88,7 +83,7 @@ def write(rows: list[dict], out: Path, device: str) -> Path:
             f, c = p["fused"], p["composite"]
             lines.append(f"| {tok} | {hid} | {c['forward_ms'] / f['forward_ms']:.2f}x | "
                          f"{c['backward_ms'] / f['backward_ms']:.2f}x |")
-    path = out / f"{stem}.md"
+    path = stem.with_suffix(".md")
     path.write_text("\n".join(lines) + "\n")
     return path
 

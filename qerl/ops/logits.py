@@ -14,6 +14,8 @@ the activations' dtype (:mod:`qerl_kernels.token_logprob`; torch's composite, th
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -142,8 +144,6 @@ def _block_logits(h, weight, bias):
 def _fused_ok(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether :class:`_BlockLogprobs` runs: CUDA, bf16 / fp16 hidden states and weight of one dtype, the
     fp32-output GEMM available (or the Triton interpreter, for the tests)."""
-    import os
-
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         return hidden.dtype in (torch.bfloat16, torch.float16) and weight.dtype == hidden.dtype and FUSED[0]
     return (FUSED[0] and hidden.is_cuda and hidden.dtype in (torch.bfloat16, torch.float16)

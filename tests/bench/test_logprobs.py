@@ -21,11 +21,11 @@ def test_report_pairs_the_paths_into_speed_ups(tmp_path):
     assert lines[0].endswith(",device") and len(lines) == 4
 
 
-def test_parser_defaults_and_cpu_refusal():
+def test_parser_defaults_and_cpu_refusal(monkeypatch):
     a = logprobs.build_parser().parse_args(["--tokens", "2048", "--hidden", "896"])
     assert a.tokens == [2048] and a.hidden == [896] and a.vocab == 151936 and a.output == "reports/logprobs"
     import torch
 
-    if not torch.cuda.is_available():
-        with pytest.raises(SystemExit, match="needs a CUDA GPU"):
-            logprobs.main(["--tokens", "64"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        logprobs.main(["--tokens", "64"])
