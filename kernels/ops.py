@@ -545,7 +545,7 @@ def _launch_wgmma(c: _Call) -> torch.Tensor:
     # stream-K: the wrapper sizes its partial-tile workspace (2 tiles per program); without split-K: none
     part = torch.empty(split * c.M * c.N, device=c.x2.device, dtype=torch.float32) if split > 1 and not sk else None
     if c.pdl:  # permute first: the PDL primary (xa [16, R]) must be the launch right before the kernel
-        xperm = None if c.cfg.get("XG") or c.cfg.get("XS") else permute_activations(c.x2)
+        xperm = None if c.cfg.get("XG") or c.cfg.get("XS") or c.cfg.get("RD") else permute_activations(c.x2)
         xa = _pdl_primary(c.x2, c.lora_a, c.M, c.K, c.r, locks)
     if ws:  # the warp-specialised kernel (pre-permuted activations; split-K or stream-K)
         from qerl_kernels.nvfp4_wgmma_ws import nvfp4_ws_matmul

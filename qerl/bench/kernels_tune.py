@@ -141,6 +141,28 @@ def _wgmma_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
     return out
 
 
+def _rd_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
+    """M <= 16, K % 128 == 0: the warpgroup-MMA kernel with the weights loaded straight into registers (``RD``),
+    U = 1 | 2 | 4 K steps per batch, K split to ~2 / 4 / 7 programs per SM (and 1-4), the splits whose staged
+    activation tiles fit (:func:`qerl_kernels.nvfp4_wgmma.rd_tiles`)."""
+    from qerl_kernels.nvfp4_wgmma import rd_tiles
+
+    if K % 128 or M > 16:
+        return []
+    bt = 8 if M <= 8 else 16
+    tiles = -(-N // 64) * -(-M // bt)
+    ks = K // 128
+    splits = sorted({max(1, min(ks, round(p * sms / tiles))) for p in (2, 4, 7)} | {min(s, ks) for s in (1, 2, 3, 4)})
+    out = []
+    for split, u in itertools.product(splits, (1, 2, 4)):
+        try:
+            rd_tiles(ks, split, u, bt)
+        except ValueError:
+            continue
+        out.append(dict(WGMMA=1, WG=1, BT=bt, SPLIT=split, XG=0, NS=2, RD=1, U=u))
+    return out
+
+
 def _wgmma_large(M: int) -> list[dict]:
     """M > 128: two warpgroups (128 weight rows) x BT = 128 | 256 activation rows, 2-4 ring stages (BT = 256:
     3 stages take 219 KiB of shared memory), pre-permuted (``XG`` 0: one extra pass over x) or gathered
@@ -222,6 +244,9 @@ def candidates(kind: str, M: int, N: int, K: int, sms: int, paths: str = "all", 
         return out + ([current] if out and current and current not in out else [])
     if paths == "streamk":  # only the stream-K schedule against the config in use now
         out = _stream_k_paths(M) if kind == "fwd" and K % 128 == 0 and 16 < M <= 512 else []
+        return out + ([current] if out and current and current not in out else [])
+    if paths == "rd":  # only the register-direct warpgroup-MMA kernel against the config in use now
+        out = _rd_paths(M, N, K, sms) if kind == "fwd" else []
         return out + ([current] if out and current and current not in out else [])
     if paths == "decode":  # only the decode kernels (MMV / GEMV) against the config in use now
         out = _decode_paths(M, N, K, sms) if kind == "fwd" and M <= 32 else []
@@ -308,7 +333,7 @@ def precompile(jobs: list[tuple], workers: int, progress: bool = True) -> int:
 def _current(paths: str, device: str, kind: str, M: int, N: int, K: int, sms: int) -> dict | None:
     """The config in use now, which the restricted searches time against: ``decode`` — the tuned entry,
     else the heuristic; ``dq`` — the tuned Triton entry, else the Triton-only heuristic."""
-    if paths in ("decode", "wgmma", "streamk", "ws"):
+    if paths in ("decode", "wgmma", "streamk", "ws", "rd"):
         cur = ops.tuned_entry(device, kind, M, N, K) or ops.heuristic(kind, M, N, K, sms)
         cur.pop("EAGER", None)  # the graph-mode config (keep_eager carries EAGER over)
         return cur
@@ -450,12 +475,14 @@ def main(argv=None) -> int:
     p.add_argument("--ms", nargs="*", type=int, default=[1, 16, 64, 2048])
     p.add_argument("--kinds", nargs="*", default=["fwd", "bwd"], choices=["fwd", "bwd"])
     p.add_argument("--csv", default=None, help="write every measurement here")
-    p.add_argument("--paths", default="all", choices=["all", "dq", "decode", "wgmma", "streamk", "ws"],
+    p.add_argument("--paths", default="all", choices=["all", "dq", "decode", "wgmma", "streamk", "ws", "rd"],
                    help="all: every candidate; dq: the dequantize + cuBLAS windows against the config in use now; "
                         "decode: the decode kernels (forward, M <= 32) against the config in use now; "
                         "wgmma: the warpgroup-MMA kernel (forward) against the config in use now; "
                         "streamk: its stream-K schedule (forward, M 17..512) against the config in use now; "
-                        "ws: the warp-specialised kernel (forward, M 17..512) against the config in use now")
+                        "ws: the warp-specialised kernel (forward, M 17..512) against the config in use now; "
+                        "rd: the warpgroup-MMA kernel with the weights loaded straight into registers (forward, "
+                        "M <= 16) against the config in use now")
     p.add_argument("--workers", type=int, default=0,
                    help="compile the candidates in this many processes first (0/1: compile while timing)")
     p.add_argument("--lora", default="0", metavar="R",
