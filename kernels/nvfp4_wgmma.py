@@ -148,33 +148,6 @@ def _scales_layout(WG, MT=1):
                                       warp_bases=_warp_rows(WG), block_bases=[], shape=[64 * WG * MT, 8])
 
 
-@gluon.constexpr_function
-def _words_u_layout(WG, U):
-    """``RD``: [64·WG rows, 16·U words] int32, U K steps of :func:`_words_layout` side by side (column ``16 s + w``):
-    thread (g, c) of warp w holds words 4c..4c+3 of each step — 16 contiguous bytes, one 128-bit load per row and step."""
-    steps = []
-    u = 1
-    while u < U:
-        steps.append([0, 16 * u])
-        u *= 2
-    return gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 2], [8, 0]] + steps,
-                                      lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
-                                      warp_bases=_warp_rows(WG), block_bases=[], shape=[64 * WG, 16 * U])
-
-
-@gluon.constexpr_function
-def _scales_u_layout(WG, U):
-    """``RD``: [64·WG rows, 8·U scale bytes], U K steps of :func:`_scales_layout` side by side (column ``8 s + b``)."""
-    steps = []
-    u = 1
-    while u < U:
-        steps.append([0, 8 * u])
-        u *= 2
-    return gl.DistributedLinearLayout(reg_bases=[[0, 1], [8, 0]] + steps,
-                                      lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
-                                      warp_bases=_warp_rows(WG), block_bases=[], shape=[64 * WG, 8 * U])
-
-
 @gluon.jit
 def _word_pairs(q, s):
     """Words (8 nibbles) x bf16x2 scale ``(s, s)`` -> pairs (3, 7), (2, 6), (1, 5), (0, 4) of
@@ -337,69 +310,6 @@ def _plain(acc, t0, t1, wsm, ssm, xsm, xop, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, 
 
 
 @gluon.jit
-def _steps(v, U: gl.constexpr, W: gl.constexpr, L: gl.constexpr):
-    """``v [RW, W·U]`` (U K steps side by side, the step in register bits) -> U tensors ``[RW, W]`` in layout ``L``
-    (register moves only: asserted)."""
-    RW: gl.constexpr = v.shape[0]
-    if U == 1:
-        return (gl.convert_layout(v, L, assert_trivial=True),)
-    elif U == 2:
-        a, b = v.reshape([RW, 2, W]).permute([0, 2, 1]).split()
-        return (gl.convert_layout(a, L, assert_trivial=True), gl.convert_layout(b, L, assert_trivial=True))
-    else:  # U == 4: step s = 2 s1 + s0
-        e, o = v.reshape([RW, 2, 2, W]).permute([0, 3, 1, 2]).split()  # s0 = 0 | 1: [RW, W, s1]
-        a, c = e.split()
-        b, d = o.split()
-        return (gl.convert_layout(a, L, assert_trivial=True), gl.convert_layout(b, L, assert_trivial=True),
-                gl.convert_layout(c, L, assert_trivial=True), gl.convert_layout(d, L, assert_trivial=True))
-
-
-@gluon.jit
-def _direct(acc, t0, t1, xst, wq_ptr, ws_ptr, x_ptr, n0, m0, M, N, stride_w4, stride_sn, stride_xm,
-            AOP: gl.constexpr, LW: gl.constexpr, LS: gl.constexpr, RW: gl.constexpr, BT: gl.constexpr,
-            U: gl.constexpr, TX: gl.constexpr, NW: gl.constexpr):
-    """``RD``: the main loop over K steps ``t0 … t1 - 1`` with the weights loaded from global memory straight into
-    the registers that decode them (no shared-memory round trip, no barrier in the loop): U steps per batch, the next
-    batch's 128-bit loads issued before this batch's decode and wgmmas. The activation tiles of all the program's
-    steps (t1 - t0 rounded up to U, zeros past t1; ``TX`` slots allocated) are staged once, before the loop, into
-    the operand tiles (order ``perm_128(2)``, as ``XS``). Steps past ``t1`` load the last step's weights again and meet zero
-    activations."""
-    LWU: gl.constexpr = _words_u_layout(RW // 64, U)
-    LSU: gl.constexpr = _scales_u_layout(RW // 64, U)
-    CX: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])  # [BT, 128] bf16
-    wr = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, LWU)), N - 1)[:, None] * stride_w4
-    wc = gl.arange(0, 16 * U, layout=gl.SliceLayout(0, LWU))[None, :]
-    sr = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, LSU)), N - 1)[:, None] * stride_sn
-    sc = gl.arange(0, 8 * U, layout=gl.SliceLayout(0, LSU))[None, :]
-    last = t1 - 1
-    # the first batch's weights, in flight while the activations are staged
-    q = gl.load(wq_ptr + wr + gl.minimum(t0 + wc // 16, last) * 16 + wc % 16)
-    sb = gl.load(ws_ptr + sr + gl.minimum(t0 + sc // 8, last) * 8 + sc % 8)
-    xr = (m0 + gl.arange(0, BT, layout=gl.SliceLayout(1, CX)))[:, None]
-    xk = gl.arange(0, 128, layout=gl.SliceLayout(0, CX))[None, :]
-    for i in range(0, (t1 - t0 + U - 1) // U * U):
-        t = t0 + i
-        xv = gl.load(x_ptr + xr * stride_xm + t * 128 + xk, mask=(xr < M) & (t < t1), other=0.0)
-        xv = xv.reshape([BT, 4, 4, 2, 2, 2])  # [m, c, v, e, j1, h] -> [m, v, j1, h, c, e] (see _stage_x)
-        xst.index(i).store(xv.permute([0, 2, 4, 5, 1, 3]).reshape([BT, 128]))
-    fence_async_shared()
-    gl.thread_barrier()
-    for b in range(0, (t1 - t0 + U - 1) // U):
-        tn = t0 + (b + 1) * U  # the next batch (clamped to the last step: reloads that meet zero activations)
-        qn = gl.load(wq_ptr + wr + gl.minimum(tn + wc // 16, last) * 16 + wc % 16)
-        sbn = gl.load(ws_ptr + sr + gl.minimum(tn + sc // 8, last) * 8 + sc % 8)
-        qs = _steps(q, U, 16, LW)
-        ss = _steps(sb, U, 8, LS)
-        for s in gl.static_range(U):
-            a = _a_operand(qs[s], ss[s], AOP, LW, RW, False, True)
-            acc = warpgroup_mma(a, xst.index(b * U + s).permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=[acc])
-        q = qn
-        sb = sbn
-    return acc
-
-
-@gluon.jit
 def _output(acc, n0, m0, M, N, out_ptr, stride_om, gs_ptr, bias_ptr, xa_ptr, lb_ptr, lora_scale,
             HAS_BIAS: gl.constexpr, R: gl.constexpr, PDL: gl.constexpr, RW: gl.constexpr, BT: gl.constexpr,
             NW: gl.constexpr, MMA: gl.constexpr):
@@ -487,7 +397,6 @@ def _nvfp4_wgmma_kernel(
     HAS_BIAS: gl.constexpr, USE_SPLIT: gl.constexpr, WG: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr,
     XG: gl.constexpr = True, PIPE: gl.constexpr = False, NSW: gl.constexpr = 0, MT: gl.constexpr = 1,
     R: gl.constexpr = 0, PDL: gl.constexpr = False, XS: gl.constexpr = False, SK: gl.constexpr = False,
-    RD: gl.constexpr = False, U: gl.constexpr = 2, TX: gl.constexpr = 1,
 ):
     RW: gl.constexpr = 64 * WG * MT  # weight rows per program: MT m64 tiles per warpgroup (one x tile for all)
     NW: gl.constexpr = 4 * WG
@@ -506,18 +415,9 @@ def _nvfp4_wgmma_kernel(
     XSL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
     WSL: gl.constexpr = NSW if PIPE else NS  # W-ring slots
-    if RD:  # weights straight into registers: no ring; every activation tile of the program's K range staged
-        xst = gl.allocate_shared_memory(gl.bfloat16, [TX, BT, 128], XSL)
-        wsm = xst
-        ssm = xst
-        xsm = xst
-        xop = xst
-    else:
-        wsm = gl.allocate_shared_memory(gl.uint8, [WSL, RW, 64], FLAT)
-        ssm = gl.allocate_shared_memory(gl.int32, [WSL, RW, 2], FLAT)
-    if RD:
-        pass
-    elif XS:  # the ring holds the tiles as loaded; one operand tile in the wgmma layout
+    wsm = gl.allocate_shared_memory(gl.uint8, [WSL, RW, 64], FLAT)
+    ssm = gl.allocate_shared_memory(gl.int32, [WSL, RW, 2], FLAT)
+    if XS:  # the ring holds the tiles as loaded; one operand tile in the wgmma layout
         xsm = gl.allocate_shared_memory(gl.bfloat16, [NS, BT, 128], FLAT)
         xop = gl.allocate_shared_memory(gl.bfloat16, [BT, 128], XSL)
     else:
@@ -591,12 +491,7 @@ def _nvfp4_wgmma_kernel(
         t0 = pid_s * per
         t1 = gl.minimum(k_steps, t0 + per)
         acc = gl.zeros([RW, BT], gl.float32, layout=MMA)
-        if RD:
-            if t0 < t1:
-                acc = _direct(acc, t0, t1, xst, wp_ptr.to(gl.pointer_type(gl.int32), bitcast=True),
-                              ws_ptr.to(gl.pointer_type(gl.uint8), bitcast=True), xp_ptr, n0, m0, M, N,
-                              stride_wn // 4, stride_sn, stride_xm, AOP, LW, LS, RW, BT, U, TX, NW)
-        elif PIPE:
+        if PIPE:
             if t0 < t1:
                 acc = _pipelined(acc, t0, t1, wsm, ssm, xsm, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, srow, scol, xrow,
                                  xcol, xmask, stride_wn, stride_sn, stride_xm, AOP, LW, LS, FLAT, RW, XG, NS, NSW)
@@ -636,8 +531,8 @@ def stream_k_plan(tiles: int, k_steps: int, P: int) -> list[list[tuple[int, int,
 
 
 def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lora_scale=1.0, *, WG=1, BT=64,
-                       NS=3, SPLIT=1, XG=0, PIPE=0, NSW=0, MT=1, XS=0, SK=0, RD=0, U=2, xp=None, part=None,
-                       lock=None, pdl=False, **_):
+                       NS=3, SPLIT=1, XG=0, PIPE=0, NSW=0, MT=1, XS=0, SK=0, xp=None, part=None, lock=None,
+                       pdl=False, **_):
     """``y [M, N] = x [M, K] · Ŵᵀ (+ bias) (+ lora_scale · xa · lora_bᵀ)`` (bf16; ``xa [M, R]``,
     ``lora_b [N, R]`` contiguous bf16, R a multiple of 16) with :func:`_nvfp4_wgmma_kernel`. ``XG=0``
     (default; faster at every tuned key): the activations are permuted first (:func:`permute_activations`,
@@ -646,10 +541,7 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None,
     workspace (fp32 >= SPLIT·M·N) and tickets (int32 zeros >= tiles); allocated when not given. ``SK``: stream-K
     (plain loop) — ``SK`` programs per SM share the ``tiles · K/128`` (tile, K step) units evenly, so no wave runs
     part-empty whatever the tile count (:func:`stream_k_plan`); ``part`` then holds 2 partial tiles per program
-    (fp32 >= 2·P·RW·BT) and ``SPLIT`` is ignored. ``RD``: the weights go from global memory straight into the
-    registers that decode them, ``U`` (1, 2, 4) K steps per batch, the next batch loaded under this one, and the
-    program's activation tiles are staged once before its loop (:func:`rd_tiles`; one warpgroup, split-K, no
-    stream-K). ``pdl``:
+    (fp32 >= 2·P·RW·BT) and ``SPLIT`` is ignored. ``pdl``:
     launched as the dependent of the launch just before it (``xa`` from :mod:`qerl_kernels.lora_xa`; the
     tiles wait for it only before the LoRA epilogue).
     Validation is the caller's (:mod:`qerl_kernels.ops`); other keys (a config's) are ignored."""
@@ -660,13 +552,7 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None,
     if XS and (XG or PIPE):
         raise ValueError(f"nvfp4_wgmma: XS (activations staged in the kernel) excludes XG and PIPE, got XG={XG} "
                          f"PIPE={PIPE}")
-    TX = 1
-    if RD:
-        TX = rd_tiles(K // 128, SPLIT, U, BT)
-        if WG != 1 or MT != 1 or SK or XG or PIPE:
-            raise ValueError(f"nvfp4_wgmma: RD (weights straight into registers) runs one warpgroup of one m64 tile "
-                             f"with split-K, got WG={WG} MT={MT} SK={SK} XG={XG} PIPE={PIPE}")
-    if XG or XS or RD:
+    if XG or XS:
         xp = x
     elif xp is None:
         xp = permute_activations(x)
@@ -698,24 +584,6 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None,
         xa if xa is not None else out, lora_b if lora_b is not None else out, float(lora_scale)), dict(
         HAS_BIAS=bias is not None, USE_SPLIT=SPLIT > 1, WG=WG, BT=BT, NS=NS, XG=bool(XG), PIPE=bool(PIPE),
         NSW=max(int(NSW), NS) if PIPE else 0, MT=int(MT), R=lora_b.shape[1] if lora_b is not None else 0,
-        PDL=bool(pdl), XS=bool(XS), SK=bool(SK), RD=bool(RD), U=int(U) if RD else 2, TX=TX, num_warps=4 * WG,
-        **({"launch_pdl": True} if pdl else {})))
+        PDL=bool(pdl), XS=bool(XS), SK=bool(SK), num_warps=4 * WG, **({"launch_pdl": True} if pdl else {})))
     return out
-
-
-RD_SMEM = 200 * 1024  # shared memory for the staged activation tiles of one RD program (sm_90: 227 KB a block)
-
-
-def rd_tiles(k_steps: int, split: int, U: int, BT: int) -> int:
-    """``RD``: the activation tiles one program's shared memory holds — its share of the ``k_steps`` 128-wide K
-    steps (``ceil(k_steps / split)``) rounded up to a multiple of 4 (so of ``U``; fewer distinct kernels per
-    shape); raises where they (``BT · 256`` bytes each) would not fit ``RD_SMEM``."""
-    if U not in (1, 2, 4):
-        raise ValueError(f"nvfp4_wgmma: RD batches U = 1, 2 or 4 K steps, got U={U}")
-    per = -(-k_steps // max(1, int(split)))
-    tx = -(-per // 4) * 4
-    if tx * BT * 256 > RD_SMEM:
-        raise ValueError(f"nvfp4_wgmma: RD stages {tx} activation tiles of {BT} x 128 bf16 ({tx * BT * 256} bytes) "
-                         f"per program, more than {RD_SMEM}: raise SPLIT (now {split}) or lower BT")
-    return tx
 

@@ -141,28 +141,6 @@ def _wgmma_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
     return out
 
 
-def _rd_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
-    """M <= 16, K % 128 == 0: the warpgroup-MMA kernel with the weights loaded straight into registers (``RD``),
-    U = 1 | 2 | 4 K steps per batch, K split to ~2 / 4 / 7 programs per SM (and 1-4), the splits whose staged
-    activation tiles fit (:func:`qerl_kernels.nvfp4_wgmma.rd_tiles`)."""
-    from qerl_kernels.nvfp4_wgmma import rd_tiles
-
-    if K % 128 or M > 16:
-        return []
-    bt = 8 if M <= 8 else 16
-    tiles = -(-N // 64) * -(-M // bt)
-    ks = K // 128
-    splits = sorted({max(1, min(ks, round(p * sms / tiles))) for p in (2, 4, 7)} | {min(s, ks) for s in (1, 2, 3, 4)})
-    out = []
-    for split, u in itertools.product(splits, (1, 2, 4)):
-        try:
-            rd_tiles(ks, split, u, bt)
-        except ValueError:
-            continue
-        out.append(dict(WGMMA=1, WG=1, BT=bt, SPLIT=split, XG=0, NS=2, RD=1, U=u))
-    return out
-
-
 def _wgmma_large(M: int) -> list[dict]:
     """M > 128: two warpgroups (128 weight rows) x BT = 128 | 256 activation rows, 2-4 ring stages (BT = 256:
     3 stages take 219 KiB of shared memory), pre-permuted (``XG`` 0: one extra pass over x) or gathered
@@ -184,6 +162,30 @@ def _stream_k_paths(M: int) -> list[dict]:
         if bt > max(64, -(-M // 64) * 64) or (bt == 128 and ns == 4):  # (BT 128 x 4 stages: out of shared memory)
             continue
         out.append(dict(WGMMA=1, WG=wg, BT=bt, NS=ns, SPLIT=1, XG=0, SK=sk, **({"MT": 2} if mt == 2 else {})))
+    return out
+
+
+def _decode_sk_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
+    """M <= 16, K % 128 == 0: the decode sizes on schedules that fill every SM whatever the tile count — the staged
+    warpgroup-MMA kernel (``XS``) on the stream-K schedule at 2-7 programs per SM (the split-K grids leave 7B gate/up
+    at 0.64 waves, ncu), and the warp-specialised kernel (bulk-copy producer, deeper rings) at BT = 8 | 16."""
+    from qerl_kernels.nvfp4_wgmma_ws import ring_bytes
+
+    if K % 128 or M > 16:
+        return []
+    bt = 8 if M <= 8 else 16
+    out = [dict(WGMMA=1, WG=1, BT=bt, NS=2, SPLIT=1, XG=0, XS=1, SK=sk) for sk in range(2, 8)]
+    out += [dict(WGMMA=1, WG=1, BT=bt, NS=3, SPLIT=1, XG=0, XS=1, SK=sk) for sk in (4, 7)]
+    for c, mt, occ in ((1, 1, 2), (1, 1, 1), (2, 1, 1), (2, 1, 2), (4, 1, 1)):
+        for ns in (4, 8):
+            if ring_bytes(c, mt, bt, ns, R=128) * occ > 227 * 1024:
+                continue
+            base = dict(WGMMA=1, WS=1, C=c, MT=mt, BT=bt, NS=ns, OCC=occ)
+            tiles = -(-N // (64 * c * mt))
+            fill = max(1, min(K // 512, round(occ * sms / tiles)))
+            v = {"TMA": 1} if c <= 2 else {}
+            out.append({**base, **v, "SPLIT": 1, "SK": 1})
+            out += [{**base, **v, "SPLIT": sp} for sp in sorted({1, fill})]
     return out
 
 
@@ -245,8 +247,8 @@ def candidates(kind: str, M: int, N: int, K: int, sms: int, paths: str = "all", 
     if paths == "streamk":  # only the stream-K schedule against the config in use now
         out = _stream_k_paths(M) if kind == "fwd" and K % 128 == 0 and 16 < M <= 512 else []
         return out + ([current] if out and current and current not in out else [])
-    if paths == "rd":  # only the register-direct warpgroup-MMA kernel against the config in use now
-        out = _rd_paths(M, N, K, sms) if kind == "fwd" else []
+    if paths == "decode-sk":  # decode sizes on SM-filling schedules (stream-K, warp-specialised) against the current
+        out = _decode_sk_paths(M, N, K, sms) if kind == "fwd" else []
         return out + ([current] if out and current and current not in out else [])
     if paths == "decode":  # only the decode kernels (MMV / GEMV) against the config in use now
         out = _decode_paths(M, N, K, sms) if kind == "fwd" and M <= 32 else []
@@ -333,7 +335,7 @@ def precompile(jobs: list[tuple], workers: int, progress: bool = True) -> int:
 def _current(paths: str, device: str, kind: str, M: int, N: int, K: int, sms: int) -> dict | None:
     """The config in use now, which the restricted searches time against: ``decode`` — the tuned entry,
     else the heuristic; ``dq`` — the tuned Triton entry, else the Triton-only heuristic."""
-    if paths in ("decode", "wgmma", "streamk", "ws", "rd"):
+    if paths in ("decode", "wgmma", "streamk", "ws", "decode-sk"):
         cur = ops.tuned_entry(device, kind, M, N, K) or ops.heuristic(kind, M, N, K, sms)
         cur.pop("EAGER", None)  # the graph-mode config (keep_eager carries EAGER over)
         return cur
@@ -475,14 +477,14 @@ def main(argv=None) -> int:
     p.add_argument("--ms", nargs="*", type=int, default=[1, 16, 64, 2048])
     p.add_argument("--kinds", nargs="*", default=["fwd", "bwd"], choices=["fwd", "bwd"])
     p.add_argument("--csv", default=None, help="write every measurement here")
-    p.add_argument("--paths", default="all", choices=["all", "dq", "decode", "wgmma", "streamk", "ws", "rd"],
+    p.add_argument("--paths", default="all", choices=["all", "dq", "decode", "wgmma", "streamk", "ws", "decode-sk"],
                    help="all: every candidate; dq: the dequantize + cuBLAS windows against the config in use now; "
                         "decode: the decode kernels (forward, M <= 32) against the config in use now; "
                         "wgmma: the warpgroup-MMA kernel (forward) against the config in use now; "
                         "streamk: its stream-K schedule (forward, M 17..512) against the config in use now; "
                         "ws: the warp-specialised kernel (forward, M 17..512) against the config in use now; "
-                        "rd: the warpgroup-MMA kernel with the weights loaded straight into registers (forward, "
-                        "M <= 16) against the config in use now")
+                        "decode-sk: the decode sizes (forward, M <= 16) on the stream-K schedule and the "
+                        "warp-specialised kernel against the config in use now")
     p.add_argument("--workers", type=int, default=0,
                    help="compile the candidates in this many processes first (0/1: compile while timing)")
     p.add_argument("--lora", default="0", metavar="R",

@@ -486,32 +486,35 @@ def test_lora_xa_primary_row_blocks_under_interpreter():
     """The PDL primary (qerl_kernels.lora_xa, launched plainly here: PDL 0) in 16-row blocks along its
     second grid dimension: xa [16 B, R] equals x @ lora_a.T (rows >= M zero) for M up to 64 (the
     warpgroup-MMA kernel's PDL range), with K tails and several programs per block, also with the chunk loop
-    pipelined (STAGES 3: five chunks per program), and through ``ops._pdl_primary`` (the buffers, grid and
-    knobs both PDL routes launch it with); every block's ticket is back at zero. fp32 operands: the interpreter's bf16 tl.dot is broken (platform.md); the kernel is
+    pipelined (STAGES 3: five chunks per program), with the ranks in chunks (``RB``: R 128 / 64 in chunks of 32 /
+    16, one program per chunk and K share), and through ``ops._pdl_primary`` (the buffers, grid and knobs both PDL
+    routes launch it with, rank chunks from R = 64); every block's ticket is back at zero. fp32 operands: the interpreter's bf16 tl.dot is broken (platform.md); the kernel is
     dtype-generic and the GPU runs it in bf16 (tools/wgmma_check.py)."""
     r = _interp("""
 import json, torch
 from qerl_kernels.lora_xa import _lora_xa_kernel
 g = torch.Generator().manual_seed(7)
 res = []
-for M, K, R, XP, ST in ((40, 384, 32, 2, 1), (64, 200, 16, 3, 1), (7, 256, 16, 1, 1), (40, 640, 32, 2, 3)):
+for M, K, R, XP, ST, RB in ((40, 384, 32, 2, 1, 0), (64, 200, 16, 3, 1, 0), (7, 256, 16, 1, 1, 0),
+                            (40, 640, 32, 2, 3, 0), (8, 384, 128, 3, 1, 32), (20, 200, 64, 2, 1, 16)):
     x = torch.randn(M, K, generator=g)
     la = torch.randn(R, K, generator=g) * 0.1
     B = -(-M // 16)
     xa = torch.full((16 * B, R), 7.0)
-    xap = torch.empty(B * XP * 16 * R)
-    lock = torch.zeros(4, dtype=torch.int32)
-    _lora_xa_kernel[(XP, B)](x, la, xa, xap, lock, lock, M, K, x.stride(0), XP, R=R, KB=64, QB=4, PDL=0, STAGES=ST)
+    xap = torch.full((B * XP * 16 * R,), float("nan"))  # every partial column is written before it is summed
+    lock = torch.zeros(16, dtype=torch.int32)
+    _lora_xa_kernel[(XP * (R // RB if RB else 1), B)](x, la, xa, xap, lock, lock, M, K, x.stride(0), XP, R=R, KB=64,
+                                                      QB=4, PDL=0, STAGES=ST, RB=RB)
     want = x @ la.T
     err = float((xa[:M] - want).norm() / want.norm())
     res.append([M, err, bool((xa[M:] == 0).all()), int(lock.abs().sum())])
 from qerl_kernels import ops  # as ops launches it (KB 128, its QB, the depth of _xa_stages: 3 at K = 9000)
 ops.XA_PDL_AT = 0  # griddepcontrol has no interpreter twin
-for M, K in ((40, 384), (5, 9000), (64, 256)):
+for M, K, R in ((40, 384, 32), (5, 9000, 32), (64, 256, 32), (8, 512, 128), (17, 384, 64)):
     x = torch.randn(M, K, generator=g)
-    la = torch.randn(32, K, generator=g) * 0.1
+    la = torch.randn(R, K, generator=g) * 0.1
     locks = torch.zeros(ops._LOCK_SLOTS, dtype=torch.int32)
-    xa = ops._pdl_primary(x, la, M, K, 32, locks)
+    xa = ops._pdl_primary(x, la, M, K, R, locks)
     want = x @ la.T
     tail_ok = bool((xa[M:] == 0).all()) and xa.shape[0] == 16 * -(-M // 16)
     res.append([M, float((xa[:M] - want).norm() / want.norm()), tail_ok, int(locks.abs().sum())])
