@@ -13,7 +13,7 @@ register-fragment producer inside the launch took the 32B gate/up M = 1 kernel f
 programs per SM and added 32%, ``tools/lora_trace.py``), and its loads are issued before the weight
 stream saturates the memory system.
 
-Program ``p`` of XP reduces the KB-wide K chunks p, p + XP, … (ops: KB = 128, XP = min(XA_PROGRAMS = 64, K / 128))
+Program ``p`` of XP reduces the KB-wide K chunks p, p + XP, … (ops: KB = 128, XP = ``ops.xa_shares``: ~14 chunks each)
 with ``tl.dot`` into an fp32 partial ``xap [XP, 16, R]``; the last program to finish (a ticket in
 ``lock``, reset by it) sums the partials in a fixed order (deterministic) and stores ``xa`` — the same
 two steps as the fused producers (:func:`.nvfp4_mmv._xa_partial`, :func:`.nvfp4_mmv._xa_sum`). The
@@ -64,7 +64,7 @@ def _lora_xa_kernel(x_ptr, la_ptr, xa_ptr, xap_ptr, lock_ptr, tr_ptr, M, K, stri
     have landed (its chunks' ``tl.dot`` done: the decode kernel's weight stream then cannot delay them).
     ``TRACE`` (diagnostics, ``tools/lora_trace.py``): ``%globaltimer`` stamps into ``tr_ptr [XP, 8]``
     (int64): start, SM, chunks done, ticket back, and — the last program — ``xa`` stored (``[B·XP, 8]`` with B
-    row blocks). ``STAGES`` > 1 (``ops._xa_stages``: above K = 8192): the chunk loop pipelined. ``RB`` (< R, a
+    row blocks). ``STAGES`` > 1 (``ops._xa_stages``: 3): the chunk loop pipelined. ``RB`` (< R, a
     divisor): the ranks in chunks of RB, one program per (rank chunk, K share) — ``program_id(0)`` runs over
     ``XP · R / RB``, each chunk with its own ticket and final sum (:func:`_xa_chunk_sum`): at R = 128 the whole-rank
     program took 255 registers with spills, and its one final sum of ``XP`` partials ``[16, R]`` took the launch to

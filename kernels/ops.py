@@ -325,7 +325,7 @@ def _resolved(kind: str, x2, packed, scale, gs, n_out: int, extra: tuple, r: int
     key = (kind, M, N, K, x2.dtype, x2.device, interpret, packed.data_ptr() % 16, packed.stride(0) % 16,
            x2.data_ptr() % 16, x2.stride(0), scale.data_ptr() % 4, scale.stride(0) % 4, gs.data_ptr() % 16,
            os.environ.get("QERL_KERNEL_CONFIG"), _MODE[0], n_out, r, tuple(map(_sig, extra)), _sig(lora_a),
-           LORA_LAUNCH, XA_PROGRAMS, XA_QB, XA_STAGES, XA_PDL_AT, XA_PDL_ROWS, EAGER_XS_ROWS, HEURISTIC,
+           LORA_LAUNCH, XA_PROGRAMS, XA_CHUNKS, XA_QB, XA_STAGES, XA_PDL_AT, XA_PDL_ROWS, EAGER_XS_ROWS, HEURISTIC,
            XA_RANK_CHUNKS)
     hit = _RESOLVED.get(key)
     if hit is None:
@@ -387,19 +387,28 @@ LORA_LAUNCH = "auto"
 XA_PDL_ROWS = 64  # the PDL primary's row blocks: 16 rows each, one ticket slot each (the last 4 of _locks)
 # the PDL primary's shape (experiments; the defaults are the measured configuration): its programs (at most
 # one per 128-wide K chunk), partials summed per load round by the last one, chunk-loop pipeline depth
-XA_PROGRAMS = 64
+XA_PROGRAMS = 64  # at most this many K shares
+XA_CHUNKS = 14  # 128-wide K chunks per K share (xa_shares)
 XA_QB = 16
 XA_STAGES = 0  # 0: auto, see _xa_stages
-XA_PDL_AT = 2  # lora_xa releases the decode launch at its start (1) / after its loads (2)
+XA_PDL_AT = 1  # lora_xa releases the decode launch at its start (1) / after its loads (2)
 XA_RANK_CHUNKS = True  # lora_xa above rank 32: one program per 32 ranks and K share (xa_rank_chunk)
 
 
 def _xa_stages(K: int) -> int:
-    """The PDL primary's chunk-loop pipeline depth: 3 above K = 8192, 1 below; ``XA_STAGES`` forces one.
-    Measured on the H100 (CUDA graphs, the WGMMA route, M 8-64; wgmma_lora_split_v11_*.json [ea84b65]):
-    on 7B / 32B down 15 of 16 shape/M pairs 0.4-5.1 us faster per call over two runs (32B down M = 16 once
-    +1.7); at K = 3584 within +-0.8 us either way."""
-    return XA_STAGES or (3 if K > 8192 else 1)
+    """The PDL primary's chunk-loop pipeline depth: 3 (each K share loops over ~``XA_CHUNKS`` chunks,
+    :func:`xa_shares`); ``XA_STAGES`` forces one."""
+    return XA_STAGES or 3
+
+
+def xa_shares(K: int) -> int:
+    """The PDL primary's K shares (programs per rank chunk): ``ceil(K / (128 · XA_CHUNKS))``, at most
+    ``XA_PROGRAMS`` — 2 at K = 3584, 11 at 18944. Measured on the H100 (7B projections at the engine's ranks, M = 8,
+    CUDA graphs; reports/kernels/evidence/lora_xa_shape_7B_*): against one share per chunk (28 / 64), released
+    after its loads, with the final sum of every share's partial, few pipelined shares released at their start
+    cut the LoRA call's cost over the bare kernel from 5.0 / 2.5 / 11.1 / 3.8 µs to 2.2 / 2.1 / 2.2 / 3.3 (q/k/v,
+    o, gate/up, down)."""
+    return max(1, min(XA_PROGRAMS, -(-K // (128 * XA_CHUNKS))))
 
 
 def lora_route(kind: str, cfg: dict, M: int, K: int, mode: str = "auto") -> str:
@@ -435,7 +444,7 @@ def _pdl_primary(x2, lora_a, M: int, K: int, r: int, locks) -> torch.Tensor:
 
     blocks = -(-M // 16)
     xa = torch.empty(16 * blocks, r, device=x2.device, dtype=x2.dtype)
-    nxp = min(XA_PROGRAMS, -(-K // 128))
+    nxp = xa_shares(K)
     rb = xa_rank_chunk(r)
     xap = torch.empty(blocks * nxp * 16 * r, device=x2.device, dtype=torch.float32)
     launch.run(_lora_xa_kernel, (nxp * (r // rb if rb else 1), blocks),

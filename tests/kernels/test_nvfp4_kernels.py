@@ -285,15 +285,20 @@ def test_lora_route_picks_the_measured_launch():
     assert lora_route("bwd", wg, 16, 3584) == "matmul"
 
 
-def test_pdl_primary_pipelines_long_k(monkeypatch):
-    """The PDL primary's chunk loop runs 3 deep above K = 8192 (measured faster there, a wash at K = 3584);
-    ``ops.XA_STAGES`` forces a depth."""
+def test_pdl_primary_shares_and_pipeline(monkeypatch):
+    """The PDL primary runs few K shares of ~``XA_CHUNKS`` 128-wide chunks each (2 at the 7B hidden size, 11 at its
+    intermediate size, one for short K, at most ``XA_PROGRAMS``), its chunk loop 3 deep; ``ops.XA_STAGES`` forces a
+    depth; ranks above 32 go in chunks of 32 while there are ticket slots for them."""
     from qerl_kernels import ops
 
     monkeypatch.setattr(ops, "XA_STAGES", 0)
-    assert ops._xa_stages(3584) == 1 and ops._xa_stages(8192) == 1 and ops._xa_stages(18944) == 3
+    assert ops._xa_stages(3584) == 3 and ops._xa_stages(18944) == 3
+    assert [ops.xa_shares(k) for k in (128, 1792, 3584, 5120, 18944, 27648)] == [1, 1, 2, 3, 11, 16]
+    monkeypatch.setattr(ops, "XA_PROGRAMS", 4)
+    assert ops.xa_shares(27648) == 4
     monkeypatch.setattr(ops, "XA_STAGES", 2)
     assert ops._xa_stages(3584) == 2 and ops._xa_stages(27648) == 2
+    assert [ops.xa_rank_chunk(r) for r in (16, 32, 48, 64, 128, 512, 1024)] == [0, 0, 0, 32, 32, 32, 0]
 
 
 def test_committed_tables_use_compilable_tiles():
@@ -508,7 +513,7 @@ for M, K, R, XP, ST, RB in ((40, 384, 32, 2, 1, 0), (64, 200, 16, 3, 1, 0), (7, 
     want = x @ la.T
     err = float((xa[:M] - want).norm() / want.norm())
     res.append([M, err, bool((xa[M:] == 0).all()), int(lock.abs().sum())])
-from qerl_kernels import ops  # as ops launches it (KB 128, its QB, the depth of _xa_stages: 3 at K = 9000)
+from qerl_kernels import ops  # as ops launches it (KB 128, its QB and K shares, the depth of _xa_stages)
 ops.XA_PDL_AT = 0  # griddepcontrol has no interpreter twin
 for M, K, R in ((40, 384, 32), (5, 9000, 32), (64, 256, 32), (8, 512, 128), (17, 384, 64)):
     x = torch.randn(M, K, generator=g)
