@@ -139,7 +139,9 @@ def run(device: str, shapes, ms, tol: float, kinds=("fwd", "bwd")) -> list[dict]
         packed, scale, gs = (t.to(device) for t in nvfp4.quantize(w))
         bias = (torch.randn(N, generator=g) * 0.1).to(device, torch.bfloat16)
         for M in ms:
-            for lora_r in ((0, 8, 32) if M <= 16 else (0, 8)):  # 32: two k16 MMAs in the decode epilogue
+            # 32: two k16 MMAs in the decode epilogue; 128 / 64: the engine's fused q/k/v and gate/up ranks (the PDL
+            # primary in rank chunks of 32, ops.xa_rank_chunk)
+            for lora_r in ((0, 8, 32, 128) if M <= 16 else (0, 8, 64)):
                 x = torch.randn(M, K, generator=g).to(device, torch.bfloat16)
                 dy = torch.randn(M, N, generator=g).to(device, torch.bfloat16)
                 xa = lb = dyb = la = None
