@@ -40,6 +40,11 @@ move is a reshape and a permute — which saves the pre-pass launch, 1.5-2.4 µs
 wgmma_lora_split_NVIDIA_H100_80GB_HBM3.json [ea84b65]; routed at most tuned keys of M 1-8, e.g. 7B q/k/v
 M = 8 on the H100 10.5 vs 11.9 µs, NVIDIA_H100_80GB_HBM3_tune_wgmma_xs.csv [ea84b65]).
 
+``TILED`` (plain loop, split-K): the weights and scales in the tile-contiguous layout of :mod:`qerl_kernels.layout`,
+so that a program's step is one contiguous 4 KB block (row-major: 64 pieces of 64 bytes); bit-equal results, 7B
+gate/up at M = 8 44.0 -> 37.0 µs and 32B gate/up 102.8 -> 73.1 on the H100 (not routed yet: every kernel that reads
+the weights must take the layout first).
+
 Requires K % 128 == 0 and 16-byte aligned rows (checked by :func:`qerl_kernels.ops`); CUDA only (Gluon
 does not run in the CPU interpreter): ``tests/kernels/test_wgmma_layout.py`` replays the permutation and
 the fragment assembly in NumPy and compiles the kernel for sm_90 on CPU.
@@ -205,10 +210,14 @@ def _a_operand(q, sb, AOP: gl.constexpr, LW: gl.constexpr, RW: gl.constexpr, XG:
 
 
 @gluon.jit
-def _issue_w(t, slot, wsm, ssm, wp_ptr, ws_ptr, wrow, wcol, srow, scol, stride_wn, stride_sn):
-    """cp.async of step t's packed weights [RW, 64 B] and scales [RW, 8 B] into W-ring slot ``slot``."""
-    async_copy.async_copy_global_to_shared(wsm.index(slot), wp_ptr + wrow * stride_wn + t * 64 + wcol)
-    async_copy.async_copy_global_to_shared(ssm.index(slot), ws_ptr + srow * (stride_sn // 4) + t * 2 + scol)
+def _issue_w(t, slot, wsm, ssm, wp_ptr, ws_ptr, wrow, wcol, srow, scol, stride_wn, stride_sn,
+             TILED: gl.constexpr = False):
+    """cp.async of step t's packed weights [RW, 64 B] and scales [RW, 8 B] into W-ring slot ``slot`` (``TILED``: each
+    64-row tile's steps stored one after another, 4 KB of weights and 512 B of scales each)."""
+    TW: gl.constexpr = 4096 if TILED else 64
+    TS: gl.constexpr = 128 if TILED else 2
+    async_copy.async_copy_global_to_shared(wsm.index(slot), wp_ptr + wrow * stride_wn + t * TW + wcol)
+    async_copy.async_copy_global_to_shared(ssm.index(slot), ws_ptr + srow * (stride_sn // 4) + t * TS + scol)
 
 
 @gluon.jit
@@ -219,9 +228,9 @@ def _issue_x(t, slot, xsm, xp_ptr, xrow, xcol, xmask, stride_xm):
 
 @gluon.jit
 def _issue(t, slot, wsm, ssm, xsm, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, srow, scol, xrow, xcol, xmask,
-           stride_wn, stride_sn, stride_xm):
+           stride_wn, stride_sn, stride_xm, TILED: gl.constexpr = False):
     """Step t's weights, scales and activations into ring slot ``slot`` (one ring): one commit group."""
-    _issue_w(t, slot, wsm, ssm, wp_ptr, ws_ptr, wrow, wcol, srow, scol, stride_wn, stride_sn)
+    _issue_w(t, slot, wsm, ssm, wp_ptr, ws_ptr, wrow, wcol, srow, scol, stride_wn, stride_sn, TILED)
     _issue_x(t, slot, xsm, xp_ptr, xrow, xcol, xmask, stride_xm)
     async_copy.commit_group()
 
@@ -281,16 +290,16 @@ def _pipelined(acc, t0, t1, wsm, ssm, xsm, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, s
 def _plain(acc, t0, t1, wsm, ssm, xsm, xop, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, srow, scol, xrow, xcol, xmask,
            stride_wn, stride_sn, stride_xm, AOP: gl.constexpr, LW: gl.constexpr, LS: gl.constexpr,
            FLAT: gl.constexpr, RW: gl.constexpr, XG: gl.constexpr, NS: gl.constexpr, XS: gl.constexpr,
-           CX: gl.constexpr, BT: gl.constexpr):
+           CX: gl.constexpr, BT: gl.constexpr, TILED: gl.constexpr = False):
     """The main loop over K steps ``t0 … t1 - 1`` (t0 < t1): an ``NS``-stage ring, each step's decode then its
     wgmma (``XS``: the activation tile staged into the operand tile first)."""
     for i in gl.static_range(NS - 1):
         _issue(gl.minimum(t0 + i, t1 - 1), i, wsm, ssm, xsm, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, srow, scol,
-               xrow, xcol, xmask, stride_wn, stride_sn, stride_xm)
+               xrow, xcol, xmask, stride_wn, stride_sn, stride_xm, TILED)
     for t in range(t0, t1):
         slot = (t - t0) % NS
         _issue(gl.minimum(t + NS - 1, t1 - 1), (t - t0 + NS - 1) % NS, wsm, ssm, xsm, wp_ptr, ws_ptr, xp_ptr,
-               wrow, wcol, srow, scol, xrow, xcol, xmask, stride_wn, stride_sn, stride_xm)
+               wrow, wcol, srow, scol, xrow, xcol, xmask, stride_wn, stride_sn, stride_xm, TILED)
         async_copy.wait_group(NS - 1)
         gl.thread_barrier()
         if XS:  # the tile as loaded -> the operand tile (every warp's stores before any wgmma reads it)
@@ -397,6 +406,7 @@ def _nvfp4_wgmma_kernel(
     HAS_BIAS: gl.constexpr, USE_SPLIT: gl.constexpr, WG: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr,
     XG: gl.constexpr = True, PIPE: gl.constexpr = False, NSW: gl.constexpr = 0, MT: gl.constexpr = 1,
     R: gl.constexpr = 0, PDL: gl.constexpr = False, XS: gl.constexpr = False, SK: gl.constexpr = False,
+    TILED: gl.constexpr = False,
 ):
     RW: gl.constexpr = 64 * WG * MT  # weight rows per program: MT m64 tiles per warpgroup (one x tile for all)
     NW: gl.constexpr = 4 * WG
@@ -483,8 +493,16 @@ def _nvfp4_wgmma_kernel(
         pid_s = gl.program_id(1)
         n0 = pid_n * RW
         m0 = pid_m * BT
-        wrow = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, CW)), N - 1)[:, None]
-        srow = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, CS)), N - 1)[:, None]
+        if TILED:  # (N % 64 == 0) tile n0 starts at byte n0·K/2 as before; its rows are 64 B apart in each step
+            wrow = (n0 * (stride_wn // 64) + gl.arange(0, RW, layout=gl.SliceLayout(1, CW)))[:, None]
+            srow = (n0 * (stride_sn // 8) + gl.arange(0, RW, layout=gl.SliceLayout(1, CS)))[:, None]
+            swn = 64
+            ssn = 8
+        else:
+            wrow = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, CW)), N - 1)[:, None]
+            srow = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, CS)), N - 1)[:, None]
+            swn = stride_wn
+            ssn = stride_sn
         xrow = (m0 + gl.arange(0, BT, layout=gl.SliceLayout(1, CX)))[:, None]
         xmask = xrow < M  # async_copy broadcasts it over the columns
         per = gl.cdiv(k_steps, SPLIT)
@@ -497,7 +515,7 @@ def _nvfp4_wgmma_kernel(
                                  xcol, xmask, stride_wn, stride_sn, stride_xm, AOP, LW, LS, FLAT, RW, XG, NS, NSW)
         elif t0 < t1:
             acc = _plain(acc, t0, t1, wsm, ssm, xsm, xop, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, srow, scol, xrow, xcol,
-                         xmask, stride_wn, stride_sn, stride_xm, AOP, LW, LS, FLAT, RW, XG, NS, XS, CX, BT)
+                         xmask, swn, ssn, stride_xm, AOP, LW, LS, FLAT, RW, XG, NS, XS, CX, BT, TILED)
         last = True
         if USE_SPLIT:
             acc, last = _split_sum(acc, n0, m0, M, N, part_ptr, lock_ptr, pid_s, SPLIT, RW, BT, MMA, 1, 0)
@@ -532,13 +550,14 @@ def stream_k_plan(tiles: int, k_steps: int, P: int) -> list[list[tuple[int, int,
 
 def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lora_scale=1.0, *, WG=1, BT=64,
                        NS=3, SPLIT=1, XG=0, PIPE=0, NSW=0, MT=1, XS=0, SK=0, xp=None, part=None, lock=None,
-                       pdl=False, **_):
+                       pdl=False, TILED=0, **_):
     """``y [M, N] = x [M, K] · Ŵᵀ (+ bias) (+ lora_scale · xa · lora_bᵀ)`` (bf16; ``xa [M, R]``,
     ``lora_b [N, R]`` contiguous bf16, R a multiple of 16) with :func:`_nvfp4_wgmma_kernel`. ``XG=0``
     (default; faster at every tuned key): the activations are permuted first (:func:`permute_activations`,
     or ``xp`` if given); ``XG=1``: the kernel gathers them itself (4-byte copies); ``XS=1`` (plain loop
     only): it stages them through registers into the operand tile (no pre-pass). ``part`` / ``lock``: split-K
-    workspace (fp32 >= SPLIT·M·N) and tickets (int32 zeros >= tiles); allocated when not given. ``SK``: stream-K
+    workspace (fp32 >= SPLIT·M·N) and tickets (int32 zeros >= tiles); allocated when not given. ``TILED``: ``packed``
+    and ``scale_u8`` are in the tile-contiguous layout (:mod:`qerl_kernels.layout`; plain loop, split-K). ``SK``: stream-K
     (plain loop) — ``SK`` programs per SM share the ``tiles · K/128`` (tile, K step) units evenly, so no wave runs
     part-empty whatever the tile count (:func:`stream_k_plan`); ``part`` then holds 2 partial tiles per program
     (fp32 >= 2·P·RW·BT) and ``SPLIT`` is ignored. ``pdl``:
@@ -549,6 +568,9 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None,
     N = packed.shape[0]
     if scale_u8.dtype != torch.uint8:
         scale_u8 = scale_u8.view(torch.uint8)
+    if TILED and (PIPE or SK or N % 64):
+        raise ValueError(f"nvfp4_wgmma: TILED weights (qerl_kernels.layout) run the plain split-K loop with N % 64 == 0, "
+                         f"got PIPE={PIPE} SK={SK} N={N}")
     if XS and (XG or PIPE):
         raise ValueError(f"nvfp4_wgmma: XS (activations staged in the kernel) excludes XG and PIPE, got XG={XG} "
                          f"PIPE={PIPE}")
@@ -584,6 +606,7 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None,
         xa if xa is not None else out, lora_b if lora_b is not None else out, float(lora_scale)), dict(
         HAS_BIAS=bias is not None, USE_SPLIT=SPLIT > 1, WG=WG, BT=BT, NS=NS, XG=bool(XG), PIPE=bool(PIPE),
         NSW=max(int(NSW), NS) if PIPE else 0, MT=int(MT), R=lora_b.shape[1] if lora_b is not None else 0,
-        PDL=bool(pdl), XS=bool(XS), SK=bool(SK), num_warps=4 * WG, **({"launch_pdl": True} if pdl else {})))
+        PDL=bool(pdl), XS=bool(XS), SK=bool(SK), TILED=bool(TILED), num_warps=4 * WG,
+        **({"launch_pdl": True} if pdl else {})))
     return out
 

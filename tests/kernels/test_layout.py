@@ -1,0 +1,61 @@
+"""The tile-contiguous weight layout (qerl_kernels.layout) and the warpgroup-MMA kernel's ``TILED`` loop: the
+reordering against an element-by-element index formula, its inverse, the refusals, and the sm_90 compile."""
+import re
+
+import pytest
+import torch
+
+from qerl_kernels import layout
+
+
+def test_tile_places_every_byte_where_offsets_says_and_untile_inverts_it():
+    g = torch.Generator().manual_seed(3)
+    N, K = 192, 384
+    packed = torch.randint(0, 256, (N, K // 2), generator=g, dtype=torch.uint8)
+    scale = torch.randint(0, 256, (N, K // 16), generator=g, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    tp, ts = layout.tile(packed, scale)
+    assert tp.shape == packed.shape and ts.shape == scale.shape and ts.dtype == torch.float8_e4m3fn
+    n = torch.arange(N)[:, None]
+    off = layout.offsets(n, torch.arange(K // 2)[None, :], K // 2)
+    assert torch.equal(tp.reshape(-1)[off], packed)  # byte (n, c) sits at offsets(n, c)
+    soff = layout.offsets(n, torch.arange(K // 16)[None, :], K // 16, layout.SSTEP)
+    assert torch.equal(ts.view(torch.uint8).reshape(-1)[soff], scale.view(torch.uint8))
+    # a hand-checked byte: tile 1, step 2, row 5, byte 7 -> row 69, byte 2 * 64 + 7
+    assert int(tp.reshape(-1)[64 * (K // 2) + 2 * 4096 + 5 * 64 + 7]) == int(packed[69, 135])
+    # a tile starts where it starts row-major; offsets is a permutation of the bytes
+    assert int(off[64, 0]) == 64 * (K // 2) and torch.equal(off.reshape(-1).sort().values, torch.arange(N * K // 2))
+    up, us = layout.untile(tp, ts)
+    assert torch.equal(up, packed) and torch.equal(us.view(torch.uint8), scale.view(torch.uint8))
+
+
+@pytest.mark.parametrize("N,K", [(100, 256), (128, 200)])
+def test_tile_refuses_shapes_without_whole_tiles(N, K):
+    with pytest.raises(ValueError, match=re.escape(f"N % 64 == 0 and K % 128 == 0, got N={N}, K={K}")):
+        layout.tile(torch.zeros(N, K // 2, dtype=torch.uint8), torch.zeros(N, K // 16, dtype=torch.uint8))
+
+
+def test_wgmma_wrapper_refuses_tiled_weights_outside_the_plain_loop():
+    """``TILED`` runs the plain split-K loop only, on whole 64-row tiles: the wrapper refuses the pipelined loop,
+    stream-K and a partial tile before anything is launched (CPU tensors here)."""
+    from qerl_kernels.nvfp4_wgmma import nvfp4_wgmma_matmul
+
+    x, gs = torch.zeros(8, 128, dtype=torch.bfloat16), torch.ones(1)
+    p, s = torch.zeros(64, 64, dtype=torch.uint8), torch.zeros(64, 8, dtype=torch.uint8)
+    for kw in (dict(PIPE=1, NSW=4), dict(SK=1)):
+        with pytest.raises(ValueError, match="TILED weights"):
+            nvfp4_wgmma_matmul(x, p, s, gs, TILED=1, **kw)
+    with pytest.raises(ValueError, match="N=96"):
+        nvfp4_wgmma_matmul(x, torch.zeros(96, 64, dtype=torch.uint8), torch.zeros(96, 8, dtype=torch.uint8), gs,
+                           TILED=1)
+
+
+@pytest.mark.parametrize("BT,NS,split,XS,R", [(8, 2, True, True, 0), (16, 4, True, False, 32), (64, 3, False, True, 0)])
+def test_tiled_loop_compiles_for_sm90(BT, NS, split, XS, R):
+    """The tiled plain loop compiles for sm_90 like the row-major one: 8 (+ R / 16) wgmma per step, the weights and
+    scales still by ``cp.async``, no spills."""
+    from qerl_kernels.inspect_ir import compile_wgmma, stack_of
+
+    k = compile_wgmma(1, BT, NS, split=split, bias=True, XG=False, R=R, XS=XS, TILED=True)
+    ptx = k.asm["ptx"]
+    assert len(re.findall(r"wgmma\.mma_async", ptx)) == 8 + R // 16
+    assert "cp.async" in ptx and stack_of(k) == 0 and ".local" not in ptx
