@@ -40,9 +40,16 @@ def _e2m1_lo_hi(p):
 
 
 @triton.jit
+def _tiled(n, col, row_bytes, W: tl.constexpr):
+    """Byte offset of byte ``col`` of row ``n`` in the tile-contiguous layout (:func:`qerl_kernels.layout.offsets`;
+    ``W`` 64 for the packed weights, 8 for the scales)."""
+    return (n // 64) * (64 * row_bytes) + (col // W) * (64 * W) + (n % 64) * W + col % W
+
+
+@triton.jit
 def _nvfp4_dequant_kernel(
-    wp_ptr, ws_ptr, gs_ptr, out_ptr, R, C2, stride_wr, stride_sr, stride_or,
-    BR: tl.constexpr, BG: tl.constexpr, EXACT_DIV: tl.constexpr,
+    wp_ptr, ws_ptr, gs_ptr, out_ptr, R, C2, stride_wr, stride_sr, stride_or, r0, c0,
+    BR: tl.constexpr, BG: tl.constexpr, EXACT_DIV: tl.constexpr, TILED: tl.constexpr = False,
 ):
     """One program: ``BR`` rows x ``BG`` scale groups (16 weights = 8 packed bytes each).
 
@@ -50,7 +57,9 @@ def _nvfp4_dequant_kernel(
     ``ws_ptr`` uint8 E4M3 bits ``[R, C2/8]``, ``gs_ptr`` fp32 ``[1]``, ``out_ptr`` ``[R, 2*C2]``
     (row stride ``stride_or``) in the output dtype. ``EXACT_DIV``: IEEE ``scale / gs`` (libdevice
     ``div_rn``; Triton's ``/`` is the approximate ``div.full.f32`` on NVIDIA) — off only under the
-    interpreter, whose ``/`` is numpy's IEEE division already."""
+    interpreter, whose ``/`` is numpy's IEEE division already. ``TILED``: ``wp_ptr`` / ``ws_ptr`` are whole tensors in
+    the tile-contiguous layout (:mod:`qerl_kernels.layout`) with rows of ``stride_wr`` / ``stride_sr`` bytes, and the
+    window starts at row ``r0``, packed byte ``c0`` (``c0 % 8 == 0``)."""
     pid_r = tl.program_id(0)
     pid_g = tl.program_id(1)
     rows = pid_r * BR + tl.arange(0, BR)
@@ -60,9 +69,15 @@ def _nvfp4_dequant_kernel(
     gmask = groups < C2 // 8
     cols = groups[:, None] * 8 + byte[None, :]  # [BG, 8] packed byte columns
     m3 = rmask[:, None, None] & gmask[None, :, None]
-    p = tl.load(wp_ptr + rows[:, None, None].to(tl.int64) * stride_wr + cols[None, :, :], mask=m3, other=0)
-    s = tl.load(ws_ptr + rows[:, None].to(tl.int64) * stride_sr + groups[None, :],
-                mask=rmask[:, None] & gmask[None, :], other=0)
+    if TILED:
+        n = (r0 + rows).to(tl.int64)
+        p = tl.load(wp_ptr + _tiled(n[:, None, None], c0 + cols[None, :, :], stride_wr, 64), mask=m3, other=0)
+        s = tl.load(ws_ptr + _tiled(n[:, None], c0 // 8 + groups[None, :], stride_sr, 8),
+                    mask=rmask[:, None] & gmask[None, :], other=0)
+    else:
+        p = tl.load(wp_ptr + rows[:, None, None].to(tl.int64) * stride_wr + cols[None, :, :], mask=m3, other=0)
+        s = tl.load(ws_ptr + rows[:, None].to(tl.int64) * stride_sr + groups[None, :],
+                    mask=rmask[:, None] & gmask[None, :], other=0)
     gs = tl.load(gs_ptr)
     sf = _e4m3_to_f32(s.to(tl.int32))
     if EXACT_DIV:
@@ -79,20 +94,37 @@ def _nvfp4_dequant_kernel(
     tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_or + ocols[None, :], w, mask=omask)
 
 
-def dequantize_into(out, packed, scale8, gs, interpret: bool = False, BR: int = 8, BG: int = 64, num_warps: int = 4):
+def dequantize_into(out, packed, scale8, gs, interpret: bool = False, BR: int = 8, BG: int = 64, num_warps: int = 4,
+                    tiled: tuple[int, int] | None = None):
     """Launch :func:`_nvfp4_dequant_kernel`: ``out [R, C]`` <- ``packed [R, C/2]``, ``scale8 [R, C/16]``
-    (uint8 view of the E4M3 scales), ``gs`` fp32 ``[1]``. ``C % 16 == 0``; unit stride along C."""
+    (uint8 view of the E4M3 scales), ``gs`` fp32 ``[1]``. ``C % 16 == 0``; unit stride along C. ``tiled = (r0,
+    k0)``: ``packed`` / ``scale8`` are whole contiguous tensors in the tile-contiguous layout
+    (:mod:`qerl_kernels.layout`) and ``out`` receives the window of rows ``r0 …`` and weights ``k0 …`` (``k0 % 16 ==
+    0``)."""
     R, C = out.shape
-    if packed.shape != (R, C // 2) or scale8.shape != (R, C // 16) or C % 16:
-        raise ValueError(f"dequantize_into: out {tuple(out.shape)}, packed {tuple(packed.shape)}, "
-                         f"scale {tuple(scale8.shape)} do not describe one [R, C] window with C % 16 == 0")
+    r0 = c0 = 0
+    if tiled is not None:
+        r0, k0 = tiled
+        N, kb = packed.shape
+        if (k0 % 16 or C % 16 or r0 < 0 or k0 < 0 or r0 + R > N or k0 + C > 2 * kb or N % 64 or kb % 64
+                or scale8.shape != (N, kb // 8) or not (packed.is_contiguous() and scale8.is_contiguous())):
+            raise ValueError(f"dequantize_into: a [{R}, {C}] window at row {r0}, weight {k0} of tiled packed "
+                             f"{tuple(packed.shape)} / scale {tuple(scale8.shape)} (contiguous, N % 64 == 0, "
+                             f"K % 128 == 0, the window inside, k0 and C multiples of 16)")
+        c0 = k0 // 2
+        strides = (kb, kb // 8)
+    else:
+        if packed.shape != (R, C // 2) or scale8.shape != (R, C // 16) or C % 16:
+            raise ValueError(f"dequantize_into: out {tuple(out.shape)}, packed {tuple(packed.shape)}, "
+                             f"scale {tuple(scale8.shape)} do not describe one [R, C] window with C % 16 == 0")
+        strides = (packed.stride(0), scale8.stride(0))
     if min(out.stride(1), packed.stride(1), scale8.stride(1)) != 1:
         raise ValueError("dequantize_into: every tensor needs unit stride along C")
     if R == 0 or C == 0:
         return out
     grid = (launch.cdiv(R, BR), launch.cdiv(C // 16, BG))
-    args = (packed, scale8, gs, out, R, C // 2, packed.stride(0), scale8.stride(0), out.stride(0))
-    kw = dict(BR=BR, BG=BG, EXACT_DIV=not interpret, num_warps=num_warps)
+    args = (packed, scale8, gs, out, R, C // 2, *strides, out.stride(0), r0, c0)
+    kw = dict(BR=BR, BG=BG, EXACT_DIV=not interpret, num_warps=num_warps, TILED=tiled is not None)
     if launch.in_scope():  # a call of qerl_kernels.ops: its scope fixes everything this launch specialises on
         launch.run(_nvfp4_dequant_kernel, grid, args, kw)
         return out
@@ -101,7 +133,7 @@ def dequantize_into(out, packed, scale8, gs, interpret: bool = False, BR: int = 
     # dtypes, pointer alignments, meta-parameters
     key = ("dequantize_into", out.device, out.dtype, packed.dtype, scale8.dtype, gs.dtype, *args[4:],
            packed.data_ptr() % 16, scale8.data_ptr() % 16, gs.data_ptr() % 16, out.data_ptr() % 16, BR, BG,
-           num_warps, interpret)
+           num_warps, interpret, tiled is not None)
     prev = launch.scope(key)
     try:
         launch.run(_nvfp4_dequant_kernel, grid, args, kw)
@@ -110,14 +142,15 @@ def dequantize_into(out, packed, scale8, gs, interpret: bool = False, BR: int = 
     return out
 
 
-def _dequant(out, packed, scale8, gs, interpret: bool):
+def _dequant(out, packed, scale8, gs, interpret: bool, tiled: tuple[int, int] | None = None):
     """:func:`dequantize_into`; under the interpreter, whose fp32 -> bf16 cast truncates (platform.md),
     through an fp32 window and torch's round-to-nearest cast, so the CPU path stays bit-exact too."""
     if interpret and out.dtype.itemsize == 2:
         import torch
 
-        return out.copy_(dequantize_into(torch.empty(out.shape, dtype=torch.float32), packed, scale8, gs, True))
-    return dequantize_into(out, packed, scale8, gs, interpret)
+        return out.copy_(dequantize_into(torch.empty(out.shape, dtype=torch.float32), packed, scale8, gs, True,
+                                         tiled=tiled))
+    return dequantize_into(out, packed, scale8, gs, interpret, tiled=tiled)
 
 
 MAX_WINDOW = 1 << 27  # weights per dequantized window at most (256 MiB of bf16 scratch), whatever W's size
@@ -137,11 +170,12 @@ def _weights(chunk: int) -> int:
     return min(chunk, MAX_WINDOW) if chunk > 0 else MAX_WINDOW
 
 
-def dq_forward(x2, packed, scale8, gs, bias, xa, lora_b, lora_scale, chunk: int, interpret: bool = False):
+def dq_forward(x2, packed, scale8, gs, bias, xa, lora_b, lora_scale, chunk: int, interpret: bool = False,
+               tiled: bool = False):
     """``y [M, N] = x2 · Ŵᵀ (+ bias) (+ s · xa · lora_bᵀ)`` by dequantizing windows of whole rows of W
     (at most ``chunk`` weights each, at least 16 rows) into one scratch buffer and running cuBLAS on each
     (``torch.mm`` / ``torch.addmm`` into the matching column window of ``y``). ``chunk <= 0`` or above
-    :data:`MAX_WINDOW`: windows of ``MAX_WINDOW`` weights."""
+    :data:`MAX_WINDOW`: windows of ``MAX_WINDOW`` weights. ``tiled``: W in the tile-contiguous layout."""
     import torch
 
     M, K = x2.shape
@@ -149,13 +183,14 @@ def dq_forward(x2, packed, scale8, gs, bias, xa, lora_b, lora_scale, chunk: int,
     rows = _window(N, _weights(chunk) // max(K, 1), 16)
     scratch = torch.empty(rows, K, device=x2.device, dtype=x2.dtype)
     if rows >= N:  # one window (eager calls): no views of y
-        w = _dequant(scratch, packed, scale8, gs, interpret)
+        w = _dequant(scratch, packed, scale8, gs, interpret, (0, 0) if tiled else None)
         out = torch.mm(x2, w.t()) if bias is None else torch.addmm(bias, x2, w.t())
         return out.addmm_(xa, lora_b.t(), alpha=lora_scale) if xa is not None else out
     out = torch.empty(M, N, device=x2.device, dtype=x2.dtype)
     for n0 in range(0, N, rows):
         n1 = min(N, n0 + rows)
-        w = _dequant(scratch[: n1 - n0], packed[n0:n1], scale8[n0:n1], gs, interpret)
+        w = (_dequant(scratch[: n1 - n0], packed, scale8, gs, interpret, (n0, 0)) if tiled else
+             _dequant(scratch[: n1 - n0], packed[n0:n1], scale8[n0:n1], gs, interpret))
         if bias is not None:
             torch.addmm(bias[n0:n1], x2, w.t(), out=out[:, n0:n1])
         else:
@@ -165,10 +200,11 @@ def dq_forward(x2, packed, scale8, gs, bias, xa, lora_b, lora_scale, chunk: int,
     return out
 
 
-def dq_backward(d2, packed, scale8, gs, dyb, lora_a, lora_scale, chunk: int, interpret: bool = False):
+def dq_backward(d2, packed, scale8, gs, dyb, lora_a, lora_scale, chunk: int, interpret: bool = False,
+                tiled: bool = False):
     """``dX [M, K] = d2 · Ŵ (+ s · dyb · lora_a)`` by dequantizing windows of whole columns of W
     (``Ŵ[:, k0:k1]``: column windows of the packed and scale tensors; at most ``chunk`` weights, at least
-    16 columns) and writing ``dX[:, k0:k1]`` with cuBLAS. ``chunk``: as in :func:`dq_forward`."""
+    16 columns) and writing ``dX[:, k0:k1]`` with cuBLAS. ``chunk``, ``tiled``: as in :func:`dq_forward`."""
     import torch
 
     M = d2.shape[0]
@@ -176,12 +212,13 @@ def dq_backward(d2, packed, scale8, gs, dyb, lora_a, lora_scale, chunk: int, int
     cols = _window(K, _weights(chunk) // max(N, 1), 16)
     scratch = torch.empty(N, cols, device=d2.device, dtype=d2.dtype)
     if cols >= K:  # one window (eager calls): no views of dX
-        out = torch.mm(d2, _dequant(scratch, packed, scale8, gs, interpret))
+        out = torch.mm(d2, _dequant(scratch, packed, scale8, gs, interpret, (0, 0) if tiled else None))
         return out.addmm_(dyb, lora_a, alpha=lora_scale) if dyb is not None else out
     out = torch.empty(M, K, device=d2.device, dtype=d2.dtype)
     for k0 in range(0, K, cols):
         k1 = min(K, k0 + cols)
-        w = _dequant(scratch[:, : k1 - k0], packed[:, k0 // 2:k1 // 2], scale8[:, k0 // 16:k1 // 16], gs, interpret)
+        w = (_dequant(scratch[:, : k1 - k0], packed, scale8, gs, interpret, (0, k0)) if tiled else
+             _dequant(scratch[:, : k1 - k0], packed[:, k0 // 2:k1 // 2], scale8[:, k0 // 16:k1 // 16], gs, interpret))
         torch.mm(d2, w, out=out[:, k0:k1])
     if dyb is not None:
         out.addmm_(dyb, lora_a, alpha=lora_scale)

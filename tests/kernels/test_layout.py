@@ -1,6 +1,11 @@
-"""The tile-contiguous weight layout (qerl_kernels.layout) and the warpgroup-MMA kernel's ``TILED`` loop: the
-reordering against an element-by-element index formula, its inverse, the refusals, and the sm_90 compile."""
+"""The tile-contiguous weight layout (qerl_kernels.layout), the warpgroup-MMA kernel's ``TILED`` loop and the DQ
+path on tiled weights: the reordering against an element-by-element index formula, its inverse, the refusals,
+the sm_90 compile, and the dequantization bit-equal to the row-major path under the interpreter."""
+import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -59,3 +64,45 @@ def test_tiled_loop_compiles_for_sm90(BT, NS, split, XS, R):
     ptx = k.asm["ptx"]
     assert len(re.findall(r"wgmma\.mma_async", ptx)) == 8 + R // 16
     assert "cp.async" in ptx and stack_of(k) == 0 and ".local" not in ptx
+
+
+def test_dequant_and_dq_path_read_tiled_weights_under_interpreter():
+    """The DQ path on tiled weights: ``dequantize_into(..., tiled=(r0, k0))`` writes exactly the row-major result
+    for the whole tensor and for row and column windows at any origin (fp32, bit for bit), ``dq_forward`` /
+    ``dq_backward`` split into several windows give the row-major path's outputs, and a window outside the
+    tensor is refused with its numbers."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}  # before triton is imported
+    out = subprocess.run([sys.executable, "-c", """
+import json, torch
+from qerl.quant import nvfp4
+from qerl_kernels import layout
+from qerl_kernels.nvfp4_dequant import dequantize_into, dq_forward, dq_backward
+g = torch.Generator().manual_seed(5)
+N, K = 192, 384
+p, s, gs = nvfp4.quantize(torch.randn(N, K, generator=g) * 0.1)
+s8 = s.view(torch.uint8)
+tp, ts = layout.tile(p, s8)
+ref = nvfp4.dequantize(p, s, gs, torch.float32)
+res = {}
+res["whole"] = torch.equal(dequantize_into(torch.empty(N, K), tp, ts, gs, True, tiled=(0, 0)), ref)
+for r0, k0, R, C in ((64, 0, 64, K), (37, 32, 50, 208), (0, 256, N, 128), (150, 368, 42, 16)):
+    w = dequantize_into(torch.empty(R, C), tp, ts, gs, True, tiled=(r0, k0))
+    res[f"win_{r0}_{k0}"] = torch.equal(w, ref[r0:r0 + R, k0:k0 + C])
+x = torch.randn(5, K, generator=g)
+d = torch.randn(5, N, generator=g)
+for chunk in (0, 64 * K, 48 * 128):  # one window; three row windows / column windows
+    res[f"fwd_{chunk}"] = torch.equal(dq_forward(x, tp, ts, gs, None, None, None, 1.0, chunk, True, tiled=True),
+                                      dq_forward(x, p, s8, gs, None, None, None, 1.0, chunk, True))
+    res[f"bwd_{chunk}"] = torch.equal(dq_backward(d, tp, ts, gs, None, None, 1.0, chunk, True, tiled=True),
+                                      dq_backward(d, p, s8, gs, None, None, 1.0, chunk, True))
+try:
+    dequantize_into(torch.empty(64, 128), tp, ts, gs, True, tiled=(160, 0))
+except ValueError as e:
+    res["error"] = str(e)
+print(json.dumps(res))
+"""], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    err = res.pop("error")
+    assert all(res.values()) and len(res) == 11, res
+    assert "[64, 128] window at row 160, weight 0" in err
