@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from qerl_kernels import launch
-from qerl_kernels.nvfp4_matmul import _e4m3_to_f32
+from qerl_kernels.nvfp4_matmul import _e4m3_to_f32, _tiled
 
 
 @triton.jit
@@ -37,13 +37,6 @@ def _e2m1_lo_hi(p):
     lo = (((p << 22) & 0x01C00000) | ((p << 28) & -0x80000000)).to(tl.float32, bitcast=True)
     hi = (((p << 18) & 0x01C00000) | ((p << 24) & -0x80000000)).to(tl.float32, bitcast=True)
     return lo * 8.507059173023462e37, hi * 8.507059173023462e37
-
-
-@triton.jit
-def _tiled(n, col, row_bytes, W: tl.constexpr):
-    """Byte offset of byte ``col`` of row ``n`` in the tile-contiguous layout (:func:`qerl_kernels.layout.offsets`;
-    ``W`` 64 for the packed weights, 8 for the scales)."""
-    return (n // 64) * (64 * row_bytes) + (col // W) * (64 * W) + (n % 64) * W + col % W
 
 
 @triton.jit

@@ -97,10 +97,18 @@ def _fp4_pairs(p, s2):
 
 
 @triton.jit
+def _tiled(n, col, row_bytes, W: tl.constexpr):
+    """Byte offset of byte ``col`` of row ``n`` in the tile-contiguous layout (:func:`qerl_kernels.layout.offsets`;
+    ``W`` 64 for the packed weights, 8 for the scales)."""
+    return (n // 64) * (64 * row_bytes) + (col // W) * (64 * W) + (n % 64) * W + col % W
+
+
+@triton.jit
 def _w_tile(wp_ptr, ws_ptr, rn, k0, N, K, stride_wn, stride_sn,
-            BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, FAST: tl.constexpr):
+            BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, FAST: tl.constexpr, TILED: tl.constexpr = False):
     """Rows ``rn`` ([BN]) x columns ``k0 .. k0+BK`` of ``e2m1 · scale · 2^-7`` as bf16 [BN, BK]
-    (0 outside the matrix). Loads [BN, BK/2] packed bytes and [BN, BK/16] scale bytes."""
+    (0 outside the matrix). Loads [BN, BK/2] packed bytes and [BN, BK/16] scale bytes (``TILED``: from the
+    tile-contiguous layout, :mod:`qerl_kernels.layout`, rows of ``stride_wn`` / ``stride_sn`` bytes)."""
     rg = k0 // 16 + tl.arange(0, BK // 16)  # 16-wide scale groups = 8 packed bytes each
     rb = tl.arange(0, 8)
     pmask = (rn < N)[:, None, None]
@@ -108,10 +116,14 @@ def _w_tile(wp_ptr, ws_ptr, rn, k0, N, K, stride_wn, stride_sn,
     if not EVEN_K:
         pmask = pmask & (rg < K // 16)[None, :, None]
         smask = smask & (rg < K // 16)[None, :]
-    p = tl.load(wp_ptr + rn[:, None, None] * stride_wn + rg[None, :, None] * 8 + rb[None, None, :], mask=pmask,
-                other=0, eviction_policy="evict_first")  # [BN, BK/16, 8] uint8
-    sb = tl.load(ws_ptr + rn[:, None] * stride_sn + rg[None, :], mask=smask, other=0,
-                 eviction_policy="evict_first")  # [BN, BK/16] uint8
+    if TILED:
+        poff = _tiled(rn[:, None, None], rg[None, :, None] * 8 + rb[None, None, :], stride_wn, 64)
+        soff = _tiled(rn[:, None], rg[None, :], stride_sn, 8)
+    else:
+        poff = rn[:, None, None] * stride_wn + rg[None, :, None] * 8 + rb[None, None, :]
+        soff = rn[:, None] * stride_sn + rg[None, :]
+    p = tl.load(wp_ptr + poff, mask=pmask, other=0, eviction_policy="evict_first")  # [BN, BK/16, 8] uint8
+    sb = tl.load(ws_ptr + soff, mask=smask, other=0, eviction_policy="evict_first")  # [BN, BK/16] uint8
     if FAST:
         s = (sb.to(tl.float8e4nv, bitcast=True).to(tl.float32) * 6.646139978924579e35).to(tl.bfloat16)  # · 2^119
         s16 = s.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
@@ -155,6 +167,7 @@ def _nvfp4_fwd_kernel(
     M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT,
     HAS_BIAS: tl.constexpr, R: tl.constexpr, USE_SPLIT: tl.constexpr, SWAP: tl.constexpr, EVEN_K: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FAST: tl.constexpr, DOT_FP32: tl.constexpr,
+    TILED: tl.constexpr = False,
 ):
     # program (pid_n, pid_m, pid_s): output tile [BM, BN], K tiles pid_s::SPLIT-th share of the loop
     pid_n = tl.program_id(0)
@@ -179,7 +192,7 @@ def _nvfp4_fwd_kernel(
         if not EVEN_K:
             xmask = xmask & (rk < K)[None, :]
         x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=xmask, other=0.0)  # [BM, BK]
-        w = _w_tile(wp_ptr, ws_ptr, rn, k0, N, K, stride_wn, stride_sn, BN, BK, EVEN_K, FAST)  # [BN, BK]
+        w = _w_tile(wp_ptr, ws_ptr, rn, k0, N, K, stride_wn, stride_sn, BN, BK, EVEN_K, FAST, TILED)  # [BN, BK]
         if SWAP:
             acc = _dot(w, tl.trans(x.to(tl.bfloat16)), acc, DOT_FP32)
         else:
@@ -217,6 +230,7 @@ def _nvfp4_bwd_kernel(
     M, N, K, stride_dm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT,
     R: tl.constexpr, USE_SPLIT: tl.constexpr, SWAP: tl.constexpr, EVEN_K: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FAST: tl.constexpr, DOT_FP32: tl.constexpr,
+    TILED: tl.constexpr = False,
 ):
     # program (pid_k, pid_m, pid_s): dX tile [BM, BK], N tiles pid_s::SPLIT-th share of the loop;
     # SWAP accumulates dXᵀ = Ŵᵀ · dYᵀ ([BK, BM]) with the weight tile as the MMA's A operand
@@ -240,7 +254,7 @@ def _nvfp4_bwd_kernel(
         rn = t * BN + tl.arange(0, BN)
         dy = tl.load(dy_ptr + rm[:, None] * stride_dm + rn[None, :], mask=(rm < M)[:, None] & (rn < N)[None, :],
                      other=0.0)  # [BM, BN]
-        w = _w_tile(wp_ptr, ws_ptr, rn, k0, N, K, stride_wn, stride_sn, BN, BK, EVEN_K, FAST)  # [BN, BK]
+        w = _w_tile(wp_ptr, ws_ptr, rn, k0, N, K, stride_wn, stride_sn, BN, BK, EVEN_K, FAST, TILED)  # [BN, BK]
         if SWAP:
             acc = _dot(tl.trans(w), tl.trans(dy.to(tl.bfloat16)), acc, DOT_FP32)
         else:

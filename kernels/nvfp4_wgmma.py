@@ -493,11 +493,14 @@ def _nvfp4_wgmma_kernel(
         pid_s = gl.program_id(1)
         n0 = pid_n * RW
         m0 = pid_m * BT
-        if TILED:  # (N % 64 == 0) tile n0 starts at byte n0·K/2 as before; its rows are 64 B apart in each step
-            wrow = (n0 * (stride_wn // 64) + gl.arange(0, RW, layout=gl.SliceLayout(1, CW)))[:, None]
-            srow = (n0 * (stride_sn // 8) + gl.arange(0, RW, layout=gl.SliceLayout(1, CS)))[:, None]
-            swn = 64
-            ssn = 8
+        if TILED:  # (N % 64 == 0) byte offsets of the rows' first step: row n of tile n // 64 (which starts at byte
+            # (n // 64) · 64 · K/2, as row-major) is 64 B after the previous one; scales likewise (int32 words)
+            rw = n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, CW))
+            rs = n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, CS))
+            wrow = ((rw // 64) * (64 * stride_wn) + (rw % 64) * 64)[:, None]
+            srow = ((rs // 64) * (16 * stride_sn) + (rs % 64) * 2)[:, None]
+            swn = 1
+            ssn = 4
         else:
             wrow = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, CW)), N - 1)[:, None]
             srow = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, CS)), N - 1)[:, None]

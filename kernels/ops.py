@@ -178,6 +178,24 @@ def config_for(kind: str, M: int, N: int, K: int, device: torch.device) -> dict:
     return {**cfg, **forced}
 
 
+def tiled_config(kind: str, cfg: dict, M: int, N: int, K: int, sms: int, interpret: bool = False) -> dict:
+    """The config of a call on weights in the tile-contiguous layout (:mod:`qerl_kernels.layout`): the kernels that
+    read it are the warpgroup-MMA kernel's plain split-K loop, the dequantize + cuBLAS path (``DQ``) and the Triton
+    tiles. Any other config (warp-specialised, stream-K, pipelined, the decode kernels MMV / GEMV) becomes the
+    untuned rule's warpgroup-MMA config (forward, M <= 128, on a GPU) or a tile."""
+    wg = cfg.get("WGMMA") and not (cfg.get("WS") or cfg.get("SK") or cfg.get("PIPE") or cfg.get("XG"))
+    if cfg.get("DQ") or wg or not (cfg.get("WGMMA") or cfg.get("MMV") or cfg.get("GEMV")):
+        return cfg
+    if kind == "fwd" and not interpret and M <= WGMMA_ROWS[1]:
+        return wgmma_heuristic(M, N, K, sms)
+    return _tile_fallback(interpret, cfg.get("SPLIT", 1))
+
+
+def _tile_fallback(interpret: bool, split: int = 1) -> dict:
+    """The tensor-core tile every path steps down to."""
+    return dict(BM=16, BN=64, BK=64, SWAP=0, SPLIT=split, num_warps=4, num_stages=1 if interpret else 3)
+
+
 def _check(x, packed, scale, gs, k_dim: int, name: str) -> tuple[int, int]:
     if x.dtype not in (torch.bfloat16, torch.float16):
         raise KernelInputError(f"{name}: activations must be bf16 or fp16, got {x.dtype}")
@@ -264,11 +282,14 @@ def why_not(path: str, kind: str, K: int, x2, packed, scale, interpret: bool) ->
 
 
 def _runnable(kind: str, cfg: dict, M: int, K: int, x2, packed, scale, interpret: bool,
-              notes: list | None = None) -> dict:
+              notes: list | None = None, tiled: bool = False) -> dict:
     """The config itself when its path can run on these tensors (:func:`why_not`), else the next path down:
     warpgroup MMA -> the heuristic without it; register-fragment decode (MMV) -> the CUDA-core GEMV (its
     interpreter twin, same product; converts fp16); GEMV -> a tensor-core tile. ``notes`` collects why each step
-    down was taken."""
+    down was taken. ``tiled``: weights in the tile-contiguous layout (:func:`tiled_config`; steps down to a tile)."""
+    sms = _sm_count(x2.device.index or 0) if x2.is_cuda else 132
+    if tiled:
+        cfg = tiled_config(kind, cfg, M, packed.shape[0], K, sms, interpret)
     def down(path: str) -> bool:
         reason = why_not(path, kind, K, x2, packed, scale, interpret)
         if reason and notes is not None:
@@ -276,17 +297,19 @@ def _runnable(kind: str, cfg: dict, M: int, K: int, x2, packed, scale, interpret
         return reason is not None
 
     if cfg.get("WGMMA") and down("wgmma"):
-        cfg = heuristic(kind, M, packed.shape[0], K, _sm_count(x2.device.index or 0) if x2.is_cuda else 132,
-                        wgmma=False)
+        cfg = heuristic(kind, M, packed.shape[0], K, sms, wgmma=False)
+        if tiled and not cfg.get("DQ"):
+            return _tile_fallback(interpret, cfg.get("SPLIT", 1))
     if kind == "fwd" and cfg.get("MMV") and down("mmv"):
         cfg = dict(GEMV=1, BM=1 if M == 1 else (2 if M == 2 else 4), BN=32, BK=64, SPLIT=cfg.get("SPLIT", 1),
                    num_warps=4, num_stages=1)
     if kind == "fwd" and cfg.get("GEMV") and down("gemv"):
-        cfg = dict(BM=16, BN=64, BK=64, SWAP=0, SPLIT=cfg.get("SPLIT", 1), num_warps=4, num_stages=1 if interpret else 3)
+        cfg = _tile_fallback(interpret, cfg.get("SPLIT", 1))
     return dict(cfg)
 
 
-def route_of(kind: str, x2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> tuple[str, dict, list[str]]:
+def route_of(kind: str, x2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
+             tiled: bool = False) -> tuple[str, dict, list[str]]:
     """``(path, config, notes)`` of a call on these tensors (``kind`` "fwd" with ``x2 [M, K]``, or "bwd" with
     ``dy [M, N]``): the path the dispatcher launches, its resolved config and why any faster path was passed
     over — for debugging and the checks, not the hot path."""
@@ -294,7 +317,7 @@ def route_of(kind: str, x2: torch.Tensor, packed: torch.Tensor, scale: torch.Ten
     interpret = _interpreting()
     notes: list[str] = []
     cfg = _runnable(kind, _for_launch_mode(config_for(kind, M, N, K, x2.device)), M, K, x2, packed, scale,
-                    interpret, notes)
+                    interpret, notes, tiled)
     return path_of(kind, cfg), cfg, notes
 
 
@@ -314,7 +337,8 @@ _RESOLVED: dict = {}
 _RESOLVED_MAX = 4096
 
 
-def _resolved(kind: str, x2, packed, scale, gs, n_out: int, extra: tuple, r: int, interpret: bool, lora_a) -> tuple:
+def _resolved(kind: str, x2, packed, scale, gs, n_out: int, extra: tuple, r: int, interpret: bool, lora_a,
+              tiled: bool = False) -> tuple:
     """``(scope, config, LoRA route, path)`` of a call, memoised on ``scope`` — everything that decides its launches:
     shape, dtype, device, the alignments ``_runnable`` checks (and the global scale's), ``QERL_KERNEL_CONFIG``, the launch mode, the optional
     tensors (:func:`_sig`), the rank and the experiment knobs. ``scope`` is also the call's
@@ -326,13 +350,13 @@ def _resolved(kind: str, x2, packed, scale, gs, n_out: int, extra: tuple, r: int
            x2.data_ptr() % 16, x2.stride(0), scale.data_ptr() % 4, scale.stride(0) % 4, gs.data_ptr() % 16,
            os.environ.get("QERL_KERNEL_CONFIG"), _MODE[0], n_out, r, tuple(map(_sig, extra)), _sig(lora_a),
            LORA_LAUNCH, XA_PROGRAMS, XA_CHUNKS, XA_QB, XA_STAGES, XA_PDL_AT, XA_PDL_ROWS, EAGER_XS_ROWS, HEURISTIC,
-           XA_RANK_CHUNKS)
+           XA_RANK_CHUNKS, tiled)
     hit = _RESOLVED.get(key)
     if hit is None:
         if len(_RESOLVED) >= _RESOLVED_MAX:
             _RESOLVED.clear()
         cfg = _runnable(kind, _for_launch_mode(config_for(kind, M, N, K, x2.device)), M, K, x2, packed, scale,
-                        interpret)
+                        interpret, tiled=tiled)
         route = lora_route(kind, cfg, M, K, LORA_LAUNCH) if lora_a is not None else "matmul"
         hit = _RESOLVED[key] = (key, types.MappingProxyType(cfg), route, path_of(kind, cfg))
     return hit
@@ -483,6 +507,7 @@ class _Call:
     cfg: types.MappingProxyType
     lora_a: torch.Tensor | None = None
     pdl: bool = False
+    tiled: bool = False
 
     @property
     def M(self) -> int:
@@ -517,15 +542,18 @@ def path_of(kind: str, cfg: dict) -> str:
     return "tile_fwd" if kind == "fwd" else "tile_bwd"
 
 
-def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret, lora_a=None):
+def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret, lora_a=None, tiled=False):
     """One call of the path ``config_for`` picks (:func:`path_of`, one launcher each), its launches in the call's
     scope (:mod:`qerl_kernels.launch`). ``lora_a`` (forward; ``extra`` = (bias, None, lora_b)): ``xa = x · lora_aᵀ``
     as :func:`lora_route` says (inside the decode kernel's launch, from a PDL launch before it, or from one
     ``x @ lora_a.T`` first)."""
-    scope, cfg, route, path = _resolved(kind, x2, packed, scale, gs, n_out, extra, r, interpret, lora_a)
+    scope, cfg, route, path = _resolved(kind, x2, packed, scale, gs, n_out, extra, r, interpret, lora_a, tiled)
     if lora_a is not None and route == "matmul":
         extra, lora_a = (extra[0], x2 @ lora_a.T, extra[2]), None
-    call = _Call(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret, cfg, lora_a, route == "pdl")
+    if tiled and path not in _TILED_PATHS:  # (tiled_config keeps every other path out)
+        raise AssertionError(f"qerl_kernels.ops: path {path} cannot read tiled weights")
+    call = _Call(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret, cfg, lora_a, route == "pdl",
+                 tiled)
     prev = launch.scope(scope)
     try:
         return _LAUNCHERS[path](call)
@@ -552,7 +580,8 @@ def _wgmma_static(c: _Call) -> tuple:
                   OCC=int(cfg.get("OCC", 1)), SK=int(sk), TMA=int(cfg.get("TMA", 0)), DB=int(cfg.get("DB", 0)),
                   KS=int(cfg.get("KS", 0)))
         return split, sk, True, outside, kw
-    kw = {**{k: v for k, v in cfg.items() if k != "SK"}, "SPLIT": split, **({"SK": cfg["SK"]} if sk else {})}
+    kw = {**{k: v for k, v in cfg.items() if k != "SK"}, "SPLIT": split, **({"SK": cfg["SK"]} if sk else {}),
+          **({"TILED": 1} if c.tiled else {})}
     return split, sk, False, False, kw
 
 
@@ -604,7 +633,7 @@ def _launch_dq(c: _Call) -> torch.Tensor:
 
     chunk, s8 = int(c.cfg.get("CHUNK", DQ_CHUNK)), c.s8
     run = dq_forward if c.kind == "fwd" else dq_backward
-    return run(c.x2, c.packed, s8, c.gs, *c.extra, c.lora_scale, chunk, c.interpret)
+    return run(c.x2, c.packed, s8, c.gs, *c.extra, c.lora_scale, chunk, c.interpret, tiled=c.tiled)
 
 
 def _tile_static(c: _Call, producers: int = 0) -> tuple:
@@ -619,7 +648,7 @@ def _tile_static(c: _Call, producers: int = 0) -> tuple:
     if split > 1 and tiles > _LOCK_SLOTS - _TAIL:  # the tail: the fused LoRA's ticket, flag, counter
         split = 1
     common = dict(USE_SPLIT=split > 1, EVEN_K=K % BK == 0, BM=BM, BN=BN, BK=BK, FAST=not c.interpret,
-                  DOT_FP32=c.interpret)
+                  DOT_FP32=c.interpret, **({"TILED": True} if c.tiled else {}))
     return cfg, split, (BM, BN, BK), common
 
 
@@ -755,6 +784,7 @@ def _launch_tile_bwd(c: _Call) -> torch.Tensor:
     return out
 
 
+_TILED_PATHS = ("wgmma", "dq", "tile_fwd", "tile_bwd")  # the launchers that take the tile-contiguous layout
 _LAUNCHERS = {"wgmma": _launch_wgmma, "dq": _launch_dq, "mmv": _launch_mmv, "gemv": _launch_gemv,
               "tile_fwd": _launch_tile_fwd, "tile_bwd": _launch_tile_bwd}
 
@@ -765,7 +795,7 @@ def _interpreting() -> bool:
 
 def _matmul_impl(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, gs: torch.Tensor,
                  bias: torch.Tensor | None, xa: torch.Tensor | None, lora_b: torch.Tensor | None,
-                 lora_scale: float, lora_a: torch.Tensor | None = None) -> torch.Tensor:
+                 lora_scale: float, lora_a: torch.Tensor | None = None, tiled: bool = False) -> torch.Tensor:
     """The forward behind the custom op ``qerl::nvfp4_matmul`` (eager calls come here directly)."""
     x2 = x if x.ndim == 2 else x.reshape(-1, x.shape[-1])
     r = 0
@@ -776,24 +806,25 @@ def _matmul_impl(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, gs:
         lora_a, lora_b = _pad_rank(lora_a.to(x.dtype), 0), _pad_rank(lora_b.to(x.dtype), 1)
         r = lora_a.shape[0]
     out = _launch("fwd", x2.contiguous(), packed, scale, gs, packed.shape[0], (bias, xa, lora_b), lora_scale, r,
-                  _interpreting(), lora_a)
+                  _interpreting(), lora_a, tiled)
     return out if x.ndim == 2 else out.reshape(*x.shape[:-1], packed.shape[0])
 
 
 @torch.library.custom_op("qerl::nvfp4_matmul", mutates_args=())
 def _matmul_op(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, gs: torch.Tensor,
                bias: torch.Tensor | None, xa: torch.Tensor | None, lora_b: torch.Tensor | None,
-               lora_scale: float, lora_a: torch.Tensor | None = None) -> torch.Tensor:
-    return _matmul_impl(x, packed, scale, gs, bias, xa, lora_b, lora_scale, lora_a)
+               lora_scale: float, lora_a: torch.Tensor | None = None, tiled: bool = False) -> torch.Tensor:
+    return _matmul_impl(x, packed, scale, gs, bias, xa, lora_b, lora_scale, lora_a, tiled)
 
 
 @_matmul_op.register_fake
-def _(x, packed, scale, gs, bias, xa, lora_b, lora_scale, lora_a=None):
+def _(x, packed, scale, gs, bias, xa, lora_b, lora_scale, lora_a=None, tiled=False):
     return x.new_empty(*x.shape[:-1], packed.shape[0])
 
 
 def _matmul_t_impl(dy: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, gs: torch.Tensor,
-                   dyb: torch.Tensor | None, lora_a: torch.Tensor | None, lora_scale: float) -> torch.Tensor:
+                   dyb: torch.Tensor | None, lora_a: torch.Tensor | None, lora_scale: float,
+                   tiled: bool = False) -> torch.Tensor:
     """The backward-input behind the custom op ``qerl::nvfp4_matmul_t``."""
     d2 = dy if dy.ndim == 2 else dy.reshape(-1, dy.shape[-1])
     r = 0
@@ -801,24 +832,29 @@ def _matmul_t_impl(dy: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, 
         dyb, lora_a = _pad_rank(dyb.reshape(-1, dyb.shape[-1]).to(dy.dtype), 1), _pad_rank(lora_a.to(dy.dtype), 0)
         r = dyb.shape[1]
     out = _launch("bwd", d2.contiguous(), packed, scale, gs, packed.shape[1] * 2, (dyb, lora_a), lora_scale, r,
-                  _interpreting())
+                  _interpreting(), tiled=tiled)
     return out if dy.ndim == 2 else out.reshape(*dy.shape[:-1], packed.shape[1] * 2)
 
 
 @torch.library.custom_op("qerl::nvfp4_matmul_t", mutates_args=())
 def _matmul_t_op(dy: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, gs: torch.Tensor,
-                 dyb: torch.Tensor | None, lora_a: torch.Tensor | None, lora_scale: float) -> torch.Tensor:
-    return _matmul_t_impl(dy, packed, scale, gs, dyb, lora_a, lora_scale)
+                 dyb: torch.Tensor | None, lora_a: torch.Tensor | None, lora_scale: float,
+                 tiled: bool = False) -> torch.Tensor:
+    return _matmul_t_impl(dy, packed, scale, gs, dyb, lora_a, lora_scale, tiled)
 
 
 @_matmul_t_op.register_fake
-def _(dy, packed, scale, gs, dyb, lora_a, lora_scale):
+def _(dy, packed, scale, gs, dyb, lora_a, lora_scale, tiled=False):
     return dy.new_empty(*dy.shape[:-1], packed.shape[1] * 2)
 
 
-def nvfp4_matmul(x, packed, scale, gs, bias=None, xa=None, lora_b=None, lora_scale: float = 1.0, lora_a=None):
-    """Validated forward (see module docstring)."""
+def nvfp4_matmul(x, packed, scale, gs, bias=None, xa=None, lora_b=None, lora_scale: float = 1.0, lora_a=None,
+                 tiled: bool = False):
+    """Validated forward (see module docstring). ``tiled``: ``packed`` and ``scale`` are in the tile-contiguous
+    layout (:mod:`qerl_kernels.layout`)."""
     _check(x, packed, scale, gs, 0, "nvfp4_matmul")
+    if tiled:
+        _check_tiled(packed, scale, "nvfp4_matmul")
     if xa is not None and lora_a is not None:
         raise KernelInputError("nvfp4_matmul: give xa (= x · lora_aᵀ) or lora_a, not both")
     if ((xa is None) and (lora_a is None)) != (lora_b is None):
@@ -838,16 +874,26 @@ def nvfp4_matmul(x, packed, scale, gs, bias=None, xa=None, lora_b=None, lora_sca
     # ~22 of the ~78 us of host time per call on the H200 box (tools/launch_overhead.py): the rollout
     # engine runs eagerly, ~200 of these per decoded token of a 7B model. CUDA-graph capture works either way.
     op = _matmul_op if torch.compiler.is_compiling() else _matmul_impl
-    return op(x, packed, scale, gs, bias, xa, lora_b, float(lora_scale), lora_a)
+    return op(x, packed, scale, gs, bias, xa, lora_b, float(lora_scale), lora_a, bool(tiled))
 
 
-def nvfp4_matmul_t(dy, packed, scale, gs, dyb=None, lora_a=None, lora_scale: float = 1.0):
-    """Validated backward-input (see module docstring)."""
+def nvfp4_matmul_t(dy, packed, scale, gs, dyb=None, lora_a=None, lora_scale: float = 1.0, tiled: bool = False):
+    """Validated backward-input (see module docstring). ``tiled``: as in :func:`nvfp4_matmul`."""
     _check(dy, packed, scale, gs, 1, "nvfp4_matmul_t")
+    if tiled:
+        _check_tiled(packed, scale, "nvfp4_matmul_t")
     if (dyb is None) != (lora_a is None):
         raise KernelInputError("nvfp4_matmul_t: dyb and lora_a go together")
     op = _matmul_t_op if torch.compiler.is_compiling() else _matmul_t_impl
-    return op(dy, packed, scale, gs, dyb, lora_a, float(lora_scale))
+    return op(dy, packed, scale, gs, dyb, lora_a, float(lora_scale), bool(tiled))
+
+
+def _check_tiled(packed, scale, name: str) -> None:
+    N, kb = packed.shape
+    if N % 64 or kb % 64 or not (packed.is_contiguous() and scale.is_contiguous()):
+        raise KernelInputError(f"{name}: tiled weights (qerl_kernels.layout) need N % 64 == 0, K % 128 == 0 and "
+                               f"contiguous packed / scale tensors, got N={N}, K={2 * kb}, contiguous "
+                               f"{packed.is_contiguous()} / {scale.is_contiguous()}")
 
 
 def supports(x: torch.Tensor, packed: torch.Tensor) -> bool:

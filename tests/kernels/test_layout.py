@@ -54,15 +54,18 @@ def test_wgmma_wrapper_refuses_tiled_weights_outside_the_plain_loop():
                            TILED=1)
 
 
-@pytest.mark.parametrize("BT,NS,split,XS,R", [(8, 2, True, True, 0), (16, 4, True, False, 32), (64, 3, False, True, 0)])
-def test_tiled_loop_compiles_for_sm90(BT, NS, split, XS, R):
-    """The tiled plain loop compiles for sm_90 like the row-major one: 8 (+ R / 16) wgmma per step, the weights and
+@pytest.mark.parametrize("WG,MT,BT,NS,split,XS,R", [(1, 1, 8, 2, True, True, 0), (1, 1, 16, 4, True, False, 32),
+                                                   (1, 1, 64, 3, False, True, 0), (2, 1, 64, 3, True, False, 0),
+                                                   (1, 2, 32, 3, False, False, 0)])
+def test_tiled_loop_compiles_for_sm90(WG, MT, BT, NS, split, XS, R):
+    """The tiled plain loop compiles for sm_90 like the row-major one, also with 128 weight rows per program (two
+    warpgroups or two m64 tiles: rows 64 on lie in the next tile): 8 · MT (+ R / 16) wgmma per step, the weights and
     scales still by ``cp.async``, no spills."""
     from qerl_kernels.inspect_ir import compile_wgmma, stack_of
 
-    k = compile_wgmma(1, BT, NS, split=split, bias=True, XG=False, R=R, XS=XS, TILED=True)
+    k = compile_wgmma(WG, BT, NS, split=split, bias=True, XG=False, MT=MT, R=R, XS=XS, TILED=True)
     ptx = k.asm["ptx"]
-    assert len(re.findall(r"wgmma\.mma_async", ptx)) == 8 + R // 16
+    assert len(re.findall(r"wgmma\.mma_async", ptx)) == 8 * MT + R // 16
     assert "cp.async" in ptx and stack_of(k) == 0 and ".local" not in ptx
 
 
@@ -106,3 +109,81 @@ print(json.dumps(res))
     err = res.pop("error")
     assert all(res.values()) and len(res) == 11, res
     assert "[64, 128] window at row 160, weight 0" in err
+
+
+def test_ops_on_tiled_weights_match_row_major_under_interpreter():
+    """``ops.nvfp4_matmul(..., tiled=True)`` / ``nvfp4_matmul_t`` on tiled weights give the row-major calls' outputs
+    bit for bit — forward with bias and LoRA (``xa`` and ``lora_a``), backward with the LoRA term, decode sizes to
+    tiles, the DQ path forced with several windows — and never route to a kernel without the layout."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", """
+import json, os, torch
+from qerl.quant import nvfp4
+from qerl_kernels import layout, ops
+g = torch.Generator().manual_seed(11)
+N, K, R = 128, 384, 16
+p, s, gs = nvfp4.quantize(torch.randn(N, K, generator=g) * 0.1)
+tp, ts = layout.tile(p, s)
+bias = torch.randn(N, generator=g).to(torch.bfloat16)
+la = (torch.randn(R, K, generator=g) * 0.1).to(torch.bfloat16)
+lb = (torch.randn(N, R, generator=g) * 0.1).to(torch.bfloat16)
+res, paths = {}, set()
+for forced in (None, '{"DQ": 1, "CHUNK": 12288}'):
+    if forced:
+        os.environ["QERL_KERNEL_CONFIG"] = forced
+    for M in (1, 5, 33):
+        x = torch.randn(M, K, generator=g).to(torch.bfloat16)
+        dy = torch.randn(M, N, generator=g).to(torch.bfloat16)
+        xa = (x @ la.T)
+        dyb = torch.randn(M, R, generator=g).to(torch.bfloat16)
+        pairs = {
+            "fwd": (ops.nvfp4_matmul(x, p, s, gs, bias), ops.nvfp4_matmul(x, tp, ts, gs, bias, tiled=True)),
+            "fwd_xa": (ops.nvfp4_matmul(x, p, s, gs, None, xa, lb, 0.5),
+                       ops.nvfp4_matmul(x, tp, ts, gs, None, xa, lb, 0.5, tiled=True)),
+            "fwd_la": (ops.nvfp4_matmul(x, p, s, gs, None, None, lb, 0.5, lora_a=la),
+                       ops.nvfp4_matmul(x, tp, ts, gs, None, None, lb, 0.5, lora_a=la, tiled=True)),
+            "bwd": (ops.nvfp4_matmul_t(dy, p, s, gs, dyb, la, 0.5),
+                    ops.nvfp4_matmul_t(dy, tp, ts, gs, dyb, la, 0.5, tiled=True)),
+        }
+        for name, (a, b) in pairs.items():
+            res[f"{forced is not None}_{M}_{name}"] = torch.equal(a, b)
+        paths.add(ops.route_of("fwd", x, tp, ts, tiled=True)[0])
+        paths.add(ops.route_of("bwd", dy, tp, ts, tiled=True)[0])
+    os.environ.pop("QERL_KERNEL_CONFIG", None)
+print(json.dumps({"res": res, "paths": sorted(paths)}))
+"""], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(r["res"]) == 24 and all(r["res"].values()), r["res"]
+    assert set(r["paths"]) == {"tile_fwd", "tile_bwd", "dq"}, r["paths"]
+
+
+def test_tiled_config_keeps_only_paths_that_read_the_layout():
+    """On tiled weights, the warp-specialised, stream-K and pipelined warpgroup-MMA configs and the decode kernels
+    (MMV, GEMV) become the untuned rule's plain warpgroup-MMA config (forward, M <= 128, GPU) or a tile; the plain
+    warpgroup-MMA loop, DQ and tiles stay as they are."""
+    from qerl_kernels import ops
+
+    N, K, sms = 4608, 3584, 132
+    plain = dict(WGMMA=1, WG=1, BT=8, NS=2, SPLIT=6, XG=0, XS=1)
+    for cfg in (plain, dict(DQ=1, CHUNK=0), dict(BM=16, BN=64, BK=64, SWAP=0, SPLIT=2, num_warps=4, num_stages=3)):
+        assert ops.tiled_config("fwd", cfg, 8, N, K, sms) == cfg
+    for cfg in (dict(WGMMA=1, WS=1, C=2, BT=32, NS=4), {**plain, "SK": 2}, {**plain, "PIPE": 1, "NSW": 6},
+                dict(MMV=1, BM=8, BN=64, BK=128, SPLIT=4), dict(GEMV=1, BM=1, BN=32, BK=64, SPLIT=1)):
+        got = ops.tiled_config("fwd", cfg, 8, N, K, sms)
+        assert got == ops.wgmma_heuristic(8, N, K, sms) and not (got.get("WS") or got.get("SK") or got.get("PIPE"))
+        tile = ops.tiled_config("fwd", cfg, 8, N, K, sms, interpret=True)
+        assert "BM" in tile and not (tile.get("WGMMA") or tile.get("MMV") or tile.get("GEMV"))
+    assert "BM" in ops.tiled_config("fwd", dict(WGMMA=1, WS=1, C=2, BT=64), 256, N, K, sms)
+
+
+def test_ops_refuse_tiled_weights_without_whole_tiles():
+    from qerl_kernels import ops
+    from qerl_kernels.ops import KernelInputError
+
+    x, gs = torch.zeros(4, 256, dtype=torch.bfloat16), torch.ones(1)
+    p, s = torch.zeros(96, 128, dtype=torch.uint8), torch.zeros(96, 16, dtype=torch.uint8)
+    with pytest.raises(KernelInputError, match="N % 64 == 0, K % 128 == 0 .* got N=96, K=256"):
+        ops.nvfp4_matmul(x, p, s, gs, tiled=True)
+    with pytest.raises(KernelInputError, match="nvfp4_matmul_t: tiled weights"):
+        ops.nvfp4_matmul_t(torch.zeros(4, 96, dtype=torch.bfloat16), p, s, gs, tiled=True)
