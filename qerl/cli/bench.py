@@ -26,8 +26,10 @@ def add_bench(sub) -> None:
                                     "[--models 0.5B 7B] [--ms ...]` measures the host time of eager NVFP4 calls "
                                     "(reports/host/<device>.csv / .md). `qerl bench logprobs [--tokens ...] [--hidden ...]` times "
                                     "the update's per-token log-probs, fused blocks against torch's composite "
-                                    "(reports/logprobs/<device>.csv / .md).")
-    bk.add_argument("what", choices=["kernels", "host", "logprobs", "rollout", "step", "rehearsal", "cost"],
+                                    "(reports/logprobs/<device>.csv / .md). `qerl bench layout [--models ...] [--ms ...]` "
+                                    "times NVFP4 calls on tile-contiguous against row-major weights "
+                                    "(reports/layout/<device>.csv / .md).")
+    bk.add_argument("what", choices=["kernels", "host", "logprobs", "layout", "rollout", "step", "rehearsal", "cost"],
                     help="which benchmark")
     bk.add_argument("rest", nargs=argparse.REMAINDER,
                     help="options of the benchmark (see `qerl bench kernels|rollout|step|rehearsal|cost --help`)")
@@ -43,6 +45,10 @@ def run_bench(args) -> int:
         from qerl.bench import logprobs as bench_logprobs
 
         return bench_logprobs.main(args.rest)
+    if args.what == "layout":
+        from qerl.bench import layout as bench_layout
+
+        return bench_layout.main(args.rest)
     if args.what == "rollout":
         from qerl.bench import rollout as bench_rollout
 
