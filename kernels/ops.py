@@ -290,6 +290,7 @@ def _runnable(kind: str, cfg: dict, M: int, K: int, x2, packed, scale, interpret
     sms = _sm_count(x2.device.index or 0) if x2.is_cuda else 132
     if tiled:
         cfg = tiled_config(kind, cfg, M, packed.shape[0], K, sms, interpret)
+
     def down(path: str) -> bool:
         reason = why_not(path, kind, K, x2, packed, scale, interpret)
         if reason and notes is not None:
@@ -349,7 +350,7 @@ def _resolved(kind: str, x2, packed, scale, gs, n_out: int, extra: tuple, r: int
     key = (kind, M, N, K, x2.dtype, x2.device, interpret, packed.data_ptr() % 16, packed.stride(0) % 16,
            x2.data_ptr() % 16, x2.stride(0), scale.data_ptr() % 4, scale.stride(0) % 4, gs.data_ptr() % 16,
            os.environ.get("QERL_KERNEL_CONFIG"), _MODE[0], n_out, r, tuple(map(_sig, extra)), _sig(lora_a),
-           LORA_LAUNCH, XA_PROGRAMS, XA_CHUNKS, XA_QB, XA_STAGES, XA_PDL_AT, XA_PDL_ROWS, EAGER_XS_ROWS, HEURISTIC,
+           LORA_LAUNCH, XA_PROGRAMS, XA_CHUNKS, XA_QB, XA_STAGES, XA_PDL_AT, XA_PDL_AT_MMV, XA_PDL_ROWS, EAGER_XS_ROWS, HEURISTIC,
            XA_RANK_CHUNKS, tiled)
     hit = _RESOLVED.get(key)
     if hit is None:
@@ -408,31 +409,36 @@ XA_PRODUCERS = (16, 64)  # programs computing x · lora_aᵀ in a fused decode l
 # Experiment knobs (module attributes, set in code by the checks and the tuner; nothing is read from the
 # environment at import): the LoRA route (see lora_route; "fused" | "pdl" force one) and the PDL primary's shape
 LORA_LAUNCH = "auto"
-XA_PDL_ROWS = 64  # the PDL primary's row blocks: 16 rows each, one ticket slot each (the last 4 of _locks)
-# the PDL primary's shape (experiments; the defaults are the measured configuration): its programs (at most
-# one per 128-wide K chunk), partials summed per load round by the last one, chunk-loop pipeline depth
+XA_PDL_ROWS = 64  # the PDL primary's row blocks: 16 rows each, one ticket per block (and rank chunk) in the tail
+# the PDL primary's shape (experiments; the defaults are the measured configuration): its K shares (programs per
+# rank chunk), partials summed per load round by the last one, chunk-loop pipeline depth, release point. Before the
+# warpgroup-MMA kernel (measured 2026-11-26, xa_shares): few pipelined shares released at their start; before the
+# register-fragment decode kernel (eager M 9-16 with K > 8192; not measured again): one share per 128-wide chunk,
+# pipelined above K = 8192, released after its loads
 XA_PROGRAMS = 64  # at most this many K shares
 XA_CHUNKS = 14  # 128-wide K chunks per K share (xa_shares)
 XA_QB = 16
 XA_STAGES = 0  # 0: auto, see _xa_stages
 XA_PDL_AT = 1  # lora_xa releases the decode launch at its start (1) / after its loads (2)
+XA_PDL_AT_MMV = 2  # the same before the register-fragment decode kernel
 XA_RANK_CHUNKS = True  # lora_xa above rank 32: one program per 32 ranks and K share (xa_rank_chunk)
 
 
-def _xa_stages(K: int) -> int:
+def _xa_stages(K: int, mmv: bool = False) -> int:
     """The PDL primary's chunk-loop pipeline depth: 3 (each K share loops over ~``XA_CHUNKS`` chunks,
-    :func:`xa_shares`); ``XA_STAGES`` forces one."""
-    return XA_STAGES or 3
+    :func:`xa_shares`); before the register-fragment kernel (``mmv``: one chunk per share) 3 above K = 8192, else 1;
+    ``XA_STAGES`` forces one."""
+    return XA_STAGES or (3 if not mmv or K > 8192 else 1)
 
 
-def xa_shares(K: int) -> int:
+def xa_shares(K: int, mmv: bool = False) -> int:
     """The PDL primary's K shares (programs per rank chunk): ``ceil(K / (128 · XA_CHUNKS))``, at most
     ``XA_PROGRAMS`` — 2 at K = 3584, 11 at 18944. Measured on the H100 (7B projections at the engine's ranks, M = 8,
     CUDA graphs; reports/kernels/evidence/lora_xa_shape_7B_*): against one share per chunk (28 / 64), released
     after its loads, with the final sum of every share's partial, few pipelined shares released at their start
     cut the LoRA call's cost over the bare kernel from 5.0 / 2.5 / 11.1 / 3.8 µs to 2.2 / 2.1 / 2.2 / 3.3 (q/k/v,
-    o, gate/up, down)."""
-    return max(1, min(XA_PROGRAMS, -(-K // (128 * XA_CHUNKS))))
+    o, gate/up, down). ``mmv`` (before the register-fragment kernel): one share per chunk, as before."""
+    return max(1, min(XA_PROGRAMS, -(-K // (128 * (1 if mmv else XA_CHUNKS)))))
 
 
 def lora_route(kind: str, cfg: dict, M: int, K: int, mode: str = "auto") -> str:
@@ -459,22 +465,23 @@ def lora_route(kind: str, cfg: dict, M: int, K: int, mode: str = "auto") -> str:
     return "fused" if fits else "pdl"
 
 
-def _pdl_primary(x2, lora_a, M: int, K: int, r: int, locks) -> torch.Tensor:
+def _pdl_primary(x2, lora_a, M: int, K: int, r: int, locks, mmv: bool = False) -> torch.Tensor:
     """Launch :mod:`qerl_kernels.lora_xa` (the PDL primary) and return its ``xa [16 B, R]`` (bf16, B = ceil(M / 16)
     row blocks, rows >= M zero): the launch right before a kernel launched with ``launch_pdl`` that waits
     for it (``griddepcontrol.wait``) before its LoRA epilogue. One ticket per row block (M <= ``XA_PDL_ROWS``) and
-    rank chunk (:func:`xa_rank_chunk`) in the tail of ``locks``."""
+    rank chunk (:func:`xa_rank_chunk`) in the tail of ``locks``. ``mmv``: before the register-fragment decode
+    kernel (its own shares, depth and release point: ``XA_PDL_AT_MMV``)."""
     from qerl_kernels.lora_xa import _lora_xa_kernel
 
     blocks = -(-M // 16)
     xa = torch.empty(16 * blocks, r, device=x2.device, dtype=x2.dtype)
-    nxp = xa_shares(K)
+    nxp = xa_shares(K, mmv)
     rb = xa_rank_chunk(r)
     xap = torch.empty(blocks * nxp * 16 * r, device=x2.device, dtype=torch.float32)
     launch.run(_lora_xa_kernel, (nxp * (r // rb if rb else 1), blocks),
                (x2, lora_a, xa, xap, _lock_tail(locks.device), locks, M, K, x2.stride(0), nxp),
-               dict(R=r, KB=128, QB=max(1, min(XA_QB, 512 // (rb or r))), PDL=XA_PDL_AT, STAGES=_xa_stages(K), RB=rb,
-                    num_warps=4, num_stages=1))
+               dict(R=r, KB=128, QB=max(1, min(XA_QB, 512 // (rb or r))), PDL=XA_PDL_AT_MMV if mmv else XA_PDL_AT,
+                    STAGES=_xa_stages(K, mmv), RB=rb, num_warps=4, num_stages=1))
     return xa
 
 
@@ -708,7 +715,7 @@ def _launch_mmv(c: _Call) -> torch.Tensor:
         x2 = padded[:, :K]
     xap = dummy
     if pdl:  # xa [16, R] by the preceding launch, overlapped with this one
-        xa = _pdl_primary(x2, c.lora_a, M, K, c.r, locks)
+        xa = _pdl_primary(x2, c.lora_a, M, K, c.r, locks, mmv=True)
     if xp:  # xa [16, R] written by the launch's producer programs, their fp32 partials in xap
         xa = torch.empty(16, c.r, device=x2.device, dtype=x2.dtype)
         xap = torch.empty(xp * 16 * c.r, device=x2.device, dtype=torch.float32)

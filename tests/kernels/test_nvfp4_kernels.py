@@ -286,14 +286,18 @@ def test_lora_route_picks_the_measured_launch():
 
 
 def test_pdl_primary_shares_and_pipeline(monkeypatch):
-    """The PDL primary runs few K shares of ~``XA_CHUNKS`` 128-wide chunks each (2 at the 7B hidden size, 11 at its
-    intermediate size, one for short K, at most ``XA_PROGRAMS``), its chunk loop 3 deep; ``ops.XA_STAGES`` forces a
-    depth; ranks above 32 go in chunks of 32 while there are ticket slots for them."""
+    """Before the warpgroup-MMA kernel the PDL primary runs few K shares of ~``XA_CHUNKS`` 128-wide chunks each (2 at
+    the 7B hidden size, 11 at its intermediate size, one for short K, at most ``XA_PROGRAMS``), its chunk loop 3 deep;
+    before the register-fragment kernel its earlier shape; ``ops.XA_STAGES`` forces a depth; ranks above 32 go in
+    chunks of 32 while there are ticket slots for them."""
     from qerl_kernels import ops
 
     monkeypatch.setattr(ops, "XA_STAGES", 0)
     assert ops._xa_stages(3584) == 3 and ops._xa_stages(18944) == 3
     assert [ops.xa_shares(k) for k in (128, 1792, 3584, 5120, 18944, 27648)] == [1, 1, 2, 3, 11, 16]
+    # before the register-fragment decode kernel (not measured again): one share per chunk, 3 deep above K = 8192
+    assert ops.xa_shares(3584, mmv=True) == 28 and ops.xa_shares(18944, mmv=True) == 64
+    assert ops._xa_stages(3584, mmv=True) == 1 and ops._xa_stages(18944, mmv=True) == 3
     monkeypatch.setattr(ops, "XA_PROGRAMS", 4)
     assert ops.xa_shares(27648) == 4
     monkeypatch.setattr(ops, "XA_STAGES", 2)
