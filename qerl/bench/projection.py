@@ -73,8 +73,8 @@ REHEARSALS = {
 }
 #: rollout benchmark (reports/rollout, H100, 2026-11-24/25), NVFP4 engine, prompt 256, 1,024 tokens: ms per
 #: decode step at batch 64 and 256 — the measurements with the GEMM the rehearsals ran (v12), so that the
-#: loop / benchmark ratio (:func:`bench_to_train`) compares one code; later GEMMs decode faster (7B 7.76 / 19.15 ms
-#: with v15, 2026-11-26), so the projections lean long until the rehearsals are repeated
+#: loop / benchmark ratio (:func:`bench_to_train`) compares one code; later code decodes faster (7B 6.25 / 14.68 ms,
+#: 14B 12.51 and 32B 21.43 ms at batch 64, 2026-11-26), so the projections lean long until the rehearsals are repeated
 BENCH_STEP_MS = {"7B": (8.28, 20.43), "14B": (15.76, 27.08), "32B": (25.44, 32.94)}
 
 
