@@ -72,6 +72,8 @@ def run_one(model, lm, tok, engine: str, batch: int, prompt_len: int, gen_len: i
         secs, steps = st["prefill_s"] + st["decode_s"], max(1, st["decode_steps"])
         ms_step = 1e3 * st["decode_s"] / steps
         note = f"capture {st['capture_s']:.1f} s excluded; {st['rows']} rows on {st['slots']} KV slots"
+        if "layout_s" in st:  # weight_layout="tiled": the in-place reorder and its undo, also excluded
+            note += f"; tiled weights (reorder {st['layout_s']:.2f} s excluded)"
         if eos_at is not None:
             tokens = int(r.completion_mask.sum())
             note += (f"; lengths {summary(r.lengths.tolist(), gen_len)}; {steps} decode steps, "
@@ -99,6 +101,21 @@ def run_one(model, lm, tok, engine: str, batch: int, prompt_len: int, gen_len: i
         ms_step = 1e3 * secs / gen_len
     return {"tok_s": batch * gen_len / secs, "ms_per_step": ms_step, "gen_len": gen_len,
             "peak_gb": torch.cuda.max_memory_allocated() / 1e9, "note": note}
+
+
+def _replays(b, pos: int, n: int = 10) -> list[float]:
+    """Milliseconds of ``n`` replays of bucket ``b``'s captured decode step at position ``pos``."""
+    full = []
+    for _ in range(n):
+        a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        b.col.zero_()
+        b.pos.fill_(pos)
+        a.record()
+        b.graph.replay()
+        z.record()
+        torch.cuda.synchronize()
+        full.append(a.elapsed_time(z))
+    return full
 
 
 def step_split(eng, batch: int, prompt_len: int, gen_len: int) -> dict:
@@ -131,18 +148,9 @@ def step_split(eng, batch: int, prompt_len: int, gen_len: int) -> dict:
     b.slot.copy_(slot)
     from qerl.rollout.engine.runner import _launch_mode
 
-    with _launch_mode("graph"):
+    with eng.weights_in_layout(), _launch_mode("graph"):  # (tiled: the layout the step's graphs were captured on)
         t = _graph_times({"projections": projs, "attention": attn, "head_sampling": head}, reps=10)
-    full = []
-    for _ in range(10):
-        a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        b.col.zero_()
-        b.pos.fill_(prompt_len + gen_len // 2)
-        a.record()
-        b.graph.replay()
-        z.record()
-        torch.cuda.synchronize()
-        full.append(a.elapsed_time(z))
+        full = _replays(b, prompt_len + gen_len // 2)
     n = {"projections": len(projs), "attention": len(attn), "head_sampling": 1}  # _graph_times: time per call
     out = {k: 1e3 * val * n[k] for k, val in t.items()}
     out["step"] = sorted(full)[len(full) // 2]
@@ -345,6 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "uniform:low=A,high=B (each row stopped at a seeded drawn length; one set of rows per spec)")
     p.add_argument("--group-size", type=int, default=1,
                    help="samples per prompt of the engine rows (GRPO-shaped: batch / G prompts x G samples)")
+    p.add_argument("--weight-layout", default="rows", choices=["rows", "tiled"],
+                   help="the engine's NVFP4 weight layout during generation: rows (the checkpoint's) or tiled "
+                        "(reordered in place into the tile-contiguous layout and back around each generation)")
     p.add_argument("--split-batches", nargs="*", type=int, default=[8], help="batches whose step is split into parts")
     p.add_argument("--plot", metavar="CSV", help="only redraw the figure of a written CSV (no GPU)")
     p.add_argument("--merge", nargs="+", metavar="CSV", type=Path,
@@ -371,6 +382,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not torch.cuda.is_available():
         raise SystemExit("qerl bench rollout needs a CUDA GPU (use --plot CSV to redraw a figure)")
+    from qerl.rollout.engine import runner
+
+    runner.WEIGHT_LAYOUT[0] = a.weight_layout
     bench(a)
     return 0
 

@@ -147,6 +147,26 @@ def reference_lora_forward(x, packed, scale, global_scale, bias, lora_a, lora_b,
     return (base + F.linear(F.linear(xl, lora_a), lora_b) * lora_scale).to(x.dtype)
 
 
+def nvfp4_tiled_linear(x, packed, scale, global_scale, bias=None, lora_a=None, lora_b=None, lora_scale: float = 0.0):
+    """:func:`nvfp4_linear` (``lora_a`` None) or :func:`nvfp4_lora_linear` without autograd — the rollout engine's
+    calls — on a weight in the tile-contiguous layout (:mod:`qerl_kernels.layout`, ``weight_layout="tiled"`` of the
+    engine): the kernels with ``tiled=True`` where the kernel backend takes the call, else the reference on a
+    row-major copy."""
+    backend = select_backend(x, packed)
+    if backend is not None and backend.name == "triton-nvfp4":
+        from qerl_kernels.ops import nvfp4_matmul
+
+        if lora_a is None:
+            return nvfp4_matmul(x, packed, scale, global_scale, bias, tiled=True)
+        return nvfp4_matmul(x, packed, scale, global_scale, bias, None, lora_b, lora_scale, lora_a=lora_a, tiled=True)
+    from qerl_kernels.layout import untile
+
+    p, s = untile(packed, scale)
+    if lora_a is None:
+        return reference_forward(x, p, s, global_scale, bias)
+    return reference_lora_forward(x, p, s, global_scale, bias, lora_a, lora_b, lora_scale)
+
+
 def _maybe_register_kernels() -> None:
     """``QERL_KERNELS`` picks the CUDA path (``qerl_kernels``; CPU always uses the reference):
 

@@ -381,3 +381,73 @@ def test_kv_cache_positions_are_rounded_so_a_slightly_longer_prompt_keeps_cache_
     eng.generate(["a much longer prompt than before, by a few tokens"], s)
     assert eng.kc[0] is first  # the same cache: no reallocation, graphs keyed on its shape stay valid
     assert eng.kc[0].shape[1] <= eng.context
+
+
+def test_tiled_weight_layout_changes_no_token_and_restores_the_weights(tmp_path, tok, quantized_dirs):
+    """``weight_layout="tiled"``: each generation reorders the NVFP4 weights in place into the tile-contiguous
+    layout (every projection of a model with whole 64-row tiles and 128-wide K steps) and back — tokens and
+    log-probs equal the row-major engine's, the checkpoint tensors and the trainer's own forward are bit-identical
+    afterwards, the time is reported; in a model with some projections not in whole tiles those stay row-major
+    (mixed layouts, the same tokens); a bad value is refused."""
+    from qerl.models.tiny import TinySpec, save_tiny_model
+    from qerl.rollout.engine.model_view import set_weight_layout
+    from qerl.stages.quantize import quantize_checkpoint
+
+    src = save_tiny_model(tmp_path / "t128", TinySpec(hidden_size=128, intermediate_size=256, seed=3))
+    quantize_checkpoint(src, tmp_path / "q128", progress=False)
+    model = _lora(load_policy(tmp_path / "q128", dtype=torch.float32))
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    s = SamplingSettings(temperature=0.7, max_new_tokens=10)
+    rows = RolloutEngine(model, tok)
+    a = rows.generate(PROMPTS, s, seed=4, num_samples=2)
+    with torch.no_grad():
+        before = model(**enc).logits
+    tiled = RolloutEngine(model, tok, weight_layout="tiled")
+    b = tiled.generate(PROMPTS, s, seed=4, num_samples=2)
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.logprobs, b.logprobs)
+    assert tiled.last_stats["layout_s"] > 0 and "layout_s" not in rows.last_stats
+    after = model.state_dict()
+    assert all(torch.equal(after[k].view(torch.uint8) if after[k].dtype == torch.float8_e4m3fn else after[k],
+                           v.view(torch.uint8) if v.dtype == torch.float8_e4m3fn else v) for k, v in state.items())
+    with torch.no_grad():
+        assert torch.equal(model(**enc).logits, before)
+    assert not any(p.tiled for p in tiled.view.projs)
+    assert set_weight_layout(tiled.view, True) == len(tiled.view.projs) == 8  # 2 layers x q/k/v, o, gate/up, down
+    assert set_weight_layout(tiled.view, False) == 8
+    small = load_policy(quantized_dirs["qwen2"], dtype=torch.float32)  # hidden 64: only down (K 128, N 64) tiles
+    c = RolloutEngine(small, tok).generate(PROMPTS, s, seed=4)
+    mixed = RolloutEngine(small, tok, weight_layout="tiled")
+    assert set_weight_layout(mixed.view, True) == 2  # one down projection per layer; the rest stay row-major
+    assert [p.tiled for p in mixed.view.projs] == [p.packed.shape == (64, 64) for p in mixed.view.projs]
+    set_weight_layout(mixed.view, False)
+    d = mixed.generate(PROMPTS, s, seed=4)
+    assert torch.equal(c.completion_ids, d.completion_ids) and torch.equal(c.logprobs, d.logprobs)
+    with pytest.raises(ValueError, match="weight_layout must be rows or tiled, got 'blocked'"):
+        RolloutEngine(model, tok, weight_layout="blocked")
+
+
+def test_tiled_weight_layout_through_the_kernels_under_interpreter(tmp_path):
+    """The same on the kernels' path (the Triton interpreter, bf16): the tiled engine's NVFP4 calls go through
+    ``ops.nvfp4_matmul(..., tiled=True)`` and draw the row-major engine's tokens and log-probs."""
+    code = f"""
+import json, torch
+from transformers import AutoTokenizer
+from qerl.models import load_policy
+from qerl.models.tiny import TinySpec, save_tiny_model
+from qerl.rollout import SamplingSettings
+from qerl.rollout.engine import RolloutEngine
+from qerl.stages.quantize import quantize_checkpoint
+src = save_tiny_model({str(tmp_path / "t")!r}, TinySpec(hidden_size=128, intermediate_size=256, num_hidden_layers=1))
+quantize_checkpoint(src, {str(tmp_path / "q")!r}, progress=False)
+tok = AutoTokenizer.from_pretrained(src)
+model = load_policy({str(tmp_path / "q")!r}, dtype=torch.bfloat16)
+s = SamplingSettings(temperature=0.7, max_new_tokens=4)
+a = RolloutEngine(model, tok).generate(["12+7="], s, seed=1)
+b = RolloutEngine(model, tok, weight_layout="tiled").generate(["12+7="], s, seed=1)
+print(json.dumps({{"ids": torch.equal(a.completion_ids, b.completion_ids), "lp": torch.equal(a.logprobs, b.logprobs)}}))
+"""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    assert out.stdout.strip().splitlines()[-1] == '{"ids": true, "lp": true}'

@@ -54,6 +54,7 @@ class Proj:
     a: torch.Tensor | None = None
     b: torch.Tensor | None = None
     lora_scale: float = 0.0
+    tiled: bool = False  # packed / scale in the tile-contiguous layout now (set_weight_layout)
 
     def sync(self, dtype: torch.dtype) -> None:
         """Copy the parts' active adapters into the engine's buffers (zeros where adapters are disabled)."""
@@ -92,9 +93,12 @@ class Proj:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         from qerl.ops import nvfp4_linear, nvfp4_lora_linear
+        from qerl.ops.linear import nvfp4_tiled_linear
 
         bias = None if self.bias is None else self.bias.to(x.dtype)
         if self.kind == "nvfp4":
+            if self.tiled:
+                return nvfp4_tiled_linear(x, self.packed, self.scale, self.gscale, bias, self.a, self.b, self.lora_scale)
             if self.a is None:
                 return nvfp4_linear(x, self.packed, self.scale, self.gscale, bias)
             return nvfp4_lora_linear(x, self.packed, self.scale, self.gscale, bias, self.a, self.b, self.lora_scale)
@@ -256,6 +260,30 @@ def fuse(ps: list[Proj]) -> Proj | None:
         else:
             p.weight = m.weight
     return out
+
+
+@torch.no_grad()
+def set_weight_layout(view: "ModelView", tiled: bool) -> int:
+    """Put the packed weights and scales of ``view``'s NVFP4 projections into the tile-contiguous layout
+    (:mod:`qerl_kernels.layout`; ``tiled``) or back to row-major, **in place** — the modules' views, the fused
+    buffers and the CUDA graphs' addresses stay — skipping projections without whole 64-row tiles and 128-wide K
+    steps. Between the two calls the modules' own forward must not run (it reads row-major): the engine switches
+    around its generation only. Returns how many projections changed layout."""
+    from qerl_kernels import layout
+
+    n = 0
+    for p in view.projs:
+        if p.kind != "nvfp4" or p.tiled == tiled:
+            continue
+        N, kb = p.packed.shape
+        if N % layout.ROWS or kb % layout.STEP or not (p.packed.is_contiguous() and p.scale.is_contiguous()):
+            continue
+        packed, scale = (layout.tile if tiled else layout.untile)(p.packed, p.scale)
+        p.packed.copy_(packed)
+        p.scale.copy_(scale)
+        p.tiled = tiled
+        n += 1
+    return n
 
 
 def _norm(mod: nn.Module, where: str) -> Norm:

@@ -5,7 +5,8 @@ One ``generate`` call (same signature and :class:`~qerl.rollout.sampler.Rollout`
 
 1. sync: the active LoRA adapters are copied into the engine's activation-dtype buffers and the AQN noise
    drawn on the norms (:func:`qerl.rl.aqn.active_noise`) into its fp32 buffers — the graphs read those fixed addresses, so an
-   optimizer step or a new noise draw needs no re-capture, and the model's own weights are never written;
+   optimizer step or a new noise draw needs no re-capture, and the model's own weights are never written (except
+   with ``weight_layout="tiled"``: the NVFP4 weights reordered in place for the call and restored after it);
 2. plan: the KV cache (one slot of ``prompt + max_new_tokens`` positions per row) is sized from free memory;
    rows that do not fit wait, and each slot a finished row frees goes to the next waiting row (prefilled at the
    next host check, then decoded beside the others: every row carries its own generation step);
@@ -28,7 +29,7 @@ import time
 import torch
 
 from qerl.rollout.engine import forward as fw
-from qerl.rollout.engine.model_view import EngineUnsupported, view_model
+from qerl.rollout.engine.model_view import EngineUnsupported, set_weight_layout, view_model
 from qerl.rl.aqn import active_noise
 from qerl.rollout.sampler import Rollout, encode_prompts
 from qerl.rollout.sampling import SamplingSettings, row_budget, row_seeds, sample
@@ -40,6 +41,11 @@ POSITION_STEP = 256
 #: ``last_stats`` keys splitting a ``generate`` call's time: prompts prefilled, decode graphs captured, and the GPU
 #: idle while the host checked for finished rows between windows of decode steps (the rest is decoding)
 SPLIT = ("prefill_s", "capture_s", "host_s")
+#: the engines' default ``weight_layout``: ``rows`` (the checkpoint's) or ``tiled`` (each generation reorders the NVFP4
+#: weights in place into the tile-contiguous layout and back: the decode kernels' 4 KB steps are contiguous,
+#: reports/kernels "Tile-contiguous weights"; not yet measured in the engine on a GPU). ``qerl bench rollout
+#: --weight-layout`` sets it
+WEIGHT_LAYOUT = ["rows"]
 
 log = logging.getLogger(__name__)
 
@@ -104,12 +110,17 @@ class RolloutEngine:
     (the fused Triton draw, ``qerl_kernels.sample``, on CUDA; torch elsewhere) | ``triton`` | ``torch``
     (:func:`~qerl.rollout.sampling.sample`, the definition; also whenever top-k / top-p filter). ``share_prompts``:
     rows with the same prompt (``num_samples`` > 1: a GRPO group) prefilled once, its K/V copied to the others
-    (``last_stats["prefill_rows"]``: the rows actually prefilled)."""
+    (``last_stats["prefill_rows"]``: the rows actually prefilled). ``weight_layout``: ``rows`` | ``tiled`` (default
+    :data:`WEIGHT_LAYOUT`; ``tiled``: each ``generate`` reorders the NVFP4 weights in place into the tile-contiguous
+    layout and back, ``last_stats["layout_s"]``)."""
 
     def __init__(self, model, tokenizer, attention: str = "auto", graphs: bool | None = None,
                  check_every: int = 16, max_slots: int | None = None, fuse: bool = True, compile: bool | None = None,
-                 sampler: str = "auto", share_prompts: bool = True):
+                 sampler: str = "auto", share_prompts: bool = True, weight_layout: str | None = None):
         self.tokenizer = tokenizer  # (the model object is not kept: the registry of qerl.rollout.engine keys it weakly)
+        self.weight_layout = WEIGHT_LAYOUT[0] if weight_layout is None else weight_layout
+        if self.weight_layout not in ("rows", "tiled"):
+            raise ValueError(f"weight_layout must be rows or tiled, got {self.weight_layout!r}")
         self.context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         self.view = view_model(model, fuse_siblings=fuse)
         self.device = self.view.device
@@ -305,7 +316,7 @@ class RolloutEngine:
         ended = torch.zeros(n, dtype=torch.bool)
         self._eos_at = row_budget(eos_at, n, G)
         ctx = _launch_mode("graph") if self.use_graphs else contextlib.nullcontext()
-        with ctx:
+        with self.weights_in_layout(), ctx:
             steps_run, later = self._run_rows(n, slots, right, plen, seeds, settings, noisy, comp_tok, comp_lp, ends,
                                               ended, eos)
         T = int(ends.max())
@@ -317,6 +328,28 @@ class RolloutEngine:
                            "decode_steps": steps_run, "graphs": self.use_graphs, **self._timing}
         dev = self.device
         return Rollout(ids.to(dev), mask.to(dev), comp.to(dev), cmask.to(dev), lps.to(dev), (~ended).to(dev), texts)
+
+    @contextlib.contextmanager
+    def weights_in_layout(self):
+        """Inside: the NVFP4 weights in the engine's ``weight_layout`` — with ``tiled``, reordered in place into the
+        tile-contiguous layout on entry and back on exit, whatever happens inside
+        (:func:`~qerl.rollout.engine.model_view.set_weight_layout`; the time goes to ``last_stats["layout_s"]``).
+        The model's own forward must not run inside."""
+        if self.weight_layout != "tiled":
+            yield
+            return
+        timing = getattr(self, "_timing", None)
+        t0 = self._clock()
+        set_weight_layout(self.view, True)
+        spent = self._clock() - t0
+        try:
+            yield
+        finally:
+            t1 = self._clock()
+            set_weight_layout(self.view, False)
+            spent += self._clock() - t1
+            if timing is not None:
+                timing["layout_s"] = timing.get("layout_s", 0.0) + spent
 
     def _prefill(self, rows: list[int], slots: list[int], right, plen, seeds, s, noisy) -> None:
         """Prompts of ``rows`` into ``slots`` (row chunks of ``PREFILL_TOKENS`` positions) and their first tokens
