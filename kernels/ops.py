@@ -182,12 +182,14 @@ def tiled_config(kind: str, cfg: dict, M: int, N: int, K: int, sms: int, interpr
     """The config of a call on weights in the tile-contiguous layout (:mod:`qerl_kernels.layout`): the kernels that
     read it are the warpgroup-MMA kernel's plain split-K loop, the dequantize + cuBLAS path (``DQ``) and the Triton
     tiles. Any other config (warp-specialised, stream-K, pipelined, the decode kernels MMV / GEMV) becomes the
-    untuned rule's warpgroup-MMA config (forward, M <= 128, on a GPU) or a tile."""
+    untuned rule's warpgroup-MMA config (forward, M <= 128, on a GPU), ``DQ`` above ``DQ_ROWS`` rows, or a tile."""
     wg = cfg.get("WGMMA") and not (cfg.get("WS") or cfg.get("SK") or cfg.get("PIPE") or cfg.get("XG"))
     if cfg.get("DQ") or wg or not (cfg.get("WGMMA") or cfg.get("MMV") or cfg.get("GEMV")):
         return cfg
     if kind == "fwd" and not interpret and M <= WGMMA_ROWS[1]:
         return wgmma_heuristic(M, N, K, sms)
+    if M > DQ_ROWS:
+        return dict(DQ=1, CHUNK=DQ_CHUNK)
     return _tile_fallback(interpret, cfg.get("SPLIT", 1))
 
 

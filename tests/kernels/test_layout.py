@@ -160,8 +160,8 @@ print(json.dumps({"res": res, "paths": sorted(paths)}))
 
 def test_tiled_config_keeps_only_paths_that_read_the_layout():
     """On tiled weights, the warp-specialised, stream-K and pipelined warpgroup-MMA configs and the decode kernels
-    (MMV, GEMV) become the untuned rule's plain warpgroup-MMA config (forward, M <= 128, GPU) or a tile; the plain
-    warpgroup-MMA loop, DQ and tiles stay as they are."""
+    (MMV, GEMV) become the untuned rule's plain warpgroup-MMA config (forward, M <= 128, GPU), DQ above that or a
+    tile; the plain warpgroup-MMA loop, DQ and tiles stay as they are."""
     from qerl_kernels import ops
 
     N, K, sms = 4608, 3584, 132
@@ -174,7 +174,8 @@ def test_tiled_config_keeps_only_paths_that_read_the_layout():
         assert got == ops.wgmma_heuristic(8, N, K, sms) and not (got.get("WS") or got.get("SK") or got.get("PIPE"))
         tile = ops.tiled_config("fwd", cfg, 8, N, K, sms, interpret=True)
         assert "BM" in tile and not (tile.get("WGMMA") or tile.get("MMV") or tile.get("GEMV"))
-    assert "BM" in ops.tiled_config("fwd", dict(WGMMA=1, WS=1, C=2, BT=64), 256, N, K, sms)
+    assert ops.tiled_config("fwd", dict(WGMMA=1, WS=1, C=2, BT=64), 256, N, K, sms)["DQ"] == 1  # above 128 rows
+    assert "BM" in ops.tiled_config("fwd", dict(MMV=1, BM=8, SPLIT=2), 8, N, K, sms, interpret=True)
 
 
 def test_ops_refuse_tiled_weights_without_whole_tiles():
