@@ -1,8 +1,9 @@
 """Correctness check of the NVFP4 kernels against the pure-torch reference (qerl.ops.linear).
 
-``python -m qerl.bench.kernels_check [--quick] [--only-forced KEY | --part routed|forced|dequant] [--json OUT]`` runs forward and backward (with and
-without bias / LoRA) on odd shapes and every M bucket, on CUDA if present, else under
-``TRITON_INTERPRET=1`` on CPU (small shapes). Exits non-zero on any failure.
+``python -m qerl.bench.kernels_check [--quick] [--only-forced KEY | --part routed|forced|dequant|tiled] [--json OUT]`` runs forward and
+backward (with and without bias / LoRA) on odd shapes and every M bucket — and the same calls on weights in the
+tile-contiguous layout (``tiled``) — on CUDA if present, else under ``TRITON_INTERPRET=1`` on CPU (small shapes).
+Exits non-zero on any failure.
 
 Tolerance (relative Frobenius error vs the reference computed in fp32 from the same bf16
 dequantized weight): forward/backward 5e-3 on CUDA (bf16 MMA inputs are exact, fp32 accumulation
@@ -183,15 +184,53 @@ def run(device: str, shapes, ms, tol: float, kinds=("fwd", "bwd")) -> list[dict]
     return rows
 
 
+def run_tiled(device: str, shapes, ms, tol: float) -> list[dict]:
+    """The routed calls on weights in the tile-contiguous layout (``tiled=True``, :mod:`qerl_kernels.layout`; the
+    shapes with whole 64-row tiles and 128-wide K steps): forward with bias, with ``xa`` and with ``lora_a``, and the
+    backward with its LoRA term, each against the row-major reference (``layout`` column ``tiled``)."""
+    from qerl.quant import nvfp4
+    from qerl_kernels import layout
+    from qerl_kernels.ops import nvfp4_matmul, nvfp4_matmul_t
+
+    rows = []
+    g = torch.Generator().manual_seed(1)
+    for (N, K) in shapes:
+        if N % 64 or K % 128:
+            continue
+        packed, scale, gs = (t.to(device) for t in nvfp4.quantize(torch.randn(N, K, generator=g) * 0.02))
+        tp, ts = layout.tile(packed, scale)
+        bias = (torch.randn(N, generator=g) * 0.1).to(device, torch.bfloat16)
+        R = 32
+        lb = (torch.randn(N, R, generator=g) * 0.1).to(device, torch.bfloat16)
+        la = (torch.randn(R, K, generator=g) * 0.1).to(device, torch.bfloat16)
+        for M in ms:
+            x = torch.randn(M, K, generator=g).to(device, torch.bfloat16)
+            dy = torch.randn(M, N, generator=g).to(device, torch.bfloat16)
+            xa = torch.randn(M, R, generator=g).to(device, torch.bfloat16)
+            dyb = torch.randn(M, R, generator=g).to(device, torch.bfloat16)
+            fe = max(_rel(nvfp4_matmul(x, tp, ts, gs, bias, tiled=True),
+                          _ref_fwd(x, packed, scale, gs, bias, None, None, 0.0)),
+                     _rel(nvfp4_matmul(x, tp, ts, gs, None, xa, lb, 0.5, tiled=True),
+                          _ref_fwd(x, packed, scale, gs, None, xa, lb, 0.5)),
+                     _rel(nvfp4_matmul(x, tp, ts, gs, None, None, lb, 0.5, lora_a=la, tiled=True),
+                          _ref_fwd(x, packed, scale, gs, None, x @ la.T, lb, 0.5)))
+            be = _rel(nvfp4_matmul_t(dy, tp, ts, gs, dyb, la, 0.5, tiled=True),
+                      _ref_bwd(dy, packed, scale, gs, dyb, la, 0.5))
+            rows.append({"M": M, "N": N, "K": K, "lora_r": R, "layout": "tiled", "fwd_rel_err": fe, "bwd_rel_err": be,
+                         "ok": fe < tol and be < tol})
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m qerl.bench.kernels_check", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="two small shapes instead of four (the routed part)")
     p.add_argument("--json", default=None, help="also write every checked row here")
     p.add_argument("--only-forced", default=None, metavar="KEY",
                    help="only the forced configs with this key (e.g. WGMMA), on the forced shapes")
-    p.add_argument("--part", default="all", choices=["all", "routed", "forced", "dequant"],
-                   help="one part of the full check (routed configs / forced configs / dequantization), so that "
-                        "a device call with a time limit can run it in pieces; the full check is their union")
+    p.add_argument("--part", default="all", choices=["all", "routed", "forced", "dequant", "tiled"],
+                   help="one part of the full check (routed configs / forced configs / dequantization / the routed "
+                        "calls on tiled weights), so that a device call with a time limit can run it in pieces; the "
+                        "full check is their union")
     a = p.parse_args(argv)
     if torch.cuda.is_available() and a.only_forced:
         rows = run_forced("cuda", [(130, 272), (100, 352), (130, 512), (3584, 3584), (520, 18944)], [1, 3, 17, 100],
@@ -206,14 +245,18 @@ def main(argv=None) -> int:
             rows += run_forced("cuda", [(130, 272), (100, 352), (130, 512), (3584, 3584)], [1, 3, 17, 100], 5e-3)
         if a.part in ("all", "dequant"):
             rows += run_dequant("cuda", shapes)
+        if a.part in ("all", "tiled"):
+            rows += run_tiled("cuda", [(128, 256), (3584, 3584), (512, 18944), (4608, 3584)], ms, 5e-3)
     else:
         rows = run("cpu", [(48, 80), (40, 32)], [1, 5, 17], 1e-2) + run_dequant("cpu", [(48, 80), (40, 32)])
+        rows += run_tiled("cpu", [(128, 256)], [1, 17], 1e-2)
     bad = [r for r in rows if not r["ok"]]
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu-interpreter",
                        "rows": rows}, f, indent=1)
-    print(json.dumps({"checked": len(rows), "failed": len(bad), "max_fwd": max(r["fwd_rel_err"] for r in rows),
+    print(json.dumps({"checked": len(rows), "tiled": sum(r.get("layout") == "tiled" for r in rows), "failed": len(bad),
+                      "max_fwd": max(r["fwd_rel_err"] for r in rows),
                       "max_bwd": max(r["bwd_rel_err"] for r in rows), "bad": bad[:5]}))
     return 1 if bad else 0
 

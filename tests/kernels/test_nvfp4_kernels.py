@@ -20,7 +20,7 @@ def test_selfcheck_under_interpreter():
     out = _interp("import sys; from qerl.bench.kernels_check import main; sys.exit(main([]))")
     assert out.returncode == 0, out.stdout + out.stderr
     res = json.loads(out.stdout.strip().splitlines()[-1])
-    assert res["checked"] >= 12 and res["failed"] == 0
+    assert res["checked"] >= 12 and res["failed"] == 0 and res["tiled"] == 2  # (+ the calls on tiled weights)
 
 
 @pytest.mark.parametrize("cfg", [{"SPLIT": 3, "BK": 16, "BN": 16}, {"SPLIT": 2, "BK": 32, "BN": 16, "SWAP": 1},
