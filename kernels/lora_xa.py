@@ -28,34 +28,6 @@ from triton.language.extra.cuda import gdc_launch_dependents
 from qerl_kernels.nvfp4_mmv import _stamp, _xa_partial, _xa_sum
 
 
-@triton.jit
-def _xa_chunk_sum(p, acc, xa_ptr, xap_ptr, lock_ptr, XP, NR: tl.constexpr, RB: tl.constexpr, R: tl.constexpr,
-                  QB: tl.constexpr):
-    """Rank chunk ``pr = p // XP`` (of NR, RB ranks each) of K share ``p % XP``: store the partial ``acc [16, RB]``
-    into ``xap [NR, XP, 16, RB]`` and take the chunk's ticket ``lock[pr]``; the last of the chunk's XP programs sums
-    its XP partials in a fixed order (QB per load) into columns ``pr·RB …`` of ``xa [16, R]`` (bf16) and resets the
-    ticket — the chunks' sums run in parallel, each as small as a rank-RB adapter's."""
-    rows = tl.arange(0, 16)
-    rr = tl.arange(0, RB)
-    pr = p // XP
-    tile = rows[:, None] * RB + rr[None, :]
-    base = xap_ptr + pr * XP * 16 * RB
-    tl.store(base + (p % XP) * 16 * RB + tile, acc)
-    tl.debug_barrier()  # every thread's partial is written before the (releasing) ticket
-    ticket = tl.atomic_add(lock_ptr + pr, 1, sem="acq_rel", scope="gpu")
-    if ticket == XP - 1:
-        qq = tl.arange(0, QB)
-        tot = tl.zeros((16, RB), tl.float32)
-        for q0 in range(0, XP, QB):
-            q = q0 + qq
-            part = tl.load(base + q[:, None, None] * (16 * RB) + tile[None, :, :],
-                           mask=(q < XP)[:, None, None], other=0.0, cache_modifier=".cg")
-            tot += tl.sum(part, axis=0)
-        tl.store(xa_ptr + rows[:, None] * R + pr * RB + rr[None, :], tot.to(xa_ptr.dtype.element_ty))
-        tl.debug_barrier()
-        tl.atomic_xchg(lock_ptr + pr, 0)
-
-
 @triton.jit(do_not_specialize=["M", "XP"])
 def _lora_xa_kernel(x_ptr, la_ptr, xa_ptr, xap_ptr, lock_ptr, tr_ptr, M, K, stride_xm, XP, R: tl.constexpr,
                     KB: tl.constexpr, QB: tl.constexpr, PDL: tl.constexpr, TRACE: tl.constexpr = False,
@@ -66,9 +38,9 @@ def _lora_xa_kernel(x_ptr, la_ptr, xa_ptr, xap_ptr, lock_ptr, tr_ptr, M, K, stri
     (int64): start, SM, chunks done, ticket back, and — the last program — ``xa`` stored (``[B·XP, 8]`` with B
     row blocks). ``STAGES`` > 1 (``ops._xa_stages``: 3): the chunk loop pipelined. ``RB`` (< R, a
     divisor): the ranks in chunks of RB, one program per (rank chunk, K share) — ``program_id(0)`` runs over
-    ``XP · R / RB``, each chunk with its own ticket and final sum (:func:`_xa_chunk_sum`): at R = 128 the whole-rank
-    program took 255 registers with spills, and its one final sum of ``XP`` partials ``[16, R]`` took the launch to
-    40 µs (7B q/k/v, H100)."""
+    ``XP · R / RB``, each chunk with its own partials, ticket and final sum (:func:`.nvfp4_mmv._xa_sum` on its
+    columns of ``xa``): at R = 128 the whole-rank program took 255 registers with spills, and its one final sum of
+    ``XP`` partials ``[16, R]`` took the launch to 41 µs (7B q/k/v, H100; ``ops.xa_rank_chunk``)."""
     p = tl.program_id(0)
     rb = tl.program_id(1)  # block of 16 activation rows (M up to 16 x the grid's second dimension)
     x_ptr += rb * 16 * stride_xm
@@ -81,11 +53,12 @@ def _lora_xa_kernel(x_ptr, la_ptr, xa_ptr, xap_ptr, lock_ptr, tr_ptr, M, K, stri
     _stamp(tr, 1, TRACE)
     if PDL == 1:
         gdc_launch_dependents()
-    if RB:  # rank chunks (no stamps past the start: TRACE is the whole-rank kernel's)
-        acc = _xa_partial(p % XP, x_ptr, la_ptr + (p // XP) * RB * K, M, K, stride_xm, XP, RB, KB, STAGES)
+    if RB:  # rank chunk pr: its own partials xap[pr] [XP, 16, RB], ticket and columns of xa (stamps: start only)
+        pr = p // XP
+        acc = _xa_partial(p % XP, x_ptr, la_ptr + pr * RB * K, M, K, stride_xm, XP, RB, KB, STAGES)
         if PDL == 2:
             gdc_launch_dependents()
-        _xa_chunk_sum(p, acc, xa_ptr, xap_ptr, lock_ptr, XP, R // RB, RB, R, QB)
+        _xa_sum(p % XP, acc, xa_ptr + pr * RB, xap_ptr + pr * XP * 16 * RB, lock_ptr + pr, XP, RB, QB, tr, False, R)
         return
     acc = _xa_partial(p, x_ptr, la_ptr, M, K, stride_xm, XP, R, KB, STAGES)
     _stamp(tr, 2, TRACE)

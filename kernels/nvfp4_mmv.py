@@ -286,12 +286,14 @@ def _xa_partial(p, x_ptr, la_ptr, M, K, stride_xm, XP, R: tl.constexpr, KB: tl.c
 
 
 @triton.jit
-def _xa_sum(p, acc, xa_ptr, xap_ptr, lock_ptr, XP, R: tl.constexpr, QB: tl.constexpr, tr, TRACE: tl.constexpr):
+def _xa_sum(p, acc, xa_ptr, xap_ptr, lock_ptr, XP, R: tl.constexpr, QB: tl.constexpr, tr, TRACE: tl.constexpr,
+            XR: tl.constexpr = 0):
     """Store program ``p``'s partial into ``xap [XP, 16, R]`` and take a ticket (``lock[0]``); the last
     program sums the XP partials in a fixed order (QB of all 16 rows per load, deterministic; masking rows
     >= M, which are 0, cost the fused decode kernel 6 registers), stores ``xa [16, R]`` in bf16 (as
     ``x @ lora_a.T`` would) and resets the ticket. Returns whether this program was the last (its ``xa``
-    stores are then complete for the whole program)."""
+    stores are then complete for the whole program). ``XR``: ``xa``'s row stride when it is wider than R (one
+    chunk of R ranks of a wider adapter, :mod:`qerl_kernels.lora_xa`); 0: R."""
     rows = tl.arange(0, 16)
     rr = tl.arange(0, R)
     tile = rows[:, None] * R + rr[None, :]
@@ -308,7 +310,10 @@ def _xa_sum(p, acc, xa_ptr, xap_ptr, lock_ptr, XP, R: tl.constexpr, QB: tl.const
             part = tl.load(xap_ptr + q[:, None, None] * (16 * R) + tile[None, :, :],
                            mask=(q < XP)[:, None, None], other=0.0, cache_modifier=".cg")
             tot += tl.sum(part, axis=0)
-        tl.store(xa_ptr + tile, tot.to(xa_ptr.dtype.element_ty))
+        if XR:
+            tl.store(xa_ptr + rows[:, None] * XR + rr[None, :], tot.to(xa_ptr.dtype.element_ty))
+        else:
+            tl.store(xa_ptr + tile, tot.to(xa_ptr.dtype.element_ty))
         tl.debug_barrier()
         tl.atomic_xchg(lock_ptr, 0)
     return last

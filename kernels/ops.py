@@ -490,9 +490,10 @@ def _pdl_primary(x2, lora_a, M: int, K: int, r: int, locks, mmv: bool = False) -
 def xa_rank_chunk(r: int) -> int:
     """The PDL primary's rank chunk for a rank-``r`` adapter: 32 ranks per program (and per ticket and final sum)
     above rank 32 where ``r`` is a multiple of 32 (at most 16 chunks: ``_TAIL`` / 4 row blocks), else 0 (all ranks
-    in one program). Measured on the H100 (7B, M = 8, CUDA graphs): the whole-rank primary took 8.6 / 16.1 / 39.8 µs
-    at R = 32 / 64 / 128 — one program summing every K share's ``[16, R]`` partial — and the engine's fused q/k/v
-    call (R = 128) 45 µs against 10.7 without LoRA."""
+    in one program). Measured on the H100 (7B, M = 8, CUDA graphs; reports/kernels/evidence/lora_xa_rank_chunks_7B_*):
+    the whole-rank primary, one program summing every K share's ``[16, R]`` partial, took 8.7 / 16.4 / 41.1 µs at
+    R = 32 / 64 / 128, and the engine's fused q/k/v call (R = 128) 45.6 µs against 11.0 without LoRA (chunks:
+    9.1 and 14.9 µs)."""
     return 32 if XA_RANK_CHUNKS and r > 32 and r % 32 == 0 and r // 32 <= _TAIL // 4 else 0
 
 
