@@ -67,8 +67,8 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
     warpgroup_mma_wait
 
 from qerl_kernels import launch
-from qerl_kernels.nvfp4_wgmma import _a_operand, _gdc_wait, _issue_w, _issue_x, _output, _scales_layout, _sms, \
-    _split_sum, _words_layout
+from qerl_kernels.nvfp4_wgmma import _a_operand, _gdc_wait, _issue_w, _issue_x, _output, _s_rows, _scales_layout, \
+    _sms, _split_sum, _w_rows, _words_layout
 
 REGS_PER_SM = 65536
 SMEM_PER_PROGRAM = 232448  # sm_90: the most shared memory one program (CTA) may take, 227 KB
@@ -199,16 +199,16 @@ def _units(M, N, K, RW: gl.constexpr, BT: gl.constexpr):
 
 @gluon.jit
 def _fill(it, t0, t1, n0, m0, xp_ptr, wp_ptr, ws32, wsm, ssm, xsm, full, empty, M, N, stride_xm, stride_wn, stride_sn,
-          RW: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr):
+          RW: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr, TILED: gl.constexpr):
     """Producer: K steps ``t0 … t1 - 1`` of the tile at (``n0``, ``m0``) into the ring, ring position ``it`` on;
-    returns the position after them."""
+    returns the position after them (``TILED``: weights and scales in :mod:`qerl_kernels.layout`'s order)."""
     PW: gl.constexpr = gl.num_warps()
     CW: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [PW, 1], [1, 0])  # [RW, 64] uint8, 16 B per copy
     CS: gl.constexpr = gl.BlockedLayout([1, 1], [16, 2], [PW, 1], [1, 0])  # [RW, 2] int32: the 8 scale bytes
     CX: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [PW, 1], [1, 0])  # [BT, 128] bf16, 16 B per copy
-    wrow = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, CW)), N - 1)[:, None]
+    wrow, swn = _w_rows(n0, N, stride_wn, RW, CW, TILED)
     wcol = gl.arange(0, 64, layout=gl.SliceLayout(0, CW))[None, :]
-    srow = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, CS)), N - 1)[:, None]
+    srow, ssn = _s_rows(n0, N, stride_sn, RW, CS, TILED)
     scol = gl.arange(0, 2, layout=gl.SliceLayout(0, CS))[None, :]
     xrow = (m0 + gl.arange(0, BT, layout=gl.SliceLayout(1, CX)))[:, None]
     xcol = gl.arange(0, 128, layout=gl.SliceLayout(0, CX))[None, :]
@@ -216,7 +216,7 @@ def _fill(it, t0, t1, n0, m0, xp_ptr, wp_ptr, ws32, wsm, ssm, xsm, full, empty, 
     for t in range(t0, t1):
         s = it % NS
         mbarrier.wait(empty.index(s), ((it // NS) & 1) ^ 1)  # every consumer is done with the slot's last fill
-        _issue_w(t, s, wsm, ssm, wp_ptr, ws32, wrow, wcol, srow, scol, stride_wn, stride_sn)
+        _issue_w(t, s, wsm, ssm, wp_ptr, ws32, wrow, wcol, srow, scol, swn, ssn, TILED)
         _issue_x(t, s, xsm, xp_ptr, xrow, xcol, xmask, stride_xm)
         async_copy.mbarrier_arrive(full.index(s), increment_count=False)  # when this thread's copies land
         it += 1
@@ -225,7 +225,8 @@ def _fill(it, t0, t1, n0, m0, xp_ptr, wp_ptr, ws32, wsm, ssm, xsm, full, empty, 
 
 @gluon.jit
 def _producer(xp_ptr, wp_ptr, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_xm, stride_wn, stride_sn, SPLIT,
-              RW: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr, SK: gl.constexpr, XWAIT: gl.constexpr):
+              RW: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr, SK: gl.constexpr, XWAIT: gl.constexpr,
+              TILED: gl.constexpr):
     """The default partition: the ``cp.async`` ring, up to ``NS`` steps ahead of the slowest consumer. ``XWAIT``:
     first wait for the PDL primary that writes the activations (:func:`~qerl_kernels.nvfp4_wgmma.permute_activations`
     with ``pdl``)."""
@@ -238,32 +239,40 @@ def _producer(xp_ptr, wp_ptr, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, strid
         while u < u_end:
             tile, n0, m0, ks0, ks1 = _segment(u, u_end, k_steps, m_tiles, RW, BT)
             it = _fill(it, ks0, ks1, n0, m0, xp_ptr, wp_ptr, ws32, wsm, ssm, xsm, full, empty, M, N, stride_xm,
-                       stride_wn, stride_sn, RW, BT, NS)
+                       stride_wn, stride_sn, RW, BT, NS, TILED)
             u = tile * k_steps + ks1
     else:
         n0, m0, t0, t1 = _coords(M, N, K, SPLIT, RW, BT)
         _fill(t0 * 0, t0, t1, n0, m0, xp_ptr, wp_ptr, ws32, wsm, ssm, xsm, full, empty, M, N, stride_xm, stride_wn,
-              stride_sn, RW, BT, NS)
+              stride_sn, RW, BT, NS, TILED)
 
 
 @gluon.jit
-def _fill_tma(it, t0, t1, n0, m0, w_desc, x_desc, ws32, wsm, ssm, xsm, full, empty, N, stride_sn, RW: gl.constexpr,
-              BT: gl.constexpr, NS: gl.constexpr):
+def _fill_tma(it, t0, t1, n0, m0, w_desc, x_desc, ws32, wsm, ssm, xsm, full, empty, N, K, stride_sn,
+              RW: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr, TILED: gl.constexpr):
     """Producer, ``TMA``: per K step one bulk copy of the packed weights ``[RW, 64 B]`` and one of the activation
     tile ``[BT, 128]`` (rows past N / M zero-filled by the TMA unit; completion by transaction count on ``full``),
     and the 8 scale bytes of each row by ``cp.async`` (a TMA box needs >= 16 bytes per row), whose completion
-    arrives on the same mbarrier."""
+    arrives on the same mbarrier. ``TILED`` (:mod:`qerl_kernels.layout`; ``w_desc`` over the weights viewed as
+    ``[N/64 · K/128 · 64, 64 B]``): one contiguous 4 KB copy per 64-row tile, a tile past N zero-filled."""
     PW: gl.constexpr = gl.num_warps()
     CS: gl.constexpr = gl.BlockedLayout([1, 1], [16, 2], [PW, 1], [1, 0])  # [RW, 2] int32: the 8 scale bytes
-    srow = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, CS)), N - 1)[:, None]
+    TS: gl.constexpr = 128 if TILED else 2  # int32 words of scales between K steps
+    srow, ssn = _s_rows(n0, N, stride_sn, RW, CS, TILED)
     scol = gl.arange(0, 2, layout=gl.SliceLayout(0, CS))[None, :]
+    k_steps = K // 128
     for t in range(t0, t1):
         s = it % NS
         mbarrier.wait(empty.index(s), ((it // NS) & 1) ^ 1)
         mbarrier.expect(full.index(s), RW * 64 + BT * 256)
-        tma.async_copy_global_to_shared(w_desc, [n0, t * 64], full.index(s), wsm.index(s))
+        if TILED:
+            for j in gl.static_range(RW // 64):
+                tma.async_copy_global_to_shared(w_desc, [((n0 // 64 + j) * k_steps + t) * 64, 0], full.index(s),
+                                                wsm.index(s).slice(j * 64, 64))
+        else:
+            tma.async_copy_global_to_shared(w_desc, [n0, t * 64], full.index(s), wsm.index(s))
         tma.async_copy_global_to_shared(x_desc, [m0, t * 128], full.index(s), xsm.index(s))
-        async_copy.async_copy_global_to_shared(ssm.index(s), ws32 + srow * (stride_sn // 4) + t * 2 + scol)
+        async_copy.async_copy_global_to_shared(ssm.index(s), ws32 + srow * (ssn // 4) + t * TS + scol)
         async_copy.mbarrier_arrive(full.index(s), increment_count=False)
         it += 1
     return it
@@ -271,7 +280,7 @@ def _fill_tma(it, t0, t1, n0, m0, w_desc, x_desc, ws32, wsm, ssm, xsm, full, emp
 
 @gluon.jit
 def _producer_tma(w_desc, x_desc, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_sn, SPLIT, RW: gl.constexpr,
-                  BT: gl.constexpr, NS: gl.constexpr, SK: gl.constexpr, XWAIT: gl.constexpr):
+                  BT: gl.constexpr, NS: gl.constexpr, SK: gl.constexpr, XWAIT: gl.constexpr, TILED: gl.constexpr):
     """The default partition of the ``TMA`` kernel (the schedule of :func:`_producer`; ``XWAIT`` as there)."""
     if XWAIT:
         _gdc_wait()
@@ -281,12 +290,13 @@ def _producer_tma(w_desc, x_desc, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, s
         it = 0
         while u < u_end:
             tile, n0, m0, ks0, ks1 = _segment(u, u_end, k_steps, m_tiles, RW, BT)
-            it = _fill_tma(it, ks0, ks1, n0, m0, w_desc, x_desc, ws32, wsm, ssm, xsm, full, empty, N, stride_sn, RW,
-                           BT, NS)
+            it = _fill_tma(it, ks0, ks1, n0, m0, w_desc, x_desc, ws32, wsm, ssm, xsm, full, empty, N, K, stride_sn,
+                           RW, BT, NS, TILED)
             u = tile * k_steps + ks1
     else:
         n0, m0, t0, t1 = _coords(M, N, K, SPLIT, RW, BT)
-        _fill_tma(t0 * 0, t0, t1, n0, m0, w_desc, x_desc, ws32, wsm, ssm, xsm, full, empty, N, stride_sn, RW, BT, NS)
+        _fill_tma(t0 * 0, t0, t1, n0, m0, w_desc, x_desc, ws32, wsm, ssm, xsm, full, empty, N, K, stride_sn, RW, BT,
+                  NS, TILED)
 
 
 @gluon.jit
@@ -451,7 +461,7 @@ def _nvfp4_ws_kernel(
     M, N, K, stride_xm, stride_om, stride_wn, stride_sn, SPLIT, xa_ptr, lb_ptr, lora_scale,
     HAS_BIAS: gl.constexpr, USE_SPLIT: gl.constexpr, C: gl.constexpr, MT: gl.constexpr, BT: gl.constexpr,
     NS: gl.constexpr, CREGS: gl.constexpr, R: gl.constexpr = 0, PDL: gl.constexpr = False, SK: gl.constexpr = False,
-    DB: gl.constexpr = False, KS: gl.constexpr = False, XWAIT: gl.constexpr = False,
+    DB: gl.constexpr = False, KS: gl.constexpr = False, XWAIT: gl.constexpr = False, TILED: gl.constexpr = False,
 ):
     RW: gl.constexpr = 64 * MT if KS else 64 * C * MT
     FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
@@ -476,7 +486,7 @@ def _nvfp4_ws_kernel(
     if C == 1:
         gl.warp_specialize([
             (_producer, (xp_ptr, wp_ptr, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_xm, stride_wn, stride_sn,
-                         SPLIT, RW, BT, NS, SK, XWAIT)),
+                         SPLIT, RW, BT, NS, SK, XWAIT, TILED)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
                          lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB,
                          KS, red, done)),
@@ -484,7 +494,7 @@ def _nvfp4_ws_kernel(
     elif C == 2:
         gl.warp_specialize([
             (_producer, (xp_ptr, wp_ptr, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_xm, stride_wn, stride_sn,
-                         SPLIT, RW, BT, NS, SK, XWAIT)),
+                         SPLIT, RW, BT, NS, SK, XWAIT, TILED)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
                          lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB,
                          KS, red, done)),
@@ -496,7 +506,7 @@ def _nvfp4_ws_kernel(
         gl.static_assert(C == 4, "C (consumer warpgroups) must be 1, 2 or 4")
         gl.warp_specialize([
             (_producer, (xp_ptr, wp_ptr, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_xm, stride_wn, stride_sn,
-                         SPLIT, RW, BT, NS, SK, XWAIT)),
+                         SPLIT, RW, BT, NS, SK, XWAIT, TILED)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
                          lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB,
                          KS, red, done)),
@@ -518,7 +528,7 @@ def _nvfp4_ws_tma_kernel(
     M, N, K, stride_om, stride_sn, SPLIT, xa_ptr, lb_ptr, lora_scale,
     HAS_BIAS: gl.constexpr, USE_SPLIT: gl.constexpr, C: gl.constexpr, MT: gl.constexpr, BT: gl.constexpr,
     NS: gl.constexpr, CREGS: gl.constexpr, R: gl.constexpr = 0, PDL: gl.constexpr = False, SK: gl.constexpr = False,
-    DB: gl.constexpr = False, KS: gl.constexpr = False, XWAIT: gl.constexpr = False,
+    DB: gl.constexpr = False, KS: gl.constexpr = False, XWAIT: gl.constexpr = False, TILED: gl.constexpr = False,
 ):
     """:func:`_nvfp4_ws_kernel` with the TMA producer (:func:`_fill_tma`); C = 1 | 2 consumers."""
     RW: gl.constexpr = 64 * MT if KS else 64 * C * MT
@@ -542,7 +552,7 @@ def _nvfp4_ws_tma_kernel(
     if C == 1:
         gl.warp_specialize([
             (_producer_tma, (w_desc, x_desc, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_sn, SPLIT, RW, BT,
-                             NS, SK, XWAIT)),
+                             NS, SK, XWAIT, TILED)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
                          lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB,
                          KS, red, done)),
@@ -551,7 +561,7 @@ def _nvfp4_ws_tma_kernel(
         gl.static_assert(C == 2, "the TMA kernel takes C = 1 or 2 consumer warpgroups")
         gl.warp_specialize([
             (_producer_tma, (w_desc, x_desc, ws_ptr, wsm, ssm, xsm, full, empty, M, N, K, stride_sn, SPLIT, RW, BT,
-                             NS, SK, XWAIT)),
+                             NS, SK, XWAIT, TILED)),
             (_consumer, (wsm, ssm, xsm, full, empty, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr, xa_ptr, lb_ptr,
                          lora_scale, M, N, K, stride_om, SPLIT, 0, C, MT, BT, NS, HAS_BIAS, USE_SPLIT, R, PDL, SK, DB,
                          KS, red, done)),
@@ -565,12 +575,15 @@ W_TMA_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, ra
 X_TMA_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)  # the wgmma B operand
 
 
-def _ws_static(x, packed, xp, lora_b, has_bias, C, MT, BT, NS, SPLIT, OCC, SK, TMA, DB, KS, pdl, xwait) -> tuple:
+def _ws_static(x, packed, xp, lora_b, has_bias, C, MT, BT, NS, SPLIT, OCC, SK, TMA, DB, KS, pdl, xwait,
+               TILED=0) -> tuple:
     """:func:`nvfp4_ws_matmul`'s static part (per scope, :func:`qerl_kernels.launch.memo`): ``(RW, tiles, grid, P,
     constexprs, TMA descriptor fields)`` — the descriptors' fields but their base, validated once by
     ``TensorDescriptor.from_tensor`` (shape, strides, alignment and dtype are the scope's)."""
     M, K = x.shape
     N = packed.shape[0]
+    if TILED and N % 64:
+        raise ValueError(f"nvfp4_ws: TILED weights (qerl_kernels.layout) need N % 64 == 0, got N={N}")
     RW = 64 * MT * (1 if KS else C)
     tiles = launch.cdiv(N, RW) * launch.cdiv(M, BT)
     maxnreg, creg, _ = register_split(C, OCC)
@@ -582,7 +595,7 @@ def _ws_static(x, packed, xp, lora_b, has_bias, C, MT, BT, NS, SPLIT, OCC, SK, T
         grid = (tiles, max(1, SPLIT))
     consts = dict(HAS_BIAS=has_bias, USE_SPLIT=SPLIT > 1, C=int(C), MT=int(MT), BT=int(BT), NS=int(NS),
                   CREGS=creg, R=lora_b.shape[1] if lora_b is not None else 0, PDL=bool(pdl), SK=bool(SK), DB=bool(DB),
-                  KS=bool(KS), XWAIT=bool(xwait),
+                  KS=bool(KS), XWAIT=bool(xwait), TILED=bool(TILED),
                   num_warps=PRODUCER_WARPS, maxnreg=maxnreg, **({"launch_pdl": True} if pdl or xwait else {}))
     descs = None
     if TMA:
@@ -590,8 +603,9 @@ def _ws_static(x, packed, xp, lora_b, has_bias, C, MT, BT, NS, SPLIT, OCC, SK, T
 
         if C not in (1, 2):
             raise ValueError(f"nvfp4_ws: the TMA producer takes C = 1 or 2 consumer warpgroups, got C={C}")
+        w = (packed.view(-1, 64), [64, 64]) if TILED else (packed, [RW, 64])  # (TILED: one 4 KB box per tile step)
         descs = tuple({k: v for k, v in vars(TensorDescriptor.from_tensor(t, block, layout)).items() if k != "base"}
-                      for t, block, layout in ((packed, [RW, 64], W_TMA_LAYOUT), (xp, [BT, 128], X_TMA_LAYOUT)))
+                      for t, block, layout in ((*w, W_TMA_LAYOUT), (xp, [BT, 128], X_TMA_LAYOUT)))
     return RW, tiles, grid, P, consts, descs
 
 
@@ -607,7 +621,8 @@ def _descriptor(t, fields: dict):
 
 
 def nvfp4_ws_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lora_scale=1.0, *, xp, C=2, MT=1, BT=64,
-                    NS=4, SPLIT=1, OCC=1, SK=0, TMA=0, DB=0, KS=0, part=None, lock=None, pdl=False, xwait=False):
+                    NS=4, SPLIT=1, OCC=1, SK=0, TMA=0, DB=0, KS=0, part=None, lock=None, pdl=False, xwait=False,
+                    TILED=0):
     """``y [M, N]`` bf16 with :func:`_nvfp4_ws_kernel` (``TMA``: :func:`_nvfp4_ws_tma_kernel`, C = 1 | 2; ``DB``,
     ``KS``: see the module doc); ``xp``: the activations in the kernel's reduction order (:func:`qerl_kernels.nvfp4_wgmma.permute_activations`). ``SK``:
     the stream-K schedule — ``OCC`` programs per SM share the ``tiles · K/128`` (tile, K step) units evenly
@@ -616,12 +631,13 @@ def nvfp4_ws_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lo
     (int32 zeros >= tiles · C), allocated when not given. ``xwait``: ``xp`` comes from the launch right before this
     one (:func:`~qerl_kernels.nvfp4_wgmma.permute_activations` with ``pdl``): this kernel is launched as its
     programmatic dependent and its producer waits for it before the first load, so the launch and the prologue
-    overlap the permutation. Called by :func:`qerl_kernels.ops._launch_wgmma` for ``WS`` configs (validation is the
+    overlap the permutation. ``TILED``: ``packed`` and ``scale_u8`` in the tile-contiguous layout
+    (:mod:`qerl_kernels.layout`, N % 64 == 0). Called by :func:`qerl_kernels.ops._launch_wgmma` for ``WS`` configs (validation is the
     caller's)."""
     M, K = x.shape
     N = packed.shape[0]
     RW, tiles, grid, P, consts, descs = launch.memo(_ws_static, x, packed, xp, lora_b, bias is not None, C, MT, BT, NS,
-                                                    SPLIT, OCC, SK, TMA, DB, KS, pdl, xwait)
+                                                    SPLIT, OCC, SK, TMA, DB, KS, pdl, xwait, TILED)
     out = torch.empty((M, N), device=x.device, dtype=torch.bfloat16)
     if SK:
         SPLIT = 1

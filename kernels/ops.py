@@ -180,10 +180,11 @@ def config_for(kind: str, M: int, N: int, K: int, device: torch.device) -> dict:
 
 def tiled_config(kind: str, cfg: dict, M: int, N: int, K: int, sms: int, interpret: bool = False) -> dict:
     """The config of a call on weights in the tile-contiguous layout (:mod:`qerl_kernels.layout`): the kernels that
-    read it are the warpgroup-MMA kernel's plain split-K loop, the dequantize + cuBLAS path (``DQ``) and the Triton
-    tiles. Any other config (warp-specialised, stream-K, pipelined, the decode kernels MMV / GEMV) becomes the
-    untuned rule's warpgroup-MMA config (forward, M <= 128, on a GPU), ``DQ`` above ``DQ_ROWS`` rows, or a tile."""
-    wg = cfg.get("WGMMA") and not (cfg.get("WS") or cfg.get("SK") or cfg.get("PIPE") or cfg.get("XG"))
+    read it are the warpgroup-MMA kernel's plain split-K loop, the warp-specialised kernel (``WS``, either producer,
+    any schedule), the dequantize + cuBLAS path (``DQ``) and the Triton tiles. Any other config (the plain kernel's
+    stream-K, pipelined or gathering variants, the decode kernels MMV / GEMV) becomes the untuned rule's
+    warpgroup-MMA config (forward, M <= 128, on a GPU), ``DQ`` above ``DQ_ROWS`` rows, or a tile."""
+    wg = cfg.get("WGMMA") and (cfg.get("WS") or not (cfg.get("SK") or cfg.get("PIPE") or cfg.get("XG")))
     if cfg.get("DQ") or wg or not (cfg.get("WGMMA") or cfg.get("MMV") or cfg.get("GEMV")):
         return cfg
     if kind == "fwd" and not interpret and M <= WGMMA_ROWS[1]:
@@ -588,7 +589,7 @@ def _wgmma_static(c: _Call) -> tuple:
         ns, outside = ws_stages(cfg, lb.shape[1] if lb is not None else 0)
         kw = dict(C=int(cfg.get("C", 2)), MT=int(cfg.get("MT", 1)), BT=bt, NS=ns, SPLIT=split,
                   OCC=int(cfg.get("OCC", 1)), SK=int(sk), TMA=int(cfg.get("TMA", 0)), DB=int(cfg.get("DB", 0)),
-                  KS=int(cfg.get("KS", 0)))
+                  KS=int(cfg.get("KS", 0)), TILED=int(c.tiled))
         return split, sk, True, outside, kw
     kw = {**{k: v for k, v in cfg.items() if k != "SK"}, "SPLIT": split, **({"SK": cfg["SK"]} if sk else {}),
           **({"TILED": 1} if c.tiled else {})}

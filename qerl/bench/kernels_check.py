@@ -184,10 +184,24 @@ def run(device: str, shapes, ms, tol: float, kinds=("fwd", "bwd")) -> list[dict]
     return rows
 
 
-def run_tiled(device: str, shapes, ms, tol: float) -> list[dict]:
+# Forced warp-specialised configs on tiled weights (both producers; split-K, stream-K, K over the consumers, the
+# double-buffered consumer, two m64 tiles per consumer): N = 320 leaves the last 128- / 256-row program part empty.
+TILED_FORCED = [dict(WGMMA=1, WS=1, C=2, MT=1, BT=64, NS=4, SPLIT=2),
+                dict(WGMMA=1, WS=1, C=2, MT=1, BT=64, NS=4, SPLIT=1, TMA=1),
+                dict(WGMMA=1, WS=1, C=1, MT=1, BT=128, NS=3, SK=1, TMA=1),
+                dict(WGMMA=1, WS=1, C=2, MT=1, BT=64, NS=6, SPLIT=2, KS=1, TMA=1),
+                dict(WGMMA=1, WS=1, C=1, MT=1, BT=64, NS=6, SPLIT=1, DB=1, TMA=1),
+                dict(WGMMA=1, WS=1, C=4, MT=1, BT=64, NS=4, SPLIT=1, KS=1),
+                dict(WGMMA=1, WS=1, C=1, MT=2, BT=64, NS=4, SPLIT=3, TMA=1)]
+
+
+def run_tiled(device: str, shapes, ms, tol: float, forced: bool = False) -> list[dict]:
     """The routed calls on weights in the tile-contiguous layout (``tiled=True``, :mod:`qerl_kernels.layout`; the
     shapes with whole 64-row tiles and 128-wide K steps): forward with bias, with ``xa`` and with ``lora_a``, and the
-    backward with its LoRA term, each against the row-major reference (``layout`` column ``tiled``)."""
+    backward with its LoRA term, each against the row-major reference (``layout`` column ``tiled``). ``forced``:
+    also the forward of each :data:`TILED_FORCED` config (GPU)."""
+    import os
+
     from qerl.quant import nvfp4
     from qerl_kernels import layout
     from qerl_kernels.ops import nvfp4_matmul, nvfp4_matmul_t
@@ -218,6 +232,17 @@ def run_tiled(device: str, shapes, ms, tol: float) -> list[dict]:
                       _ref_bwd(dy, packed, scale, gs, dyb, la, 0.5))
             rows.append({"M": M, "N": N, "K": K, "lora_r": R, "layout": "tiled", "fwd_rel_err": fe, "bwd_rel_err": be,
                          "ok": fe < tol and be < tol})
+            for cfg in (TILED_FORCED if forced else ()):
+                os.environ["QERL_KERNEL_CONFIG"] = json.dumps(cfg)
+                try:
+                    fe = max(_rel(nvfp4_matmul(x, tp, ts, gs, bias, tiled=True),
+                                  _ref_fwd(x, packed, scale, gs, bias, None, None, 0.0)),
+                             _rel(nvfp4_matmul(x, tp, ts, gs, None, xa, lb, 0.5, tiled=True),
+                                  _ref_fwd(x, packed, scale, gs, None, xa, lb, 0.5)))
+                finally:
+                    os.environ.pop("QERL_KERNEL_CONFIG", None)
+                rows.append({"M": M, "N": N, "K": K, "lora_r": R, "layout": "tiled", "config": cfg, "fwd_rel_err": fe,
+                             "bwd_rel_err": 0.0, "ok": fe < tol})
     return rows
 
 
@@ -247,6 +272,7 @@ def main(argv=None) -> int:
             rows += run_dequant("cuda", shapes)
         if a.part in ("all", "tiled"):
             rows += run_tiled("cuda", [(128, 256), (3584, 3584), (512, 18944), (4608, 3584)], ms, 5e-3)
+            rows += run_tiled("cuda", [(320, 1024), (3584, 3584)], [17, 64, 256], 5e-3, forced=True)
     else:
         rows = run("cpu", [(48, 80), (40, 32)], [1, 5, 17], 1e-2) + run_dequant("cpu", [(48, 80), (40, 32)])
         rows += run_tiled("cpu", [(128, 256)], [1, 17], 1e-2)

@@ -353,9 +353,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "uniform:low=A,high=B (each row stopped at a seeded drawn length; one set of rows per spec)")
     p.add_argument("--group-size", type=int, default=1,
                    help="samples per prompt of the engine rows (GRPO-shaped: batch / G prompts x G samples)")
-    p.add_argument("--weight-layout", default="rows", choices=["rows", "tiled"],
-                   help="the engine's NVFP4 weight layout during generation: rows (the checkpoint's) or tiled "
-                        "(reordered in place into the tile-contiguous layout and back around each generation)")
+    p.add_argument("--weight-layout", default="auto", choices=["auto", "rows", "tiled"],
+                   help="the engine's NVFP4 weight layout during generation: rows (the checkpoint's), tiled "
+                        "(reordered in place into the tile-contiguous layout and back around each generation) or "
+                        "auto (the engine's default: tiled on CUDA)")
     p.add_argument("--split-batches", nargs="*", type=int, default=[8], help="batches whose step is split into parts")
     p.add_argument("--plot", metavar="CSV", help="only redraw the figure of a written CSV (no GPU)")
     p.add_argument("--merge", nargs="+", metavar="CSV", type=Path,

@@ -159,22 +159,26 @@ print(json.dumps({"res": res, "paths": sorted(paths)}))
 
 
 def test_tiled_config_keeps_only_paths_that_read_the_layout():
-    """On tiled weights, the warp-specialised, stream-K and pipelined warpgroup-MMA configs and the decode kernels
-    (MMV, GEMV) become the untuned rule's plain warpgroup-MMA config (forward, M <= 128, GPU), DQ above that or a
-    tile; the plain warpgroup-MMA loop, DQ and tiles stay as they are."""
+    """On tiled weights, the plain warpgroup-MMA kernel's stream-K, pipelined and gathering configs and the decode
+    kernels (MMV, GEMV) become the untuned rule's plain warpgroup-MMA config (forward, M <= 128, GPU), DQ above that
+    or a tile; the plain loop, the warp-specialised kernel (any producer or schedule), DQ and tiles stay as they
+    are."""
     from qerl_kernels import ops
 
     N, K, sms = 4608, 3584, 132
     plain = dict(WGMMA=1, WG=1, BT=8, NS=2, SPLIT=6, XG=0, XS=1)
-    for cfg in (plain, dict(DQ=1, CHUNK=0), dict(BM=16, BN=64, BK=64, SWAP=0, SPLIT=2, num_warps=4, num_stages=3)):
-        assert ops.tiled_config("fwd", cfg, 8, N, K, sms) == cfg
-    for cfg in (dict(WGMMA=1, WS=1, C=2, BT=32, NS=4), {**plain, "SK": 2}, {**plain, "PIPE": 1, "NSW": 6},
+    ws = dict(WGMMA=1, WS=1, C=2, BT=64, NS=4, TMA=1)
+    for cfg in (plain, ws, {**ws, "SK": 1}, {**ws, "KS": 1, "DB": 1}, dict(DQ=1, CHUNK=0),
+                dict(BM=16, BN=64, BK=64, SWAP=0, SPLIT=2, num_warps=4, num_stages=3)):
+        for M in (8, 256):
+            assert ops.tiled_config("fwd", cfg, M, N, K, sms) == cfg
+    for cfg in ({**plain, "SK": 2}, {**plain, "PIPE": 1, "NSW": 6}, {**plain, "XG": 1},
                 dict(MMV=1, BM=8, BN=64, BK=128, SPLIT=4), dict(GEMV=1, BM=1, BN=32, BK=64, SPLIT=1)):
         got = ops.tiled_config("fwd", cfg, 8, N, K, sms)
         assert got == ops.wgmma_heuristic(8, N, K, sms) and not (got.get("WS") or got.get("SK") or got.get("PIPE"))
         tile = ops.tiled_config("fwd", cfg, 8, N, K, sms, interpret=True)
         assert "BM" in tile and not (tile.get("WGMMA") or tile.get("MMV") or tile.get("GEMV"))
-    assert ops.tiled_config("fwd", dict(WGMMA=1, WS=1, C=2, BT=64), 256, N, K, sms)["DQ"] == 1  # above 128 rows
+        assert ops.tiled_config("fwd", cfg, 256, N, K, sms)["DQ"] == 1  # above 128 rows
     assert "BM" in ops.tiled_config("fwd", dict(MMV=1, BM=8, SPLIT=2), 8, N, K, sms, interpret=True)
 
 

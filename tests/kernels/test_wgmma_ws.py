@@ -348,3 +348,25 @@ def test_fitted_ring_compiles_under_the_limit():
     ns = ws.fit_stages(2, 1, 128, 4, 128)
     k = compile_ws_tma(2, 1, 128, ns, R=128, PDL=True, bias=True)
     assert k.metadata.shared <= ws.ring_bytes(2, 1, 128, ns, 128) <= ws.SMEM_PER_PROGRAM
+
+
+@pytest.mark.parametrize("fn,C,BT,kw", [("compile_ws_tma", 2, 64, dict(split=True, R=32, PDL=True)),
+                                        ("compile_ws_tma", 1, 128, dict(SK=True)),
+                                        ("compile_ws", 2, 64, dict(split=True, bias=True))])
+def test_tiled_weights_compile_for_sm90(fn, C, BT, kw):
+    """``TILED`` (:mod:`qerl_kernels.layout`): the TMA producer copies one 4 KB box [64, 64 B] per 64-row tile and K
+    step (C boxes per step, one per consumer's rows; the tiled layout has them ``K/2 · 64`` bytes apart, not one
+    [64·C, 64] box), the cp.async producer reads the same bytes at the layout's offsets; no spills."""
+    from qerl_kernels import inspect_ir
+
+    k = getattr(inspect_ir, fn)(C, 1, BT, 4, TILED=True, **kw)
+    assert inspect_ir.stack_of(k) == 0
+    ptx = k.asm["ptx"]
+    if fn == "compile_ws_tma":
+        assert {tuple(m["block_size"]) for m in k.metadata.tensordesc_meta} == {(64, 64), (BT, 64)}
+        # per K step C weight copies where the row-major kernel issues one (the activation tile's copy alike)
+        rows = inspect_ir.compile_ws_tma(C, 1, BT, 4, **kw).asm["ptx"]
+        copy = "cp.async.bulk.tensor.2d.shared::cluster.global"
+        assert ptx.count(copy) == rows.count(copy) + C - 1
+    else:
+        assert "cp.async.cg.shared.global" in ptx or "cp.async.ca.shared.global" in ptx

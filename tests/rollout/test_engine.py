@@ -423,8 +423,10 @@ def test_tiled_weight_layout_changes_no_token_and_restores_the_weights(tmp_path,
     set_weight_layout(mixed.view, False)
     d = mixed.generate(PROMPTS, s, seed=4)
     assert torch.equal(c.completion_ids, d.completion_ids) and torch.equal(c.logprobs, d.logprobs)
-    with pytest.raises(ValueError, match="weight_layout must be rows or tiled, got 'blocked'"):
+    with pytest.raises(ValueError, match="weight_layout must be auto, rows or tiled, got 'blocked'"):
         RolloutEngine(model, tok, weight_layout="blocked")
+    assert RolloutEngine(model, tok).weight_layout == "rows"  # auto (the default): tiled on CUDA only
+    assert RolloutEngine(model, tok, weight_layout="auto").weight_layout == "rows"
 
 
 def test_tiled_weight_layout_through_the_kernels_under_interpreter(tmp_path):
