@@ -194,6 +194,19 @@ def tiled_config(kind: str, cfg: dict, M: int, N: int, K: int, sms: int, interpr
     return _tile_fallback(interpret, cfg.get("SPLIT", 1))
 
 
+def tiled_keeps(M: int, N: int, K: int, device: torch.device) -> bool:
+    """Whether a forward of ``M`` rows on ``[N, K]`` weights (CUDA-graph launch mode) keeps its routed config when
+    the weights are tiled (:func:`tiled_config` leaves it as is) — where it does, tiling changes only where the bytes
+    lie, and every such key measured on the H100 ran 1.02–1.36x faster (reports/layout). False without whole
+    64-row tiles and 128-wide K steps."""
+    if N % 64 or K % 128:
+        return False
+    cfg = dict(config_for("fwd", M, N, K, device))
+    cfg.pop("EAGER", None)
+    sms = _sm_count(device.index or 0) if device.type == "cuda" else 1
+    return tiled_config("fwd", cfg, M, N, K, sms, _interpreting()) == cfg
+
+
 def _tile_fallback(interpret: bool, split: int = 1) -> dict:
     """The tensor-core tile every path steps down to."""
     return dict(BM=16, BN=64, BK=64, SWAP=0, SPLIT=split, num_warps=4, num_stages=1 if interpret else 3)

@@ -73,7 +73,8 @@ def run_one(model, lm, tok, engine: str, batch: int, prompt_len: int, gen_len: i
         ms_step = 1e3 * st["decode_s"] / steps
         note = f"capture {st['capture_s']:.1f} s excluded; {st['rows']} rows on {st['slots']} KV slots"
         if "layout_s" in st:  # weight_layout="tiled": the in-place reorder and its undo, also excluded
-            note += f"; tiled weights (reorder {st['layout_s']:.2f} s excluded)"
+            note += (f"; tiled weights ({st['tiled_projs']} of {len(eng.view.projs)} projections, reorder "
+                     f"{st['layout_s']:.2f} s excluded)")
         if eos_at is not None:
             tokens = int(r.completion_mask.sum())
             note += (f"; lengths {summary(r.lengths.tolist(), gen_len)}; {steps} decode steps, "
@@ -148,7 +149,7 @@ def step_split(eng, batch: int, prompt_len: int, gen_len: int) -> dict:
     b.slot.copy_(slot)
     from qerl.rollout.engine.runner import _launch_mode
 
-    with eng.weights_in_layout(), _launch_mode("graph"):  # (tiled: the layout the step's graphs were captured on)
+    with eng.weights_in_layout(batch), _launch_mode("graph"):  # (tiled: the layout the step's graphs were captured on)
         t = _graph_times({"projections": projs, "attention": attn, "head_sampling": head}, reps=10)
         full = _replays(b, prompt_len + gen_len // 2)
     n = {"projections": len(projs), "attention": len(attn), "head_sampling": 1}  # _graph_times: time per call

@@ -192,3 +192,22 @@ def test_ops_refuse_tiled_weights_without_whole_tiles():
         ops.nvfp4_matmul(x, p, s, gs, tiled=True)
     with pytest.raises(KernelInputError, match="nvfp4_matmul_t: tiled weights"):
         ops.nvfp4_matmul_t(torch.zeros(4, 96, dtype=torch.bfloat16), p, s, gs, tiled=True)
+
+
+def test_tiled_keeps_only_where_the_routed_config_survives(monkeypatch):
+    """``ops.tiled_keeps`` (the engine's ``weight_layout="auto"``): a projection is tiled only where its forward's
+    routed config reads the layout as tuned — plain warpgroup-MMA and warp-specialised configs yes, the decode
+    kernels no (tiled_config would swap them for an untuned rule) — and never without whole tiles."""
+    from qerl_kernels import ops
+
+    cfgs = {"plain": dict(WGMMA=1, WG=1, BT=8, NS=2, SPLIT=6, XG=0, XS=1, EAGER=dict(MMV=1)),
+            "ws": dict(WGMMA=1, WS=1, C=2, BT=64, NS=4, TMA=1), "mmv": dict(MMV=1, BM=8, BN=64, BK=128, SPLIT=4),
+            "gemv": dict(GEMV=1, BM=1, BN=32, BK=64, SPLIT=1)}
+    which = ["plain"]
+    monkeypatch.setattr(ops, "config_for", lambda kind, M, N, K, device: dict(cfgs[which[0]]))
+    cpu = torch.device("cpu")
+    for name, want in (("plain", True), ("ws", True), ("mmv", False), ("gemv", False)):
+        which[0] = name
+        assert ops.tiled_keeps(8, 4608, 3584, cpu) is want, name
+    which[0] = "plain"
+    assert not ops.tiled_keeps(8, 4608 + 32, 3584, cpu) and not ops.tiled_keeps(8, 4608, 3584 + 64, cpu)

@@ -421,6 +421,11 @@ def test_tiled_weight_layout_changes_no_token_and_restores_the_weights(tmp_path,
     assert set_weight_layout(mixed.view, True) == 2  # one down projection per layer; the rest stay row-major
     assert [p.tiled for p in mixed.view.projs] == [p.packed.shape == (64, 64) for p in mixed.view.projs]
     set_weight_layout(mixed.view, False)
+    # a keep rule (weight_layout="auto": qerl_kernels.ops.tiled_keeps at the decode batch) leaves the rest row-major
+    seen = []
+    assert set_weight_layout(tiled.view, True, lambda N, K: seen.append((N, K)) or K == 256) == 2  # the two downs
+    assert [p.tiled for p in tiled.view.projs] == [p.packed.shape[1] == 128 for p in tiled.view.projs]
+    assert len(seen) == 8 and set_weight_layout(tiled.view, False) == 2
     d = mixed.generate(PROMPTS, s, seed=4)
     assert torch.equal(c.completion_ids, d.completion_ids) and torch.equal(c.logprobs, d.logprobs)
     with pytest.raises(ValueError, match="weight_layout must be auto, rows or tiled, got 'blocked'"):

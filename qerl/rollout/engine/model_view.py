@@ -263,12 +263,13 @@ def fuse(ps: list[Proj]) -> Proj | None:
 
 
 @torch.no_grad()
-def set_weight_layout(view: "ModelView", tiled: bool) -> int:
+def set_weight_layout(view: "ModelView", tiled: bool, keep=None) -> int:
     """Put the packed weights and scales of ``view``'s NVFP4 projections into the tile-contiguous layout
     (:mod:`qerl_kernels.layout`; ``tiled``) or back to row-major, **in place** — the modules' views, the fused
     buffers and the CUDA graphs' addresses stay — skipping projections without whole 64-row tiles and 128-wide K
-    steps. Between the two calls the modules' own forward must not run (it reads row-major): the engine switches
-    around its generation only. Returns how many projections changed layout."""
+    steps, and (tiling) those for which ``keep(N, K)`` is false. Between the two calls the modules' own forward
+    must not run (it reads row-major): the engine switches around its generation only. Returns how many
+    projections changed layout."""
     from qerl_kernels import layout
 
     n = 0
@@ -277,6 +278,8 @@ def set_weight_layout(view: "ModelView", tiled: bool) -> int:
             continue
         N, kb = p.packed.shape
         if N % layout.ROWS or kb % layout.STEP or not (p.packed.is_contiguous() and p.scale.is_contiguous()):
+            continue
+        if tiled and keep is not None and not keep(N, 2 * kb):
             continue
         packed, scale = (layout.tile if tiled else layout.untile)(p.packed, p.scale)
         p.packed.copy_(packed)

@@ -22,6 +22,7 @@ One ``generate`` call (same signature and :class:`~qerl.rollout.sampler.Rollout`
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -43,8 +44,9 @@ POSITION_STEP = 256
 SPLIT = ("prefill_s", "capture_s", "host_s")
 #: the engines' default ``weight_layout``: ``rows`` (the checkpoint's), ``tiled`` (each generation reorders the NVFP4
 #: weights in place into the tile-contiguous layout and back: the decode kernels' 4 KB steps are contiguous,
-#: reports/kernels "Tile-contiguous weights") or ``auto`` (tiled on CUDA, rows elsewhere: on an H100 the 7B rollout
-#: made 2,115 / 10,569 tok/s at batch 8 / 64 tiled against 2,003 / 10,415 row-major, one machine, reports/rollout).
+#: reports/kernels "Tile-contiguous weights") or ``auto`` (on CUDA, tiled where the decode batch's routed config reads
+#: the layout as tuned, :func:`qerl_kernels.ops.tiled_keeps`; rows elsewhere. On an H100 the 7B rollout made 2,115 /
+#: 10,569 tok/s at batch 8 / 64 tiled against 2,003 / 10,415 row-major, one machine, reports/rollout).
 #: ``qerl bench rollout --weight-layout`` sets it
 WEIGHT_LAYOUT = ["auto"]
 
@@ -113,7 +115,8 @@ class RolloutEngine:
     rows with the same prompt (``num_samples`` > 1: a GRPO group) prefilled once, its K/V copied to the others
     (``last_stats["prefill_rows"]``: the rows actually prefilled). ``weight_layout``: ``auto`` | ``rows`` | ``tiled``
     (default :data:`WEIGHT_LAYOUT`; ``tiled``: each ``generate`` reorders the NVFP4 weights in place into the
-    tile-contiguous layout and back, ``last_stats["layout_s"]``; ``auto``: tiled on CUDA, rows elsewhere)."""
+    tile-contiguous layout and back, ``last_stats["layout_s"]``; ``auto``: on CUDA the projections whose decode
+    config stays as tuned on tiled weights, :func:`qerl_kernels.ops.tiled_keeps`; rows elsewhere)."""
 
     def __init__(self, model, tokenizer, attention: str = "auto", graphs: bool | None = None,
                  check_every: int = 16, max_slots: int | None = None, fuse: bool = True, compile: bool | None = None,
@@ -126,7 +129,7 @@ class RolloutEngine:
         self.view = view_model(model, fuse_siblings=fuse)
         self.device = self.view.device
         cuda = self.device.type == "cuda"
-        self.weight_layout = ("tiled" if cuda else "rows") if layout == "auto" else layout
+        self.weight_layout = "rows" if layout == "auto" and not cuda else layout
         if attention not in ("auto", "triton", "torch"):
             raise ValueError(f"attention must be auto, triton or torch, got {attention!r}")
         use_triton = attention == "triton" or (attention == "auto" and cuda)
@@ -318,7 +321,7 @@ class RolloutEngine:
         ended = torch.zeros(n, dtype=torch.bool)
         self._eos_at = row_budget(eos_at, n, G)
         ctx = _launch_mode("graph") if self.use_graphs else contextlib.nullcontext()
-        with self.weights_in_layout(), ctx:
+        with self.weights_in_layout(slots), ctx:
             steps_run, later = self._run_rows(n, slots, right, plen, seeds, settings, noisy, comp_tok, comp_lp, ends,
                                               ended, eos)
         T = int(ends.max())
@@ -332,17 +335,23 @@ class RolloutEngine:
         return Rollout(ids.to(dev), mask.to(dev), comp.to(dev), cmask.to(dev), lps.to(dev), (~ended).to(dev), texts)
 
     @contextlib.contextmanager
-    def weights_in_layout(self):
-        """Inside: the NVFP4 weights in the engine's ``weight_layout`` — with ``tiled``, reordered in place into the
-        tile-contiguous layout on entry and back on exit, whatever happens inside
+    def weights_in_layout(self, rows: int = 8):
+        """Inside: the NVFP4 weights in the engine's ``weight_layout`` — with ``tiled`` (``auto``: the projections
+        whose forward of ``rows`` rows, the decode batch, keeps its tuned config on tiled weights), reordered in
+        place into the tile-contiguous layout on entry and back on exit, whatever happens inside
         (:func:`~qerl.rollout.engine.model_view.set_weight_layout`; the time goes to ``last_stats["layout_s"]``).
         The model's own forward must not run inside."""
-        if self.weight_layout != "tiled":
+        if self.weight_layout == "rows":
             yield
             return
+        keep = None
+        if self.weight_layout == "auto":
+            from qerl_kernels.ops import tiled_keeps
+
+            keep = functools.partial(tiled_keeps, rows, device=self.device)  # (N, K) -> bool
         timing = getattr(self, "_timing", None)
         t0 = self._clock()
-        set_weight_layout(self.view, True)
+        moved = set_weight_layout(self.view, True, keep)
         spent = self._clock() - t0
         try:
             yield
@@ -350,8 +359,9 @@ class RolloutEngine:
             t1 = self._clock()
             set_weight_layout(self.view, False)
             spent += self._clock() - t1
-            if timing is not None:
+            if timing is not None and moved:  # (none moved: a bf16 model, or no whole tiles)
                 timing["layout_s"] = timing.get("layout_s", 0.0) + spent
+                timing["tiled_projs"] = moved
 
     def _prefill(self, rows: list[int], slots: list[int], right, plen, seeds, s, noisy) -> None:
         """Prompts of ``rows`` into ``slots`` (row chunks of ``PREFILL_TOKENS`` positions) and their first tokens
