@@ -276,9 +276,9 @@ def _reference(kind, x, p, s, g):
     return (x.float() @ w.T) if kind == "fwd" else (x.float() @ w)
 
 
-def _compile_key(kind: str, M: int, cfg: dict, lora: int = 0, K: int = 0) -> tuple:
+def _compile_key(kind: str, M: int, cfg: dict, lora: int = 0, K: int = 0, tiled: bool = False) -> tuple:
     """What decides the compiled kernel of a candidate (its constexprs and the specialisation of its
-    arguments), as (kind, M to compile with, config, LoRA, stand-in K): N and K are divisible by 16 in
+    arguments), as (kind, M to compile with, config, LoRA, stand-in K, tiled weights): N and K are divisible by 16 in
     every tuned shape, so a small stand-in shape compiles the same binary; XPAD changes the
     activations' row stride. ``lora``: also the rank-32 LoRA launch (fused into the decode kernel or
     not, which depends on M and on K > 8192: the real M and a K on the same side are kept)."""
@@ -288,27 +288,30 @@ def _compile_key(kind: str, M: int, cfg: dict, lora: int = 0, K: int = 0) -> tup
         m = M
     cfg = {**cfg, "SPLIT": min(2, int(cfg.get("SPLIT", 1)))}  # the binary only knows split or not
     return kind, max(m, 2) if cfg.get("XPAD") else m, json.dumps(cfg, sort_keys=True), int(lora), \
-        8448 if lora and K > 8192 else 1024
+        8448 if lora and K > 8192 else 1024, bool(tiled)
 
 
 def _compile(job: tuple) -> str | None:
     """Worker: run one candidate once on a stand-in problem (N 256), filling Triton's on-disk cache;
     the error text if it does not compile."""
-    kind, M, cfg_json, lora, K = job
+    kind, M, cfg_json, lora, K, tiled = job
     from qerl.quant import nvfp4
+    from qerl_kernels import layout
 
     os.environ["QERL_KERNEL_CONFIG"] = cfg_json
     try:
         w = nvfp4.quantize(torch.randn(256, K, device="cuda", dtype=torch.bfloat16))
+        if tiled:
+            w = (*layout.tile(w[0], w[1]), w[2])
         x = torch.randn(M, K if kind == "fwd" else 256, device="cuda", dtype=torch.bfloat16)
         if kind == "fwd":
-            ops.nvfp4_matmul(x, *w)
+            ops.nvfp4_matmul(x, *w, tiled=tiled)
             if lora:
                 la = torch.randn(lora, K, device="cuda", dtype=torch.bfloat16)
                 ops.nvfp4_matmul(x, *w, None, None, torch.randn(256, lora, device="cuda", dtype=torch.bfloat16),
-                                 2.0, lora_a=la)
+                                 2.0, lora_a=la, tiled=tiled)
         else:
-            ops.nvfp4_matmul_t(x, *w)
+            ops.nvfp4_matmul_t(x, *w, tiled=tiled)
         torch.cuda.synchronize()
         return None
     except Exception as e:  # noqa: BLE001 - reported; the timing loop skips it again
@@ -316,7 +319,7 @@ def _compile(job: tuple) -> str | None:
 
 
 def precompile(jobs: list[tuple], workers: int, progress: bool = True) -> int:
-    """Compile every distinct candidate of ``jobs`` ((kind, M, config[, lora, K]) tuples) in ``workers``
+    """Compile every distinct candidate of ``jobs`` ((kind, M, config[, lora, K, tiled]) tuples) in ``workers``
     processes before the (serial) timing loop: Triton compiles one kernel per process at a time, and
     the decode search over the Qwen2.5 shapes has ~170 distinct kernels (minutes of one CPU core).
     Returns how many failed to compile."""
@@ -345,15 +348,25 @@ def _current(paths: str, device: str, kind: str, M: int, N: int, K: int, sms: in
     return None
 
 
+def tiled_candidates(kind: str, M: int, N: int, K: int, sms: int, cands: list[dict]) -> list[dict]:
+    """The candidates that run as they are on tiled weights (:func:`qerl_kernels.ops.tiled_config` keeps them:
+    the plain warpgroup-MMA loop, the warp-specialised kernel, DQ, the tiles); none without whole tiles."""
+    if N % 64 or K % 128:
+        return []
+    return [c for c in cands if ops.tiled_config(kind, c, M, N, K, sms) == c]
+
+
 def tune_all(shapes, ms, progress: bool = True, csv_path: Path | None = None, kinds=("fwd", "bwd"),
-             paths: str = "all", workers: int = 0, lora: int = 0) -> Path:
+             paths: str = "all", workers: int = 0, lora: int = 0, tiled: bool = False) -> Path:
     """Time every candidate of every (kind, M, N, K) in CUDA graphs (``launch_mode("graph")``) and write the
     fastest into ``kernels/tuned/<device>.json`` (:func:`keep_eager` at decode sizes). ``lora``: time the forward
     calls with a rank-``lora`` adapter on them (``lora_a`` / ``lora_b``, as the rollout engine calls every
     projection), so that the LoRA route each candidate takes (fused into the decode kernel, or the PDL primary in
-    front of the MMA kernels) is part of its time."""
+    front of the MMA kernels) is part of its time. ``tiled``: every candidate timed on tiled weights
+    (:mod:`qerl_kernels.layout`, as the rollout engine decodes, ``weight_layout``), only those that read the layout
+    as they are (:func:`tiled_candidates`)."""
     with ops.launch_mode("graph"):
-        return _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers, lora)
+        return _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers, lora, tiled)
 
 
 def _rank(lora, N: int, K: int) -> int:
@@ -373,10 +386,11 @@ def engine_ranks(model: str, r: int = 32) -> dict:
     return {nk: padded_rank(parts[name] * r) for name, nk in projections(model).items()}
 
 
-def _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers, lora=0) -> Path:
+def _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers, lora=0, tiled=False) -> Path:
     from tqdm.auto import tqdm
 
     from qerl.quant import nvfp4
+    from qerl_kernels import layout
     from qerl.bench.timing import graph_time as _graph_time
 
     device = torch.cuda.get_device_name()
@@ -386,9 +400,13 @@ def _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers, lora=0) -> 
     jobs = [(kind, M, N, K) for (N, K) in dict.fromkeys(shapes) for M in ms for kind in kinds]
     log = []
     weights: dict = {}
+    def cands(kind, M, N, K):
+        out = candidates(kind, M, N, K, sms, paths, _current(paths, device, kind, M, N, K, sms))
+        return tiled_candidates(kind, M, N, K, sms, out) if tiled else out
+
     if workers > 1:
-        planned = [(kind, M, c, _rank(lora, N, K) if kind == "fwd" else 0, K) for kind, M, N, K in jobs
-                   for c in candidates(kind, M, N, K, sms, paths, _current(paths, device, kind, M, N, K, sms))]
+        planned = [(kind, M, c, _rank(lora, N, K) if kind == "fwd" else 0, K, tiled) for kind, M, N, K in jobs
+                   for c in cands(kind, M, N, K)]
         bad = precompile(planned, workers, progress)
         print(json.dumps({"precompiled": len({_compile_key(*j) for j in planned}), "failed": bad}), flush=True)
     for kind, M, N, K in tqdm(jobs, desc="tune", disable=not progress):
@@ -401,32 +419,34 @@ def _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers, lora=0) -> 
         ws = weights[(N, K)]
         x = torch.randn(M, K if kind == "fwd" else N, device="cuda", dtype=torch.bfloat16)
         ref = _reference(kind, x, *ws[0])
-        op = ops.nvfp4_matmul if kind == "fwd" else ops.nvfp4_matmul_t
+        base = ops.nvfp4_matmul if kind == "fwd" else ops.nvfp4_matmul_t
+        op = (lambda x_, *w: base(x_, *w, tiled=True)) if tiled else base
         rank = _rank(lora, N, K)
         if rank and kind == "fwd":  # the call as the engine makes it: y = x Ŵᵀ + 2 · (x Aᵀ) Bᵀ
             la = torch.randn(rank, K, device="cuda", dtype=torch.bfloat16) * 0.02
             lb = torch.randn(N, rank, device="cuda", dtype=torch.bfloat16) * 0.02
             ref = ref + 2.0 * ((x @ la.T).float() @ lb.float().T)
-            op = (lambda x_, *w, la=la, lb=lb: ops.nvfp4_matmul(x_, *w, None, None, lb, 2.0, lora_a=la))
+            op = (lambda x_, *w, la=la, lb=lb: ops.nvfp4_matmul(x_, *w, None, None, lb, 2.0, lora_a=la, tiled=tiled))
+        wq = [(*layout.tile(p, s), g) for p, s, g in ws] if tiled else ws  # (the reference: ws[0], row-major)
         dense = [nvfp4.dequantize(*w, torch.bfloat16) for w in ws[:max(2, min(4, 2 ** 28 // (N * K * 2) + 1))]]
         f_dense = (lambda w: torch.nn.functional.linear(x, w)) if kind == "fwd" else (lambda w: x @ w)
         t_cublas = _graph_time([lambda w=w: f_dense(w) for w in dense], reps=9)
         del dense
         best, best_decode = None, None  # best_decode: the fastest single-launch decode config (EAGER fallback)
-        for cfg in candidates(kind, M, N, K, sms, paths, _current(paths, device, kind, M, N, K, sms)):
+        for cfg in cands(kind, M, N, K):
             os.environ["QERL_KERNEL_CONFIG"] = json.dumps(cfg)  # overrides every key of config_for's choice
             err, t = float("nan"), float("inf")
             try:
-                y = op(x, *ws[0])
+                y = op(x, *wq[0])
                 err = float((y.float() - ref).norm() / ref.norm())
                 if err < 1e-2:
-                    t = _graph_time([lambda w=w: op(x, *w) for w in ws], reps=9)
+                    t = _graph_time([lambda w=w: op(x, *w) for w in wq], reps=9)
             except Exception as e:  # a config that does not compile (e.g. out of shared memory)
                 err = repr(e)[:80]
             finally:
                 os.environ.pop("QERL_KERNEL_CONFIG", None)
             log.append({"device": device, "kind": kind, "M": M, "N": N, "K": K, "lora": rank if kind == "fwd" else 0,
-                        **cfg, "us": t * 1e6,
+                        "tiled": int(tiled), **cfg, "us": t * 1e6,
                         "cublas_us": t_cublas * 1e6, "speedup": t_cublas / t, "rel_err": err})
             if best is None or t < best[0]:
                 best = (t, cfg)
@@ -491,6 +511,9 @@ def main(argv=None) -> int:
                    help="time the forward candidates with a rank-R LoRA adapter on the call (as the rollout engine "
                         "calls every projection); 0: without; 'engine': each projection at the rank the engine "
                         "calls it with for rank-32 adapters (fused q/k/v: 128, gate/up: 64, o and down: 32)")
+    p.add_argument("--tiled", action="store_true",
+                   help="time the candidates on weights in the tile-contiguous layout (as the rollout engine decodes, "
+                        "its weight_layout), only those that read it as they are")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     if a.lora == "engine":
@@ -501,7 +524,7 @@ def main(argv=None) -> int:
         p.error(f"--lora: expected a rank or 'engine', got {a.lora!r}")
     shapes = [nk for m in a.models for name, nk in projections(m).items() if a.projs is None or name in a.projs]
     path = tune_all(shapes, a.ms, progress=not a.no_progress, csv_path=Path(a.csv) if a.csv else None,
-                    kinds=tuple(a.kinds), paths=a.paths, workers=a.workers, lora=lora)
+                    kinds=tuple(a.kinds), paths=a.paths, workers=a.workers, lora=lora, tiled=a.tiled)
     print(json.dumps({"tuned": str(path)}))
     return 0
 

@@ -39,12 +39,14 @@ def test_compile_keys_merge_candidates_that_share_a_binary():
     assert len(keys) == 1  # SPLIT > 1 values share the USE_SPLIT binary
     assert tune._compile_key("fwd", 16, {**base, "SPLIT": 1}) not in keys
     # XPAD compiles with a padded activation stride (another specialisation), so with M >= 2 rows
-    kind, m, _, lora, k = tune._compile_key("fwd", 16, {**base, "SPLIT": 1, "XPAD": 1})
-    assert (kind, m, lora, k) == ("fwd", 16, 0, 1024)
+    kind, m, _, lora, k, tiled = tune._compile_key("fwd", 16, {**base, "SPLIT": 1, "XPAD": 1})
+    assert (kind, m, lora, k, tiled) == ("fwd", 16, 0, 1024, False)
     # the LoRA launch keeps the real M and the side of K = 8192 (they decide fused or not)
     assert tune._compile_key("fwd", 12, {**base, "SPLIT": 1}, 1, 13824)[1:] == (12, json.dumps(
-        {**base, "SPLIT": 1}, sort_keys=True), 1, 8448)
-    assert tune._compile_key("fwd", 12, {**base, "SPLIT": 1}, 1, 5120)[-1] == 1024
+        {**base, "SPLIT": 1}, sort_keys=True), 1, 8448, False)
+    assert tune._compile_key("fwd", 12, {**base, "SPLIT": 1}, 1, 5120)[-2] == 1024
+    # tiled weights compile another binary (TILED)
+    assert tune._compile_key("fwd", 12, {**base, "SPLIT": 1}, 1, 5120, True)[-1] is True
     plan = [("fwd", 16, {**base, "SPLIT": s}) for s in (2, 5)] + [("fwd", 128, {"DQ": 1, "CHUNK": 1 << 25})]
     assert tune.precompile(plan, workers=1) == 0  # one process: nothing to do ahead of the timing loop
 
@@ -116,6 +118,7 @@ def test_lora_option_reaches_the_search(monkeypatch):
                       "--paths", "decode"]) == 0
     assert seen["lora"] == 32 and seen["shapes"] == [(3584, 3584)] and seen["kinds"] == ("fwd",)
     assert tune.main(["--models", "7B", "--projs", "o", "--ms", "8"]) == 0 and seen["lora"] == 0
+    assert not seen["tiled"] and tune.main(["--models", "7B", "--ms", "8", "--tiled"]) == 0 and seen["tiled"]
     key = tune._compile_key("fwd", 8, {"MMV": 1, "BM": 8, "SPLIT": 1}, 32, 3584)
     assert key[3] == 32 and key[1] == 8  # the LoRA launch: the real M
 
@@ -143,3 +146,21 @@ def test_the_h100_table_has_the_small_models_decode_sizes(model):
         for m in (1, 8, 16, 32, 64):
             cfg = table[f"fwd:{m}:{N}:{K}"]
             assert ops.path_of("fwd", cfg) in ("wgmma", "mmv"), (model, N, K, m, cfg)
+
+
+def test_tiled_search_keeps_the_candidates_that_read_the_layout():
+    """``--tiled``: only candidates that run as they are on tiled weights — the plain warpgroup-MMA loop and the
+    warp-specialised kernel stay, its pipelined loop, the plain stream-K schedule and the decode kernels go (their
+    tiled calls would run another config); nothing for shapes without whole tiles."""
+    from qerl_kernels import ops
+
+    allc = tune.candidates("fwd", 8, 37888, 3584, 132, "all", None)
+    kept = tune.tiled_candidates("fwd", 8, 37888, 3584, 132, allc)
+    assert kept and all(c.get("WGMMA") and not (c.get("PIPE") or c.get("MMV") or c.get("GEMV")) or "BM" in c
+                        for c in kept)
+    assert all(ops.tiled_config("fwd", c, 8, 37888, 3584, 132) == c for c in kept)
+    assert any(c.get("MMV") for c in allc) and not any(c.get("MMV") for c in kept)
+    sk = tune.candidates("fwd", 8, 37888, 3584, 132, "decode-sk", None)
+    ws = tune.tiled_candidates("fwd", 8, 37888, 3584, 132, sk)
+    assert ws and all(c.get("WS") for c in ws) and len(ws) < len(sk)
+    assert tune.tiled_candidates("fwd", 8, 37888 + 32, 3584, 132, allc) == []
