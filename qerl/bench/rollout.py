@@ -75,10 +75,6 @@ def run_one(model, lm, tok, engine: str, batch: int, prompt_len: int, gen_len: i
         if "layout_s" in st:  # weight_layout="tiled": the in-place reorder and its undo, also excluded
             note += (f"; tiled weights ({st['tiled_projs']} of {len(eng.view.projs)} projections, reorder "
                      f"{st['layout_s']:.2f} s excluded)")
-        if eng.prefetch is not None:
-            from qerl.rollout.engine.runner import L2_PREFETCH
-
-            note += f"; L2 prefetch {L2_PREFETCH[0]}"
         if eos_at is not None:
             tokens = int(r.completion_mask.sum())
             note += (f"; lengths {summary(r.lengths.tolist(), gen_len)}; {steps} decode steps, "
@@ -362,9 +358,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the engine's NVFP4 weight layout during generation: rows (the checkpoint's), tiled "
                         "(reordered in place into the tile-contiguous layout and back around each generation) or "
                         "auto (the engine's default: tiled on CUDA)")
-    p.add_argument("--l2-prefetch", default="", metavar="SPEC",
-                   help="an experiment: the engine prefetches these weights into L2 after each layer's q/k/v "
-                        "projection, e.g. 'o,gate_up:16' (qerl.rollout.engine.runner.L2_PREFETCH; default: none)")
     p.add_argument("--split-batches", nargs="*", type=int, default=[8], help="batches whose step is split into parts")
     p.add_argument("--plot", metavar="CSV", help="only redraw the figure of a written CSV (no GPU)")
     p.add_argument("--merge", nargs="+", metavar="CSV", type=Path,
@@ -394,7 +387,6 @@ def main(argv: list[str] | None = None) -> int:
     from qerl.rollout.engine import runner
 
     runner.WEIGHT_LAYOUT[0] = a.weight_layout
-    runner.L2_PREFETCH[0] = a.l2_prefetch
     bench(a)
     return 0
 

@@ -468,18 +468,3 @@ def test_gpu_check_passes_with_tiled_weights_on_cpu(monkeypatch):
 
     monkeypatch.setattr(runner, "WEIGHT_LAYOUT", ["tiled"])
     assert check.main(device="cpu") == 0
-
-
-def test_prefetch_hook_runs_after_each_layers_qkv_and_changes_no_token(tok, quantized_dirs):
-    """``L2_PREFETCH`` (qerl.rollout.engine.runner): the decode step calls ``prefetch(i)`` once per layer and step,
-    in layer order; the tokens and log-probs are those without it (on the GPU the hook only warms L2)."""
-    model = load_policy(quantized_dirs["qwen2"], dtype=torch.float32)
-    s = SamplingSettings(temperature=0.7, max_new_tokens=6)
-    a = RolloutEngine(model, tok).generate(PROMPTS, s, seed=2)
-    eng = RolloutEngine(model, tok)
-    calls = []
-    eng.prefetch = calls.append
-    b = eng.generate(PROMPTS, s, seed=2)
-    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.logprobs, b.logprobs)
-    L = model.config.num_hidden_layers
-    assert calls and len(calls) % L == 0 and calls[:L] == list(range(L))

@@ -175,11 +175,10 @@ def prefill(view: ModelView, kc: list, vc: list, cos, sin, ids: torch.Tensor, le
 
 
 def decode_step(view: ModelView, kc: list, vc: list, cos, sin, tok: torch.Tensor, pos: torch.Tensor,
-                slot: torch.Tensor, noisy: bool, attention, ew: Elementwise = EAGER, prefetch=None) -> torch.Tensor:
+                slot: torch.Tensor, noisy: bool, attention, ew: Elementwise = EAGER) -> torch.Tensor:
     """One token per row: ``tok [B]`` at position ``pos [B]`` of slot ``slot [B]``; writes its K/V and
     returns the fp32 logits ``[B, V]`` of the next token. ``attention(q, k_cache, v_cache, slot, lengths,
-    scale)`` is the decode attention (Triton flash-decoding or the torch reference). ``prefetch(i)``: called after
-    layer ``i``'s q/k/v projection (warms L2 with the weights after it; changes no value)."""
+    scale)`` is the decode attention (Triton flash-decoding or the torch reference)."""
     B = tok.shape[0]
     D, Hq, Hkv = view.head_dim, view.heads, view.kv_heads
     h = view.embed(tok)
@@ -190,8 +189,6 @@ def decode_step(view: ModelView, kc: list, vc: list, cos, sin, tok: torch.Tensor
     x = norm(layers[0].input_norm, h, noisy, ew)
     for i, layer in enumerate(layers):
         q, k, v = _qkv(layer, x)
-        if prefetch is not None:
-            prefetch(i)
         q = ew.rope_write(q.reshape(B, Hq, D), k.reshape(B, Hkv, D), v.reshape(B, Hkv, D), c, s,
                           kc[i].view(-1, Hkv, D), vc[i].view(-1, Hkv, D), flat)
         a = attention(q, kc[i], vc[i], slot, lengths, D ** -0.5)

@@ -49,10 +49,6 @@ SPLIT = ("prefill_s", "capture_s", "host_s")
 #: 10,569 tok/s at batch 8 / 64 tiled against 2,003 / 10,415 row-major, one machine, reports/rollout).
 #: ``qerl bench rollout --weight-layout`` sets it
 WEIGHT_LAYOUT = ["auto"]
-#: L2 prefetch in the captured decode step (an experiment, off by default): ``"o,gate_up:16"`` — right after each
-#: layer's q/k/v projection, the o projection's NVFP4 weights and scales (all of them) and gate/up's first 16 MB into
-#: L2 (:mod:`qerl_kernels.l2_prefetch`), while the rotary and attention leave DRAM partly idle
-L2_PREFETCH = [""]
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +141,6 @@ class RolloutEngine:
         if self.use_graphs and not (cuda and self.view.graphable):
             raise EngineUnsupported("CUDA graphs need a CUDA model whose projections are all NVFP4 or dense")
         self.ew = fw.Elementwise(self.use_graphs if compile is None else bool(compile))
-        self.prefetch = _prefetcher(self.view, L2_PREFETCH[0]) if self.use_graphs and L2_PREFETCH[0] else None
         if check_every < 1:
             raise ValueError(f"check_every must be >= 1, got {check_every}")
         self.check_every, self.max_slots, self.share_prompts = check_every, max_slots, bool(share_prompts)
@@ -233,7 +228,7 @@ class RolloutEngine:
     # -- one decode step, eager or as a CUDA graph ---------------------------------------------------------
     def _step(self, b: _Bucket, s: SamplingSettings, noisy: bool) -> None:
         logits = fw.decode_step(self.view, self.kc, self.vc, self.cos, self.sin, b.tok, b.pos, b.slot, noisy,
-                                self.attention, self.ew, self.prefetch)
+                                self.attention, self.ew)
         tok, lp = self.sample(logits, s, b.seed, b.col)
         self.gen_tok.index_put_((b.slot, b.col), tok)
         self.gen_lp.index_put_((b.slot, b.col), lp)
@@ -518,42 +513,3 @@ def _launch_mode(mode: str):
         return
     with launch_mode(mode):
         yield
-
-
-def prefetch_ranges(view, spec: str) -> list[list[tuple[int, int]]]:
-    """Per layer, the ``(address, bytes)`` ranges that :data:`L2_PREFETCH`'s ``spec`` names: ``"name[:MB],…"`` with
-    ``name`` one of o, gate_up, down (gate/up: the fused projection, else gate), all of its NVFP4 packed weights or
-    their first ``MB`` megabytes, with the scales of the same rows. Dense projections are left out."""
-    from qerl_kernels.l2_prefetch import tensor_range
-
-    parts = []
-    for item in filter(None, (p.strip() for p in spec.split(","))):
-        name, _, mb = item.partition(":")
-        if name not in ("o", "gate_up", "down"):
-            raise ValueError(f"L2_PREFETCH: unknown projection {name!r} in {spec!r} (o, gate_up, down)")
-        parts.append((name, int(float(mb) * 2 ** 20) if mb else None))
-    out = []
-    for layer in view.layers:
-        ranges = []
-        for name, nbytes in parts:
-            p = getattr(layer, name) if name != "gate_up" else (layer.gate_up or layer.gate)
-            if p is None or p.kind != "nvfp4":
-                continue
-            w = tensor_range(p.packed, nbytes)
-            ranges += [w, tensor_range(p.scale.view(torch.uint8), w[1] // 8)]
-        out.append(ranges)
-    return out
-
-
-def _prefetcher(view, spec: str):
-    """``prefetch(i)`` for :func:`~qerl.rollout.engine.forward.decode_step`: layer ``i``'s ranges, 4 per launch."""
-    from qerl_kernels.l2_prefetch import RANGES, prefetch_l2
-
-    per_layer = prefetch_ranges(view, spec)
-
-    def prefetch(i: int) -> None:
-        r = per_layer[i]
-        for j in range(0, len(r), RANGES):
-            prefetch_l2(r[j:j + RANGES])
-
-    return prefetch
