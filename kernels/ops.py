@@ -197,7 +197,7 @@ def tiled_config(kind: str, cfg: dict, M: int, N: int, K: int, sms: int, interpr
 def tiled_keeps(M: int, N: int, K: int, device: torch.device) -> bool:
     """Whether a forward of ``M`` rows on ``[N, K]`` weights (CUDA-graph launch mode) keeps its routed config when
     the weights are tiled (:func:`tiled_config` leaves it as is) — where it does, tiling changes only where the bytes
-    lie, and every such key measured on the H100 ran 1.02–1.36x faster (reports/layout). False without whole
+    lie, and every such key measured on the H100 ran 1.01–1.36x faster (reports/layout). False without whole
     64-row tiles and 128-wide K steps."""
     if N % 64 or K % 128:
         return False

@@ -16,7 +16,8 @@ Writes the results as JSON and exits 1 if a check fails. Runs on CPU too (no gra
 ``--sampler``: instead, the fused sampler against the torch definition at Qwen2.5's vocabulary (:func:`sampler_check`).
 
 ``--weight-layout tiled`` / ``rows``: every engine of the check with the NVFP4 weights in that layout during its
-generations (:data:`qerl.rollout.engine.runner.WEIGHT_LAYOUT`; default ``auto``, the engine's: tiled on CUDA).
+generations (:data:`qerl.rollout.engine.runner.WEIGHT_LAYOUT`; default ``auto``, the engine's: on CUDA, tiled where
+the decode batch's config reads the layout as tuned).
 
 ``--budget 7B``: instead, where the rollout-vs-trainer mismatch of a random-weight Qwen2.5-7B NVFP4 policy comes
 from (:func:`mismatch_budget`: the engine and the trainer's bf16 forward each against the fp32 forward).
@@ -262,7 +263,7 @@ if __name__ == "__main__":
                     help="only the fused sampler against the torch definition at V = 152,064 (tokens, log-probs, time)")
     ap.add_argument("--weight-layout", default="auto", choices=("auto", "rows", "tiled"),
                     help="every engine of the check with this NVFP4 weight layout (tiled: reordered in place into the "
-                         "tile-contiguous layout around each generation; auto: the engine's default, tiled on CUDA)")
+                         "tile-contiguous layout around each generation; auto: the engine's default)")
     a = ap.parse_args()
     from qerl.rollout.engine import runner
 

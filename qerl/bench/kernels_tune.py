@@ -513,7 +513,8 @@ def main(argv=None) -> int:
                         "calls it with for rank-32 adapters (fused q/k/v: 128, gate/up: 64, o and down: 32)")
     p.add_argument("--tiled", action="store_true",
                    help="time the candidates on weights in the tile-contiguous layout (as the rollout engine decodes, "
-                        "its weight_layout), only those that read it as they are")
+                        "its weight_layout), only those that read it as they are; the winner replaces the entry even "
+                        "where the current one (e.g. MMV, which reads row-major only) is not among them")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     if a.lora == "engine":

@@ -357,7 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-layout", default="auto", choices=["auto", "rows", "tiled"],
                    help="the engine's NVFP4 weight layout during generation: rows (the checkpoint's), tiled "
                         "(reordered in place into the tile-contiguous layout and back around each generation) or "
-                        "auto (the engine's default: tiled on CUDA)")
+                        "auto (the engine's default: on CUDA, tiled where the decode batch's config reads the layout "
+                        "as tuned)")
     p.add_argument("--split-batches", nargs="*", type=int, default=[8], help="batches whose step is split into parts")
     p.add_argument("--plot", metavar="CSV", help="only redraw the figure of a written CSV (no GPU)")
     p.add_argument("--merge", nargs="+", metavar="CSV", type=Path,
