@@ -221,32 +221,21 @@ def _issue_w(t, slot, wsm, ssm, wp_ptr, ws_ptr, wrow, wcol, srow, scol, stride_w
 
 
 @gluon.jit
-def _w_rows(n0, N, stride_wn, RW: gl.constexpr, CW: gl.constexpr, TILED: gl.constexpr = False):
-    """``(wrow [RW, 1], row stride)`` for :func:`_issue_w`: weight rows ``n0 … n0 + RW - 1`` (clamped to N - 1) in
-    layout ``CW``. ``TILED`` (N % 64 == 0): byte offsets of the rows' first step — row n of tile n // 64 (which
-    starts at byte (n // 64) · 64 · K/2, as row-major) lies 64 B after row n - 1 of its tile; stride 1."""
-    rw = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, CW)), N - 1)
+def _rows(n0, N, stride, RW: gl.constexpr, L: gl.constexpr, W: gl.constexpr, UNIT: gl.constexpr,
+          TILED: gl.constexpr = False):
+    """``(row [RW, 1], row stride in bytes)`` for :func:`_issue_w` — which addresses ``row · (stride // UNIT)``
+    in ``UNIT``-byte words (packed weights: ``UNIT`` 1, scales: 4) — of rows ``n0 … n0 + RW - 1`` (clamped to
+    N - 1) in layout ``L``. ``TILED`` (N % 64 == 0; ``W`` words per row and K step, 64 packed bytes or 2 scale words):
+    each row's first step — row n of tile n // 64 (which starts where it does row-major) lies ``W`` words after row
+    n - 1 of its tile — and the stride of one word."""
+    r = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, L)), N - 1)
     if TILED:
-        wrow = ((rw // 64) * (64 * stride_wn) + (rw % 64) * 64)[:, None]
-        swn = 1
+        row = ((r // 64) * ((64 // UNIT) * stride) + (r % 64) * W)[:, None]  # (stride % UNIT == 0)
+        st = UNIT
     else:
-        wrow = rw[:, None]
-        swn = stride_wn
-    return wrow, swn
-
-
-@gluon.jit
-def _s_rows(n0, N, stride_sn, RW: gl.constexpr, CS: gl.constexpr, TILED: gl.constexpr = False):
-    """:func:`_w_rows` of the scales: ``(srow [RW, 1] in int32 words, row stride in bytes)`` (``TILED``: a tile's
-    step is 512 B = 128 words, its rows 2 words apart; stride 4 B = one word)."""
-    rs = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, CS)), N - 1)
-    if TILED:
-        srow = ((rs // 64) * (16 * stride_sn) + (rs % 64) * 2)[:, None]
-        ssn = 4
-    else:
-        srow = rs[:, None]
-        ssn = stride_sn
-    return srow, ssn
+        row = r[:, None]
+        st = stride
+    return row, st
 
 
 @gluon.jit
@@ -522,8 +511,8 @@ def _nvfp4_wgmma_kernel(
         pid_s = gl.program_id(1)
         n0 = pid_n * RW
         m0 = pid_m * BT
-        wrow, swn = _w_rows(n0, N, stride_wn, RW, CW, TILED)
-        srow, ssn = _s_rows(n0, N, stride_sn, RW, CS, TILED)
+        wrow, swn = _rows(n0, N, stride_wn, RW, CW, 64, 1, TILED)
+        srow, ssn = _rows(n0, N, stride_sn, RW, CS, 2, 4, TILED)
         xrow = (m0 + gl.arange(0, BT, layout=gl.SliceLayout(1, CX)))[:, None]
         xmask = xrow < M  # async_copy broadcasts it over the columns
         per = gl.cdiv(k_steps, SPLIT)

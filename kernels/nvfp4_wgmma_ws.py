@@ -67,8 +67,8 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
     warpgroup_mma_wait
 
 from qerl_kernels import launch
-from qerl_kernels.nvfp4_wgmma import _a_operand, _gdc_wait, _issue_w, _issue_x, _output, _s_rows, _scales_layout, \
-    _sms, _split_sum, _w_rows, _words_layout
+from qerl_kernels.nvfp4_wgmma import _a_operand, _gdc_wait, _issue_w, _issue_x, _output, _rows, _scales_layout, \
+    _sms, _split_sum, _words_layout
 
 REGS_PER_SM = 65536
 SMEM_PER_PROGRAM = 232448  # sm_90: the most shared memory one program (CTA) may take, 227 KB
@@ -206,9 +206,9 @@ def _fill(it, t0, t1, n0, m0, xp_ptr, wp_ptr, ws32, wsm, ssm, xsm, full, empty, 
     CW: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [PW, 1], [1, 0])  # [RW, 64] uint8, 16 B per copy
     CS: gl.constexpr = gl.BlockedLayout([1, 1], [16, 2], [PW, 1], [1, 0])  # [RW, 2] int32: the 8 scale bytes
     CX: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [PW, 1], [1, 0])  # [BT, 128] bf16, 16 B per copy
-    wrow, swn = _w_rows(n0, N, stride_wn, RW, CW, TILED)
+    wrow, swn = _rows(n0, N, stride_wn, RW, CW, 64, 1, TILED)
     wcol = gl.arange(0, 64, layout=gl.SliceLayout(0, CW))[None, :]
-    srow, ssn = _s_rows(n0, N, stride_sn, RW, CS, TILED)
+    srow, ssn = _rows(n0, N, stride_sn, RW, CS, 2, 4, TILED)
     scol = gl.arange(0, 2, layout=gl.SliceLayout(0, CS))[None, :]
     xrow = (m0 + gl.arange(0, BT, layout=gl.SliceLayout(1, CX)))[:, None]
     xcol = gl.arange(0, 128, layout=gl.SliceLayout(0, CX))[None, :]
@@ -258,7 +258,7 @@ def _fill_tma(it, t0, t1, n0, m0, w_desc, x_desc, ws32, wsm, ssm, xsm, full, emp
     PW: gl.constexpr = gl.num_warps()
     CS: gl.constexpr = gl.BlockedLayout([1, 1], [16, 2], [PW, 1], [1, 0])  # [RW, 2] int32: the 8 scale bytes
     TS: gl.constexpr = 128 if TILED else 2  # int32 words of scales between K steps
-    srow, ssn = _s_rows(n0, N, stride_sn, RW, CS, TILED)
+    srow, ssn = _rows(n0, N, stride_sn, RW, CS, 2, 4, TILED)
     scol = gl.arange(0, 2, layout=gl.SliceLayout(0, CS))[None, :]
     k_steps = K // 128
     for t in range(t0, t1):

@@ -44,7 +44,7 @@ def bench_shape(model: str, proj: str, N: int, K: int, ms, reps: int = 11, devic
             y_r = ops.nvfp4_matmul(x, *rows_w[0])
             y_t = ops.nvfp4_matmul(x, *tiled_w[0], tiled=True)
             t = timer({"rows": [lambda w=w: ops.nvfp4_matmul(x, *w) for w in rows_w],
-                             "tiled": [lambda w=w: ops.nvfp4_matmul(x, *w, tiled=True) for w in tiled_w]}, reps=reps)
+                       "tiled": [lambda w=w: ops.nvfp4_matmul(x, *w, tiled=True) for w in tiled_w]}, reps=reps)
             same = cfg_r == cfg_t
             out.append({"model": model, "proj": proj, "N": N, "K": K, "M": M, "path_rows": path_r,
                         "path_tiled": path_t, "same_config": same, "rows_us": round(t["rows"] * 1e6, 2),

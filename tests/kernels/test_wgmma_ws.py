@@ -370,3 +370,5 @@ def test_tiled_weights_compile_for_sm90(fn, C, BT, kw):
         assert ptx.count(copy) == rows.count(copy) + C - 1
     else:
         assert "cp.async.cg.shared.global" in ptx or "cp.async.ca.shared.global" in ptx
+        rows = inspect_ir.compile_ws(C, 1, BT, 4, **kw).asm["ptx"]
+        assert ptx.split(".section")[0] != rows.split(".section")[0]  # the tiled offsets, not the row-major ones
