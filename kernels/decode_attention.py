@@ -13,7 +13,7 @@ Shapes / dtypes:
 Hardware: any CUDA GPU Triton supports (fp32 accumulation; the ``q·Kᵀ`` and ``p·V`` products on tensor
 cores through ``tl.dot`` with the G query heads of a KV head padded to 16 rows). Work split: programs over
 (row, KV head, split); each split covers ``ceil(T / SPLITS)`` positions and returns a partial
-(max, sum, weighted V) that :func:`_combine` merges — the flash-decoding scheme, so a batch of a few rows
+(max, sum, weighted V) that :func:`_attn_combine_kernel` merges — the flash-decoding scheme, so a batch of a few rows
 still fills the GPU. Programs whose range starts past ``len_b`` exit at once: a step costs what the
 sequences' *current* lengths read, not the cache's capacity. ``lengths`` and ``slot`` are device tensors
 read by the kernel, so one CUDA graph serves every step.
@@ -44,7 +44,7 @@ def reference(q, k_cache, v_cache, slot, lengths, scale: float):
 
 
 @triton.jit
-def _partial_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, len_ptr, m_ptr, l_ptr, acc_ptr,
+def _attn_partial_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, len_ptr, m_ptr, l_ptr, acc_ptr,
                     scale, CHUNK,
                     sq_b, sq_h, sk_s, sk_t, sk_h, sv_s, sv_t, sv_h,
                     Hq, SPLITS,
@@ -102,7 +102,7 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, len_ptr, m_ptr, l_ptr, acc_pt
 
 
 @triton.jit
-def _combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, SPLITS, so_b, so_h, Hq,
+def _attn_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, SPLITS, so_b, so_h, Hq,
                     SP: tl.constexpr, D: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -148,12 +148,12 @@ def decode_attention(q, k_cache, v_cache, slot, lengths, scale: float, splits: i
     acc = torch.empty(B * Hq * splits, D, device=q.device, dtype=torch.float32)
     out = torch.empty(B, Hq, D, device=q.device, dtype=q.dtype)
     interp = not q.is_cuda
-    _partial_kernel[(B, Hkv, splits)](
+    _attn_partial_kernel[(B, Hkv, splits)](
         q, k_cache, v_cache, slot, lengths, m, l, acc, scale, chunk,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), Hq, splits,
         G=G, GP=max(16, triton.next_power_of_2(G)), D=D, BN=block, FP32_DOT=interp,
         IEEE=q.dtype == torch.float32 or interp, num_warps=4)
-    _combine_kernel[(B, Hq)](m, l, acc, out, splits, out.stride(0), out.stride(1), Hq,
-                             SP=max(2, triton.next_power_of_2(splits)), D=D, num_warps=1)
+    _attn_combine_kernel[(B, Hq)](m, l, acc, out, splits, out.stride(0), out.stride(1), Hq,
+                                  SP=max(2, triton.next_power_of_2(splits)), D=D, num_warps=1)
     return out

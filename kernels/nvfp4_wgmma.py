@@ -40,7 +40,7 @@ move is a reshape and a permute — which saves the pre-pass launch, 1.5-2.4 µs
 wgmma_lora_split_NVIDIA_H100_80GB_HBM3.json [ea84b65]; routed at most tuned keys of M 1-8, e.g. 7B q/k/v
 M = 8 on the H100 10.5 vs 11.9 µs, NVIDIA_H100_80GB_HBM3_tune_wgmma_xs.csv [ea84b65]).
 
-``TILED`` (plain loop, split-K): the weights and scales in the tile-contiguous layout of :mod:`qerl_kernels.layout`,
+``TILED`` (plain loop, split-K or stream-K): the weights and scales in the tile-contiguous layout of :mod:`qerl_kernels.layout`,
 so that a program's step is one contiguous 4 KB block (row-major: 64 pieces of 64 bytes); bit-equal results, 7B
 gate/up at M = 8 44.0 -> 37.0 µs and 32B gate/up 102.8 -> 73.1 on the H100 (not routed yet: every kernel that reads
 the weights must take the layout first).
@@ -476,13 +476,13 @@ def _nvfp4_wgmma_kernel(
             ks1 = gl.minimum(k_steps, ks0 + (u_end - u))
             n0 = (tile // m_tiles) * RW
             m0 = (tile % m_tiles) * BT
-            wrow = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, CW)), N - 1)[:, None]
-            srow = gl.minimum(n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, CS)), N - 1)[:, None]
+            wrow, swn = _rows(n0, N, stride_wn, RW, CW, 64, 1, TILED)
+            srow, ssn = _rows(n0, N, stride_sn, RW, CS, 2, 4, TILED)
             xrow = (m0 + gl.arange(0, BT, layout=gl.SliceLayout(1, CX)))[:, None]
             xmask = xrow < M
             acc = gl.zeros([RW, BT], gl.float32, layout=MMA)
             acc = _plain(acc, ks0, ks1, wsm, ssm, xsm, xop, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, srow, scol, xrow,
-                         xcol, xmask, stride_wn, stride_sn, stride_xm, AOP, LW, LS, FLAT, RW, XG, NS, XS, CX, BT)
+                         xcol, xmask, swn, ssn, stride_xm, AOP, LW, LS, FLAT, RW, XG, NS, XS, CX, BT, TILED)
             if (ks0 == 0) & (ks1 == k_steps):  # the whole tile: straight out
                 _output(acc, n0, m0, M, N, out_ptr, stride_om, gs_ptr, bias_ptr, xa_ptr, lb_ptr, lora_scale,
                         HAS_BIAS, R, PDL, RW, BT, NW, MMA)
@@ -567,7 +567,8 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None,
     or ``xp`` if given); ``XG=1``: the kernel gathers them itself (4-byte copies); ``XS=1`` (plain loop
     only): it stages them through registers into the operand tile (no pre-pass). ``part`` / ``lock``: split-K
     workspace (fp32 >= SPLIT·M·N) and tickets (int32 zeros >= tiles); allocated when not given. ``TILED``: ``packed``
-    and ``scale_u8`` are in the tile-contiguous layout (:mod:`qerl_kernels.layout`; plain loop, split-K). ``SK``: stream-K
+    and ``scale_u8`` are in the tile-contiguous layout (:mod:`qerl_kernels.layout`; plain loop, split-K or
+    stream-K). ``SK``: stream-K
     (plain loop) — ``SK`` programs per SM share the ``tiles · K/128`` (tile, K step) units evenly, so no wave runs
     part-empty whatever the tile count (:func:`stream_k_plan`); ``part`` then holds 2 partial tiles per program
     (fp32 >= 2·P·RW·BT) and ``SPLIT`` is ignored. ``pdl``:
@@ -578,9 +579,9 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None,
     N = packed.shape[0]
     if scale_u8.dtype != torch.uint8:
         scale_u8 = scale_u8.view(torch.uint8)
-    if TILED and (PIPE or SK or N % 64):
-        raise ValueError(f"nvfp4_wgmma: TILED weights (qerl_kernels.layout) run the plain split-K loop with N % 64 == 0, "
-                         f"got PIPE={PIPE} SK={SK} N={N}")
+    if TILED and (PIPE or N % 64):
+        raise ValueError(f"nvfp4_wgmma: TILED weights (qerl_kernels.layout) run the plain loop (split-K or stream-K) "
+                         f"with N % 64 == 0, got PIPE={PIPE} N={N}")
     if XS and (XG or PIPE):
         raise ValueError(f"nvfp4_wgmma: XS (activations staged in the kernel) excludes XG and PIPE, got XG={XG} "
                          f"PIPE={PIPE}")

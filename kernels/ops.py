@@ -180,11 +180,11 @@ def config_for(kind: str, M: int, N: int, K: int, device: torch.device) -> dict:
 
 def tiled_config(kind: str, cfg: dict, M: int, N: int, K: int, sms: int, interpret: bool = False) -> dict:
     """The config of a call on weights in the tile-contiguous layout (:mod:`qerl_kernels.layout`): the kernels that
-    read it are the warpgroup-MMA kernel's plain split-K loop, the warp-specialised kernel (``WS``, either producer,
+    read it are the warpgroup-MMA kernel's plain loop (split-K or stream-K), the warp-specialised kernel (``WS``, either producer,
     any schedule), the dequantize + cuBLAS path (``DQ``) and the Triton tiles. Any other config (the plain kernel's
-    stream-K, pipelined or gathering variants, the decode kernels MMV / GEMV) becomes the untuned rule's
+    pipelined or gathering variants, the decode kernels MMV / GEMV) becomes the untuned rule's
     warpgroup-MMA config (forward, M <= 128, on a GPU), ``DQ`` above ``DQ_ROWS`` rows, or a tile."""
-    wg = cfg.get("WGMMA") and (cfg.get("WS") or not (cfg.get("SK") or cfg.get("PIPE") or cfg.get("XG")))
+    wg = cfg.get("WGMMA") and (cfg.get("WS") or not (cfg.get("PIPE") or cfg.get("XG")))
     if cfg.get("DQ") or wg or not (cfg.get("WGMMA") or cfg.get("MMV") or cfg.get("GEMV")):
         return cfg
     if kind == "fwd" and not interpret and M <= WGMMA_ROWS[1]:
@@ -366,7 +366,7 @@ def _resolved(kind: str, x2, packed, scale, gs, n_out: int, extra: tuple, r: int
     key = (kind, M, N, K, x2.dtype, x2.device, interpret, packed.data_ptr() % 16, packed.stride(0) % 16,
            x2.data_ptr() % 16, x2.stride(0), scale.data_ptr() % 4, scale.stride(0) % 4, gs.data_ptr() % 16,
            os.environ.get("QERL_KERNEL_CONFIG"), _MODE[0], n_out, r, tuple(map(_sig, extra)), _sig(lora_a),
-           LORA_LAUNCH, XA_PROGRAMS, XA_CHUNKS, XA_QB, XA_STAGES, XA_PDL_AT, XA_PDL_AT_MMV, XA_PDL_ROWS, EAGER_XS_ROWS, HEURISTIC,
+           LORA_LAUNCH, XA_PROGRAMS, XA_CHUNKS, XA_CHUNKS_SMALL, XA_SMALL_WEIGHTS, XA_QB, XA_STAGES, XA_PDL_AT, XA_PDL_AT_MMV, XA_PDL_ROWS, EAGER_XS_ROWS, HEURISTIC,
            XA_RANK_CHUNKS, tiled)
     hit = _RESOLVED.get(key)
     if hit is None:
@@ -433,6 +433,8 @@ XA_PDL_ROWS = 64  # the PDL primary's row blocks: 16 rows each, one ticket per b
 # pipelined above K = 8192, released after its loads
 XA_PROGRAMS = 64  # at most this many K shares
 XA_CHUNKS = 14  # 128-wide K chunks per K share (xa_shares)
+XA_CHUNKS_SMALL = 4  # the same before a short kernel: weights of at most XA_SMALL_WEIGHTS (xa_shares)
+XA_SMALL_WEIGHTS = 48 << 20
 XA_QB = 16
 XA_STAGES = 0  # 0: auto, see _xa_stages
 XA_PDL_AT = 1  # lora_xa releases the decode launch at its start (1) / after its loads (2)
@@ -447,14 +449,21 @@ def _xa_stages(K: int, mmv: bool = False) -> int:
     return XA_STAGES or (3 if not mmv or K > 8192 else 1)
 
 
-def xa_shares(K: int, mmv: bool = False) -> int:
+def xa_shares(K: int, mmv: bool = False, N: int = 0) -> int:
     """The PDL primary's K shares (programs per rank chunk): ``ceil(K / (128 · XA_CHUNKS))``, at most
-    ``XA_PROGRAMS`` — 2 at K = 3584, 11 at 18944. Measured on the H100 (7B projections at the engine's ranks, M = 8,
-    CUDA graphs; reports/kernels/evidence/lora_xa_shape_7B_*): against one share per chunk (28 / 64), released
+    ``XA_PROGRAMS`` — 2 at K = 3584, 11 at 18944 — and ``XA_CHUNKS_SMALL`` chunks per share before a kernel of at most
+    ``XA_SMALL_WEIGHTS`` weights (``N · K``: 7 at the 7B q/k/v and o).
+
+    Measured on the H100 (7B projections, M = 8, CUDA graphs): against one share per chunk (28 / 64), released
     after its loads, with the final sum of every share's partial, few pipelined shares released at their start
     cut the LoRA call's cost over the bare kernel from 5.0 / 2.5 / 11.1 / 3.8 µs to 2.2 / 2.1 / 2.2 / 3.3 (q/k/v,
-    o, gate/up, down). ``mmv`` (before the register-fragment kernel): one share per chunk, as before."""
-    return max(1, min(XA_PROGRAMS, -(-K // (128 * (1 if mmv else XA_CHUNKS)))))
+    o, gate/up, down; reports/kernels/evidence/lora_xa_shape_7B_*, row-major weights). On tiled weights the short
+    kernels (q/k/v ~10.5 µs, o ~9.5) no longer cover that primary: 4 chunks per share cut q/k/v's cost at rank 128
+    from 5.4 to 3.0 µs and o's at rank 32 from 4.4 to 2.4, while gate/up at rank 128 went from 4.1 to 7.5 and down
+    at rank 32 from 2.0 to 3.4 — the long kernels keep 14 (reports/kernels/evidence/lora_xa_shares_tiled_7B_*).
+    ``mmv`` (before the register-fragment kernel): one share per chunk, as before."""
+    chunks = 1 if mmv else (XA_CHUNKS_SMALL if 0 < N * K <= XA_SMALL_WEIGHTS else XA_CHUNKS)
+    return max(1, min(XA_PROGRAMS, -(-K // (128 * chunks))))
 
 
 def lora_route(kind: str, cfg: dict, M: int, K: int, mode: str = "auto") -> str:
@@ -481,17 +490,18 @@ def lora_route(kind: str, cfg: dict, M: int, K: int, mode: str = "auto") -> str:
     return "fused" if fits else "pdl"
 
 
-def _pdl_primary(x2, lora_a, M: int, K: int, r: int, locks, mmv: bool = False) -> torch.Tensor:
+def _pdl_primary(x2, lora_a, M: int, K: int, r: int, locks, mmv: bool = False, N: int = 0) -> torch.Tensor:
     """Launch :mod:`qerl_kernels.lora_xa` (the PDL primary) and return its ``xa [16 B, R]`` (bf16, B = ceil(M / 16)
     row blocks, rows >= M zero): the launch right before a kernel launched with ``launch_pdl`` that waits
     for it (``griddepcontrol.wait``) before its LoRA epilogue. One ticket per row block (M <= ``XA_PDL_ROWS``) and
     rank chunk (:func:`xa_rank_chunk`) in the tail of ``locks``. ``mmv``: before the register-fragment decode
-    kernel (its own shares, depth and release point: ``XA_PDL_AT_MMV``)."""
+    kernel (its own shares, depth and release point: ``XA_PDL_AT_MMV``). ``N``: the kernel's weight rows
+    (:func:`xa_shares`)."""
     from qerl_kernels.lora_xa import _lora_xa_kernel
 
     blocks = -(-M // 16)
     xa = torch.empty(16 * blocks, r, device=x2.device, dtype=x2.dtype)
-    nxp = xa_shares(K, mmv)
+    nxp = xa_shares(K, mmv, N)
     rb = xa_rank_chunk(r)
     xap = torch.empty(blocks * nxp * 16 * r, device=x2.device, dtype=torch.float32)
     launch.run(_lora_xa_kernel, (nxp * (r // rb if rb else 1), blocks),
@@ -622,7 +632,7 @@ def _launch_wgmma(c: _Call) -> torch.Tensor:
     part = torch.empty(split * c.M * c.N, device=c.x2.device, dtype=torch.float32) if split > 1 and not sk else None
     if c.pdl:  # permute first: the PDL primary (xa [16, R]) must be the launch right before the kernel
         xperm = None if c.cfg.get("XG") or c.cfg.get("XS") else permute_activations(c.x2)
-        xa = _pdl_primary(c.x2, c.lora_a, c.M, c.K, c.r, locks)
+        xa = _pdl_primary(c.x2, c.lora_a, c.M, c.K, c.r, locks, N=c.N)
     if ws:  # the warp-specialised kernel (pre-permuted activations; split-K or stream-K)
         from qerl_kernels.nvfp4_wgmma_ws import nvfp4_ws_matmul
 

@@ -14,7 +14,7 @@ T = 1 without filters, so every rollout step takes this path; checked on an H100
 ``[B, V]`` tensors, int64 for the hash (7B, V = 152,064: ~17 µs per row on an H100, 1.1 ms of a 64-row decode
 step). Here: programs over (row, vocabulary chunk) stream the chunk once — hash, Gumbel noise, running
 argmax and an online log-sum-exp — and leave a partial ``(best value, its index, max, sum of exp)`` per chunk;
-:func:`_combine_kernel` merges a row's chunks (in chunk order, so ties go to the first index as in
+:func:`_sample_combine_kernel` merges a row's chunks (in chunk order, so ties go to the first index as in
 ``torch.argmax``) and reads the chosen token's logit for its log-prob.
 
 Exactness: the hash is 32-bit unsigned arithmetic (the torch definition's int64 values masked to 32 bits are the
@@ -62,7 +62,7 @@ def _log(x, LIBDEVICE: tl.constexpr):
 
 
 @triton.jit
-def _partial_kernel(logits_ptr, stride_b, seed_ptr, step_ptr, stride_step, pv_ptr, pi_ptr, pm_ptr, ps_ptr,
+def _sample_partial_kernel(logits_ptr, stride_b, seed_ptr, step_ptr, stride_step, pv_ptr, pi_ptr, pm_ptr, ps_ptr,
                     V, CHUNK, NC, inv_t, GREEDY: tl.constexpr, BLOCK: tl.constexpr,
                     LIBDEVICE: tl.constexpr):
     """Program (row b, chunk c): entries ``c·CHUNK … min(V, (c+1)·CHUNK) - 1`` -> partial ``[b, c]``:
@@ -110,7 +110,7 @@ def _partial_kernel(logits_ptr, stride_b, seed_ptr, step_ptr, stride_step, pv_pt
 
 
 @triton.jit
-def _combine_kernel(logits_ptr, stride_b, pv_ptr, pi_ptr, pm_ptr, ps_ptr, tok_ptr, lp_ptr, NC, inv_t,
+def _sample_combine_kernel(logits_ptr, stride_b, pv_ptr, pi_ptr, pm_ptr, ps_ptr, tok_ptr, lp_ptr, NC, inv_t,
                     GREEDY: tl.constexpr, NCP: tl.constexpr):
     """Row b: its ``NC`` partials -> the token (first chunk on ties) and ``logits_tok · τ - logsumexp``."""
     b = tl.program_id(0)
@@ -173,9 +173,9 @@ def gumbel_sample(logits: torch.Tensor, seed: torch.Tensor, step: torch.Tensor, 
     lp = torch.empty(B, device=dev, dtype=torch.float32)
     greedy = temperature == 0
     inv_t = 1.0 if greedy else 1.0 / float(temperature)  # an fp32 argument: float32(1 / T), as the definition
-    _partial_kernel[(B, NC)](logits, logits.stride(0), seed, step_t, stride_step, pv, pi, pm, ps, V, chunk, NC, inv_t,
-                             GREEDY=greedy, BLOCK=block,
-                             LIBDEVICE=os.environ.get("TRITON_INTERPRET", "0") != "1", num_warps=4)
-    _combine_kernel[(B,)](logits, logits.stride(0), pv, pi, pm, ps, tok, lp, NC, inv_t, GREEDY=greedy,
-                          NCP=max(2, triton.next_power_of_2(NC)), num_warps=1)
+    _sample_partial_kernel[(B, NC)](logits, logits.stride(0), seed, step_t, stride_step, pv, pi, pm, ps, V, chunk, NC,
+                                    inv_t, GREEDY=greedy, BLOCK=block,
+                                    LIBDEVICE=os.environ.get("TRITON_INTERPRET", "0") != "1", num_warps=4)
+    _sample_combine_kernel[(B,)](logits, logits.stride(0), pv, pi, pm, ps, tok, lp, NC, inv_t, GREEDY=greedy,
+                                 NCP=max(2, triton.next_power_of_2(NC)), num_warps=1)
     return tok, lp

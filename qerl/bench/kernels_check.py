@@ -192,7 +192,9 @@ TILED_FORCED = [dict(WGMMA=1, WS=1, C=2, MT=1, BT=64, NS=4, SPLIT=2),
                 dict(WGMMA=1, WS=1, C=2, MT=1, BT=64, NS=6, SPLIT=2, KS=1, TMA=1),
                 dict(WGMMA=1, WS=1, C=1, MT=1, BT=64, NS=6, SPLIT=1, DB=1, TMA=1),
                 dict(WGMMA=1, WS=1, C=4, MT=1, BT=64, NS=4, SPLIT=1, KS=1),
-                dict(WGMMA=1, WS=1, C=1, MT=2, BT=64, NS=4, SPLIT=3, TMA=1)]
+                dict(WGMMA=1, WS=1, C=1, MT=2, BT=64, NS=4, SPLIT=3, TMA=1),
+                dict(WGMMA=1, WG=1, BT=8, NS=3, SK=2, XG=0, XS=1),  # the plain loop's stream-K
+                dict(WGMMA=1, WG=2, BT=16, NS=3, SK=1, XG=0)]
 
 
 def run_tiled(device: str, shapes, ms, tol: float, forced: bool = False) -> list[dict]:

@@ -159,6 +159,46 @@ def step_split(eng, batch: int, prompt_len: int, gen_len: int) -> dict:
     return {k: round(val, 3) for k, val in out.items()}
 
 
+def step_trace(eng, batch: int, prompt_len: int, gen_len: int) -> tuple[dict, list[dict]]:
+    """One replay of the captured decode step at ``batch`` rows (KV at the average length), kernel by kernel
+    (:mod:`qerl.bench.trace`): ``({part: ms, gaps, step, kernels}, the kernels by name)``."""
+    from qerl.bench import trace
+
+    b = next(bb for key, bb in eng._buckets.items() if key[0] == batch and bb.graph is not None)
+
+    def replay():
+        b.col.zero_()
+        b.pos.fill_(prompt_len + gen_len // 2)
+        b.graph.replay()
+
+    with eng.weights_in_layout(batch):
+        ks = trace.trace_kernels(replay)
+    ks = [k for k in ks if not k["name"].startswith(("Memset", "Memcpy"))] or ks  # (the col / pos fills)
+    return trace.split(ks), trace.by_name(ks, top=12)
+
+
+def write_traces(traces: list[tuple[dict, dict, list[dict]]], out: Path, device: str) -> Path:
+    """``<device>_trace.md``: per traced row, the step split of one replay and its longest kernels."""
+    lines = [f"# Decode step kernel timelines on {device}", "",
+             "One CUDA-graph replay of the engine's decode step (KV at the average length), traced with "
+             "torch.profiler (qerl.bench.trace): each moment of the step goes to the latest-started kernel still "
+             "running, or to gaps when none runs.", ""]
+    for row, sp, top in traces:
+        lines += [f"## {row['model']} {row['base']} batch {row['batch']} (prompt {row['prompt_len']}, "
+                  f"gen {row['gen_len']})", "",
+                  "| " + " | ".join(sp) + " |", "|" + "---|" * len(sp), "| " + " | ".join(str(v) for v in sp.values())
+                  + " |", "", "| kernel | part | calls | total µs | mean µs |", "|---|---|---|---|---|"]
+        lines += [f"| `{k['name'][:90]}` | {k['part']} | {k['calls']} | {k['total_us']} | {k['mean_us']} |"
+                  for k in top]
+        lines.append("")
+    path = out / (device.replace(" ", "_") + "_trace.md")
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".md.tmp")
+    tmp.write_text("\n".join(lines))
+    tmp.replace(path)
+    return path
+
+
 def _release(model) -> None:
     from qerl.rollout.engine import drop_engine
 
@@ -179,7 +219,7 @@ def bench(args) -> list[dict]:
     bw = copy_bandwidth()
     print(json.dumps({"device": device, "copy_GBps": round(bw)}), flush=True)
     tok = CountTokenizer()
-    rows = []
+    rows, traces = [], []
     for m in args.models:
         for base in args.bases:
             if base == "nf4" and not nf4_available():
@@ -214,6 +254,11 @@ def bench(args) -> list[dict]:
                     if engine == "qerl" and fixed and batch in args.split_batches and r["tok_s"] == r["tok_s"]:
                         sp = step_split(cached_engine(model), batch, args.prompt_len, gen)
                         r["note"] += "; step split ms: " + ", ".join(f"{k} {val}" for k, val in sp.items())
+                    if engine == "qerl" and fixed and batch in args.trace_batches and r["tok_s"] == r["tok_s"]:
+                        sp, top = step_trace(cached_engine(model), batch, args.prompt_len, gen)
+                        r["note"] += "; trace ms: " + ", ".join(f"{k} {val}" for k, val in sp.items())
+                        traces.append(({**row, "gen_len": r["gen_len"]}, sp, top))
+                        write_traces(traces, Path(args.output), device)
                     fl = floor_ms(wb, lm, batch, args.prompt_len, r["gen_len"], bw) if fixed else float("nan")
                     row.update(r, floor_ms=fl, frac_of_floor=r["ms_per_step"] / fl)
                     rows.append(row)
@@ -360,6 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "auto (the engine's default: on CUDA, tiled where the decode batch's config reads the layout "
                         "as tuned)")
     p.add_argument("--split-batches", nargs="*", type=int, default=[8], help="batches whose step is split into parts")
+    p.add_argument("--trace-batches", nargs="*", type=int, default=[8],
+                   help="batches whose decode step is traced kernel by kernel (one graph replay; the split with gaps "
+                        "goes to the note, the longest kernels to <device>_trace.md)")
     p.add_argument("--plot", metavar="CSV", help="only redraw the figure of a written CSV (no GPU)")
     p.add_argument("--merge", nargs="+", metavar="CSV", type=Path,
                    help="only merge runs of one device into --output's file set (later files win; no GPU)")

@@ -40,13 +40,13 @@ def test_tile_refuses_shapes_without_whole_tiles(N, K):
 
 
 def test_wgmma_wrapper_refuses_tiled_weights_outside_the_plain_loop():
-    """``TILED`` runs the plain split-K loop only, on whole 64-row tiles: the wrapper refuses the pipelined loop,
-    stream-K and a partial tile before anything is launched (CPU tensors here)."""
+    """``TILED`` runs the plain loop only (split-K or stream-K), on whole 64-row tiles: the wrapper refuses the
+    pipelined loop and a partial tile before anything is launched (CPU tensors here)."""
     from qerl_kernels.nvfp4_wgmma import nvfp4_wgmma_matmul
 
     x, gs = torch.zeros(8, 128, dtype=torch.bfloat16), torch.ones(1)
     p, s = torch.zeros(64, 64, dtype=torch.uint8), torch.zeros(64, 8, dtype=torch.uint8)
-    for kw in (dict(PIPE=1, NSW=4), dict(SK=1)):
+    for kw in (dict(PIPE=1, NSW=4), dict(PIPE=1, NSW=4, SK=1)):
         with pytest.raises(ValueError, match="TILED weights"):
             nvfp4_wgmma_matmul(x, p, s, gs, TILED=1, **kw)
     with pytest.raises(ValueError, match="N=96"):
@@ -67,6 +67,17 @@ def test_tiled_loop_compiles_for_sm90(WG, MT, BT, NS, split, XS, R):
     ptx = k.asm["ptx"]
     assert len(re.findall(r"wgmma\.mma_async", ptx)) == 8 * MT + R // 16
     assert "cp.async" in ptx and stack_of(k) == 0 and ".local" not in ptx
+
+
+def test_tiled_stream_k_compiles_for_sm90():
+    """Stream-K on tiled weights: each (tile, K step) range reads the tile-contiguous offsets (the code differs from
+    the row-major stream-K's), 8 wgmma per step, no spills."""
+    from qerl_kernels.inspect_ir import compile_wgmma, stack_of
+
+    tiled, rows = (compile_wgmma(1, 8, 3, XG=False, XS=True, SK=True, TILED=t) for t in (True, False))
+    body = [k.asm["ptx"].split(".section")[0] for k in (tiled, rows)]
+    assert len(re.findall(r"wgmma\.mma_async", body[0])) == 8 and stack_of(tiled) == 0 and ".local" not in body[0]
+    assert body[0] != body[1]
 
 
 def test_dequant_and_dq_path_read_tiled_weights_under_interpreter():
@@ -159,20 +170,20 @@ print(json.dumps({"res": res, "paths": sorted(paths)}))
 
 
 def test_tiled_config_keeps_only_paths_that_read_the_layout():
-    """On tiled weights, the plain warpgroup-MMA kernel's stream-K, pipelined and gathering configs and the decode
-    kernels (MMV, GEMV) become the untuned rule's plain warpgroup-MMA config (forward, M <= 128, GPU), DQ above that
-    or a tile; the plain loop, the warp-specialised kernel (any producer or schedule), DQ and tiles stay as they
-    are."""
+    """On tiled weights, the plain warpgroup-MMA kernel's pipelined and gathering configs and the decode kernels (MMV,
+    GEMV) become the untuned rule's plain warpgroup-MMA config (forward, M <= 128, GPU), DQ above that or a tile; the
+    plain loop (split-K or stream-K), the warp-specialised kernel (any producer or schedule), DQ and tiles stay as
+    they are."""
     from qerl_kernels import ops
 
     N, K, sms = 4608, 3584, 132
     plain = dict(WGMMA=1, WG=1, BT=8, NS=2, SPLIT=6, XG=0, XS=1)
     ws = dict(WGMMA=1, WS=1, C=2, BT=64, NS=4, TMA=1)
-    for cfg in (plain, ws, {**ws, "SK": 1}, {**ws, "KS": 1, "DB": 1}, dict(DQ=1, CHUNK=0),
+    for cfg in (plain, {**plain, "SK": 2}, ws, {**ws, "SK": 1}, {**ws, "KS": 1, "DB": 1}, dict(DQ=1, CHUNK=0),
                 dict(BM=16, BN=64, BK=64, SWAP=0, SPLIT=2, num_warps=4, num_stages=3)):
         for M in (8, 256):
             assert ops.tiled_config("fwd", cfg, M, N, K, sms) == cfg
-    for cfg in ({**plain, "SK": 2}, {**plain, "PIPE": 1, "NSW": 6}, {**plain, "XG": 1},
+    for cfg in ({**plain, "PIPE": 1, "NSW": 6}, {**plain, "XG": 1},
                 dict(MMV=1, BM=8, BN=64, BK=128, SPLIT=4), dict(GEMV=1, BM=1, BN=32, BK=64, SPLIT=1)):
         got = ops.tiled_config("fwd", cfg, 8, N, K, sms)
         assert got == ops.wgmma_heuristic(8, N, K, sms) and not (got.get("WS") or got.get("SK") or got.get("PIPE"))

@@ -287,7 +287,8 @@ def test_lora_route_picks_the_measured_launch():
 
 def test_pdl_primary_shares_and_pipeline(monkeypatch):
     """Before the warpgroup-MMA kernel the PDL primary runs few K shares of ~``XA_CHUNKS`` 128-wide chunks each (2 at
-    the 7B hidden size, 11 at its intermediate size, one for short K, at most ``XA_PROGRAMS``), its chunk loop 3 deep;
+    the 7B hidden size, 11 at its intermediate size, one for short K, at most ``XA_PROGRAMS``; 4 chunks each before
+    a short kernel), its chunk loop 3 deep;
     before the register-fragment kernel its earlier shape; ``ops.XA_STAGES`` forces a depth; ranks above 32 go in
     chunks of 32 while there are ticket slots for them."""
     from qerl_kernels import ops
@@ -295,6 +296,9 @@ def test_pdl_primary_shares_and_pipeline(monkeypatch):
     monkeypatch.setattr(ops, "XA_STAGES", 0)
     assert ops._xa_stages(3584) == 3 and ops._xa_stages(18944) == 3
     assert [ops.xa_shares(k) for k in (128, 1792, 3584, 5120, 18944, 27648)] == [1, 1, 2, 3, 11, 16]
+    # before a short kernel (at most 48 Mi weights: the 7B q/k/v and o): 4 chunks per share
+    assert [ops.xa_shares(3584, N=n) for n in (4608, 3584, 37888)] == [7, 7, 2]
+    assert ops.xa_shares(18944, N=3584) == 11 and ops.xa_shares(5120, N=7168) == 10
     # before the register-fragment decode kernel (not measured again): one share per chunk, 3 deep above K = 8192
     assert ops.xa_shares(3584, mmv=True) == 28 and ops.xa_shares(18944, mmv=True) == 64
     assert ops._xa_stages(3584, mmv=True) == 1 and ops._xa_stages(18944, mmv=True) == 3
@@ -519,11 +523,12 @@ for M, K, R, XP, ST, RB in ((40, 384, 32, 2, 1, 0), (64, 200, 16, 3, 1, 0), (7, 
     res.append([M, err, bool((xa[M:] == 0).all()), int(lock.abs().sum())])
 from qerl_kernels import ops  # as ops launches it (KB 128, its QB and K shares, the depth of _xa_stages)
 ops.XA_PDL_AT = 0  # griddepcontrol has no interpreter twin
-for M, K, R in ((40, 384, 32), (5, 9000, 32), (64, 256, 32), (8, 512, 128), (17, 384, 64)):
+for M, K, R, N in ((40, 384, 32, 0), (5, 9000, 32, 0), (64, 256, 32, 0), (8, 512, 128, 0), (17, 384, 64, 0),
+                   (8, 1024, 32, 64)):  # (N: before a short kernel, 4 chunks per share: 2 shares)
     x = torch.randn(M, K, generator=g)
     la = torch.randn(R, K, generator=g) * 0.1
     locks = torch.zeros(ops._LOCK_SLOTS, dtype=torch.int32)
-    xa = ops._pdl_primary(x, la, M, K, R, locks)
+    xa = ops._pdl_primary(x, la, M, K, R, locks, N=N)
     want = x @ la.T
     tail_ok = bool((xa[M:] == 0).all()) and xa.shape[0] == 16 * -(-M // 16)
     res.append([M, float((xa[:M] - want).norm() / want.norm()), tail_ok, int(locks.abs().sum())])

@@ -149,9 +149,9 @@ def test_the_h100_table_has_the_small_models_decode_sizes(model):
 
 
 def test_tiled_search_keeps_the_candidates_that_read_the_layout():
-    """``--tiled``: only candidates that run as they are on tiled weights — the plain warpgroup-MMA loop and the
-    warp-specialised kernel stay, its pipelined loop, the plain stream-K schedule and the decode kernels go (their
-    tiled calls would run another config); nothing for shapes without whole tiles."""
+    """``--tiled``: only candidates that run as they are on tiled weights — the plain warpgroup-MMA loop (split-K or
+    stream-K) and the warp-specialised kernel stay, the pipelined loop and the decode kernels go (their tiled calls
+    would run another config); nothing for shapes without whole tiles."""
     from qerl_kernels import ops
 
     allc = tune.candidates("fwd", 8, 37888, 3584, 132, "all", None)
@@ -161,6 +161,8 @@ def test_tiled_search_keeps_the_candidates_that_read_the_layout():
     assert all(ops.tiled_config("fwd", c, 8, 37888, 3584, 132) == c for c in kept)
     assert any(c.get("MMV") for c in allc) and not any(c.get("MMV") for c in kept)
     sk = tune.candidates("fwd", 8, 37888, 3584, 132, "decode-sk", None)
-    ws = tune.tiled_candidates("fwd", 8, 37888, 3584, 132, sk)
-    assert ws and all(c.get("WS") for c in ws) and len(ws) < len(sk)
+    assert tune.tiled_candidates("fwd", 8, 37888, 3584, 132, sk) == sk  # stream-K (plain, staged) and WS
+    assert any(c.get("SK") and not c.get("WS") for c in sk) and any(c.get("WS") for c in sk)
+    piped = [c for c in allc if c.get("PIPE")]
+    assert piped and not tune.tiled_candidates("fwd", 8, 37888, 3584, 132, piped)
     assert tune.tiled_candidates("fwd", 8, 37888 + 32, 3584, 132, allc) == []

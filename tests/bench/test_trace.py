@@ -1,0 +1,67 @@
+"""The decode-step timeline split (qerl.bench.trace): parts by kernel name, overlaps and gaps, on hand-made traces."""
+import pytest
+
+from qerl.bench import trace
+
+
+@pytest.mark.parametrize("name,part", [
+    ("_nvfp4_wgmma_kernel", "projections"), ("_nvfp4_ws_tma_kernel", "projections"), ("_lora_xa_kernel", "projections"),
+    ("_permute_kernel", "projections"), ("_attn_partial_kernel", "attention"), ("_attn_combine_kernel", "attention"),
+    ("_rope_cache_kernel", "attention"), ("_sample_partial_kernel", "sampling"), ("_sample_combine_kernel", "sampling"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32", "head"), ("nvjet_tst_128x8_64x12_2x1_v_bz_TNT", "head"),
+    ("_sample_kernel", "sampling"), ("triton_red_fused_add_mean_mul_pow_rsqrt_0", "other"),
+    ("void at::native::vectorized_elementwise_kernel<4, ...>", "other")])
+def test_part_of_names(name, part):
+    assert trace.part_of(name) == part
+
+
+def _k(name, start, dur):
+    return {"name": name, "start_us": start, "dur_us": dur}
+
+
+def test_split_adds_up_with_gaps_and_overlaps():
+    """norm 0-2, gap 2-5, lora_xa 5-7 overlapped by the projection 6-16 (PDL), gap 16-17, attention 17-20 and,
+    inside it, a short copy 18-19: the copy owns 18-19 (latest start), attention the rest."""
+    ks = [_k("triton_poi_fused_rms", 0, 2), _k("_lora_xa_kernel", 5, 2), _k("_nvfp4_wgmma_kernel", 6, 10),
+          _k("_decode_attention_kernel", 17, 3), _k("copy_kernel", 18, 1)]
+    got = trace.split(list(reversed(ks)))  # any order
+    assert got["kernels"] == 5 and got["step"] == pytest.approx(0.020)
+    assert got["gaps"] == pytest.approx(0.004)  # 2-5 and 16-17
+    assert got["projections"] == pytest.approx(0.011)  # 5-16
+    assert got["attention"] == pytest.approx(0.002)  # 17-18 and 19-20
+    assert got["other"] == pytest.approx(0.003)  # 0-2 and 18-19
+    parts = sum(got[p] for p in ("projections", "attention", "sampling", "head", "other", "gaps"))
+    assert parts == pytest.approx(got["step"])
+
+
+def test_split_of_nothing():
+    assert trace.split([]) == {"projections": 0.0, "attention": 0.0, "sampling": 0.0, "head": 0.0, "other": 0.0,
+                               "gaps": 0.0, "step": 0.0, "kernels": 0}
+
+
+def test_by_name_and_chrome_trace():
+    doc = {"traceEvents": [
+        {"ph": "X", "cat": "kernel", "name": "_nvfp4_wgmma_kernel", "ts": 10.0, "dur": 4.0},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1.0, "dur": 50.0},  # not a kernel
+        {"ph": "X", "cat": "kernel", "name": "_nvfp4_wgmma_kernel", "ts": 20.0, "dur": 6.0},
+        {"ph": "X", "cat": "kernel", "name": "_sample_kernel", "ts": 30.0, "dur": 1.0}]}
+    ks = trace.kernels_of_chrome_trace(doc)
+    assert [k["start_us"] for k in ks] == [10.0, 20.0, 30.0]
+    rows = trace.by_name(ks)
+    assert rows[0] == {"name": "_nvfp4_wgmma_kernel", "part": "projections", "calls": 2, "total_us": 10.0,
+                       "mean_us": 5.0}
+    assert rows[1]["part"] == "sampling" and len(trace.by_name(ks, top=1)) == 1
+
+
+def test_rollout_trace_report(tmp_path):
+    """``qerl bench rollout --trace-batches``' report: one section per traced row, its split and longest kernels."""
+    from qerl.bench.rollout import build_parser, write_traces
+
+    ks = [_k("_nvfp4_wgmma_kernel", 0, 8), _k("_sample_kernel", 9, 1)]
+    row = {"model": "7B", "base": "nvfp4", "batch": 8, "prompt_len": 256, "gen_len": 1024}
+    path = write_traces([(row, trace.split(ks), trace.by_name(ks))], tmp_path, "NVIDIA H100 80GB HBM3")
+    text = path.read_text()
+    assert path.name == "NVIDIA_H100_80GB_HBM3_trace.md" and "## 7B nvfp4 batch 8 (prompt 256, gen 1024)" in text
+    assert "| 0.008 | 0.0 | 0.001 | 0.0 | 0.0 | 0.001 | 0.01 | 2 |" in text
+    assert "| `_nvfp4_wgmma_kernel` | projections | 1 | 8.0 | 8.0 |" in text
+    assert build_parser().parse_args(["--trace-batches", "1", "8"]).trace_batches == [1, 8]
