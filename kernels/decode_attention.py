@@ -127,8 +127,9 @@ def splits_for(batch: int, kv_heads: int, max_len: int, sms: int = 132, block: i
 
 
 def decode_attention(q, k_cache, v_cache, slot, lengths, scale: float, splits: int | None = None,
-                     block: int = 64) -> torch.Tensor:
-    """Flash-decoding attention (see module docstring). ``splits`` defaults to :func:`splits_for`."""
+                     block: int = 64, num_warps: int = 4, num_stages: int | None = None) -> torch.Tensor:
+    """Flash-decoding attention (see module docstring). ``splits`` defaults to :func:`splits_for`; ``num_warps`` /
+    ``num_stages``: the partial kernel's (Triton's default pipeline depth when None)."""
     B, Hq, D = q.shape
     S, T, Hkv, Dk = k_cache.shape
     if Dk != D or Hq % Hkv or v_cache.shape != k_cache.shape or D & (D - 1) or D < 16:
@@ -153,7 +154,8 @@ def decode_attention(q, k_cache, v_cache, slot, lengths, scale: float, splits: i
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), Hq, splits,
         G=G, GP=max(16, triton.next_power_of_2(G)), D=D, BN=block, FP32_DOT=interp,
-        IEEE=q.dtype == torch.float32 or interp, num_warps=4)
+        IEEE=q.dtype == torch.float32 or interp, num_warps=num_warps,
+        **({"num_stages": num_stages} if num_stages else {}))
     _attn_combine_kernel[(B, Hq)](m, l, acc, out, splits, out.stride(0), out.stride(1), Hq,
                                   SP=max(2, triton.next_power_of_2(splits)), D=D, num_warps=1)
     return out

@@ -42,8 +42,8 @@ M = 8 on the H100 10.5 vs 11.9 µs, NVIDIA_H100_80GB_HBM3_tune_wgmma_xs.csv [ea8
 
 ``TILED`` (plain loop, split-K or stream-K): the weights and scales in the tile-contiguous layout of :mod:`qerl_kernels.layout`,
 so that a program's step is one contiguous 4 KB block (row-major: 64 pieces of 64 bytes); bit-equal results, 7B
-gate/up at M = 8 44.0 -> 37.0 µs and 32B gate/up 102.8 -> 73.1 on the H100 (not routed yet: every kernel that reads
-the weights must take the layout first).
+gate/up at M = 8 44.0 -> 37.0 µs and 32B gate/up 102.8 -> 73.1 on the H100 (routed through ``ops.nvfp4_matmul(...,
+tiled=True)``; the rollout engine's default on CUDA).
 
 Requires K % 128 == 0 and 16-byte aligned rows (checked by :func:`qerl_kernels.ops`); CUDA only (Gluon
 does not run in the CPU interpreter): ``tests/kernels/test_wgmma_layout.py`` replays the permutation and

@@ -452,7 +452,7 @@ def _xa_stages(K: int, mmv: bool = False) -> int:
 def xa_shares(K: int, mmv: bool = False, N: int = 0) -> int:
     """The PDL primary's K shares (programs per rank chunk): ``ceil(K / (128 · XA_CHUNKS))``, at most
     ``XA_PROGRAMS`` — 2 at K = 3584, 11 at 18944 — and ``XA_CHUNKS_SMALL`` chunks per share before a kernel of at most
-    ``XA_SMALL_WEIGHTS`` weights (``N · K``: 7 at the 7B q/k/v and o).
+    ``XA_SMALL_WEIGHTS`` weights (``N · K``: 7 at the 7B q/k/v and o; the launcher passes ``N`` at M <= 16 only).
 
     Measured on the H100 (7B projections, M = 8, CUDA graphs): against one share per chunk (28 / 64), released
     after its loads, with the final sum of every share's partial, few pipelined shares released at their start
@@ -460,7 +460,9 @@ def xa_shares(K: int, mmv: bool = False, N: int = 0) -> int:
     o, gate/up, down; reports/kernels/evidence/lora_xa_shape_7B_*, row-major weights). On tiled weights the short
     kernels (q/k/v ~10.5 µs, o ~9.5) no longer cover that primary: 4 chunks per share cut q/k/v's cost at rank 128
     from 5.4 to 3.0 µs and o's at rank 32 from 4.4 to 2.4, while gate/up at rank 128 went from 4.1 to 7.5 and down
-    at rank 32 from 2.0 to 3.4 — the long kernels keep 14 (reports/kernels/evidence/lora_xa_shares_tiled_7B_*).
+    at rank 32 from 2.0 to 3.4 — the long kernels keep 14 (reports/kernels/evidence/lora_xa_shares_tiled_7B_*). The
+    7B rollout at batch 8 went from 2,182 to 2,244 tok/s with this rule and the M = 8 search (one machine); at batch 64
+    the rule alone made 9,774 against 9,868 without it, so it stops at M = 16.
     ``mmv`` (before the register-fragment kernel): one share per chunk, as before."""
     chunks = 1 if mmv else (XA_CHUNKS_SMALL if 0 < N * K <= XA_SMALL_WEIGHTS else XA_CHUNKS)
     return max(1, min(XA_PROGRAMS, -(-K // (128 * chunks))))
@@ -632,7 +634,7 @@ def _launch_wgmma(c: _Call) -> torch.Tensor:
     part = torch.empty(split * c.M * c.N, device=c.x2.device, dtype=torch.float32) if split > 1 and not sk else None
     if c.pdl:  # permute first: the PDL primary (xa [16, R]) must be the launch right before the kernel
         xperm = None if c.cfg.get("XG") or c.cfg.get("XS") else permute_activations(c.x2)
-        xa = _pdl_primary(c.x2, c.lora_a, c.M, c.K, c.r, locks, N=c.N)
+        xa = _pdl_primary(c.x2, c.lora_a, c.M, c.K, c.r, locks, N=c.N if c.M <= 16 else 0)  # (xa_shares)
     if ws:  # the warp-specialised kernel (pre-permuted activations; split-K or stream-K)
         from qerl_kernels.nvfp4_wgmma_ws import nvfp4_ws_matmul
 

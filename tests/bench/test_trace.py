@@ -59,9 +59,11 @@ def test_rollout_trace_report(tmp_path):
 
     ks = [_k("_nvfp4_wgmma_kernel", 0, 8), _k("_sample_kernel", 9, 1)]
     row = {"model": "7B", "base": "nvfp4", "batch": 8, "prompt_len": 256, "gen_len": 1024}
-    path = write_traces([(row, trace.split(ks), trace.by_name(ks))], tmp_path, "NVIDIA H100 80GB HBM3")
+    sp = {**trace.split(ks), "replay": 0.0095}
+    path = write_traces([(row, sp, trace.by_name(ks))], tmp_path, "NVIDIA H100 80GB HBM3")
     text = path.read_text()
     assert path.name == "NVIDIA_H100_80GB_HBM3_trace.md" and "## 7B nvfp4 batch 8 (prompt 256, gen 1024)" in text
-    assert "| 0.008 | 0.0 | 0.001 | 0.0 | 0.0 | 0.001 | 0.01 | 2 |" in text
+    assert "| projections | attention | sampling | head | other | gaps | step | kernels | replay |" in text
+    assert "| 0.008 | 0.0 | 0.001 | 0.0 | 0.0 | 0.001 | 0.01 | 2 | 0.0095 |" in text
     assert "| `_nvfp4_wgmma_kernel` | projections | 1 | 8.0 | 8.0 |" in text
     assert build_parser().parse_args(["--trace-batches", "1", "8"]).trace_batches == [1, 8]
