@@ -161,20 +161,19 @@ def step_split(eng, batch: int, prompt_len: int, gen_len: int) -> dict:
 
 def step_trace(eng, batch: int, prompt_len: int, gen_len: int) -> tuple[dict, list[dict]]:
     """One replay of the captured decode step at ``batch`` rows (KV at the average length), kernel by kernel
-    (:mod:`qerl.bench.trace`): ``({part: ms, gaps, step, kernels}, the kernels by name)``."""
+    (:mod:`qerl.bench.trace`): ``({part: ms, gaps, step, kernels, replay}, the kernels by name)`` — ``replay``: the
+    same replay's milliseconds without the profiler (median of 10)."""
     from qerl.bench import trace
 
     b = next(bb for key, bb in eng._buckets.items() if key[0] == batch and bb.graph is not None)
 
-    def replay():
+    def reset():  # each replay writes the same generation columns of the dummy slot (as _replays)
         b.col.zero_()
         b.pos.fill_(prompt_len + gen_len // 2)
-        b.graph.replay()
 
     with eng.weights_in_layout(batch):
-        ks = trace.trace_kernels(replay)
+        ks = trace.trace_kernels(b.graph.replay, setup=reset)
         plain = _replays(b, prompt_len + gen_len // 2)
-    ks = [k for k in ks if not k["name"].startswith(("Memset", "Memcpy"))] or ks  # (the col / pos fills)
     sp = trace.split(ks)
     sp["replay"] = round(sorted(plain)[len(plain) // 2], 4)  # the same replay without the profiler (median)
     return sp, trace.by_name(ks, top=12)

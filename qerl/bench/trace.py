@@ -90,13 +90,17 @@ def kernels_of_chrome_trace(trace: dict) -> list[dict]:
     return sorted(out, key=lambda k: k["start_us"])
 
 
-def trace_kernels(fn, warmup: int = 2) -> list[dict]:
-    """The kernels one call of ``fn`` runs on the GPU, in start order (``fn`` is called ``warmup`` times first)."""
+def trace_kernels(fn, warmup: int = 2, setup=None) -> list[dict]:
+    """The kernels one call of ``fn`` runs on the GPU, in start order (``fn`` is called ``warmup`` times first;
+    ``setup``, if given, before each call of ``fn`` and outside the trace)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    for _ in range(warmup):
-        fn()
+    for i in range(warmup + 1):  # (the last setup is the traced call's)
+        if setup is not None:
+            setup()
+        if i < warmup:
+            fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()

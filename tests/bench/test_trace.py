@@ -67,3 +67,15 @@ def test_rollout_trace_report(tmp_path):
     assert "| 0.008 | 0.0 | 0.001 | 0.0 | 0.0 | 0.001 | 0.01 | 2 | 0.0095 |" in text
     assert "| `_nvfp4_wgmma_kernel` | projections | 1 | 8.0 | 8.0 |" in text
     assert build_parser().parse_args(["--trace-batches", "1", "8"]).trace_batches == [1, 8]
+
+
+@pytest.mark.filterwarnings("ignore:CUDA is not available")
+def test_trace_kernels_calls_setup_outside_the_trace(monkeypatch):
+    """``setup`` runs before every call of ``fn`` (warm-ups and the traced one) and ``fn`` once more under the
+    profiler; on the CPU the trace holds no GPU kernels."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    calls = []
+    got = trace.trace_kernels(lambda: calls.append("fn"), warmup=2, setup=lambda: calls.append("setup"))
+    assert calls == ["setup", "fn", "setup", "fn", "setup", "fn"] and got == []
