@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,9 +38,19 @@ def config(tmp_path: Path, model: Path, name: str, **over) -> Path:
 def qerl(*args, env=None, popen=False):
     cmd = [sys.executable, "-m", "qerl", *map(str, args)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    if popen:
-        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if popen:  # stdout (a line per step) dropped and stderr to a file: a pipe nobody reads would fill and block the run
+        err = tempfile.TemporaryFile("w+")
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        proc._qerl_stderr = err
+        return proc
     return subprocess.run(cmd, env=env, capture_output=True, text=True)
+
+
+def stderr_of(proc) -> str:
+    """What a :func:`qerl` ``popen=True`` process wrote to stderr so far."""
+    f = proc._qerl_stderr
+    f.seek(0)
+    return f.read()
 
 
 def rows(out: Path) -> list[dict]:
@@ -93,14 +104,14 @@ def test_second_writer_refused_at_once_and_ctrl_c_says_what_is_intact(warm_model
         if step_of(out / "checkpoint") and lock.exists() or first.poll() is not None:
             break
         time.sleep(0.02)
-    assert first.poll() is None, first.stderr.read()[-2000:]
+    assert first.poll() is None, stderr_of(first)[-2000:]
     for extra in ([], ["--auto-resume"], ["--resume"], ["--overwrite"]):
         second = qerl("train", "--config", cfg, "--no-progress", *extra)
         assert second.returncode == 2 and f"{out} is in use by PID {first.pid}" in second.stderr, second.stderr
         assert "Traceback" not in second.stderr
     first.send_signal(signal.SIGINT)
     assert first.wait(timeout=120) == 130
-    err = first.stderr.read()
+    err = stderr_of(first)
     assert "Traceback" not in err and "interrupted at step" in err, err
     saved = step_of(out / "checkpoint")
     assert f"the checkpoint of step {saved} ({out / 'checkpoint'}) is intact" in err
