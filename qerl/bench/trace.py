@@ -6,7 +6,8 @@
 
 - ``projections``: the NVFP4 projection kernels and their LoRA / activation-permute launches;
 - ``attention``: the decode attention (and its rotary + cache-write kernel);
-- ``head``: the lm_head GEMM (cuBLAS / CUTLASS; the only dense GEMM of an NVFP4 step);
+- ``head``: the lm_head GEMM (cuBLAS / CUTLASS; the only dense GEMM of an NVFP4 step — on a bf16 base every
+  projection's cuBLAS GEMM lands here too);
 - ``sampling``: the sampling kernels;
 - ``other``: norms, residual adds, activations, copies;
 - ``gaps``: the idle time between one kernel's end and the next one's start (launch latency inside the graph;
