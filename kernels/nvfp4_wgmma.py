@@ -210,14 +210,21 @@ def _a_operand(q, sb, AOP: gl.constexpr, LW: gl.constexpr, RW: gl.constexpr, XG:
 
 
 @gluon.jit
+def _issue_s(t, slot, ssm, ws_ptr, srow, scol, stride_sn, TILED: gl.constexpr = False):
+    """cp.async of step t's scales [RW, 8 B] (int32 words ``ws_ptr``) into W-ring slot ``slot`` (``TILED``: each 64-row
+    tile's steps stored one after another, 512 B each)."""
+    TS: gl.constexpr = 128 if TILED else 2
+    async_copy.async_copy_global_to_shared(ssm.index(slot), ws_ptr + srow * (stride_sn // 4) + t * TS + scol)
+
+
+@gluon.jit
 def _issue_w(t, slot, wsm, ssm, wp_ptr, ws_ptr, wrow, wcol, srow, scol, stride_wn, stride_sn,
              TILED: gl.constexpr = False):
     """cp.async of step t's packed weights [RW, 64 B] and scales [RW, 8 B] into W-ring slot ``slot`` (``TILED``: each
     64-row tile's steps stored one after another, 4 KB of weights and 512 B of scales each)."""
     TW: gl.constexpr = 4096 if TILED else 64
-    TS: gl.constexpr = 128 if TILED else 2
     async_copy.async_copy_global_to_shared(wsm.index(slot), wp_ptr + wrow * stride_wn + t * TW + wcol)
-    async_copy.async_copy_global_to_shared(ssm.index(slot), ws_ptr + srow * (stride_sn // 4) + t * TS + scol)
+    _issue_s(t, slot, ssm, ws_ptr, srow, scol, stride_sn, TILED)
 
 
 @gluon.jit

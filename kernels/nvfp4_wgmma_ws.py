@@ -67,8 +67,8 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
     warpgroup_mma_wait
 
 from qerl_kernels import launch
-from qerl_kernels.nvfp4_wgmma import _a_operand, _gdc_wait, _issue_w, _issue_x, _output, _rows, _scales_layout, \
-    _sms, _split_sum, _words_layout
+from qerl_kernels.nvfp4_wgmma import _a_operand, _gdc_wait, _issue_s, _issue_w, _issue_x, _output, _rows, \
+    _scales_layout, _sms, _split_sum, _words_layout
 
 REGS_PER_SM = 65536
 SMEM_PER_PROGRAM = 232448  # sm_90: the most shared memory one program (CTA) may take, 227 KB
@@ -257,7 +257,6 @@ def _fill_tma(it, t0, t1, n0, m0, w_desc, x_desc, ws32, wsm, ssm, xsm, full, emp
     ``[N/64 · K/128 · 64, 64 B]``): one contiguous 4 KB copy per 64-row tile, a tile past N zero-filled."""
     PW: gl.constexpr = gl.num_warps()
     CS: gl.constexpr = gl.BlockedLayout([1, 1], [16, 2], [PW, 1], [1, 0])  # [RW, 2] int32: the 8 scale bytes
-    TS: gl.constexpr = 128 if TILED else 2  # int32 words of scales between K steps
     srow, ssn = _rows(n0, N, stride_sn, RW, CS, 2, 4, TILED)
     scol = gl.arange(0, 2, layout=gl.SliceLayout(0, CS))[None, :]
     k_steps = K // 128
@@ -272,7 +271,7 @@ def _fill_tma(it, t0, t1, n0, m0, w_desc, x_desc, ws32, wsm, ssm, xsm, full, emp
         else:
             tma.async_copy_global_to_shared(w_desc, [n0, t * 64], full.index(s), wsm.index(s))
         tma.async_copy_global_to_shared(x_desc, [m0, t * 128], full.index(s), xsm.index(s))
-        async_copy.async_copy_global_to_shared(ssm.index(s), ws32 + srow * (ssn // 4) + t * TS + scol)
+        _issue_s(t, s, ssm, ws32, srow, scol, ssn, TILED)
         async_copy.mbarrier_arrive(full.index(s), increment_count=False)
         it += 1
     return it

@@ -136,7 +136,8 @@ def _wgmma_paths(M: int, N: int, K: int, sms: int) -> list[dict]:
             if cfg not in out:
                 out.append(cfg)
             # XS: activations staged in the kernel instead of the pre-pass launch (plain loop; wins at M <= 16, there
-            # at every split: 7B down M = 8 on tiled weights, 14 splits 21.3 vs 23.2 us at 7, H100 2026-11-27)
+            # at every split: 7B down M = 8 on tiled weights with its adapter, staged at 14 splits 23.6 us against 26.3
+            # at 7 and 25.2 pre-permuted at 14 — tune_tiled_m8_xs_splits_NVIDIA_H100_80GB_HBM3.csv, 2026-11-27)
             if M <= 64 and mt == 1 and not loop.get("PIPE") and loop["NS"] <= 3 and (split == s0 or M <= 16):
                 out.append({**cfg, "XS": 1})
     return out

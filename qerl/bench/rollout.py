@@ -119,6 +119,11 @@ def _replays(b, pos: int, n: int = 10) -> list[float]:
     return full
 
 
+def _captured(eng, batch: int):
+    """The engine's bucket of ``batch`` rows whose decode step is captured (after a rollout at that batch)."""
+    return next(bb for key, bb in eng._buckets.items() if key[0] == batch and bb.graph is not None)
+
+
 def step_split(eng, batch: int, prompt_len: int, gen_len: int) -> dict:
     """Milliseconds of one decode step's parts at ``batch`` rows, each timed as its own CUDA graph: all
     projections (base + LoRA), all attention calls (KV at the average length), lm_head + sampling; ``other``
@@ -144,7 +149,7 @@ def step_split(eng, batch: int, prompt_len: int, gen_len: int) -> dict:
     attn = [lambda i=i: eng.attention(q, eng.kc[i], eng.vc[i], slot, lengths, v.head_dim ** -0.5)
             for i in range(len(v.layers))]
     head = [lambda: eng.sample(fw._head(v, fw.norm(v.final_norm, x, False)), s, seed, step)]
-    b = next(bb for key, bb in eng._buckets.items() if key[0] == batch and bb.graph is not None)
+    b = _captured(eng, batch)
     b.pos.fill_(prompt_len + gen_len // 2)
     b.slot.copy_(slot)
     from qerl.rollout.engine.runner import _launch_mode
@@ -165,7 +170,7 @@ def step_trace(eng, batch: int, prompt_len: int, gen_len: int) -> tuple[dict, li
     same replay's milliseconds without the profiler (median of 10)."""
     from qerl.bench import trace
 
-    b = next(bb for key, bb in eng._buckets.items() if key[0] == batch and bb.graph is not None)
+    b = _captured(eng, batch)
 
     def reset():  # each replay writes the same generation columns of the dummy slot (as _replays)
         b.col.zero_()
