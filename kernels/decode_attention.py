@@ -16,7 +16,8 @@ cores through ``tl.dot`` with the G query heads of a KV head padded to 16 rows).
 (max, sum, weighted V) that :func:`_attn_combine_kernel` merges — the flash-decoding scheme, so a batch of a few rows
 still fills the GPU. Programs whose range starts past ``len_b`` exit at once: a step costs what the
 sequences' *current* lengths read, not the cache's capacity. ``lengths`` and ``slot`` are device tensors
-read by the kernel, so one CUDA graph serves every step.
+read by the kernel, so one CUDA graph serves every step. Inside :func:`qerl_kernels.launch.chain` both launches are
+programmatic dependents (each releases the next launch at its start and waits for the previous grid first).
 """
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from qerl_kernels import launch
 
 
 def reference(q, k_cache, v_cache, slot, lengths, scale: float):
@@ -49,7 +53,10 @@ def _attn_partial_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, len_ptr, m_ptr, l_ptr, a
                     sq_b, sq_h, sk_s, sk_t, sk_h, sv_s, sv_t, sv_h,
                     Hq, SPLITS,
                     G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, FP32_DOT: tl.constexpr,
-                    IEEE: tl.constexpr):
+                    IEEE: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # a programmatic dependent in the decode step's launch chain: release the next, wait for the previous
+        gdc_launch_dependents()
+        gdc_wait()
     b = tl.program_id(0)
     hk = tl.program_id(1)
     sp = tl.program_id(2)
@@ -103,7 +110,10 @@ def _attn_partial_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, len_ptr, m_ptr, l_ptr, a
 
 @triton.jit
 def _attn_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, SPLITS, so_b, so_h, Hq,
-                    SP: tl.constexpr, D: tl.constexpr):
+                    SP: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, SP)
@@ -149,13 +159,15 @@ def decode_attention(q, k_cache, v_cache, slot, lengths, scale: float, splits: i
     acc = torch.empty(B * Hq * splits, D, device=q.device, dtype=torch.float32)
     out = torch.empty(B, Hq, D, device=q.device, dtype=q.dtype)
     interp = not q.is_cuda
+    pdl = launch.chained() and not interp
+    chain = {"launch_pdl": True} if pdl else {}
     _attn_partial_kernel[(B, Hkv, splits)](
         q, k_cache, v_cache, slot, lengths, m, l, acc, scale, chunk,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), Hq, splits,
         G=G, GP=max(16, triton.next_power_of_2(G)), D=D, BN=block, FP32_DOT=interp,
-        IEEE=q.dtype == torch.float32 or interp, num_warps=num_warps,
-        **({"num_stages": num_stages} if num_stages else {}))
+        IEEE=q.dtype == torch.float32 or interp, PDL=pdl, num_warps=num_warps,
+        **({"num_stages": num_stages} if num_stages else {}), **chain)
     _attn_combine_kernel[(B, Hq)](m, l, acc, out, splits, out.stride(0), out.stride(1), Hq,
-                                  SP=max(2, triton.next_power_of_2(splits)), D=D, num_warps=1)
+                                  SP=max(2, triton.next_power_of_2(splits)), D=D, PDL=pdl, num_warps=1, **chain)
     return out

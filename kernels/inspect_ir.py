@@ -102,17 +102,18 @@ WGMMA_SIG = {"xp_ptr": "*bf16", "wp_ptr": "*u8", "ws_ptr": "*u8", "gs_ptr": "*fp
 
 
 def compile_wgmma(WG=1, BT=64, NS=3, split=False, bias=False, XG=True, PIPE=False, NSW=0, MT=1, R=0, PDL=False,
-                  XS=False, SK=False, TILED=False):
+                  XS=False, SK=False, TILED=False, EW=False):
     """The warpgroup-MMA kernel (:mod:`qerl_kernels.nvfp4_wgmma`, Gluon) for sm_90: WG warpgroups, BT
     activation rows, NS ring stages, in-kernel activation gather XG, LoRA rank R (PDL: ``xa`` from the
-    preceding launch), activations staged through registers XS, stream-K schedule SK."""
+    preceding launch), activations staged through registers XS, stream-K schedule SK, the launch chain's early
+    weights EW."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from qerl_kernels.nvfp4_wgmma import _nvfp4_wgmma_kernel
 
     consts = {"HAS_BIAS": bool(bias), "USE_SPLIT": bool(split), "WG": WG, "BT": BT, "NS": NS, "XG": bool(XG),
               "PIPE": bool(PIPE), "NSW": max(NSW, NS) if PIPE else 0, "MT": MT, "R": R, "PDL": bool(PDL),
-              "XS": bool(XS), "SK": bool(SK), "TILED": bool(TILED)}
+              "XS": bool(XS), "SK": bool(SK), "TILED": bool(TILED), "EW": bool(EW)}
     sig = {**WGMMA_SIG, **{k: "constexpr" for k in consts}}
     names = list(sig)
     attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in WGMMA_SIG

@@ -15,9 +15,19 @@ constexprs, launch options, a runtime count such as the MMV kernel's ``XP``). A 
 which has no default is never remembered: it always takes Triton's path.
 Outside a scope (``scope(None)``, the default) every launch takes Triton's path. ``DIRECT[0] = False`` turns the
 direct path off (the checks compare both).
+
+:func:`chain` (the rollout engine's decode step): inside it the kernels that can — the decode step's own Triton
+kernels and the plain warpgroup-MMA projection with its pre-passes — are launched as programmatic dependents
+(``launch_pdl``) of the launch before them. Each such kernel releases the next launch at its start
+(``griddepcontrol.launch_dependents``) and waits for the previous grid (``griddepcontrol.wait``) before its first
+read of that grid's results and before its first global write; what it may do before the wait reads only constant
+data (a projection's weights). Every kernel of the chain waits, so a wait returns only once *every* earlier launch
+has completed: the chain is as ordered as a plain stream, but each launch, its programs' start and its weight
+prefetch overlap the kernel before it.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 
 DIRECT = [True]  # direct launches on (tests and experiments turn it off)
@@ -28,6 +38,23 @@ _MAX = 8192  # remembered launches before the memo is cleared (training Ms vary 
 _MEMO: dict = {}  # (scope, builder) -> what the builder returned (see memo)
 _STATS = {"direct": 0, "triton": 0}
 _TRITON: list = []  # (triton.knobs, the active driver's module-level handle), imported on the first direct launch
+_CHAIN = [False]  # inside chain(): the chain-aware kernels launch as programmatic dependents (see module docstring)
+
+
+@contextlib.contextmanager
+def chain(on: bool = True):
+    """Launch the chain-aware kernels as programmatic dependents inside the block (module docstring); ``on=False``
+    turns it off inside an outer one. Callers that memoise launches include :func:`chained` in their scope key."""
+    prev, _CHAIN[0] = _CHAIN[0], bool(on)
+    try:
+        yield
+    finally:
+        _CHAIN[0] = prev
+
+
+def chained() -> bool:
+    """Whether :func:`chain` is on."""
+    return _CHAIN[0]
 
 
 def cdiv(a: int, b: int) -> int:

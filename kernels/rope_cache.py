@@ -14,13 +14,16 @@ eager path).
 
 Shapes / dtypes: ``q [B, Hq, D]``, ``k`` / ``v [B, Hkv, D]`` (any row / head strides, unit last stride: views of the
 fused q/k/v projection's output), ``cos`` / ``sin [B, D]``, ``k_cache`` / ``v_cache [R, Hkv, D]`` contiguous (the
-slot cache viewed as rows), ``flat [B]`` int64 -> ``q_out [B, Hq, D]`` contiguous. No host sync (CUDA graphs).
+slot cache viewed as rows), ``flat [B]`` int64 -> ``q_out [B, Hq, D]`` contiguous. No host sync (CUDA graphs). Inside
+:func:`qerl_kernels.launch.chain` a programmatic dependent launch.
 """
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from qerl_kernels import launch
 
@@ -41,9 +44,14 @@ def reference(q, k, v, cos, sin, k_cache, v_cache, flat):
 
 @triton.jit
 def _rope_cache_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, flat_ptr, qo_ptr,
-                       sqb, sqh, skb, skh, svb, svh, scb, Hq, Hkv, D: tl.constexpr, HB: tl.constexpr):
+                       sqb, sqh, skb, skh, svb, svh, scb, Hq, Hkv, D: tl.constexpr, HB: tl.constexpr,
+                       PDL: tl.constexpr = False):
     """Program (row b, head block j): heads ``j·HB … `` of the ``Hq + Hkv`` rotated heads (q first, then k with
-    their v copied along)."""
+    their v copied along). ``PDL``: a programmatic dependent in the decode step's launch chain (releases the next
+    launch, then waits for the previous grid before its first load)."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     b = tl.program_id(0)
     hs = tl.program_id(1) * HB + tl.arange(0, HB)
     d = tl.arange(0, D)
@@ -83,6 +91,8 @@ def rope_cache_write(q, k, v, cos, sin, k_cache, v_cache, flat, heads_per_progra
     out = torch.empty((B, Hq, D), device=q.device, dtype=q.dtype)
     HB = min(heads_per_program, triton.next_power_of_2(Hq + Hkv))
     grid = (B, launch.cdiv(Hq + Hkv, HB))
+    pdl = launch.chained() and q.is_cuda
     _rope_cache_kernel[grid](q, k, v, cos, sin, k_cache, v_cache, flat, out, q.stride(0), q.stride(1), k.stride(0),
-                             k.stride(1), v.stride(0), v.stride(1), cos.stride(0), Hq, Hkv, D=D, HB=HB, num_warps=4)
+                             k.stride(1), v.stride(0), v.stride(1), cos.stride(0), Hq, Hkv, D=D, HB=HB, PDL=pdl,
+                             num_warps=4, **({"launch_pdl": True} if pdl else {}))
     return out

@@ -7,6 +7,7 @@ On a random-weight Qwen2 model (a few layers, real head sizes) with LoRA rank 8 
 * bf16, NVFP4 + LoRA, sampling at T = 1: the rollout log-probs against the trainer's teacher-forced
   recomputation (:func:`qerl.rollout.sampler.sequence_logprobs`): mismatch KL (k3) and max |Δ|;
 * CUDA graphs and adapters: B changed in place -> the next rollout (replayed graphs) equals a fresh engine's;
+* the decode step's launch chain (``runner.PDL_CHAIN``) on and off: the same rollout bit for bit;
 * seeded sampling reproducible; compaction (check_every 1 vs 32) leaves every row's tokens unchanged; 24 rows
   sharing 5 KV slots (freed slots refilled, rows at different steps in one graph): each row's log-probs against
   the trainer's recomputation (mismatch KL < 1e-3), reproducible, and on CPU the very tokens of one batch.
@@ -147,6 +148,18 @@ def main(out: str | None = None, device: str | None = None) -> int:
         v for k, v in res["bf16_nvfp4_lora"].items() if k in ("reproducible", "reproducible_after_release",
                                                              "compaction_invariant",
                                                              "slot_refill_reproducible", "slot_refill_invariant"))
+    # the decode step's launch chain (runner.PDL_CHAIN: programmatic dependent launches, weights streamed before
+    # each wait) reorders no arithmetic: the same rollout without it, bit for bit
+    from qerl.rollout.engine import runner
+
+    prev, runner.PDL_CHAIN[0] = runner.PDL_CHAIN[0], not runner.PDL_CHAIN[0]
+    try:
+        other = RolloutEngine(model, tok).generate(ps, s, seed=3, num_samples=4)
+    finally:
+        runner.PDL_CHAIN[0] = prev
+    res["bf16_nvfp4_lora"]["launch_chain_bit_equal"] = (torch.equal(r.completion_ids, other.completion_ids)
+                                                        and torch.equal(r.logprobs, other.logprobs))
+    ok &= res["bf16_nvfp4_lora"]["launch_chain_bit_equal"]
     greedy16 = SamplingSettings(temperature=0, max_new_tokens=24, engine="engine")
     before = eng.generate(ps, greedy16)
     with torch.no_grad():

@@ -72,6 +72,10 @@ def run_one(model, lm, tok, engine: str, batch: int, prompt_len: int, gen_len: i
         secs, steps = st["prefill_s"] + st["decode_s"], max(1, st["decode_steps"])
         ms_step = 1e3 * st["decode_s"] / steps
         note = f"capture {st['capture_s']:.1f} s excluded; {st['rows']} rows on {st['slots']} KV slots"
+        from qerl.rollout.engine.runner import PDL_CHAIN
+
+        if not PDL_CHAIN[0]:
+            note += "; launch chain off"
         if "layout_s" in st:  # weight_layout="tiled": the in-place reorder and its undo, also excluded
             note += (f"; tiled weights ({st['tiled_projs']} of {len(eng.view.projs)} projections, reorder "
                      f"{st['layout_s']:.2f} s excluded)")
@@ -413,6 +417,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(reordered in place into the tile-contiguous layout and back around each generation) or "
                         "auto (the engine's default: on CUDA, tiled where the decode batch's config reads the layout "
                         "as tuned)")
+    p.add_argument("--pdl-chain", default="on", choices=["on", "off"],
+                   help="the decode step's launch chain (qerl_kernels.launch.chain) and the norm / SiLU-gate kernels "
+                        "it needs (on, the engine's default) or the torch.compile'd norms and plain launches (off)")
     p.add_argument("--split-batches", nargs="*", type=int, default=[8], help="batches whose step is split into parts")
     p.add_argument("--trace-batches", nargs="*", type=int, default=[8],
                    help="batches whose decode step is traced kernel by kernel (one graph replay; the split with gaps "
@@ -444,7 +451,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("qerl bench rollout needs a CUDA GPU (use --plot CSV to redraw a figure)")
     from qerl.rollout.engine import runner
 
+    from qerl.rollout.engine import forward
+
     runner.WEIGHT_LAYOUT[0] = a.weight_layout
+    runner.PDL_CHAIN[0] = forward.NORM_KERNELS[0] = a.pdl_chain == "on"
     bench(a)
     return 0
 

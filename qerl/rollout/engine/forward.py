@@ -83,7 +83,8 @@ def _rope_write(q, k, v, cos, sin, k_rows, v_rows, flat, rope_qk=_rope_qk):
 class Elementwise:
     """The elementwise parts of a layer (RMSNorm, residual add + RMSNorm, rotary embedding, SiLU gate): eager
     torch (several kernels each), or the same functions through ``torch.compile`` (one fused Triton kernel
-    each: on CUDA a decode step is ~35 kernels per layer shorter). ``rope_write`` (a decode step's rotary + k / v
+    each: on CUDA a decode step is ~35 kernels per layer shorter); compiled on CUDA, the norms and the gate are
+    :mod:`qerl_kernels.norm`'s launches (:data:`NORM_KERNELS`). ``rope_write`` (a decode step's rotary + k / v
     cache writes): compiled, the one-launch Triton kernel :mod:`qerl_kernels.rope_cache` (fp32 math, one rounding,
     as the compiled rotary) where it imports, else the compiled rotary and two ``index_copy_``."""
 
@@ -92,6 +93,8 @@ class Elementwise:
         if compiled:
             fns = tuple(torch.compile(f, dynamic=True, fullgraph=True) for f in fns)
         self.rms, self.rms_noisy, self.rope_qk, self.add_rms, self.add_rms_noisy, self.silu_mul = fns
+        if compiled and NORM_KERNELS[0]:
+            self._norm_kernels()
         self.rope_write = _rope_write
         if compiled:
             rope_qk = self.rope_qk
@@ -104,6 +107,40 @@ class Elementwise:
 
             self.rope_write = _compiled_rope_write
         self.compiled = compiled
+
+    def _norm_kernels(self) -> None:
+        """On CUDA tensors, the norms and the SiLU gate through :mod:`qerl_kernels.norm` (one Triton launch each,
+        able to join the decode step's launch chain) instead of the compiled functions (kept elsewhere)."""
+        k = _norm_module()
+        if k is None:
+            return
+        rms, rms_noisy, add_rms, add_rms_noisy, silu_mul = (self.rms, self.rms_noisy, self.add_rms,
+                                                            self.add_rms_noisy, self.silu_mul)
+
+        def ok(*ts):
+            return all(t.is_cuda and t.stride(-1) == 1 for t in ts)
+
+        self.rms = lambda w, h, eps: k.rms_norm(h, w, eps) if ok(h) else rms(w, h, eps)
+        self.rms_noisy = lambda w, z, h, eps: k.rms_norm(h, w, eps, z=z) if ok(h) else rms_noisy(w, z, h, eps)
+        self.add_rms = lambda h, d, w, eps: k.rms_norm(h, w, eps, d=d) if ok(h, d) else add_rms(h, d, w, eps)
+        self.add_rms_noisy = (lambda h, d, w, z, eps: k.rms_norm(h, w, eps, d=d, z=z) if ok(h, d)
+                              else add_rms_noisy(h, d, w, z, eps))
+        self.silu_mul = lambda g, u: k.silu_mul(g, u) if ok(g, u) else silu_mul(g, u)
+
+
+#: compiled engines run the norms and the SiLU gate on CUDA through :mod:`qerl_kernels.norm` (False: the
+#: ``torch.compile``'d functions, Inductor kernels, which end the decode step's launch chain three times a layer)
+NORM_KERNELS = [True]
+
+
+@functools.cache
+def _norm_module():
+    """:mod:`qerl_kernels.norm`, or None where the kernels do not import (looked up once)."""
+    try:
+        from qerl_kernels import norm
+    except ImportError:
+        return None
+    return norm
 
 
 @functools.cache

@@ -49,6 +49,10 @@ SPLIT = ("prefill_s", "capture_s", "host_s")
 #: 10,569 tok/s at batch 8 / 64 tiled against 2,003 / 10,415 row-major, one machine, reports/rollout).
 #: ``qerl bench rollout --weight-layout`` sets it
 WEIGHT_LAYOUT = ["auto"]
+#: the decode step's launch chain (:func:`qerl_kernels.launch.chain`): its graphs captured with every kernel that can
+#: launched as a programmatic dependent of the one before — it starts, and a projection streams its first weights,
+#: while the previous kernel still runs. ``qerl bench rollout --pdl-chain off`` turns it off
+PDL_CHAIN = [True]
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +257,7 @@ class RolloutEngine:
         # graph is captured anew (after release(), between training steps: the KV cache moved) — a warm-up is an
         # eager decode step, tens of ms of host time each (reports/step: 0.9 -> 0.3 s of a 7B rollout's captures)
         shapes = key[:5] + (tuple(self.kc[0].shape[1:]), self.gen_tok.shape[1])
-        with _launch_mode("graph"):
+        with _launch_mode("graph"), _chain(PDL_CHAIN[0]):  # (the warm-up compiles what the capture launches)
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
@@ -512,4 +516,16 @@ def _launch_mode(mode: str):
         yield
         return
     with launch_mode(mode):
+        yield
+
+
+@contextlib.contextmanager
+def _chain(on: bool):
+    """``qerl_kernels.launch.chain(on)`` when the kernels are importable, else nothing."""
+    try:
+        from qerl_kernels.launch import chain
+    except Exception:  # no Triton / no kernels
+        yield
+        return
+    with chain(on):
         yield
