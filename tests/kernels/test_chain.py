@@ -1,0 +1,101 @@
+"""The decode step's launch chain (``qerl_kernels.launch.chain``) as the launchers issue it, with Triton's launch
+recorded instead of run (CPU tensors): which launches become programmatic dependents, which wait before reading and
+what each kernel is told. The GPU judges are ``python -m qerl.bench.engine_check`` (the rollout with the chain on
+and off bit for bit) and ``scratch``-free ``qerl bench rollout --pdl-chain on|off``."""
+import types
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from qerl_kernels import launch, ops  # noqa: E402
+
+
+def _name(kernel) -> str:
+    return getattr(kernel, "__name__", None) or kernel.fn.__name__
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    calls = []
+    monkeypatch.setattr(launch, "run", lambda kernel, grid, args, kw: calls.append((_name(kernel), args, kw)))
+    return calls
+
+
+def _call(xs: bool, lora: bool, M=8, N=128, K=256, r=32):
+    cfg = {"WGMMA": 1, "BT": 8, "NS": 2 if xs else 3, "SPLIT": 2, "WG": 1, "XG": 0, **({"XS": 1} if xs else {})}
+    la = torch.zeros(r, K, dtype=torch.bfloat16) if lora else None
+    lb = torch.zeros(N, r, dtype=torch.bfloat16) if lora else None
+    return ops._Call("fwd", torch.zeros(M, K, dtype=torch.bfloat16), torch.zeros(N, K // 2, dtype=torch.uint8),
+                     torch.zeros(N, K // 16, dtype=torch.uint8), torch.ones(1), N, (None, None, lb), 1.0,
+                     r if lora else 0, False, types.MappingProxyType(cfg), la, lora, True)
+
+
+def _kw(calls, name):
+    return next(kw for n, _, kw in calls if n == name)
+
+
+def test_outside_the_chain_nothing_changes(recorded):
+    ops._launch_wgmma(_call(xs=True, lora=True))
+    assert [n for n, *_ in recorded] == ["_lora_xa_kernel", "_nvfp4_wgmma_kernel"]
+    xa, k = _kw(recorded, "_lora_xa_kernel"), _kw(recorded, "_nvfp4_wgmma_kernel")
+    assert not xa["FLAG"] and "launch_pdl" not in xa
+    assert k["PDL"] and k["launch_pdl"] and not (k["EW"] or k["SPIN"] or k["TRIG"])
+
+
+def test_lora_projection_in_the_chain_spins_on_the_primarys_flag(recorded, monkeypatch):
+    monkeypatch.setattr(ops, "CHAIN_LORA", "flag")
+    with launch.chain():
+        ops._launch_wgmma(_call(xs=True, lora=True))
+    (_, xa_args, xa), (_, k_args, k) = recorded
+    assert xa["FLAG"] and xa["PDL"] == 1 and xa["launch_pdl"]  # chained: waits for the grid before, sets the flag
+    assert k["EW"] and k["SPIN"] and k["PDL"] and k["launch_pdl"] and not k["TRIG"]  # released only at its end
+    flag = ops._chain_flag(torch.device("cpu"))
+    assert xa_args[5] is flag and k_args[-1] is flag and flag.tolist() == [0, 0]
+
+
+def test_lora_projection_as_a_pair_ends_the_chain_at_the_primary(recorded, monkeypatch):
+    monkeypatch.setattr(ops, "CHAIN_LORA", "pair")
+    with launch.chain():
+        ops._launch_wgmma(_call(xs=True, lora=True))
+    xa, k = _kw(recorded, "_lora_xa_kernel"), _kw(recorded, "_nvfp4_wgmma_kernel")
+    assert not xa["FLAG"] and "launch_pdl" not in xa  # an ordinary launch
+    assert k["PDL"] and not k["EW"] and not k["SPIN"] and k["TRIG"]
+
+
+def test_projection_without_lora_chains_its_pre_pass_and_streams_weights_before_its_wait(recorded):
+    with launch.chain():
+        ops._launch_wgmma(_call(xs=False, lora=False))
+    assert [n for n, *_ in recorded] == ["_permute_kernel", "_nvfp4_wgmma_kernel"]
+    p, k = _kw(recorded, "_permute_kernel"), _kw(recorded, "_nvfp4_wgmma_kernel")
+    assert p["WAIT"] and p["PDL"] and p["launch_pdl"]
+    assert k["EW"] and k["TRIG"] and k["launch_pdl"] and not k["SPIN"] and not k["PDL"]
+
+
+def test_chain_nests_and_restores():
+    assert not launch.chained()
+    with launch.chain():
+        assert launch.chained()
+        with launch.chain(False):
+            assert not launch.chained()
+        assert launch.chained()
+    assert not launch.chained()
+
+
+def test_norm_launches_join_the_chain_on_cuda_only(monkeypatch):
+    from qerl_kernels import norm
+
+    calls = []
+    monkeypatch.setattr(launch, "run", lambda kernel, grid, args, kw: calls.append(kw))
+    x, w = torch.zeros(2, 8), torch.ones(8)
+    with launch.chain():
+        norm.rms_norm(x, w, 1e-6)
+        norm.silu_mul(x, x)
+    assert [kw["PDL"] for kw in calls] == [False, False] and all("launch_pdl" not in kw for kw in calls)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    calls.clear()
+    with launch.chain():
+        norm.rms_norm(x, w, 1e-6, d=x)
+        norm.silu_mul(x, x)
+    assert [kw["PDL"] for kw in calls] == [True, True] and all(kw["launch_pdl"] for kw in calls)
