@@ -98,23 +98,22 @@ def compile_sm90(kind="fwd", bm=16, bn=64, bk=256, warps=4, stages=4, split=1, s
 WGMMA_SIG = {"xp_ptr": "*bf16", "wp_ptr": "*u8", "ws_ptr": "*u8", "gs_ptr": "*fp32", "out_ptr": "*bf16",
              "bias_ptr": "*bf16", "part_ptr": "*fp32", "lock_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
              "stride_xm": "i32", "stride_om": "i32", "stride_wn": "i32", "stride_sn": "i32", "SPLIT": "i32",
-             "xa_ptr": "*bf16", "lb_ptr": "*bf16", "lora_scale": "fp32", "flag_ptr": "*i32"}
+             "xa_ptr": "*bf16", "lb_ptr": "*bf16", "lora_scale": "fp32"}
 
 
 def compile_wgmma(WG=1, BT=64, NS=3, split=False, bias=False, XG=True, PIPE=False, NSW=0, MT=1, R=0, PDL=False,
-                  XS=False, SK=False, TILED=False, EW=False, SPIN=False, TRIG=False):
+                  XS=False, SK=False, TILED=False, EW=False, TRIG=False):
     """The warpgroup-MMA kernel (:mod:`qerl_kernels.nvfp4_wgmma`, Gluon) for sm_90: WG warpgroups, BT
     activation rows, NS ring stages, in-kernel activation gather XG, LoRA rank R (PDL: ``xa`` from the
     preceding launch), activations staged through registers XS, stream-K schedule SK, the launch chain's early
-    weights EW (SPIN: waiting on the chained LoRA primary's flag; TRIG: releasing the next launch at the start)."""
+    weights EW, releasing the next launch at the start TRIG."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from qerl_kernels.nvfp4_wgmma import _nvfp4_wgmma_kernel
 
     consts = {"HAS_BIAS": bool(bias), "USE_SPLIT": bool(split), "WG": WG, "BT": BT, "NS": NS, "XG": bool(XG),
               "PIPE": bool(PIPE), "NSW": max(NSW, NS) if PIPE else 0, "MT": MT, "R": R, "PDL": bool(PDL),
-              "XS": bool(XS), "SK": bool(SK), "TILED": bool(TILED), "EW": bool(EW), "SPIN": bool(SPIN),
-              "TRIG": bool(TRIG)}
+              "XS": bool(XS), "SK": bool(SK), "TILED": bool(TILED), "EW": bool(EW), "TRIG": bool(TRIG)}
     sig = {**WGMMA_SIG, **{k: "constexpr" for k in consts}}
     names = list(sig)
     attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in WGMMA_SIG

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from qerl_kernels.nvfp4_mmv import _stamp, _xa_partial, _xa_sum
 
@@ -31,7 +31,7 @@ from qerl_kernels.nvfp4_mmv import _stamp, _xa_partial, _xa_sum
 @triton.jit(do_not_specialize=["M", "XP"])
 def _lora_xa_kernel(x_ptr, la_ptr, xa_ptr, xap_ptr, lock_ptr, tr_ptr, M, K, stride_xm, XP, R: tl.constexpr,
                     KB: tl.constexpr, QB: tl.constexpr, PDL: tl.constexpr, TRACE: tl.constexpr = False,
-                    STAGES: tl.constexpr = 1, RB: tl.constexpr = 0, FLAG: tl.constexpr = False):
+                    STAGES: tl.constexpr = 1, RB: tl.constexpr = 0):
     """``PDL`` 0: plain launch; 1: release the dependent launch at once; 2: after this program's loads
     have landed (its chunks' ``tl.dot`` done: the decode kernel's weight stream then cannot delay them).
     ``TRACE`` (diagnostics, ``tools/lora_trace.py``): ``%globaltimer`` stamps into ``tr_ptr [XP, 8]``
@@ -40,11 +40,7 @@ def _lora_xa_kernel(x_ptr, la_ptr, xa_ptr, xap_ptr, lock_ptr, tr_ptr, M, K, stri
     divisor): the ranks in chunks of RB, one program per (rank chunk, K share) — ``program_id(0)`` runs over
     ``XP · R / RB``, each chunk with its own partials, ticket and final sum (:func:`.nvfp4_mmv._xa_sum` on its
     columns of ``xa``): at R = 128 the whole-rank program took 255 registers with spills, and its one final sum of
-    ``XP`` partials ``[16, R]`` took the launch to 41 µs (7B q/k/v, H100; ``ops.xa_rank_chunk``). ``FLAG`` (with
-    ``PDL`` 1; the launch chain, :func:`qerl_kernels.launch.chain`): itself a programmatic dependent — it waits for
-    the previous grid (which wrote ``x``) before its first load, and its first program then sets the chain flag
-    ``tr_ptr[0] = 1`` (release): the decode kernel launched after it spins on that flag, not on this grid's
-    completion, before reading ``x`` (:func:`qerl_kernels.nvfp4_wgmma._chain_wait`)."""
+    ``XP`` partials ``[16, R]`` took the launch to 41 µs (7B q/k/v, H100; ``ops.xa_rank_chunk``)."""
     p = tl.program_id(0)
     rb = tl.program_id(1)  # block of 16 activation rows (M up to 16 x the grid's second dimension)
     x_ptr += rb * 16 * stride_xm
@@ -57,10 +53,6 @@ def _lora_xa_kernel(x_ptr, la_ptr, xa_ptr, xap_ptr, lock_ptr, tr_ptr, M, K, stri
     _stamp(tr, 1, TRACE)
     if PDL == 1:
         gdc_launch_dependents()
-    if FLAG:
-        gdc_wait()
-        if (p == 0) & (rb == 0):
-            tl.atomic_xchg(tr_ptr, 1, sem="release", scope="gpu")
     if RB:  # rank chunk pr: its own partials xap[pr] [XP, 16, RB], ticket and columns of xa (stamps: start only)
         pr = p // XP
         acc = _xa_partial(p % XP, x_ptr, la_ptr + pr * RB * K, M, K, stride_xm, XP, RB, KB, STAGES)

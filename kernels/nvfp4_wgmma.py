@@ -321,18 +321,17 @@ def _pipelined(acc, t0, t1, wsm, ssm, xsm, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, s
 def _plain(acc, t0, t1, wsm, ssm, xsm, xop, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, srow, scol, xrow, xcol, xmask,
            stride_wn, stride_sn, stride_xm, AOP: gl.constexpr, LW: gl.constexpr, LS: gl.constexpr,
            FLAT: gl.constexpr, RW: gl.constexpr, XG: gl.constexpr, NS: gl.constexpr, XS: gl.constexpr,
-           CX: gl.constexpr, BT: gl.constexpr, TILED: gl.constexpr = False, EW: gl.constexpr = False,
-           flag_ptr=None, SPIN: gl.constexpr = False):
+           CX: gl.constexpr, BT: gl.constexpr, TILED: gl.constexpr = False, EW: gl.constexpr = False):
     """The main loop over K steps ``t0 … t1 - 1`` (t0 < t1): an ``NS``-stage ring, each step's decode then its
     wgmma (``XS``: the activation tile staged into the operand tile first). ``EW`` (early weights; the launch chain,
     :func:`qerl_kernels.launch.chain`): the prologue's weights and scales are issued first, then the kernel waits for
-    the previous grid (:func:`_chain_wait`), then the prologue's activations — commit group 0 holds every
+    the previous grid (``griddepcontrol.wait``), then the prologue's activations — commit group 0 holds every
     prologue weight step, group i the activations of step i, so step i's data is complete once group i is."""
     if EW:
         for i in gl.static_range(NS - 1):
             _issue_w(gl.minimum(t0 + i, t1 - 1), i, wsm, ssm, wp_ptr, ws_ptr, wrow, wcol, srow, scol, stride_wn,
                      stride_sn, TILED)
-        _chain_wait(flag_ptr, SPIN)
+        _gdc_wait()
         for i in gl.static_range(NS - 1):
             _issue_x(gl.minimum(t0 + i, t1 - 1), i, xsm, xp_ptr, xrow, xcol, xmask, stride_xm)
             async_copy.commit_group()
@@ -437,29 +436,6 @@ def _lora_up(y, xa_ptr, lb_ptr, lora_scale, n0, m0, M, N, RW: gl.constexpr, BT: 
 
 
 @gluon.jit
-def _chain_wait(flag_ptr, SPIN: gl.constexpr):
-    """The launch chain's wait before the first read of ``x``: ``griddepcontrol.wait`` (the previous grid complete),
-    or with ``SPIN`` (after the chained LoRA primary, :mod:`qerl_kernels.lora_xa` with ``FLAG``) until the primary
-    has set ``flag_ptr[0]`` — which it does once the grid before *it*, the one that wrote ``x``, is complete — so the
-    primary's own work still runs under this kernel's main loop. Each program then checks in on ``flag_ptr[1]``; the
-    last one resets both (the kernel is not released early, so its successors, and the next primary, start only
-    after the reset). No deadlock: this grid is launched only once every primary program has started, and the
-    primary waits only for the grid before it, which started before the primary."""
-    if SPIN:
-        v = gl.atomic_add(flag_ptr, 0, sem="acquire", scope="gpu")
-        while v == 0:
-            gl.inline_asm_elementwise("nanosleep.u32 32; mov.b32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
-                                      pack=1)
-            v = gl.atomic_add(flag_ptr, 0, sem="acquire", scope="gpu")
-        n = gl.num_programs(0) * gl.num_programs(1)
-        if gl.atomic_add(flag_ptr + 1, 1, sem="relaxed", scope="gpu") == n - 1:
-            gl.atomic_xchg(flag_ptr + 1, 0)
-            gl.atomic_xchg(flag_ptr, 0)
-    else:
-        _gdc_wait()
-
-
-@gluon.jit
 def _gdc_launch_dependents():
     """``griddepcontrol.launch_dependents``: the next launch (a programmatic dependent) may start."""
     gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
@@ -476,11 +452,11 @@ def _gdc_wait():
 @gluon.jit(do_not_specialize=["M", "SPLIT"])
 def _nvfp4_wgmma_kernel(
     xp_ptr, wp_ptr, ws_ptr, gs_ptr, out_ptr, bias_ptr, part_ptr, lock_ptr,
-    M, N, K, stride_xm, stride_om, stride_wn, stride_sn, SPLIT, xa_ptr, lb_ptr, lora_scale, flag_ptr,
+    M, N, K, stride_xm, stride_om, stride_wn, stride_sn, SPLIT, xa_ptr, lb_ptr, lora_scale,
     HAS_BIAS: gl.constexpr, USE_SPLIT: gl.constexpr, WG: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr,
     XG: gl.constexpr = True, PIPE: gl.constexpr = False, NSW: gl.constexpr = 0, MT: gl.constexpr = 1,
     R: gl.constexpr = 0, PDL: gl.constexpr = False, XS: gl.constexpr = False, SK: gl.constexpr = False,
-    TILED: gl.constexpr = False, EW: gl.constexpr = False, SPIN: gl.constexpr = False, TRIG: gl.constexpr = False,
+    TILED: gl.constexpr = False, EW: gl.constexpr = False, TRIG: gl.constexpr = False,
 ):
     if TRIG:  # the launch chain: the next launch (which waits for this grid before its first read) may start
         _gdc_launch_dependents()
@@ -523,7 +499,7 @@ def _nvfp4_wgmma_kernel(
 
     if SK:  # stream-K: program p runs units [p·U // P, (p+1)·U // P) of the U = tiles · k_steps (tile, K step) units
         if EW:  # (the chain: no early weights on this schedule)
-            _chain_wait(flag_ptr, SPIN)
+            _gdc_wait()
         P = gl.num_programs(0)
         U = gl.cdiv(N, RW) * m_tiles * k_steps
         pid = gl.program_id(0)
@@ -581,22 +557,22 @@ def _nvfp4_wgmma_kernel(
         acc = gl.zeros([RW, BT], gl.float32, layout=MMA)
         if PIPE:
             if EW:
-                _chain_wait(flag_ptr, SPIN)
+                _gdc_wait()
             if t0 < t1:
                 acc = _pipelined(acc, t0, t1, wsm, ssm, xsm, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, srow, scol, xrow,
                                  xcol, xmask, stride_wn, stride_sn, stride_xm, AOP, LW, LS, FLAT, RW, XG, NS, NSW)
         elif t0 < t1:
             acc = _plain(acc, t0, t1, wsm, ssm, xsm, xop, wp_ptr, ws_ptr, xp_ptr, wrow, wcol, srow, scol, xrow, xcol,
-                         xmask, swn, ssn, stride_xm, AOP, LW, LS, FLAT, RW, XG, NS, XS, CX, BT, TILED, EW, flag_ptr,
-                         SPIN)
-        elif EW:  # no K steps here: still wait before any write (the chain's order; SPIN: and check in)
-            _chain_wait(flag_ptr, SPIN)
+                         xmask, swn, ssn, stride_xm, AOP, LW, LS, FLAT, RW, XG, NS, XS, CX, BT, TILED, EW)
+        elif EW:  # no K steps here: still wait before any write (the chain's order)
+            _gdc_wait()
         last = True
         if USE_SPLIT:
             acc, last = _split_sum(acc, n0, m0, M, N, part_ptr, lock_ptr, pid_s, SPLIT, RW, BT, MMA, 1, 0)
         if last:
             _output(acc, n0, m0, M, N, out_ptr, stride_om, gs_ptr, bias_ptr, xa_ptr, lb_ptr, lora_scale,
                     HAS_BIAS, R, PDL, RW, BT, NW, MMA)
+
 
 def stream_k_owner(u: int, P: int, U: int) -> int:
     """The program of a stream-K launch of ``P`` programs over ``U`` units whose range ``[p·U // P, (p+1)·U // P)``
@@ -625,7 +601,7 @@ def stream_k_plan(tiles: int, k_steps: int, P: int) -> list[list[tuple[int, int,
 
 def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lora_scale=1.0, *, WG=1, BT=64,
                        NS=3, SPLIT=1, XG=0, PIPE=0, NSW=0, MT=1, XS=0, SK=0, xp=None, part=None, lock=None,
-                       pdl=False, TILED=0, ew=False, flag=None, trig=False, **_):
+                       pdl=False, TILED=0, ew=False, trig=False, **_):
     """``y [M, N] = x [M, K] · Ŵᵀ (+ bias) (+ lora_scale · xa · lora_bᵀ)`` (bf16; ``xa [M, R]``,
     ``lora_b [N, R]`` contiguous bf16, R a multiple of 16) with :func:`_nvfp4_wgmma_kernel`. ``XG=0``
     (default; faster at every tuned key): the activations are permuted first (:func:`permute_activations`,
@@ -638,11 +614,11 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None,
     part-empty whatever the tile count (:func:`stream_k_plan`); ``part`` then holds 2 partial tiles per program
     (fp32 >= 2·P·RW·BT) and ``SPLIT`` is ignored. ``pdl``:
     launched as the dependent of the launch just before it (``xa`` from :mod:`qerl_kernels.lora_xa`; the
-    tiles wait for it only before the LoRA epilogue). ``ew`` (the launch chain, :func:`qerl_kernels.launch.chain`):
-    launched as a programmatic dependent that issues its ring's first weight steps before it waits for the previous
-    grid, then reads ``x``; its activation pre-pass (when it permutes ``x`` itself) joins the chain too. With ``pdl``
-    and ``flag`` (int32 ``[2]`` zeros, the chained primary's ``FLAG``) it waits for the flag instead
-    (:func:`_chain_wait`). ``trig``: release the next launch at the start (not with ``flag``). (Prefetching more of each program's weights into L2 before the wait was slower: 7B batch 8 without LoRA 3.37
+    tiles wait for it only before the LoRA epilogue). ``ew`` (the launch chain, :func:`qerl_kernels.launch.chain`;
+    not with ``pdl``): launched as a programmatic dependent that issues its ring's first weight steps before it waits
+    for the previous grid, then reads ``x``; its activation pre-pass (when it permutes ``x`` itself) joins the chain
+    too. ``trig`` (the chain): release the next launch at the start — it waits for this grid before its first read.
+    (Prefetching more of each program's weights into L2 before the wait was slower: 7B batch 8 without LoRA 3.37
     against 3.05 ms per step with 8 steps per program, H100 — it competes with the running kernel's stream.)
     Validation is the caller's (:mod:`qerl_kernels.ops`); other keys (a config's) are ignored."""
     M, K = x.shape
@@ -684,11 +660,10 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None,
     launch.run(_nvfp4_wgmma_kernel, grid, (
         xp, packed, scale_u8, gs, out, bias if bias is not None else out, part, lock,
         M, N, K, xp.stride(0), out.stride(0), packed.stride(0), scale_u8.stride(0), SPLIT,
-        xa if xa is not None else out, lora_b if lora_b is not None else out, float(lora_scale),
-        flag if flag is not None else lock), dict(
+        xa if xa is not None else out, lora_b if lora_b is not None else out, float(lora_scale)), dict(
         HAS_BIAS=bias is not None, USE_SPLIT=SPLIT > 1, WG=WG, BT=BT, NS=NS, XG=bool(XG), PIPE=bool(PIPE),
         NSW=max(int(NSW), NS) if PIPE else 0, MT=int(MT), R=lora_b.shape[1] if lora_b is not None else 0,
-        PDL=bool(pdl), XS=bool(XS), SK=bool(SK), TILED=bool(TILED), EW=bool(ew), SPIN=bool(ew and flag is not None),
-        TRIG=bool(trig) and flag is None, num_warps=4 * WG, **({"launch_pdl": True} if pdl or ew else {})))
+        PDL=bool(pdl), XS=bool(XS), SK=bool(SK), TILED=bool(TILED), EW=bool(ew), TRIG=bool(trig), num_warps=4 * WG,
+        **({"launch_pdl": True} if pdl or ew else {})))
     return out
 

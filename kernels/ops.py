@@ -367,7 +367,7 @@ def _resolved(kind: str, x2, packed, scale, gs, n_out: int, extra: tuple, r: int
            x2.data_ptr() % 16, x2.stride(0), scale.data_ptr() % 4, scale.stride(0) % 4, gs.data_ptr() % 16,
            os.environ.get("QERL_KERNEL_CONFIG"), _MODE[0], n_out, r, tuple(map(_sig, extra)), _sig(lora_a),
            LORA_LAUNCH, XA_PROGRAMS, XA_CHUNKS, XA_CHUNKS_SMALL, XA_SMALL_WEIGHTS, XA_QB, XA_STAGES, XA_PDL_AT, XA_PDL_AT_MMV, XA_PDL_ROWS, EAGER_XS_ROWS, HEURISTIC,
-           XA_RANK_CHUNKS, tiled, launch.chained(), CHAIN_LORA)
+           XA_RANK_CHUNKS, tiled, launch.chained())
     hit = _RESOLVED.get(key)
     if hit is None:
         if len(_RESOLVED) >= _RESOLVED_MAX:
@@ -440,7 +440,6 @@ XA_STAGES = 0  # 0: auto, see _xa_stages
 XA_PDL_AT = 1  # lora_xa releases the decode launch at its start (1) / after its loads (2)
 XA_PDL_AT_MMV = 2  # the same before the register-fragment decode kernel
 XA_RANK_CHUNKS = True  # lora_xa above rank 32: one program per 32 ranks and K share (xa_rank_chunk)
-CHAIN_LORA = "flag"  # the launch chain through a LoRA projection: "flag" | "pair" (see _launch_wgmma)
 
 
 def _xa_stages(K: int, mmv: bool = False) -> int:
@@ -493,15 +492,13 @@ def lora_route(kind: str, cfg: dict, M: int, K: int, mode: str = "auto") -> str:
     return "fused" if fits else "pdl"
 
 
-def _pdl_primary(x2, lora_a, M: int, K: int, r: int, locks, mmv: bool = False, N: int = 0,
-                 flag: torch.Tensor | None = None) -> torch.Tensor:
+def _pdl_primary(x2, lora_a, M: int, K: int, r: int, locks, mmv: bool = False, N: int = 0) -> torch.Tensor:
     """Launch :mod:`qerl_kernels.lora_xa` (the PDL primary) and return its ``xa [16 B, R]`` (bf16, B = ceil(M / 16)
     row blocks, rows >= M zero): the launch right before a kernel launched with ``launch_pdl`` that waits
     for it (``griddepcontrol.wait``) before its LoRA epilogue. One ticket per row block (M <= ``XA_PDL_ROWS``) and
     rank chunk (:func:`xa_rank_chunk`) in the tail of ``locks``. ``mmv``: before the register-fragment decode
     kernel (its own shares, depth and release point: ``XA_PDL_AT_MMV``). ``N``: the kernel's weight rows
-    (:func:`xa_shares`). ``flag`` (the launch chain, :func:`_chain_flag`): itself a programmatic dependent that
-    waits for the previous grid before reading ``x`` and then sets the flag the kernel after it spins on."""
+    (:func:`xa_shares`)."""
     from qerl_kernels.lora_xa import _lora_xa_kernel
 
     blocks = -(-M // 16)
@@ -510,26 +507,10 @@ def _pdl_primary(x2, lora_a, M: int, K: int, r: int, locks, mmv: bool = False, N
     rb = xa_rank_chunk(r)
     xap = torch.empty(blocks * nxp * 16 * r, device=x2.device, dtype=torch.float32)
     launch.run(_lora_xa_kernel, (nxp * (r // rb if rb else 1), blocks),
-               (x2, lora_a, xa, xap, _lock_tail(locks.device), locks if flag is None else flag, M, K, x2.stride(0),
-                nxp),
-               dict(R=r, KB=128, QB=max(1, min(XA_QB, 512 // (rb or r))),
-                    PDL=1 if flag is not None else XA_PDL_AT_MMV if mmv else XA_PDL_AT, STAGES=_xa_stages(K, mmv),
-                    RB=rb, FLAG=flag is not None, num_warps=4, num_stages=1,
-                    **({"launch_pdl": True} if flag is not None else {})))
+               (x2, lora_a, xa, xap, _lock_tail(locks.device), locks, M, K, x2.stride(0), nxp),
+               dict(R=r, KB=128, QB=max(1, min(XA_QB, 512 // (rb or r))), PDL=XA_PDL_AT_MMV if mmv else XA_PDL_AT,
+                    STAGES=_xa_stages(K, mmv), RB=rb, num_warps=4, num_stages=1))
     return xa
-
-
-_FLAGS: dict = {}
-
-
-def _chain_flag(device: torch.device) -> torch.Tensor:
-    """The launch chain's flag (int32 ``[2]`` zeros: the LoRA primary's "x is ready", the kernel's check-ins), one per
-    device: each use resets it before anything after that kernel starts (:func:`qerl_kernels.nvfp4_wgmma._chain_wait`),
-    so consecutive projections share it, as they share the split-K tickets."""
-    key = (device.type, device.index)
-    if key not in _FLAGS:
-        _FLAGS[key] = torch.zeros(2, device=device, dtype=torch.int32)
-    return _FLAGS[key]
 
 
 def xa_rank_chunk(r: int) -> int:
@@ -651,19 +632,16 @@ def _launch_wgmma(c: _Call) -> torch.Tensor:
     locks, xperm = _locks(c.x2.device), None
     # stream-K: the wrapper sizes its partial-tile workspace (2 tiles per program); without split-K: none
     part = torch.empty(split * c.M * c.N, device=c.x2.device, dtype=torch.float32) if split > 1 and not sk else None
-    # the launch chain (launch.chain; the plain kernel only). With the LoRA primary (CHAIN_LORA): "flag" — the
-    # primary chained too, the kernel spinning on its flag (nvfp4_wgmma._chain_wait) so the primary still runs under
-    # the main loop; "pair" — the chain ends at the primary, an ordinary launch, the kernel its dependent as outside
-    # the chain. (Waiting for the primary's completion before the main loop: 7B batch 8 4.02 against 3.42 ms per
-    # step, H100 — the primary's 3-5 µs no longer overlapped.)
+    # the launch chain (launch.chain; the plain kernel only): with the LoRA primary the chain ends at the primary — an
+    # ordinary launch, the kernel its dependent as outside the chain (main loop under the primary, the wait before
+    # the epilogue), released early to its chained successor. Measured on the H100, 7B, ms per decode step (A/B on
+    # one machine, reports/rollout): the primary chained and waited for before the main loop 4.02 against 3.42 at
+    # batch 8 (its 3-5 µs no longer overlapped); chained with a flag the kernel spins on instead (the primary kept
+    # under the main loop) 3.34 / 3.37 against 3.38 / 3.35 at batch 8 and 5.95 / 5.97 against 5.87 / 5.88 at 64.
     chain = launch.chained() and not ws and not c.interpret
-    flag = None
     if c.pdl:  # permute first: the PDL primary (xa [16, R]) must be the launch right before the kernel
         xperm = None if c.cfg.get("XG") or c.cfg.get("XS") else permute_activations(c.x2, wait=chain)
-        if chain and CHAIN_LORA == "flag":
-            flag = _chain_flag(c.x2.device)
-        xa = _pdl_primary(c.x2, c.lora_a, c.M, c.K, c.r, locks, N=c.N if c.M <= 16 else 0, flag=flag)  # (xa_shares)
-        chain = flag is not None
+        xa = _pdl_primary(c.x2, c.lora_a, c.M, c.K, c.r, locks, N=c.N if c.M <= 16 else 0)  # (xa_shares)
     if ws:  # the warp-specialised kernel (pre-permuted activations; split-K or stream-K)
         from qerl_kernels.nvfp4_wgmma_ws import nvfp4_ws_matmul
 
@@ -677,7 +655,7 @@ def _launch_wgmma(c: _Call) -> torch.Tensor:
                             pdl=c.pdl and not outside, **kw)
         return y.addmm_(xa, lb.T, alpha=c.lora_scale) if outside else y
     return nvfp4_wgmma_matmul(c.x2, c.packed, c.s8, c.gs, bias, xa, lb, c.lora_scale, **kw, xp=xperm, part=part,
-                              lock=locks, pdl=c.pdl, ew=chain, flag=flag, trig=launch.chained() and not c.interpret)
+                              lock=locks, pdl=c.pdl, ew=chain and not c.pdl, trig=chain)
 
 
 def ws_stages(cfg: dict, r: int) -> tuple[int, bool]:

@@ -192,8 +192,8 @@ def write_traces(traces: list[tuple[dict, dict, list[dict]]], out: Path, device:
     """``<device>_trace.md``: per traced row, the step split of one replay and its longest kernels."""
     lines = [f"# Decode step kernel timelines on {device}", "",
              "One CUDA-graph replay of the engine's decode step (KV at the average length), traced with "
-             "torch.profiler (qerl.bench.trace): each moment of the step goes to the latest-started kernel still "
-             "running, or to gaps when none runs. `replay` is the same replay timed without the profiler (median of "
+             "torch.profiler (qerl.bench.trace): each moment of the step goes to the earliest-started kernel still "
+             "running (the one the programmatic dependents started under it wait for), or to gaps when none runs. `replay` is the same replay timed without the profiler (median of "
              "10): the profiler's per-kernel records lengthen the traced step, almost all of it as gaps, so the parts "
              "are the measurement and `replay` minus their sum bounds the real gaps.", ""]
     for row, sp, top in traces:

@@ -11,7 +11,7 @@
 - ``sampling``: the sampling kernels;
 - ``other``: norms, residual adds, activations, copies;
 - ``gaps``: the idle time between one kernel's end and the next one's start (launch latency inside the graph;
-  overlapped launches — PDL — count as none)
+  overlapped launches — PDL, the launch chain — count as none)
 
 — with ``step`` = last end − first start, so the parts add up to the step. Unlike
 :func:`qerl.bench.rollout.step_split` (each part replayed as its own graph), every number here is from the same
@@ -43,9 +43,13 @@ def part_of(name: str) -> str:
 
 def split(kernels: list[dict]) -> dict:
     """``{part: ms}`` for kernels ``[{name, start_us, dur_us}]`` (any order): the timeline from the first start to
-    the last end cut at every start and end; each piece goes to the part of the latest-started kernel still running
+    the last end cut at every start and end; each piece goes to the part of the earliest-started kernel still running
     then (so overlapped launches are not counted twice), or to ``gaps`` when none runs. Also ``step`` (first start to
-    last end; the parts and gaps add up to it) and ``kernels`` (the count)."""
+    last end; the parts and gaps add up to it) and ``kernels`` (the count).
+
+    Why the earliest: a programmatic dependent launch (the LoRA primary's projection, every kernel of the decode step's
+    launch chain, :func:`qerl_kernels.launch.chain`) starts while the kernel before it runs and mostly waits for it,
+    so the kernel that started first is the one doing the work the others wait on."""
     ks = sorted(kernels, key=lambda k: k["start_us"])
     out = {p: 0.0 for p, _ in PARTS}
     out.update(other=0.0, gaps=0.0)
@@ -62,7 +66,8 @@ def split(kernels: list[dict]) -> dict:
             if s > a:
                 break
             if e > a:
-                owner = part  # the latest start that still runs over [a, b)
+                owner = part  # the earliest start that still runs over [a, b)
+                break
         out[owner] += b - a
     res = {p: round(v / 1e3, 4) for p, v in out.items()}
     res["step"] = round((cuts[-1] - cuts[0]) / 1e3, 4)

@@ -9,7 +9,8 @@ from qerl.bench import trace
     ("_permute_kernel", "projections"), ("_attn_partial_kernel", "attention"), ("_attn_combine_kernel", "attention"),
     ("_rope_cache_kernel", "attention"), ("_sample_partial_kernel", "sampling"), ("_sample_combine_kernel", "sampling"),
     ("sm90_xmma_gemm_bf16bf16_bf16f32", "head"), ("nvjet_tst_128x8_64x12_2x1_v_bz_TNT", "head"),
-    ("_sample_kernel", "sampling"), ("triton_red_fused_add_mean_mul_pow_rsqrt_0", "other"),
+    ("_sample_kernel", "sampling"), ("triton_red_fused_add_mean_mul_pow_rsqrt_0", "other"), ("_rms_kernel", "other"),
+    ("_silu_mul_kernel", "other"),
     ("void at::native::vectorized_elementwise_kernel<4, ...>", "other")])
 def test_part_of_names(name, part):
     assert trace.part_of(name) == part
@@ -21,17 +22,26 @@ def _k(name, start, dur):
 
 def test_split_adds_up_with_gaps_and_overlaps():
     """norm 0-2, gap 2-5, lora_xa 5-7 overlapped by the projection 6-16 (PDL), gap 16-17, attention 17-20 and,
-    inside it, a short copy 18-19: the copy owns 18-19 (latest start), attention the rest."""
+    inside it, a short copy 18-19: attention owns 17-20 (the earliest start still running), the copy nothing."""
     ks = [_k("triton_poi_fused_rms", 0, 2), _k("_lora_xa_kernel", 5, 2), _k("_nvfp4_wgmma_kernel", 6, 10),
           _k("_decode_attention_kernel", 17, 3), _k("copy_kernel", 18, 1)]
     got = trace.split(list(reversed(ks)))  # any order
     assert got["kernels"] == 5 and got["step"] == pytest.approx(0.020)
     assert got["gaps"] == pytest.approx(0.004)  # 2-5 and 16-17
     assert got["projections"] == pytest.approx(0.011)  # 5-16
-    assert got["attention"] == pytest.approx(0.002)  # 17-18 and 19-20
-    assert got["other"] == pytest.approx(0.003)  # 0-2 and 18-19
+    assert got["attention"] == pytest.approx(0.003)  # 17-20
+    assert got["other"] == pytest.approx(0.002)  # 0-2
     parts = sum(got[p] for p in ("projections", "attention", "sampling", "head", "other", "gaps"))
     assert parts == pytest.approx(got["step"])
+
+
+def test_split_of_a_launch_chain_charges_each_wait_to_the_kernel_waited_for():
+    """The launch chain: the projection 0-10 releases the norm at 1, which waits and runs 10-12 and releases the next
+    projection at 10.5, which waits and runs 12-20: the projections own 0-10 and 12-20, the norm 10-12, no gaps."""
+    ks = [_k("_nvfp4_wgmma_kernel", 0, 10), _k("_rms_kernel", 1, 11), _k("_nvfp4_wgmma_kernel", 10.5, 9.5)]
+    got = trace.split(ks)
+    assert got["projections"] == pytest.approx(0.018) and got["other"] == pytest.approx(0.002)
+    assert got["gaps"] == 0 and got["step"] == pytest.approx(0.020)
 
 
 def test_split_of_nothing():

@@ -1,7 +1,7 @@
 """The decode step's launch chain (``qerl_kernels.launch.chain``) as the launchers issue it, with Triton's launch
 recorded instead of run (CPU tensors): which launches become programmatic dependents, which wait before reading and
 what each kernel is told. The GPU judges are ``python -m qerl.bench.engine_check`` (the rollout with the chain on
-and off bit for bit) and ``scratch``-free ``qerl bench rollout --pdl-chain on|off``."""
+and off bit for bit) and ``qerl bench rollout --pdl-chain on|off``."""
 import types
 
 import pytest
@@ -40,28 +40,18 @@ def test_outside_the_chain_nothing_changes(recorded):
     ops._launch_wgmma(_call(xs=True, lora=True))
     assert [n for n, *_ in recorded] == ["_lora_xa_kernel", "_nvfp4_wgmma_kernel"]
     xa, k = _kw(recorded, "_lora_xa_kernel"), _kw(recorded, "_nvfp4_wgmma_kernel")
-    assert not xa["FLAG"] and "launch_pdl" not in xa
-    assert k["PDL"] and k["launch_pdl"] and not (k["EW"] or k["SPIN"] or k["TRIG"])
+    assert "launch_pdl" not in xa
+    assert k["PDL"] and k["launch_pdl"] and not (k["EW"] or k["TRIG"])
 
 
-def test_lora_projection_in_the_chain_spins_on_the_primarys_flag(recorded, monkeypatch):
-    monkeypatch.setattr(ops, "CHAIN_LORA", "flag")
+def test_lora_projection_ends_the_chain_at_its_primary_and_releases_its_successor(recorded):
     with launch.chain():
-        ops._launch_wgmma(_call(xs=True, lora=True))
-    (_, xa_args, xa), (_, k_args, k) = recorded
-    assert xa["FLAG"] and xa["PDL"] == 1 and xa["launch_pdl"]  # chained: waits for the grid before, sets the flag
-    assert k["EW"] and k["SPIN"] and k["PDL"] and k["launch_pdl"] and not k["TRIG"]  # released only at its end
-    flag = ops._chain_flag(torch.device("cpu"))
-    assert xa_args[5] is flag and k_args[-1] is flag and flag.tolist() == [0, 0]
-
-
-def test_lora_projection_as_a_pair_ends_the_chain_at_the_primary(recorded, monkeypatch):
-    monkeypatch.setattr(ops, "CHAIN_LORA", "pair")
-    with launch.chain():
-        ops._launch_wgmma(_call(xs=True, lora=True))
-    xa, k = _kw(recorded, "_lora_xa_kernel"), _kw(recorded, "_nvfp4_wgmma_kernel")
-    assert not xa["FLAG"] and "launch_pdl" not in xa  # an ordinary launch
-    assert k["PDL"] and not k["EW"] and not k["SPIN"] and k["TRIG"]
+        ops._launch_wgmma(_call(xs=False, lora=True))
+    assert [n for n, *_ in recorded] == ["_permute_kernel", "_lora_xa_kernel", "_nvfp4_wgmma_kernel"]
+    p, xa, k = (_kw(recorded, n) for n in ("_permute_kernel", "_lora_xa_kernel", "_nvfp4_wgmma_kernel"))
+    assert p["WAIT"] and p["launch_pdl"]  # the pre-pass: chained
+    assert "launch_pdl" not in xa  # the primary: an ordinary launch (the kernel overlaps it, as outside the chain)
+    assert k["PDL"] and k["launch_pdl"] and not k["EW"] and k["TRIG"]
 
 
 def test_projection_without_lora_chains_its_pre_pass_and_streams_weights_before_its_wait(recorded):
@@ -70,7 +60,7 @@ def test_projection_without_lora_chains_its_pre_pass_and_streams_weights_before_
     assert [n for n, *_ in recorded] == ["_permute_kernel", "_nvfp4_wgmma_kernel"]
     p, k = _kw(recorded, "_permute_kernel"), _kw(recorded, "_nvfp4_wgmma_kernel")
     assert p["WAIT"] and p["PDL"] and p["launch_pdl"]
-    assert k["EW"] and k["TRIG"] and k["launch_pdl"] and not k["SPIN"] and not k["PDL"]
+    assert k["EW"] and k["TRIG"] and k["launch_pdl"] and not k["PDL"]
 
 
 def test_chain_nests_and_restores():
