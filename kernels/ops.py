@@ -638,6 +638,8 @@ def _launch_wgmma(c: _Call) -> torch.Tensor:
     # one machine, reports/rollout): the primary chained and waited for before the main loop 4.02 against 3.42 at
     # batch 8 (its 3-5 µs no longer overlapped); chained with a flag the kernel spins on instead (the primary kept
     # under the main loop) 3.34 / 3.37 against 3.38 / 3.35 at batch 8 and 5.95 / 5.97 against 5.87 / 5.88 at 64.
+    # (Also measured and not kept: the LoRA term from one more split-K program per tile instead of the last share's
+    # epilogue — correct, no faster: 3.38 / 3.37 against 3.33 / 3.39 at batch 8, 14B 6.21 against 6.13.)
     chain = launch.chained() and not ws and not c.interpret
     if c.pdl:  # permute first: the PDL primary (xa [16, R]) must be the launch right before the kernel
         xperm = None if c.cfg.get("XG") or c.cfg.get("XS") else permute_activations(c.x2, wait=chain)

@@ -195,7 +195,9 @@ def write_traces(traces: list[tuple[dict, dict, list[dict]]], out: Path, device:
              "torch.profiler (qerl.bench.trace): each moment of the step goes to the earliest-started kernel still "
              "running (the one the programmatic dependents started under it wait for), or to gaps when none runs. `replay` is the same replay timed without the profiler (median of "
              "10): the profiler's per-kernel records lengthen the traced step, almost all of it as gaps, so the parts "
-             "are the measurement and `replay` minus their sum bounds the real gaps.", ""]
+             "are the measurement and `replay` minus their sum bounds the real gaps. In the launch chain "
+             "(qerl_kernels.launch.chain) a kernel starts under the one before it and waits for it, so the per-kernel "
+             "totals below include that wait: they are not the kernels' own time (the split above is).", ""]
     for row, sp, top in traces:
         lines += [f"## {row['model']} {row['base']} batch {row['batch']} (prompt {row['prompt_len']}, "
                   f"gen {row['gen_len']})", "",
