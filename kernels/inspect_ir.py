@@ -123,7 +123,7 @@ def compile_wgmma(WG=1, BT=64, NS=3, split=False, bias=False, XG=True, PIPE=Fals
 
 
 def compile_ws(C=2, MT=1, BT=64, NS=4, split=False, bias=False, R=0, PDL=False, OCC=1, SK=False, DB=False,
-               KS=False, XWAIT=False, TILED=False):
+               KS=False, XWAIT=False, TILED=False, TRIG=False):
     """The warp-specialised warpgroup-MMA kernel (:mod:`qerl_kernels.nvfp4_wgmma_ws`, Gluon) for sm_90: C consumer
     warpgroups of MT m64 tiles, BT activation rows, NS ring stages, OCC programs per SM (the register split),
     stream-K schedule SK, TILED weights (:mod:`qerl_kernels.layout`)."""
@@ -134,7 +134,7 @@ def compile_ws(C=2, MT=1, BT=64, NS=4, split=False, bias=False, R=0, PDL=False, 
     maxnreg, creg, _ = register_split(C, OCC)
     consts = {"HAS_BIAS": bool(bias), "USE_SPLIT": bool(split), "C": C, "MT": MT, "BT": BT, "NS": NS, "CREGS": creg,
               "R": R, "PDL": bool(PDL), "SK": bool(SK), "DB": bool(DB),
-              "KS": bool(KS), "XWAIT": bool(XWAIT), "TILED": bool(TILED)}
+              "KS": bool(KS), "XWAIT": bool(XWAIT), "TILED": bool(TILED), "TRIG": bool(TRIG)}
     sig = {**WGMMA_SIG, **{k: "constexpr" for k in consts}}
     names = list(sig)
     attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in WGMMA_SIG
@@ -145,7 +145,7 @@ def compile_ws(C=2, MT=1, BT=64, NS=4, split=False, bias=False, R=0, PDL=False, 
 
 
 def compile_ws_tma(C=2, MT=1, BT=64, NS=4, split=False, bias=False, R=0, PDL=False, OCC=1, SK=False, DB=False,
-                   KS=False, XWAIT=False, TILED=False):
+                   KS=False, XWAIT=False, TILED=False, TRIG=False):
     """:func:`compile_ws` with the TMA producer (:func:`qerl_kernels.nvfp4_wgmma_ws._nvfp4_ws_tma_kernel`)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -155,7 +155,7 @@ def compile_ws_tma(C=2, MT=1, BT=64, NS=4, split=False, bias=False, R=0, PDL=Fal
     maxnreg, creg, _ = register_split(C, OCC)
     consts = {"HAS_BIAS": bool(bias), "USE_SPLIT": bool(split), "C": C, "MT": MT, "BT": BT, "NS": NS, "CREGS": creg,
               "R": R, "PDL": bool(PDL), "SK": bool(SK), "DB": bool(DB),
-              "KS": bool(KS), "XWAIT": bool(XWAIT), "TILED": bool(TILED)}
+              "KS": bool(KS), "XWAIT": bool(XWAIT), "TILED": bool(TILED), "TRIG": bool(TRIG)}
     box = 64 if TILED else 64 * MT * (1 if KS else C)  # (TILED: one 4 KB box per 64-row tile and K step)
     args = {"w_desc": f"tensordesc<u8[{box}, 64],{W_TMA_LAYOUT!r}>",
             "x_desc": f"tensordesc<bf16[{BT}, 128],{X_TMA_LAYOUT!r}>",

@@ -67,7 +67,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
     warpgroup_mma_wait
 
 from qerl_kernels import launch
-from qerl_kernels.nvfp4_wgmma import _a_operand, _gdc_wait, _issue_s, _issue_w, _issue_x, _output, _rows, \
+from qerl_kernels.nvfp4_wgmma import _a_operand, _gdc_launch_dependents, _gdc_wait, _issue_s, _issue_w, _issue_x, _output, _rows, \
     _scales_layout, _sms, _split_sum, _words_layout
 
 REGS_PER_SM = 65536
@@ -461,7 +461,10 @@ def _nvfp4_ws_kernel(
     HAS_BIAS: gl.constexpr, USE_SPLIT: gl.constexpr, C: gl.constexpr, MT: gl.constexpr, BT: gl.constexpr,
     NS: gl.constexpr, CREGS: gl.constexpr, R: gl.constexpr = 0, PDL: gl.constexpr = False, SK: gl.constexpr = False,
     DB: gl.constexpr = False, KS: gl.constexpr = False, XWAIT: gl.constexpr = False, TILED: gl.constexpr = False,
+    TRIG: gl.constexpr = False,
 ):
+    if TRIG:  # the launch chain (qerl_kernels.launch.chain): the next launch, which waits for this grid, may start
+        _gdc_launch_dependents()
     RW: gl.constexpr = 64 * MT if KS else 64 * C * MT
     FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     XSL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
@@ -528,8 +531,11 @@ def _nvfp4_ws_tma_kernel(
     HAS_BIAS: gl.constexpr, USE_SPLIT: gl.constexpr, C: gl.constexpr, MT: gl.constexpr, BT: gl.constexpr,
     NS: gl.constexpr, CREGS: gl.constexpr, R: gl.constexpr = 0, PDL: gl.constexpr = False, SK: gl.constexpr = False,
     DB: gl.constexpr = False, KS: gl.constexpr = False, XWAIT: gl.constexpr = False, TILED: gl.constexpr = False,
+    TRIG: gl.constexpr = False,
 ):
     """:func:`_nvfp4_ws_kernel` with the TMA producer (:func:`_fill_tma`); C = 1 | 2 consumers."""
+    if TRIG:
+        _gdc_launch_dependents()
     RW: gl.constexpr = 64 * MT if KS else 64 * C * MT
     FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     wsm = gl.allocate_shared_memory(gl.uint8, [NS, RW, 64], w_desc.layout)
@@ -575,7 +581,7 @@ X_TMA_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
 
 
 def _ws_static(x, packed, xp, lora_b, has_bias, C, MT, BT, NS, SPLIT, OCC, SK, TMA, DB, KS, pdl, xwait,
-               TILED=0) -> tuple:
+               TILED=0, trig=False) -> tuple:
     """:func:`nvfp4_ws_matmul`'s static part (per scope, :func:`qerl_kernels.launch.memo`): ``(RW, tiles, grid, P,
     constexprs, TMA descriptor fields)`` — the descriptors' fields but their base, validated once by
     ``TensorDescriptor.from_tensor`` (shape, strides, alignment and dtype are the scope's)."""
@@ -594,7 +600,7 @@ def _ws_static(x, packed, xp, lora_b, has_bias, C, MT, BT, NS, SPLIT, OCC, SK, T
         grid = (tiles, max(1, SPLIT))
     consts = dict(HAS_BIAS=has_bias, USE_SPLIT=SPLIT > 1, C=int(C), MT=int(MT), BT=int(BT), NS=int(NS),
                   CREGS=creg, R=lora_b.shape[1] if lora_b is not None else 0, PDL=bool(pdl), SK=bool(SK), DB=bool(DB),
-                  KS=bool(KS), XWAIT=bool(xwait), TILED=bool(TILED),
+                  KS=bool(KS), XWAIT=bool(xwait), TILED=bool(TILED), TRIG=bool(trig),
                   num_warps=PRODUCER_WARPS, maxnreg=maxnreg, **({"launch_pdl": True} if pdl or xwait else {}))
     descs = None
     if TMA:
@@ -621,7 +627,7 @@ def _descriptor(t, fields: dict):
 
 def nvfp4_ws_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lora_scale=1.0, *, xp, C=2, MT=1, BT=64,
                     NS=4, SPLIT=1, OCC=1, SK=0, TMA=0, DB=0, KS=0, part=None, lock=None, pdl=False, xwait=False,
-                    TILED=0):
+                    TILED=0, trig=False):
     """``y [M, N]`` bf16 with :func:`_nvfp4_ws_kernel` (``TMA``: :func:`_nvfp4_ws_tma_kernel`, C = 1 | 2; ``DB``,
     ``KS``: see the module doc); ``xp``: the activations in the kernel's reduction order (:func:`qerl_kernels.nvfp4_wgmma.permute_activations`). ``SK``:
     the stream-K schedule — ``OCC`` programs per SM share the ``tiles · K/128`` (tile, K step) units evenly
@@ -631,12 +637,13 @@ def nvfp4_ws_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lo
     one (:func:`~qerl_kernels.nvfp4_wgmma.permute_activations` with ``pdl``): this kernel is launched as its
     programmatic dependent and its producer waits for it before the first load, so the launch and the prologue
     overlap the permutation. ``TILED``: ``packed`` and ``scale_u8`` in the tile-contiguous layout
-    (:mod:`qerl_kernels.layout`, N % 64 == 0). Called by :func:`qerl_kernels.ops._launch_wgmma` for ``WS`` configs (validation is the
+    (:mod:`qerl_kernels.layout`, N % 64 == 0). ``trig`` (the launch chain, :func:`qerl_kernels.launch.chain`): release
+    the next launch at the start (it waits for this grid before its first read). Called by :func:`qerl_kernels.ops._launch_wgmma` for ``WS`` configs (validation is the
     caller's)."""
     M, K = x.shape
     N = packed.shape[0]
     RW, tiles, grid, P, consts, descs = launch.memo(_ws_static, x, packed, xp, lora_b, bias is not None, C, MT, BT, NS,
-                                                    SPLIT, OCC, SK, TMA, DB, KS, pdl, xwait, TILED)
+                                                    SPLIT, OCC, SK, TMA, DB, KS, pdl, xwait, TILED, trig)
     out = torch.empty((M, N), device=x.device, dtype=torch.bfloat16)
     if SK:
         SPLIT = 1

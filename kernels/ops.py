@@ -640,9 +640,11 @@ def _launch_wgmma(c: _Call) -> torch.Tensor:
     # under the main loop) 3.34 / 3.37 against 3.38 / 3.35 at batch 8 and 5.95 / 5.97 against 5.87 / 5.88 at 64.
     # (Also measured and not kept: the LoRA term from one more split-K program per tile instead of the last share's
     # epilogue — correct, no faster: 3.38 / 3.37 against 3.33 / 3.39 at batch 8, 14B 6.21 against 6.13.)
-    chain = launch.chained() and not ws and not c.interpret
+    # The warp-specialised kernel joins it too (its pre-pass chained, released early) but issues no weights early.
+    chained = launch.chained() and not c.interpret
+    chain = chained and not ws
     if c.pdl:  # permute first: the PDL primary (xa [16, R]) must be the launch right before the kernel
-        xperm = None if c.cfg.get("XG") or c.cfg.get("XS") else permute_activations(c.x2, wait=chain)
+        xperm = None if c.cfg.get("XG") or c.cfg.get("XS") else permute_activations(c.x2, wait=chained)
         xa = _pdl_primary(c.x2, c.lora_a, c.M, c.K, c.r, locks, N=c.N if c.M <= 16 else 0)  # (xa_shares)
     if ws:  # the warp-specialised kernel (pre-permuted activations; split-K or stream-K)
         from qerl_kernels.nvfp4_wgmma_ws import nvfp4_ws_matmul
@@ -652,9 +654,9 @@ def _launch_wgmma(c: _Call) -> torch.Tensor:
         # without the LoRA primary the permutation is this kernel's PDL primary (its producer waits for it)
         y = nvfp4_ws_matmul(c.x2, c.packed, c.s8, c.gs, bias, None if outside else xa,
                             None if outside else lb, c.lora_scale,
-                            xp=permute_activations(c.x2, pdl=not c.interpret) if xperm is None else xperm,
+                            xp=permute_activations(c.x2, pdl=not c.interpret, wait=chained) if xperm is None else xperm,
                             xwait=xperm is None and not c.interpret, part=part, lock=locks,
-                            pdl=c.pdl and not outside, **kw)
+                            pdl=c.pdl and not outside, trig=chained, **kw)
         return y.addmm_(xa, lb.T, alpha=c.lora_scale) if outside else y
     return nvfp4_wgmma_matmul(c.x2, c.packed, c.s8, c.gs, bias, xa, lb, c.lora_scale, **kw, xp=xperm, part=part,
                               lock=locks, pdl=c.pdl, ew=chain and not c.pdl, trig=chain)

@@ -89,3 +89,22 @@ def test_norm_launches_join_the_chain_on_cuda_only(monkeypatch):
         norm.rms_norm(x, w, 1e-6, d=x)
         norm.silu_mul(x, x)
     assert [kw["PDL"] for kw in calls] == [True, True] and all(kw["launch_pdl"] for kw in calls)
+
+
+def test_warp_specialised_projection_chains_its_pre_pass_and_releases_its_successor(recorded):
+    """A `WS` config (M = 64): the pre-pass chained (it waits for the grid before it) and still the kernel's PDL
+    primary (`XWAIT`), the kernel released early; no early weights (`EW` is the plain kernel's)."""
+    cfg = {"WGMMA": 1, "WS": 1, "C": 2, "MT": 1, "BT": 64, "NS": 4, "SPLIT": 2}
+    c = _call(xs=False, lora=False, M=64, N=256, K=512)
+    c = ops._Call(*[getattr(c, f) for f in ("kind", "x2", "packed", "scale", "gs", "n_out", "extra", "lora_scale",
+                                            "r", "interpret")], types.MappingProxyType(cfg), None, False, True)
+    with launch.chain():
+        ops._launch_wgmma(c)
+    assert [n for n, *_ in recorded] == ["_permute_kernel", "_nvfp4_ws_kernel"]
+    p, k = _kw(recorded, "_permute_kernel"), _kw(recorded, "_nvfp4_ws_kernel")
+    assert p["WAIT"] and p["PDL"] and p["launch_pdl"]
+    assert k["XWAIT"] and k["TRIG"] and k["launch_pdl"]
+    recorded.clear()
+    ops._launch_wgmma(c)  # outside the chain: as before
+    p, k = _kw(recorded, "_permute_kernel"), _kw(recorded, "_nvfp4_ws_kernel")
+    assert not p["WAIT"] and p["PDL"] and "launch_pdl" not in p and k["XWAIT"] and not k["TRIG"]

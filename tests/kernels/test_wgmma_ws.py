@@ -372,3 +372,16 @@ def test_tiled_weights_compile_for_sm90(fn, C, BT, kw):
         assert "cp.async.cg.shared.global" in ptx or "cp.async.ca.shared.global" in ptx
         rows = inspect_ir.compile_ws(C, 1, BT, 4, **kw).asm["ptx"]
         assert ptx.split(".section")[0] != rows.split(".section")[0]  # the tiled offsets, not the row-major ones
+
+
+@pytest.mark.parametrize("tma", [False, True])
+def test_launch_chain_release_compiles_first_in_the_warp_specialised_kernels(tma):
+    """`TRIG` (the launch chain): `griddepcontrol.launch_dependents` is the kernel's first chain instruction, before the
+    producer's wait for the activation pre-pass (`XWAIT`), with the partitions compiled as without it."""
+    from qerl_kernels.inspect_ir import compile_ws, compile_ws_tma
+
+    k = (compile_ws_tma if tma else compile_ws)(2, 1, 64, 4, split=True, R=32, PDL=True, XWAIT=True, TRIG=True)
+    ptx = k.asm["ptx"]
+    first = min(ptx.index("griddepcontrol.launch_dependents"), ptx.index("griddepcontrol.wait"))
+    assert ptx.index("griddepcontrol.launch_dependents") == first
+    assert ".local" not in ptx
