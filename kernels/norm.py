@@ -110,6 +110,19 @@ def _pdl(x: torch.Tensor) -> bool:
     return launch.chained() and x.is_cuda
 
 
+def _run(kernel, grid, args: tuple, kw: dict) -> None:
+    """``launch.run`` inside a scope keyed on what the launch specialises on (the tensors' dtypes and 16-byte
+    alignment, the integer arguments, the keywords), so that a repeated eager call (the engine's prefill, a decode step
+    without graphs) takes the direct launch."""
+    key = (kernel, tuple((a.dtype, a.data_ptr() % 16) if isinstance(a, torch.Tensor) else
+                         (a if isinstance(a, int) else type(a)) for a in args), tuple(sorted(kw.items())))
+    prev = launch.scope(key)
+    try:
+        launch.run(kernel, grid, args, kw)
+    finally:
+        launch.restore(prev)
+
+
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, d: torch.Tensor | None = None,
              z: torch.Tensor | None = None):
     """RMSNorm of ``x [..., H]`` (module docstring): ``y``, or ``(s, y)`` with ``s = x + d`` when the residual ``d``
@@ -127,7 +140,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, d: torch.Tensor | Non
     d2 = _rows(d, "d") if d is not None else x2
     pdl = _pdl(x)
     if M:
-        launch.run(_rms_kernel, (M,), (x2, d2, w, z if z is not None else w, s, y, H, x2.stride(0), d2.stride(0),
+        _run(_rms_kernel, (M,), (x2, d2, w, z if z is not None else w, s, y, H, x2.stride(0), d2.stride(0),
                                        s.stride(0), y.stride(0), float(eps)),
                    dict(BLOCK=triton.next_power_of_2(H), ADD=d is not None, NOISY=z is not None, PDL=pdl,
                         FAST=x.is_cuda, num_warps=4 if H <= 4096 else 8, **({"launch_pdl": True} if pdl else {})))
@@ -145,7 +158,7 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     y = torch.empty((M, I), device=g.device, dtype=g.dtype)
     pdl = _pdl(g)
     if M:
-        launch.run(_silu_mul_kernel, (M, launch.cdiv(I, GATE_BLOCK)),
+        _run(_silu_mul_kernel, (M, launch.cdiv(I, GATE_BLOCK)),
                    (g2, u2, y, I, g2.stride(0), u2.stride(0), y.stride(0)),
                    dict(BLOCK=GATE_BLOCK, PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {})))
     return y.view(g.shape)
