@@ -17,8 +17,8 @@ Outside a scope (``scope(None)``, the default) every launch takes Triton's path.
 direct path off (the checks compare both).
 
 :func:`chain` (the rollout engine's decode step): inside it the kernels that can — the decode step's own Triton
-kernels and the plain warpgroup-MMA projection with its pre-passes — are launched as programmatic dependents
-(``launch_pdl``) of the launch before them. Each such kernel releases the next launch at its start
+kernels (:mod:`qerl_kernels.norm`, rotary, attention) and the warpgroup-MMA projections with their pre-passes — are
+launched as programmatic dependents (``launch_pdl``) of the launch before them. Each such kernel releases the next launch at its start
 (``griddepcontrol.launch_dependents``) and waits for the previous grid (``griddepcontrol.wait``) before its first
 read of that grid's results and before its first global write; what it may do before the wait reads only constant
 data (a projection's weights). Every kernel of the chain waits, so a wait returns only once *every* earlier launch

@@ -632,15 +632,15 @@ def _launch_wgmma(c: _Call) -> torch.Tensor:
     locks, xperm = _locks(c.x2.device), None
     # stream-K: the wrapper sizes its partial-tile workspace (2 tiles per program); without split-K: none
     part = torch.empty(split * c.M * c.N, device=c.x2.device, dtype=torch.float32) if split > 1 and not sk else None
-    # the launch chain (launch.chain; the plain kernel only): with the LoRA primary the chain ends at the primary — an
-    # ordinary launch, the kernel its dependent as outside the chain (main loop under the primary, the wait before
-    # the epilogue), released early to its chained successor. Measured on the H100, 7B, ms per decode step (A/B on
-    # one machine, reports/rollout): the primary chained and waited for before the main loop 4.02 against 3.42 at
-    # batch 8 (its 3-5 µs no longer overlapped); chained with a flag the kernel spins on instead (the primary kept
-    # under the main loop) 3.34 / 3.37 against 3.38 / 3.35 at batch 8 and 5.95 / 5.97 against 5.87 / 5.88 at 64.
-    # (Also measured and not kept: the LoRA term from one more split-K program per tile instead of the last share's
-    # epilogue — correct, no faster: 3.38 / 3.37 against 3.33 / 3.39 at batch 8, 14B 6.21 against 6.13.)
-    # The warp-specialised kernel joins it too (its pre-pass chained, released early) but issues no weights early.
+    # The launch chain (launch.chain): the pre-pass and the kernel join it — the plain kernel issues its first weight
+    # steps before its wait (EW), the warp-specialised one does not — and the kernel releases its successor at its
+    # start. With the LoRA primary the chain ends at the primary: an ordinary launch, the kernel its dependent as
+    # outside the chain (main loop under the primary, the wait before the epilogue). Measured on the H100 and not
+    # kept (7B, ms per decode step, A/B on one machine, reports/rollout/evidence/7B_session20_launch_chain_*):
+    # the primary chained and waited for before the main loop, 4.02 against 3.42 at batch 8 (its 3-5 µs no longer
+    # under the main loop); chained with a flag the kernel spins on instead, 3.34 / 3.37 against 3.38 / 3.35 at
+    # batch 8 and 5.95 / 5.97 against 5.87 / 5.88 at 64; the LoRA term from one more split-K program per tile instead
+    # of the last share's epilogue, 3.38 / 3.37 against 3.33 / 3.39 at batch 8.
     chained = launch.chained() and not c.interpret
     chain = chained and not ws
     if c.pdl:  # permute first: the PDL primary (xa [16, R]) must be the launch right before the kernel
