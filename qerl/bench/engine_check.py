@@ -148,8 +148,8 @@ def main(out: str | None = None, device: str | None = None) -> int:
         v for k, v in res["bf16_nvfp4_lora"].items() if k in ("reproducible", "reproducible_after_release",
                                                              "compaction_invariant",
                                                              "slot_refill_reproducible", "slot_refill_invariant"))
-    # the decode step's launch chain (runner.PDL_CHAIN: programmatic dependent launches, weights streamed before
-    # each wait) reorders no arithmetic: the same rollout without it, bit for bit
+    # the decode step's launch chain (runner.PDL_CHAIN: programmatic dependent launches) reorders no arithmetic: the
+    # same rollout without it, bit for bit
     from qerl.rollout.engine import runner
 
     prev, runner.PDL_CHAIN[0] = runner.PDL_CHAIN[0], not runner.PDL_CHAIN[0]

@@ -54,6 +54,7 @@ def run_one(model, lm, tok, engine: str, batch: int, prompt_len: int, gen_len: i
     from qerl.bench.lengths import summary
     from qerl.rollout import SamplingSettings, sampler
     from qerl.rollout.engine import engine_for
+    from qerl.rollout.engine.runner import PDL_CHAIN
 
     if batch % group_size:
         raise ValueError(f"batch {batch}: not a multiple of --group-size {group_size}")
@@ -72,8 +73,6 @@ def run_one(model, lm, tok, engine: str, batch: int, prompt_len: int, gen_len: i
         secs, steps = st["prefill_s"] + st["decode_s"], max(1, st["decode_steps"])
         ms_step = 1e3 * st["decode_s"] / steps
         note = f"capture {st['capture_s']:.1f} s excluded; {st['rows']} rows on {st['slots']} KV slots"
-        from qerl.rollout.engine.runner import PDL_CHAIN
-
         if not PDL_CHAIN[0]:
             note += "; launch chain off"
         if "layout_s" in st:  # weight_layout="tiled": the in-place reorder and its undo, also excluded
@@ -193,8 +192,8 @@ def write_traces(traces: list[tuple[dict, dict, list[dict]]], out: Path, device:
     lines = [f"# Decode step kernel timelines on {device}", "",
              "One CUDA-graph replay of the engine's decode step (KV at the average length), traced with "
              "torch.profiler (qerl.bench.trace): each moment of the step goes to the earliest-started kernel still "
-             "running (the one the programmatic dependents started under it wait for), or to gaps when none runs. `replay` is the same replay timed without the profiler (median of "
-             "10): the profiler's per-kernel records lengthen the traced step, almost all of it as gaps, so the parts "
+             "running (the one the programmatic dependents started under it wait for), or to gaps when none runs. "
+             "`replay` is the same replay timed without the profiler (median of 10): the profiler's per-kernel records lengthen the traced step, almost all of it as gaps, so the parts "
              "are the measurement and `replay` minus their sum bounds the real gaps. In the launch chain "
              "(qerl_kernels.launch.chain) a kernel starts under the one before it and waits for it, so the per-kernel "
              "totals below include that wait: they are not the kernels' own time (the split above is).", ""]
@@ -451,9 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not torch.cuda.is_available():
         raise SystemExit("qerl bench rollout needs a CUDA GPU (use --plot CSV to redraw a figure)")
-    from qerl.rollout.engine import runner
-
-    from qerl.rollout.engine import forward
+    from qerl.rollout.engine import forward, runner
 
     runner.WEIGHT_LAYOUT[0] = a.weight_layout
     runner.PDL_CHAIN[0] = forward.NORM_KERNELS[0] = a.pdl_chain == "on"
