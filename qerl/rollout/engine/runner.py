@@ -507,25 +507,22 @@ class RolloutEngine:
         return time.perf_counter()
 
 
-@contextlib.contextmanager
-def _launch_mode(mode: str):
-    """``qerl_kernels.ops.launch_mode`` when the kernels are importable (graph-tuned configs), else nothing."""
-    try:
-        from qerl_kernels.ops import launch_mode
-    except Exception:  # no Triton / no kernels: the reference path has no launch modes
-        yield
-        return
-    with launch_mode(mode):
-        yield
+def _kernels_context(module: str, name: str, *args):
+    """``qerl_kernels.<module>.<name>(*args)`` (a context manager) when the kernels are importable, else nothing: the
+    reference path has no launch modes and no launch chain."""
+    import importlib
 
-
-@contextlib.contextmanager
-def _chain(on: bool):
-    """``qerl_kernels.launch.chain(on)`` when the kernels are importable, else nothing."""
     try:
-        from qerl_kernels.launch import chain
+        return getattr(importlib.import_module(f"qerl_kernels.{module}"), name)(*args)
     except Exception:  # no Triton / no kernels
-        yield
-        return
-    with chain(on):
-        yield
+        return contextlib.nullcontext()
+
+
+def _launch_mode(mode: str):
+    """``qerl_kernels.ops.launch_mode(mode)`` (graph-tuned configs) where the kernels import."""
+    return _kernels_context("ops", "launch_mode", mode)
+
+
+def _chain(on: bool):
+    """``qerl_kernels.launch.chain(on)`` where the kernels import."""
+    return _kernels_context("launch", "chain", on)
