@@ -513,9 +513,10 @@ def _kernels_context(module: str, name: str, *args):
     import importlib
 
     try:
-        return getattr(importlib.import_module(f"qerl_kernels.{module}"), name)(*args)
+        make = getattr(importlib.import_module(f"qerl_kernels.{module}"), name)
     except Exception:  # no Triton / no kernels
         return contextlib.nullcontext()
+    return make(*args)
 
 
 def _launch_mode(mode: str):
