@@ -33,7 +33,8 @@ import threading
 DIRECT = [True]  # direct launches on (tests and experiments turn it off)
 _TLS = threading.local()  # per thread (autograd runs CUDA backward on its own thread): .key (the current call's scope,
 # None outside), .n (its launches so far)
-_HITS: dict = {}  # (scope, launch ordinal) -> (kernel, number of positional args, compiled kernel, constexpr values)
+_HITS: dict = {}  # (scope, launch ordinal) -> (kernel, number of positional args, compiled kernel, constexpr values,
+# the launch function and its leading arguments: _launcher)
 _MAX = 8192  # remembered launches before the memo is cleared (training Ms vary per micro-batch)
 _MEMO: dict = {}  # (scope, builder) -> what the builder returned (see memo)
 _STATS = {"direct": 0, "triton": 0}
@@ -147,13 +148,12 @@ def run(kernel, grid, args: tuple, kw: dict):
             if hit is not None and hit[0] is kernel and hit[1] == len(args):
                 knobs, driver = _TRITON or _triton()
                 if _no_hooks(knobs):
-                    compiled, tail = hit[2], hit[3]
                     active = driver.active
                     stream = active.get_current_stream(active.get_current_device())
-                    compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
-                                 compiled.function, compiled.packed_metadata, None, None, None, *(args + tail))
+                    hit[4](grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
+                           *hit[5], *args, *hit[3])
                     _STATS["direct"] += 1
-                    return compiled
+                    return hit[2]
     compiled = kernel[grid](*args, **kw)
     _STATS["triton"] += 1
     if key is not None and compiled is not None and hasattr(compiled, "packed_metadata"):
@@ -161,5 +161,21 @@ def run(kernel, grid, args: tuple, kw: dict):
         if tail is not None:
             if len(_HITS) >= _MAX:
                 _HITS.clear()
-            _HITS[key] = (kernel, len(args), compiled, tail)
+            _HITS[key] = (kernel, len(args), compiled, tail, *_launcher(compiled))
     return compiled
+
+
+def _launcher(compiled) -> tuple:
+    """``(fn, head)``: the direct launch is ``fn(gx, gy, gz, stream, *head, *args, *constexprs)``. Where the compiled
+    kernel's launcher is Triton's ``CudaLauncher`` and the kernel needs no global or profile scratch (ours do not),
+    ``fn`` is its C ``launch`` with what ``CudaLauncher.__call__`` would pass it fixed in ``head`` (the cooperative-
+    grid and PDL flags, no scratch, the packed metadata and no launch metadata or hooks): the Python frame of
+    ``__call__`` and its two scratch closures are ~2 µs of each launch on the H100 machines' CPUs. Else the launcher
+    itself, as :meth:`CompiledKernel.run` is called."""
+    run = compiled.run
+    fn = getattr(run, "launch", None)
+    if fn is not None and getattr(run, "global_scratch_size", 1) == 0 and getattr(run, "profile_scratch_size", 1) == 0 \
+            and hasattr(run, "launch_cooperative_grid") and hasattr(run, "launch_pdl"):
+        return fn, (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                    compiled.packed_metadata, None, None, None)
+    return run, (compiled.function, compiled.packed_metadata, None, None, None)

@@ -18,6 +18,7 @@ separate eager one (``EAGER``: fewer launches for host-bound eager calls); the d
 
 import contextlib
 import functools
+import itertools
 from dataclasses import dataclass
 import json
 import math
@@ -212,24 +213,33 @@ def _tile_fallback(interpret: bool, split: int = 1) -> dict:
     return dict(BM=16, BN=64, BK=64, SWAP=0, SPLIT=split, num_warps=4, num_stages=1 if interpret else 3)
 
 
+_ACT_DTYPES = (torch.bfloat16, torch.float16)
+_SCALE_DTYPES = (torch.float8_e4m3fn, torch.uint8)
+
+
 def _check(x, packed, scale, gs, k_dim: int, name: str) -> tuple[int, int]:
-    if x.dtype not in (torch.bfloat16, torch.float16):
+    """Validate a call's tensors (every eager call: written for few tensor attribute reads, ~0.1-0.8 µs each)."""
+    if x.dtype not in _ACT_DTYPES:
         raise KernelInputError(f"{name}: activations must be bf16 or fp16, got {x.dtype}")
-    if packed.dtype != torch.uint8 or packed.ndim != 2:
+    shape = packed.shape
+    if packed.dtype != torch.uint8 or len(shape) != 2:
         raise KernelInputError(f"{name}: packed weight must be 2-D uint8 [N, K/2], got {packed.dtype} {tuple(packed.shape)}")
-    n, half_k = packed.shape
+    n, half_k = shape
     k = half_k * 2
     if k % 16:
         raise KernelInputError(f"{name}: K = {k} is not a multiple of 16")
-    if scale.dtype not in (torch.float8_e4m3fn, torch.uint8) or tuple(scale.shape) != (n, k // 16):
+    if scale.dtype not in _SCALE_DTYPES or scale.shape != (n, k // 16):
         raise KernelInputError(f"{name}: scale must be float8_e4m3fn [{n}, {k // 16}], got {scale.dtype} {tuple(scale.shape)}")
     if gs.numel() != 1 or gs.dtype != torch.float32:
         raise KernelInputError(f"{name}: global scale must be float32 [1], got {gs.dtype} {tuple(gs.shape)}")
-    for t, tn in ((x, "activations"), (packed, "packed weight"), (scale, "scale"), (gs, "global scale")):
-        if t.device != x.device:
-            raise KernelInputError(f"{name}: {tn} is on {t.device}, activations on {x.device}")
-        if not t.is_contiguous():
-            raise KernelInputError(f"{name}: {tn} must be contiguous")
+    dev = x.device
+    if not (packed.device == dev and scale.device == dev and gs.device == dev and x.is_contiguous()
+            and packed.is_contiguous() and scale.is_contiguous() and gs.is_contiguous()):
+        for t, tn in ((x, "activations"), (packed, "packed weight"), (scale, "scale"), (gs, "global scale")):
+            if t.device != dev:
+                raise KernelInputError(f"{name}: {tn} is on {t.device}, activations on {dev}")
+            if not t.is_contiguous():
+                raise KernelInputError(f"{name}: {tn} must be contiguous")
     if x.shape[-1] != (k if k_dim == 0 else n):
         want = k if k_dim == 0 else n
         raise KernelInputError(f"{name}: last dim of the input is {x.shape[-1]}, expected {want}")
@@ -352,20 +362,22 @@ _RESOLVED: dict = {}
 
 
 _RESOLVED_MAX = 4096
+_SCOPE_IDS = itertools.count(1)  # a resolved key's scope: a small int, so that the launch memos hash it cheaply (a
+# tuple's hash is not cached: the ~30-item key hashed per memo lookup cost µs per call), never reused for another key
 
 
 def _resolved(kind: str, x2, packed, scale, gs, n_out: int, extra: tuple, r: int, interpret: bool, lora_a,
               tiled: bool = False) -> tuple:
-    """``(scope, config, LoRA route, path)`` of a call, memoised on ``scope`` — everything that decides its launches:
+    """``(scope, config, LoRA route, path)`` of a call, memoised on its key — everything that decides its launches:
     shape, dtype, device, the alignments ``_runnable`` checks (and the global scale's), ``QERL_KERNEL_CONFIG``, the launch mode, the optional
-    tensors (:func:`_sig`), the rank and the experiment knobs. ``scope`` is also the call's
+    tensors (:func:`_sig`), the rank and the experiment knobs. ``scope``, a number the key gets once, is the call's
     :func:`qerl_kernels.launch.scope`. The host-side cost of a decode call is what a token costs in an eager rollout,
     and a training micro-batch repeats each (M, N, K) for every layer, forward and backward. Training Ms vary per
     batch: the memo is cleared past ``_RESOLVED_MAX`` keys. The config is shared and read-only."""
     M, N, K = x2.shape[0], packed.shape[0], packed.shape[1] * 2
     key = (kind, M, N, K, x2.dtype, x2.device, interpret, packed.data_ptr() % 16, packed.stride(0) % 16,
            x2.data_ptr() % 16, x2.stride(0), scale.data_ptr() % 4, scale.stride(0) % 4, gs.data_ptr() % 16,
-           os.environ.get("QERL_KERNEL_CONFIG"), _MODE[0], n_out, r, tuple(map(_sig, extra)), _sig(lora_a),
+           _env(b"QERL_KERNEL_CONFIG"), _MODE[0], n_out, r, tuple(map(_sig, extra)), _sig(lora_a),
            LORA_LAUNCH, XA_PROGRAMS, XA_CHUNKS, XA_CHUNKS_SMALL, XA_SMALL_WEIGHTS, XA_QB, XA_STAGES, XA_PDL_AT, XA_PDL_AT_MMV, XA_PDL_ROWS, EAGER_XS_ROWS, HEURISTIC,
            XA_RANK_CHUNKS, tiled, launch.chained())
     hit = _RESOLVED.get(key)
@@ -375,7 +387,7 @@ def _resolved(kind: str, x2, packed, scale, gs, n_out: int, extra: tuple, r: int
         cfg = _runnable(kind, _for_launch_mode(config_for(kind, M, N, K, x2.device)), M, K, x2, packed, scale,
                         interpret, tiled=tiled)
         route = lora_route(kind, cfg, M, K, LORA_LAUNCH) if lora_a is not None else "matmul"
-        hit = _RESOLVED[key] = (key, types.MappingProxyType(cfg), route, path_of(kind, cfg))
+        hit = _RESOLVED[key] = (next(_SCOPE_IDS), types.MappingProxyType(cfg), route, path_of(kind, cfg))
     return hit
 
 
@@ -505,7 +517,7 @@ def _pdl_primary(x2, lora_a, M: int, K: int, r: int, locks, mmv: bool = False, N
     xa = torch.empty(16 * blocks, r, device=x2.device, dtype=x2.dtype)
     nxp = xa_shares(K, mmv, N)
     rb = xa_rank_chunk(r)
-    xap = torch.empty(blocks * nxp * 16 * r, device=x2.device, dtype=torch.float32)
+    xap = _partials(x2.device, blocks * nxp * 16 * r, "xap")
     launch.run(_lora_xa_kernel, (nxp * (r // rb if rb else 1), blocks),
                (x2, lora_a, xa, xap, _lock_tail(locks.device), locks, M, K, x2.stride(0), nxp),
                dict(R=r, KB=128, QB=max(1, min(XA_QB, 512 // (rb or r))), PDL=XA_PDL_AT_MMV if mmv else XA_PDL_AT,
@@ -631,7 +643,7 @@ def _launch_wgmma(c: _Call) -> torch.Tensor:
     bias, xa, lb = c.extra
     locks, xperm = _locks(c.x2.device), None
     # stream-K: the wrapper sizes its partial-tile workspace (2 tiles per program); without split-K: none
-    part = torch.empty(split * c.M * c.N, device=c.x2.device, dtype=torch.float32) if split > 1 and not sk else None
+    part = _partials(c.x2.device, split * c.M * c.N) if split > 1 and not sk else None
     # The launch chain (launch.chain): the pre-pass and the kernel join it — the plain kernel issues its first weight
     # steps before its wait (EW), the warp-specialised one does not — and the kernel releases its successor at its
     # start. With the LoRA primary the chain ends at the primary: an ordinary launch, the kernel its dependent as
@@ -705,12 +717,46 @@ def _no_split(device: torch.device) -> torch.Tensor:
     return torch.zeros(1, dtype=torch.float32, device=device)
 
 
+def _sizes(c: _Call, x_stride: int | None = None) -> tuple:
+    """``(M, N, K, x row stride, out row stride, packed row stride, scale row stride)`` of a call, as the Triton tile
+    launchers pass them: fixed by the scope (the key holds the activations' row stride; the weights are contiguous
+    [N, K/2] / [N, K/16] and the output a fresh [M, n_out]), so read once (:func:`qerl_kernels.launch.memo`).
+    ``x_stride``: the stride of a padded copy of the activations instead."""
+    return (c.M, c.N, c.K, c.x2.stride(0) if x_stride is None else x_stride, c.n_out, c.packed.stride(0),
+            c.s8.stride(0))
+
+
+PART_MAX = 8 << 20  # floats (32 MiB): the largest fp32 scratch an eager call takes from a shared workspace
+_PARTS: dict = {}  # (role, device) -> [the workspace, the ones it outgrew] (see _partials)
+
+
+def _partials(dev: torch.device, n: int, role: str = "part") -> torch.Tensor:
+    """fp32 ``[>= n]`` scratch for one launch: its split-K partials (``role`` "part") or the LoRA ``xa`` partials of
+    its producer programs or of its PDL primary ("xap"; a role per buffer that a launch or an overlapping pair of
+    launches uses at once). Eager calls (:func:`launch_mode` ``"eager"``) share a per-device workspace per role, grown
+    to the largest ``n`` asked (up to :data:`PART_MAX`), instead of an allocation per call (~5 µs of host time on the
+    H100 machines' CPUs): a launch writes its partials and reduces them before it ends, and a launch on the stream
+    writes only once the one before it has ended (in the launch chain too: each kernel waits before its first write;
+    a PDL primary's dependent reads only its own primary's partials) — like the tickets (:func:`_locks`), the
+    kernels must not run concurrently on two streams. An outgrown workspace is kept, not freed: a CUDA graph captured
+    in eager mode may hold its address. In graph mode (the engine's captures) and above :data:`PART_MAX`, a fresh
+    tensor per call."""
+    if _MODE[0] != "eager" or n > PART_MAX:
+        return torch.empty(n, device=dev, dtype=torch.float32)
+    key = (role, dev)
+    held = _PARTS.get(key)
+    if held is None or held[0].numel() < n:
+        size = min(PART_MAX, max(n, 2 * held[0].numel() if held else 1 << 16))
+        held = _PARTS[key] = [torch.empty(size, device=dev, dtype=torch.float32)] + (held or [])
+    return held[0]
+
+
 def _buffers(c: _Call, split: int) -> tuple:
-    """Per call: the output ``[M, n_out]`` and the split-K partials (fp32, ``split · M · n_out``; a shared stand-in
-    without split-K) and the device's tickets."""
+    """Per call: the output ``[M, n_out]`` and the split-K partials (fp32, ``>= split · M · n_out``: :func:`_partials`;
+    a shared stand-in without split-K) and the device's tickets."""
     dev = c.x2.device
     out = torch.empty(c.M, c.n_out, device=dev, dtype=c.x2.dtype)
-    part = torch.empty(split * c.M * c.n_out, device=dev, dtype=torch.float32) if split > 1 else _no_split(dev)
+    part = _partials(dev, split * c.M * c.n_out) if split > 1 else _no_split(dev)
     return out, part, _locks(dev)
 
 
@@ -737,15 +783,15 @@ def _mmv_static(c: _Call) -> tuple:
               PREFETCH=cfg.get("num_stages", 1), XPRE=cfg.get("XPRE", 1), L2=cfg.get("L2", 0), PFD=cfg.get("PFD", 0),
               FUSED=xp > 0, UNROLL=bool(cfg.get("UNROLL", 0)), XP=xp, RB=rb, PDL=pdl, num_warps=warps, num_stages=1,
               launch_pdl=pdl)
-    return grid, split, xp, xpad, pdl, kw
+    return grid, split, xp, xpad, pdl, kw, _sizes(c, K + 8 if xpad else None)
 
 
 def _launch_mmv(c: _Call) -> torch.Tensor:
     """Tensor cores on register fragments (decode sizes; 8 x NB activation rows per program)."""
     from qerl_kernels.nvfp4_mmv import _nvfp4_mmv_kernel
 
-    grid, split, xp, xpad, pdl, kw = launch.memo(_mmv_static, c)
-    M, N, K = c.M, c.N, c.K
+    grid, split, xp, xpad, pdl, kw, sizes = launch.memo(_mmv_static, c)
+    M, N, K = sizes[:3]
     out, part, locks = _buffers(c, split)
     bias, xa, lb = c.extra
     x2, s8, dummy = c.x2, c.s8, c.x2
@@ -758,11 +804,11 @@ def _launch_mmv(c: _Call) -> torch.Tensor:
         xa = _pdl_primary(x2, c.lora_a, M, K, c.r, locks, mmv=True)
     if xp:  # xa [16, R] written by the launch's producer programs, their fp32 partials in xap
         xa = torch.empty(16, c.r, device=x2.device, dtype=x2.dtype)
-        xap = torch.empty(xp * 16 * c.r, device=x2.device, dtype=torch.float32)
+        xap = _partials(x2.device, xp * 16 * c.r, "xap")
     launch.run(_nvfp4_mmv_kernel, grid, (
         x2, c.packed, s8, c.gs, out, bias if bias is not None else dummy, xa if xa is not None else dummy,
-        lb if lb is not None else dummy, part, locks, c.lora_a if xp else dummy, xap, _lock_tail(locks.device), M, N, K,
-        x2.stride(0), out.stride(0), c.packed.stride(0), s8.stride(0), float(c.lora_scale), split), kw)
+        lb if lb is not None else dummy, part, locks, c.lora_a if xp else dummy, xap, _lock_tail(locks.device), *sizes,
+        float(c.lora_scale), split), kw)
     return out
 
 
@@ -770,21 +816,20 @@ def _gemv_static(c: _Call) -> tuple:
     cfg, split, (BM, BN, BK), common = _tile_static(c)
     cfg.pop("GEMV"), common.pop("DOT_FP32"), cfg.pop("SWAP", None)
     grid = (launch.cdiv(c.N, BN), launch.cdiv(c.M, BM), split)
-    return grid, split, dict(HAS_BIAS=c.extra[0] is not None, R=c.r, **common, **cfg)
+    return grid, split, dict(HAS_BIAS=c.extra[0] is not None, R=c.r, **common, **cfg), _sizes(c)
 
 
 def _launch_gemv(c: _Call) -> torch.Tensor:
     """CUDA-core path for decode sizes (reads the packed rows as 32-bit words)."""
     from qerl_kernels.nvfp4_gemv import _nvfp4_gemv_kernel
 
-    grid, split, kw = launch.memo(_gemv_static, c)
+    grid, split, kw, (M, N, K, sx, so, sp, ss) = launch.memo(_gemv_static, c)
     out, part, locks = _buffers(c, split)
     bias, xa, lb = c.extra
     s8, dummy = c.s8, c.x2
     launch.run(_nvfp4_gemv_kernel, grid, (
         c.x2, c.packed, s8, c.gs, out, bias if bias is not None else dummy, xa if xa is not None else dummy,
-        lb if lb is not None else dummy, part, locks, c.M, c.N, c.K, c.x2.stride(0), out.stride(0),
-        c.packed.stride(0) // 4, s8.stride(0), float(c.lora_scale), split), kw)
+        lb if lb is not None else dummy, part, locks, M, N, K, sx, so, sp // 4, ss, float(c.lora_scale), split), kw)
     return out
 
 
@@ -792,21 +837,21 @@ def _tile_fwd_static(c: _Call) -> tuple:
     cfg, split, (BM, BN, BK), common = _tile_static(c)
     cfg.pop("GEMV", None), cfg.pop("MMV", None)
     grid = (launch.cdiv(c.N, BN), launch.cdiv(c.M, BM), split)
-    return grid, split, dict(HAS_BIAS=c.extra[0] is not None, R=c.r, SWAP=bool(cfg.pop("SWAP", 0)), **common, **cfg)
+    return grid, split, dict(HAS_BIAS=c.extra[0] is not None, R=c.r, SWAP=bool(cfg.pop("SWAP", 0)), **common, **cfg), \
+        _sizes(c)
 
 
 def _launch_tile_fwd(c: _Call) -> torch.Tensor:
     """Tensor-core tiles, forward (every M)."""
     from qerl_kernels.nvfp4_matmul import _nvfp4_fwd_kernel
 
-    grid, split, kw = launch.memo(_tile_fwd_static, c)
+    grid, split, kw, sizes = launch.memo(_tile_fwd_static, c)
     out, part, locks = _buffers(c, split)
     bias, xa, lb = c.extra
     s8, dummy = c.s8, c.x2
     launch.run(_nvfp4_fwd_kernel, grid, (
         c.x2, c.packed, s8, c.gs, out, bias if bias is not None else dummy, xa if xa is not None else dummy,
-        lb if lb is not None else dummy, part, locks, c.M, c.N, c.K, c.x2.stride(0), out.stride(0), c.packed.stride(0),
-        s8.stride(0), float(c.lora_scale), split), kw)
+        lb if lb is not None else dummy, part, locks, *sizes, float(c.lora_scale), split), kw)
     return out
 
 
@@ -814,20 +859,20 @@ def _tile_bwd_static(c: _Call) -> tuple:
     cfg, split, (BM, BN, BK), common = _tile_static(c)
     cfg.pop("GEMV", None), cfg.pop("MMV", None)
     grid = (launch.cdiv(c.K, BK), launch.cdiv(c.M, BM), split)
-    return grid, split, dict(R=c.r, SWAP=bool(cfg.pop("SWAP", 0)), **common, **cfg)
+    return grid, split, dict(R=c.r, SWAP=bool(cfg.pop("SWAP", 0)), **common, **cfg), _sizes(c)
 
 
 def _launch_tile_bwd(c: _Call) -> torch.Tensor:
     """Tensor-core tiles, backward ``dX`` (tiles over (M, K), loops over N)."""
     from qerl_kernels.nvfp4_matmul import _nvfp4_bwd_kernel
 
-    grid, split, kw = launch.memo(_tile_bwd_static, c)
+    grid, split, kw, sizes = launch.memo(_tile_bwd_static, c)
     out, part, locks = _buffers(c, split)
     dyb, la = c.extra
     s8, dummy = c.s8, c.x2
     launch.run(_nvfp4_bwd_kernel, grid, (
         c.x2, c.packed, s8, c.gs, out, dyb if dyb is not None else dummy, la if la is not None else dummy, part, locks,
-        c.M, c.N, c.K, c.x2.stride(0), out.stride(0), c.packed.stride(0), s8.stride(0), float(c.lora_scale), split), kw)
+        *sizes, float(c.lora_scale), split), kw)
     return out
 
 
@@ -836,8 +881,22 @@ _LAUNCHERS = {"wgmma": _launch_wgmma, "dq": _launch_dq, "mmv": _launch_mmv, "gem
               "tile_fwd": _launch_tile_fwd, "tile_bwd": _launch_tile_bwd}
 
 
+_ENV_BYTES = getattr(os.environ, "_data", None) if os.name == "posix" else None  # CPython's store behind os.environ
+
+
+def _env(name: bytes) -> bytes | str | None:
+    """``os.environ.get(name)`` for the per-call reads of the hot path, as the raw value (bytes on POSIX): CPython
+    keeps the environment in ``os.environ._data`` keyed by encoded names (``os.environ[...] = `` and ``putenv`` through
+    ``os.environ`` update it; tests' ``monkeypatch.setenv`` does), and ``os.environ.get`` encodes the name and decodes
+    the value through two Python frames, ~1 µs a read on the H100 machines' CPUs."""
+    if isinstance(_ENV_BYTES, dict):
+        return _ENV_BYTES.get(name)
+    return os.environ.get(name.decode())
+
+
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    v = _env(b"TRITON_INTERPRET")
+    return v == b"1" or v == "1"
 
 
 def _matmul_impl(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, gs: torch.Tensor,

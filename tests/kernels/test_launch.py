@@ -183,3 +183,45 @@ def test_memo_computes_a_launchers_static_part_once_per_scope(fake):
 
 def test_cdiv_is_plain_integer_ceil_division():
     assert [launch.cdiv(a, 8) for a in (0, 1, 8, 9, 4096, 4097)] == [0, 1, 1, 2, 512, 513]
+
+
+class _CudaLauncherLike:
+    """What Triton's ``CudaLauncher`` holds: the C ``launch`` (recorded here), its flags and scratch sizes."""
+
+    def __init__(self, scratch: int = 0):
+        self.launches, self.calls = [], []
+        self.global_scratch_size, self.global_scratch_align = scratch, 8
+        self.profile_scratch_size, self.profile_scratch_align = 0, 1
+        self.launch_cooperative_grid, self.launch_pdl, self.num_ctas = False, True, 1
+        self.launch = lambda *a: self.launches.append(a)
+
+    def __call__(self, *a):  # Triton's own path: CudaLauncher.__call__ (see the test below)
+        self.calls.append(a)
+
+
+def test_direct_launch_calls_the_c_launcher_with_what_cudalaunchers_call_would_pass(fake):
+    """The direct path skips ``CudaLauncher.__call__`` for kernels without scratch; Triton's own ``__call__`` (run on
+    the same stand-in) is the judge of the arguments the C launcher gets."""
+    nvidia = pytest.importorskip("triton.backends.nvidia.driver")
+    k, c = fake
+    c.run = _CudaLauncherLike()
+    for x in ("a", "b"):
+        prev = launch.scope(("raw", 1))
+        launch.run(k, (3, 2), (x, 7), dict(BLOCK=64))
+        launch.restore(prev)
+    assert len(k.triton_calls) == 1 and len(c.run.launches) == 1 and not c.run.calls
+    direct = c.run.launches[0]
+    nvidia.CudaLauncher.__call__(c.run, 3, 2, 1, 1234, c.function, c.packed_metadata, None, None, None, "b", 7, 64, True)
+    assert c.run.launches[1] == direct
+    assert direct[:7] == (3, 2, 1, 1234, c.function, False, True) and direct[-4:] == ("b", 7, 64, True)
+
+
+def test_direct_launch_of_a_kernel_with_scratch_goes_through_the_launcher_call(fake):
+    k, c = fake
+    c.run = _CudaLauncherLike(scratch=64)  # needs a global scratch allocation: CudaLauncher.__call__ makes it
+    for x in ("a", "b"):
+        prev = launch.scope(("scratch", 1))
+        launch.run(k, (5,), (x, 1), dict(BLOCK=8))
+        launch.restore(prev)
+    assert not c.run.launches and c.run.calls == [(5, 1, 1, 1234, c.function, c.packed_metadata, None, None, None,
+                                                    "b", 1, 8, True)]
