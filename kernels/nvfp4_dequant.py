@@ -88,12 +88,43 @@ def _nvfp4_dequant_kernel(
 
 
 def dequantize_into(out, packed, scale8, gs, interpret: bool = False, BR: int = 8, BG: int = 64, num_warps: int = 4,
-                    tiled: tuple[int, int] | None = None):
+                    tiled: tuple[int, int] | None = None, whole: bool = False):
     """Launch :func:`_nvfp4_dequant_kernel`: ``out [R, C]`` <- ``packed [R, C/2]``, ``scale8 [R, C/16]``
     (uint8 view of the E4M3 scales), ``gs`` fp32 ``[1]``. ``C % 16 == 0``; unit stride along C. ``tiled = (r0,
     k0)``: ``packed`` / ``scale8`` are whole contiguous tensors in the tile-contiguous layout
     (:mod:`qerl_kernels.layout`) and ``out`` receives the window of rows ``r0 …`` and weights ``k0 …`` (``k0 % 16 ==
-    0``)."""
+    0``). ``whole``: the one window of a call of :mod:`qerl_kernels.ops` (all of W; :func:`dq_forward` /
+    :func:`dq_backward` with one window) — inside its scope the checks, grid, sizes and strides are then computed once
+    per scope (:func:`qerl_kernels.launch.memo`)."""
+    if whole and launch.in_scope():
+        grid, tail, kw = launch.memo(_static, out, packed, scale8, interpret, BR, BG, num_warps, tiled)
+        if grid is not None:
+            launch.run(_nvfp4_dequant_kernel, grid, (packed, scale8, gs, out, *tail), kw)
+        return out
+    grid, tail, kw = _static(out, packed, scale8, interpret, BR, BG, num_warps, tiled)
+    if grid is None:
+        return out
+    args = (packed, scale8, gs, out, *tail)
+    if launch.in_scope():  # a call of qerl_kernels.ops: its scope fixes everything this launch specialises on
+        launch.run(_nvfp4_dequant_kernel, grid, args, kw)
+        return out
+    # called on its own (weight loading, the engine's dense copies): a scope of its own, keyed on what Triton
+    # specialises this launch on — the integer arguments exactly (stricter than Triton's ``== 1`` / ``% 16``),
+    # dtypes, pointer alignments, meta-parameters
+    key = ("dequantize_into", out.device, out.dtype, packed.dtype, scale8.dtype, gs.dtype, *args[4:],
+           packed.data_ptr() % 16, scale8.data_ptr() % 16, gs.data_ptr() % 16, out.data_ptr() % 16, BR, BG,
+           num_warps, interpret, tiled is not None)
+    prev = launch.scope(key)
+    try:
+        launch.run(_nvfp4_dequant_kernel, grid, args, kw)
+    finally:
+        launch.restore(prev)
+    return out
+
+
+def _static(out, packed, scale8, interpret: bool, BR: int, BG: int, num_warps: int, tiled) -> tuple:
+    """:func:`dequantize_into`'s checks and static part: ``(grid, the integer arguments, keywords)``, grid None for
+    an empty window."""
     R, C = out.shape
     r0 = c0 = 0
     if tiled is not None:
@@ -114,36 +145,21 @@ def dequantize_into(out, packed, scale8, gs, interpret: bool = False, BR: int = 
     if min(out.stride(1), packed.stride(1), scale8.stride(1)) != 1:
         raise ValueError("dequantize_into: every tensor needs unit stride along C")
     if R == 0 or C == 0:
-        return out
+        return None, (), {}
     grid = (launch.cdiv(R, BR), launch.cdiv(C // 16, BG))
-    args = (packed, scale8, gs, out, R, C // 2, *strides, out.stride(0), r0, c0)
     kw = dict(BR=BR, BG=BG, EXACT_DIV=not interpret, num_warps=num_warps, TILED=tiled is not None)
-    if launch.in_scope():  # a call of qerl_kernels.ops: its scope fixes everything this launch specialises on
-        launch.run(_nvfp4_dequant_kernel, grid, args, kw)
-        return out
-    # called on its own (weight loading, the engine's dense copies): a scope of its own, keyed on what Triton
-    # specialises this launch on — the integer arguments exactly (stricter than Triton's ``== 1`` / ``% 16``),
-    # dtypes, pointer alignments, meta-parameters
-    key = ("dequantize_into", out.device, out.dtype, packed.dtype, scale8.dtype, gs.dtype, *args[4:],
-           packed.data_ptr() % 16, scale8.data_ptr() % 16, gs.data_ptr() % 16, out.data_ptr() % 16, BR, BG,
-           num_warps, interpret, tiled is not None)
-    prev = launch.scope(key)
-    try:
-        launch.run(_nvfp4_dequant_kernel, grid, args, kw)
-    finally:
-        launch.restore(prev)
-    return out
+    return grid, (R, C // 2, *strides, out.stride(0), r0, c0), kw
 
 
-def _dequant(out, packed, scale8, gs, interpret: bool, tiled: tuple[int, int] | None = None):
+def _dequant(out, packed, scale8, gs, interpret: bool, tiled: tuple[int, int] | None = None, whole: bool = False):
     """:func:`dequantize_into`; under the interpreter, whose fp32 -> bf16 cast truncates (platform.md),
     through an fp32 window and torch's round-to-nearest cast, so the CPU path stays bit-exact too."""
     if interpret and out.dtype.itemsize == 2:
         import torch
 
         return out.copy_(dequantize_into(torch.empty(out.shape, dtype=torch.float32), packed, scale8, gs, True,
-                                         tiled=tiled))
-    return dequantize_into(out, packed, scale8, gs, interpret, tiled=tiled)
+                                         tiled=tiled, whole=whole))
+    return dequantize_into(out, packed, scale8, gs, interpret, tiled=tiled, whole=whole)
 
 
 MAX_WINDOW = 1 << 27  # weights per dequantized window at most (256 MiB of bf16 scratch), whatever W's size
@@ -176,7 +192,7 @@ def dq_forward(x2, packed, scale8, gs, bias, xa, lora_b, lora_scale, chunk: int,
     rows = _window(N, _weights(chunk) // max(K, 1), 16)
     scratch = torch.empty(rows, K, device=x2.device, dtype=x2.dtype)
     if rows >= N:  # one window (eager calls): no views of y
-        w = _dequant(scratch, packed, scale8, gs, interpret, (0, 0) if tiled else None)
+        w = _dequant(scratch, packed, scale8, gs, interpret, (0, 0) if tiled else None, whole=True)
         out = torch.mm(x2, w.t()) if bias is None else torch.addmm(bias, x2, w.t())
         return out.addmm_(xa, lora_b.t(), alpha=lora_scale) if xa is not None else out
     out = torch.empty(M, N, device=x2.device, dtype=x2.dtype)
@@ -205,7 +221,7 @@ def dq_backward(d2, packed, scale8, gs, dyb, lora_a, lora_scale, chunk: int, int
     cols = _window(K, _weights(chunk) // max(N, 1), 16)
     scratch = torch.empty(N, cols, device=d2.device, dtype=d2.dtype)
     if cols >= K:  # one window (eager calls): no views of dX
-        out = torch.mm(d2, _dequant(scratch, packed, scale8, gs, interpret, (0, 0) if tiled else None))
+        out = torch.mm(d2, _dequant(scratch, packed, scale8, gs, interpret, (0, 0) if tiled else None, whole=True))
         return out.addmm_(dyb, lora_a, alpha=lora_scale) if dyb is not None else out
     out = torch.empty(M, K, device=d2.device, dtype=d2.dtype)
     for k0 in range(0, K, cols):

@@ -137,3 +137,43 @@ def test_a_resolved_call_keeps_its_scope_and_another_call_gets_another(monkeypat
     assert ops._resolved("fwd", x16, p, s, g, 128, (None, None, None), 0, True, None)[0] != a[0]
     monkeypatch.setenv("QERL_KERNEL_CONFIG", '{"SPLIT": 2}')  # a forced config is part of the key
     assert ops._resolved("fwd", x8, p, s, g, 128, (None, None, None), 0, True, None)[0] != a[0]
+
+
+def test_whole_window_dequantize_repeats_from_the_scope_memo_under_interpreter():
+    """The dequantize + cuBLAS route with one window (eager calls): its dequantize launch takes checks, grid and
+    strides from the scope's memo from the second call on. Each call, forward and backward, row-major and tiled
+    weights, equals the torch reference; the tickets stay at zero."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import json, os, torch
+os.environ['QERL_KERNEL_CONFIG'] = json.dumps({"DQ": 1, "CHUNK": 0})
+from qerl.quant import nvfp4
+from qerl.ops.linear import reference_forward, reference_backward_input
+from qerl_kernels import layout, launch
+from qerl_kernels.ops import nvfp4_matmul, nvfp4_matmul_t
+g = torch.Generator().manual_seed(3)
+N, K = 128, 256
+p, s, gs = nvfp4.quantize(torch.randn(N, K, generator=g) * 0.1)
+pt, st = layout.tile(p, s)
+errs, memo = [], []
+for i in range(3):
+    x = torch.randn(5, K, generator=g).bfloat16()
+    dy = torch.randn(5, N, generator=g).bfloat16()
+    yr, dr = reference_forward(x, p, s, gs, None).float(), reference_backward_input(dy, p, s, gs).float()
+    for y in (nvfp4_matmul(x, p, s, gs), nvfp4_matmul(x, pt, st, gs, tiled=True)):
+        errs.append(float((y.float() - yr).abs().max()))
+    for d in (nvfp4_matmul_t(dy, p, s, gs), nvfp4_matmul_t(dy, pt, st, gs, tiled=True)):
+        errs.append(float((d.float() - dr).abs().max()))
+    memo.append(sum(k[1].__module__.endswith("nvfp4_dequant") for k in launch._MEMO))
+print(json.dumps([errs, memo]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "1"},
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    errs, memo = json.loads(out.stdout.strip().splitlines()[-1])
+    assert max(errs) < 2e-2
+    assert memo == [4, 4, 4]  # one memo per scope (fwd / bwd x row-major / tiled), made on the first call
