@@ -514,7 +514,7 @@ def _pdl_primary(x2, lora_a, M: int, K: int, r: int, locks, mmv: bool = False, N
     from qerl_kernels.lora_xa import _lora_xa_kernel
 
     blocks = -(-M // 16)
-    xa = _eager_buffer("xa_pdl", x2.device, x2.dtype, 16 * blocks, r)
+    xa = torch.empty(16 * blocks, r, device=x2.device, dtype=x2.dtype)
     nxp = xa_shares(K, mmv, N)
     rb = xa_rank_chunk(r)
     xap = _partials(x2.device, blocks * nxp * 16 * r, "xap")
@@ -751,26 +751,6 @@ def _partials(dev: torch.device, n: int, role: str = "part") -> torch.Tensor:
     return held[0]
 
 
-EAGER_BUFFER_MAX = 1 << 20  # elements: the largest per-shape scratch of eager calls kept (see _eager_buffer)
-_EAGER_BUFFERS: dict = {}  # (role, device, dtype, shape) -> tensor
-
-
-def _eager_buffer(role: str, dev: torch.device, dtype: torch.dtype, *shape: int) -> torch.Tensor:
-    """Scratch of one shape that a call writes and reads before it returns (the LoRA ``xa`` tile, the padded copy of
-    the activations): in eager mode one tensor per (role, device, dtype, shape), kept, instead of a ``torch.empty`` per
-    call — as :func:`_partials`, safe because the next launch on the stream writes only after this call's launches
-    have read it. Up to :data:`EAGER_BUFFER_MAX` elements and 1,024 shapes; otherwise, and in graph mode, fresh."""
-    if _MODE[0] != "eager":
-        return torch.empty(shape, device=dev, dtype=dtype)
-    key = (role, dev, dtype, shape)
-    t = _EAGER_BUFFERS.get(key)
-    if t is None:
-        t = torch.empty(shape, device=dev, dtype=dtype)
-        if math.prod(shape) <= EAGER_BUFFER_MAX and len(_EAGER_BUFFERS) < 1024:
-            _EAGER_BUFFERS[key] = t
-    return t
-
-
 def _buffers(c: _Call, split: int) -> tuple:
     """Per call: the output ``[M, n_out]`` and the split-K partials (fp32, ``>= split · M · n_out``: :func:`_partials`;
     a shared stand-in without split-K) and the device's tickets."""
@@ -816,14 +796,14 @@ def _launch_mmv(c: _Call) -> torch.Tensor:
     bias, xa, lb = c.extra
     x2, s8, dummy = c.x2, c.s8, c.x2
     if xpad:
-        padded = _eager_buffer("xpad", x2.device, x2.dtype, M, K + 8)
+        padded = torch.empty(M, K + 8, device=x2.device, dtype=x2.dtype)
         padded[:, :K].copy_(x2)
         x2 = padded[:, :K]
     xap = dummy
     if pdl:  # xa [16, R] by the preceding launch, overlapped with this one
         xa = _pdl_primary(x2, c.lora_a, M, K, c.r, locks, mmv=True)
     if xp:  # xa [16, R] written by the launch's producer programs, their fp32 partials in xap
-        xa = _eager_buffer("xa", x2.device, x2.dtype, 16, c.r)
+        xa = torch.empty(16, c.r, device=x2.device, dtype=x2.dtype)
         xap = _partials(x2.device, xp * 16 * c.r, "xap")
     launch.run(_nvfp4_mmv_kernel, grid, (
         x2, c.packed, s8, c.gs, out, bias if bias is not None else dummy, xa if xa is not None else dummy,

@@ -177,19 +177,3 @@ print(json.dumps([errs, memo]))
     errs, memo = json.loads(out.stdout.strip().splitlines()[-1])
     assert max(errs) < 2e-2
     assert memo == [4, 4, 4]  # one memo per scope (fwd / bwd x row-major / tiled), made on the first call
-
-
-def test_eager_buffers_are_kept_per_role_and_shape_and_fresh_in_graph_mode():
-    dev = torch.device("cpu")
-    ops._EAGER_BUFFERS.clear()
-    a = ops._eager_buffer("xa", dev, torch.bfloat16, 16, 32)
-    assert a.shape == (16, 32) and a.dtype == torch.bfloat16
-    assert ops._eager_buffer("xa", dev, torch.bfloat16, 16, 32) is a
-    assert ops._eager_buffer("xa_pdl", dev, torch.bfloat16, 16, 32) is not a  # another role
-    assert ops._eager_buffer("xa", dev, torch.bfloat16, 32, 32) is not a  # another shape
-    big = (1, ops.EAGER_BUFFER_MAX + 1)
-    assert ops._eager_buffer("xpad", dev, torch.bfloat16, *big) is not ops._eager_buffer("xpad", dev, torch.bfloat16,
-                                                                                         *big)
-    with ops.launch_mode("graph"):
-        assert ops._eager_buffer("xa", dev, torch.bfloat16, 16, 32) is not a
-    ops._EAGER_BUFFERS.clear()
