@@ -625,61 +625,55 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None,
     N = packed.shape[0]
     if scale_u8.dtype != torch.uint8:
         scale_u8 = scale_u8.view(torch.uint8)
-    if launch.in_scope() and not SK:  # a call of qerl_kernels.ops: the static part once per scope
-        grid, RW, kw = launch.memo(_static, M, N, K, WG, BT, NS, SPLIT, XG, PIPE, NSW, MT, XS, TILED, bias is not None,
-                                   lora_b.shape[1] if lora_b is not None else 0, pdl, ew, trig)
-        xp = x if XG or XS else (permute_activations(x, wait=ew) if xp is None else xp)
-        out = torch.empty((M, N), device=x.device, dtype=torch.bfloat16)
-        if SPLIT > 1:
-            part = torch.empty(SPLIT * M * N, device=x.device, dtype=torch.float32) if part is None else part
-            lock = torch.zeros(grid[0], device=x.device, dtype=torch.int32) if lock is None else lock
-        else:
-            part = out
-            lock = torch.zeros(1, device=x.device, dtype=torch.int32) if lock is None else lock
-        launch.run(_nvfp4_wgmma_kernel, grid, (
-            xp, packed, scale_u8, gs, out, bias if bias is not None else out, part, lock,
-            M, N, K, xp.stride(0), out.stride(0), packed.stride(0), scale_u8.stride(0), SPLIT,
-            xa if xa is not None else out, lora_b if lora_b is not None else out, float(lora_scale)), kw)
-        return out
+    # (inside a call's scope, qerl_kernels.ops, computed once per scope; outside, on every call)
+    grid, tiles, RW, SPLIT, kw = launch.memo(_static, x.device, M, N, K, WG, BT, NS, SPLIT, XG, PIPE, NSW, MT, XS, SK,
+                                             TILED, bias is not None, lora_b.shape[1] if lora_b is not None else 0,
+                                             pdl, ew, trig)
+    if XG or XS:
+        xp = x
+    elif xp is None:
+        xp = permute_activations(x, wait=ew)
+    out = torch.empty((M, N), device=x.device, dtype=torch.bfloat16)
+    if SK:
+        if part is None or part.numel() < 2 * grid[0] * RW * BT:
+            part = torch.empty(2 * grid[0] * RW * BT, device=x.device, dtype=torch.float32)
+        if lock is None or lock.numel() < tiles:
+            lock = torch.zeros(tiles, device=x.device, dtype=torch.int32)
+    elif SPLIT > 1:
+        if part is None:
+            part = torch.empty(SPLIT * M * N, device=x.device, dtype=torch.float32)
+        if lock is None:
+            lock = torch.zeros(tiles, device=x.device, dtype=torch.int32)
+    else:
+        part = out
+        lock = torch.zeros(1, device=x.device, dtype=torch.int32) if lock is None else lock
+    launch.run(_nvfp4_wgmma_kernel, grid, (
+        xp, packed, scale_u8, gs, out, bias if bias is not None else out, part, lock,
+        M, N, K, xp.stride(0), out.stride(0), packed.stride(0), scale_u8.stride(0), SPLIT,
+        xa if xa is not None else out, lora_b if lora_b is not None else out, float(lora_scale)), kw)
+    return out
+
+
+def _static(device, M, N, K, WG, BT, NS, SPLIT, XG, PIPE, NSW, MT, XS, SK, TILED, has_bias, R, pdl, ew,
+            trig) -> tuple:
+    """:func:`nvfp4_wgmma_matmul`'s argument checks and static part — ``(grid, tiles, weight rows per program,
+    SPLIT, kernel keywords)`` — once per :mod:`qerl_kernels.launch` scope (the scope fixes every argument)."""
     if TILED and (PIPE or N % 64):
         raise ValueError(f"nvfp4_wgmma: TILED weights (qerl_kernels.layout) run the plain loop (split-K or stream-K) "
                          f"with N % 64 == 0, got PIPE={PIPE} N={N}")
     if XS and (XG or PIPE):
         raise ValueError(f"nvfp4_wgmma: XS (activations staged in the kernel) excludes XG and PIPE, got XG={XG} "
                          f"PIPE={PIPE}")
-    if XG or XS:
-        xp = x
-    elif xp is None:
-        xp = permute_activations(x, wait=ew)
-    out = torch.empty((M, N), device=x.device, dtype=torch.bfloat16)
+    if SK and PIPE:
+        raise ValueError("nvfp4_wgmma: SK (stream-K) runs the plain loop, got PIPE=1")
     RW = 64 * WG * MT
     tiles = launch.cdiv(N, RW) * launch.cdiv(M, BT)
     if SK:
-        if PIPE:
-            raise ValueError("nvfp4_wgmma: SK (stream-K) runs the plain loop, got PIPE=1")
-        P = min(int(SK) * _sms(x.device), tiles * (K // 128))
-        grid, SPLIT = (P, 1), 1
-        if part is None or part.numel() < 2 * P * RW * BT:
-            part = torch.empty(2 * P * RW * BT, device=x.device, dtype=torch.float32)
-        if lock is None or lock.numel() < tiles:
-            lock = torch.zeros(tiles, device=x.device, dtype=torch.int32)
-    elif SPLIT > 1:
-        grid = (tiles, SPLIT)
-        if part is None:
-            part = torch.empty(SPLIT * M * N, device=x.device, dtype=torch.float32)
-        if lock is None:
-            lock = torch.zeros(grid[0], device=x.device, dtype=torch.int32)
+        grid, SPLIT = (min(int(SK) * _sms(device), tiles * (K // 128)), 1), 1
     else:
-        grid = (tiles, 1)
-        part = out
-        lock = torch.zeros(1, device=x.device, dtype=torch.int32) if lock is None else lock
-    launch.run(_nvfp4_wgmma_kernel, grid, (
-        xp, packed, scale_u8, gs, out, bias if bias is not None else out, part, lock,
-        M, N, K, xp.stride(0), out.stride(0), packed.stride(0), scale_u8.stride(0), SPLIT,
-        xa if xa is not None else out, lora_b if lora_b is not None else out, float(lora_scale)),
-        _kwargs(WG, BT, NS, SPLIT, XG, PIPE, NSW, MT, XS, SK, TILED, bias is not None,
-                lora_b.shape[1] if lora_b is not None else 0, pdl, ew, trig))
-    return out
+        grid = (tiles, SPLIT) if SPLIT > 1 else (tiles, 1)
+    return grid, tiles, RW, SPLIT, _kwargs(WG, BT, NS, SPLIT, XG, PIPE, NSW, MT, XS, SK, TILED, has_bias, R, pdl, ew,
+                                           trig)
 
 
 def _kwargs(WG, BT, NS, SPLIT, XG, PIPE, NSW, MT, XS, SK, TILED, has_bias, R, pdl, ew, trig) -> dict:
@@ -688,19 +682,3 @@ def _kwargs(WG, BT, NS, SPLIT, XG, PIPE, NSW, MT, XS, SK, TILED, has_bias, R, pd
                 NSW=max(int(NSW), NS) if PIPE else 0, MT=int(MT), R=R, PDL=bool(pdl), XS=bool(XS), SK=bool(SK),
                 TILED=bool(TILED), EW=bool(ew), TRIG=bool(trig), num_warps=4 * WG,
                 **({"launch_pdl": True} if pdl or ew else {}))
-
-
-def _static(M, N, K, WG, BT, NS, SPLIT, XG, PIPE, NSW, MT, XS, TILED, has_bias, R, pdl, ew, trig) -> tuple:
-    """:func:`nvfp4_wgmma_matmul`'s static part without stream-K, once per :mod:`qerl_kernels.launch` scope (the
-    scope fixes every argument): ``(grid, weight rows per program, kernel keywords)``, after the argument checks."""
-    if TILED and (PIPE or N % 64):
-        raise ValueError(f"nvfp4_wgmma: TILED weights (qerl_kernels.layout) run the plain loop (split-K or stream-K) "
-                         f"with N % 64 == 0, got PIPE={PIPE} N={N}")
-    if XS and (XG or PIPE):
-        raise ValueError(f"nvfp4_wgmma: XS (activations staged in the kernel) excludes XG and PIPE, got XG={XG} "
-                         f"PIPE={PIPE}")
-    RW = 64 * WG * MT
-    tiles = launch.cdiv(N, RW) * launch.cdiv(M, BT)
-    return ((tiles, SPLIT) if SPLIT > 1 else (tiles, 1)), RW, _kwargs(
-        WG, BT, NS, SPLIT, XG, PIPE, NSW, MT, XS, 0, TILED, has_bias, R, pdl, ew, trig)
-

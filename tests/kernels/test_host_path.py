@@ -41,15 +41,19 @@ def _same_launches(a, b):
 
 WGMMA = [{"WGMMA": 1, "BT": 8, "NS": 2, "SPLIT": 2, "WG": 1, "XG": 0, "XS": 1},
          {"WGMMA": 1, "BT": 64, "NS": 3, "SPLIT": 1, "WG": 2, "XG": 0, "MT": 2},
-         {"WGMMA": 1, "BT": 16, "NS": 3, "SPLIT": 4, "WG": 1, "XG": 1}]
+         {"WGMMA": 1, "BT": 16, "NS": 3, "SPLIT": 4, "WG": 1, "XG": 1},
+         {"WGMMA": 1, "BT": 8, "NS": 2, "SK": 1, "WG": 1, "XG": 0, "XS": 1}]  # stream-K
 
 
 @pytest.mark.parametrize("cfg", WGMMA)
 @pytest.mark.parametrize("lora,bias,chained", [(False, False, False), (True, False, False), (False, True, True),
                                                (True, True, True)])
-def test_warpgroup_launch_in_a_scope_equals_the_one_without(recorded, cfg, lora, bias, chained):
+def test_warpgroup_launch_in_a_scope_equals_the_one_without(recorded, monkeypatch, cfg, lora, bias, chained):
     """Inside a call's scope :func:`nvfp4_wgmma_matmul` takes its grid and keywords from the scope's memo; they are
     those it computes outside a scope, on the first call of the scope and on the next."""
+    from qerl_kernels import nvfp4_wgmma
+
+    monkeypatch.setattr(nvfp4_wgmma, "_sms", lambda device: 132)  # (stream-K sizes its grid by the SMs)
     with launch.chain(chained):
         ops._launch_wgmma(_call(cfg, lora, bias=bias))
         outside = recorded[:]
