@@ -386,7 +386,7 @@ def _resolved(kind: str, x2, packed, scale, gs, n_out: int, extra: tuple, r: int
             _RESOLVED.clear()
         cfg = _runnable(kind, _for_launch_mode(config_for(kind, M, N, K, x2.device)), M, K, x2, packed, scale,
                         interpret, tiled=tiled)
-        route = lora_route(kind, cfg, M, K, LORA_LAUNCH) if lora_a is not None else "matmul"
+        route = lora_route(kind, cfg, M, K, LORA_LAUNCH, r) if lora_a is not None else "matmul"
         hit = _RESOLVED[key] = (next(_SCOPE_IDS), types.MappingProxyType(cfg), route, path_of(kind, cfg))
     return hit
 
@@ -480,18 +480,30 @@ def xa_shares(K: int, mmv: bool = False, N: int = 0) -> int:
     return max(1, min(XA_PROGRAMS, -(-K // (128 * chunks))))
 
 
-def lora_route(kind: str, cfg: dict, M: int, K: int, mode: str = "auto") -> str:
-    """How a call with ``lora_a`` gets ``xa = x · lora_aᵀ``: ``"fused"`` (producer programs inside the
-    decode kernel's launch), ``"pdl"`` (a preceding :mod:`qerl_kernels.lora_xa` launch that the decode
+XA_PDL_MAX_RANK = 256  # the PDL primary's rank in one program at most: its [16, R] partials sit in shared memory
+# (R = 1,024 in one program asked 532 KB of the H100's 227 KB: tools/wgmma_check.py, 2026-11-27)
+
+
+def primary_takes(r: int) -> bool:
+    """Whether the PDL primary (:mod:`qerl_kernels.lora_xa`) takes a rank-``r`` adapter: in rank chunks
+    (:func:`xa_rank_chunk`) or in one program up to :data:`XA_PDL_MAX_RANK`."""
+    return r <= XA_PDL_MAX_RANK or xa_rank_chunk(r) > 0
+
+
+def lora_route(kind: str, cfg: dict, M: int, K: int, mode: str = "auto", r: int = 0) -> str:
+    """How a call with ``lora_a`` (rank ``r``, padded) gets ``xa = x · lora_aᵀ``: ``"fused"`` (producer programs
+    inside the decode kernel's launch), ``"pdl"`` (a preceding :mod:`qerl_kernels.lora_xa` launch that the decode
     kernel overlaps through programmatic dependent launch and waits for in its epilogue) or
     ``"matmul"`` (``x @ lora_a.T`` first). Measured on the H200 (reports/kernels/README.md, LoRA section):
     fused at M <= 8 and at M <= 16 with K <= 8192 (one launch: also the cheapest host path for eager
     rollouts); PDL at M = 9..16 with K > 8192, where it added 11-15% against 15-21% for ``x @ lora_a.T``
     + the kernel; tiles (M > 16) and the backward use the matmul. PDL needs the register-prefetch decode
     kernel (MMV). The warpgroup-MMA kernel takes PDL up to
-    ``XA_PDL_ROWS`` rows ("fused": the matmul)."""
+    ``XA_PDL_ROWS`` rows ("fused": the matmul). A rank the primary does not take (:func:`primary_takes`) gets the
+    matmul instead of PDL."""
+    pdl = "pdl" if primary_takes(r) else "matmul"
     if kind == "fwd" and cfg.get("WGMMA") and M <= XA_PDL_ROWS:  # its LoRA epilogue waits on a PDL primary
-        return "matmul" if mode == "fused" else "pdl"
+        return "matmul" if mode == "fused" else pdl
     if kind != "fwd" or M > 16:
         return "matmul"
     if not cfg.get("MMV"):
@@ -500,8 +512,8 @@ def lora_route(kind: str, cfg: dict, M: int, K: int, mode: str = "auto") -> str:
     if mode == "fused":
         return "fused" if fits else "matmul"
     if mode == "pdl":
-        return "pdl"
-    return "fused" if fits else "pdl"
+        return pdl
+    return "fused" if fits else pdl
 
 
 def _pdl_primary(x2, lora_a, M: int, K: int, r: int, locks, mmv: bool = False, N: int = 0) -> torch.Tensor:

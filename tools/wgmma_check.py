@@ -32,7 +32,7 @@ def main(out=None) -> int:
         lb = (torch.randn(N, 32, device=dev, generator=g) * 0.02).bfloat16()
         for M in (17, 33, 50, 64, 100, 128):
             x = torch.randn(M, K, device=dev, generator=g).bfloat16()
-            cfg = ops._resolved_config("fwd", M, N, K, x, p, s, False)
+            cfg = ops._resolved("fwd", x, p, s, gs, N, (None, None, None), 0, False, None)[1]
             base = x.float() @ wref.T
             xa = (x @ la.T)
             cases = {"plain": (lambda: ops.nvfp4_matmul(x, p, s, gs), base),
@@ -179,7 +179,7 @@ def main(out=None) -> int:
             lb = (torch.randn(N, R, device=dev, generator=g) * 0.02).bfloat16()
             for M in (1, 8, 16, 64, 128, 256, 1024):
                 x = torch.randn(M, K, device=dev, generator=g).bfloat16()
-                cfg = ops._resolved_config("fwd", M, N, K, x, p, s, False)
+                cfg = ops._resolved("fwd", x, p, s, gs, N, (None, None, None), 0, False, None)[1]
                 want = x.float() @ wref.T + 0.5 * ((x @ la.T).float() @ lb.float().T)
                 err = float((ops.nvfp4_matmul(x, p, s, gs, None, None, lb, 0.5, lora_a=la).float() - want).norm()
                             / want.norm())

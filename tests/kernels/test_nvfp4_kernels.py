@@ -283,6 +283,9 @@ def test_lora_route_picks_the_measured_launch():
     assert lora_route("fwd", wg, 16, 3584, "fused") == "matmul"
     assert lora_route("fwd", wg, 64, 3584) == "pdl" and lora_route("fwd", wg, 65, 3584) == "matmul"
     assert lora_route("bwd", wg, 16, 3584) == "matmul"
+    # a rank the PDL primary cannot take (more than 16 rank chunks, too large for one program): the matmul
+    assert lora_route("fwd", wg, 50, 3584, r=512) == "pdl" and lora_route("fwd", wg, 50, 3584, r=256) == "pdl"
+    assert lora_route("fwd", wg, 50, 3584, r=1024) == "matmul" and lora_route("fwd", mmv, 16, 13824, r=1024) == "matmul"
 
 
 def test_pdl_primary_shares_and_pipeline(monkeypatch):
