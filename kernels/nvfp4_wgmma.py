@@ -626,7 +626,7 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None,
     if scale_u8.dtype != torch.uint8:
         scale_u8 = scale_u8.view(torch.uint8)
     # (inside a call's scope, qerl_kernels.ops, computed once per scope; outside, on every call)
-    grid, tiles, RW, SPLIT, kw = launch.memo(_static, x.device, M, N, K, WG, BT, NS, SPLIT, XG, PIPE, NSW, MT, XS, SK,
+    grid, tiles, RW, SPLIT, kw = launch.memo(_static, x, M, N, K, WG, BT, NS, SPLIT, XG, PIPE, NSW, MT, XS, SK,
                                              TILED, bias is not None, lora_b.shape[1] if lora_b is not None else 0,
                                              pdl, ew, trig)
     if XG or XS:
@@ -654,10 +654,10 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None,
     return out
 
 
-def _static(device, M, N, K, WG, BT, NS, SPLIT, XG, PIPE, NSW, MT, XS, SK, TILED, has_bias, R, pdl, ew,
-            trig) -> tuple:
+def _static(x, M, N, K, WG, BT, NS, SPLIT, XG, PIPE, NSW, MT, XS, SK, TILED, has_bias, R, pdl, ew, trig) -> tuple:
     """:func:`nvfp4_wgmma_matmul`'s argument checks and static part — ``(grid, tiles, weight rows per program,
-    SPLIT, kernel keywords)`` — once per :mod:`qerl_kernels.launch` scope (the scope fixes every argument)."""
+    SPLIT, kernel keywords)`` — once per :mod:`qerl_kernels.launch` scope (the scope fixes every argument; of ``x``,
+    the activations, only the device is read: stream-K sizes its grid by the SMs)."""
     if TILED and (PIPE or N % 64):
         raise ValueError(f"nvfp4_wgmma: TILED weights (qerl_kernels.layout) run the plain loop (split-K or stream-K) "
                          f"with N % 64 == 0, got PIPE={PIPE} N={N}")
@@ -669,7 +669,7 @@ def _static(device, M, N, K, WG, BT, NS, SPLIT, XG, PIPE, NSW, MT, XS, SK, TILED
     RW = 64 * WG * MT
     tiles = launch.cdiv(N, RW) * launch.cdiv(M, BT)
     if SK:
-        grid, SPLIT = (min(int(SK) * _sms(device), tiles * (K // 128)), 1), 1
+        grid, SPLIT = (min(int(SK) * _sms(x.device), tiles * (K // 128)), 1), 1
     else:
         grid = (tiles, SPLIT) if SPLIT > 1 else (tiles, 1)
     return grid, tiles, RW, SPLIT, _kwargs(WG, BT, NS, SPLIT, XG, PIPE, NSW, MT, XS, SK, TILED, has_bias, R, pdl, ew,

@@ -2,7 +2,6 @@
 recorded instead of run (CPU tensors): which launches become programmatic dependents, which wait before reading and
 what each kernel is told. The GPU judges are ``python -m qerl.bench.engine_check`` (the rollout with the chain on
 and off bit for bit) and ``qerl bench rollout --pdl-chain on|off``."""
-import types
 
 import pytest
 import torch
@@ -12,41 +11,25 @@ pytest.importorskip("triton")
 from qerl_kernels import launch, ops  # noqa: E402
 
 
-def _name(kernel) -> str:
-    return getattr(kernel, "__name__", None) or kernel.fn.__name__
-
-
-@pytest.fixture
-def recorded(monkeypatch):
-    calls = []
-    monkeypatch.setattr(launch, "run", lambda kernel, grid, args, kw: calls.append((_name(kernel), args, kw)))
-    return calls
-
-
-def _call(xs: bool, lora: bool, M=8, N=128, K=256, r=32):
-    cfg = {"WGMMA": 1, "BT": 8, "NS": 2 if xs else 3, "SPLIT": 2, "WG": 1, "XG": 0, **({"XS": 1} if xs else {})}
-    la = torch.zeros(r, K, dtype=torch.bfloat16) if lora else None
-    lb = torch.zeros(N, r, dtype=torch.bfloat16) if lora else None
-    return ops._Call("fwd", torch.zeros(M, K, dtype=torch.bfloat16), torch.zeros(N, K // 2, dtype=torch.uint8),
-                     torch.zeros(N, K // 16, dtype=torch.uint8), torch.ones(1), N, (None, None, lb), 1.0,
-                     r if lora else 0, False, types.MappingProxyType(cfg), la, lora, True)
+def _cfg(xs: bool) -> dict:
+    return {"WGMMA": 1, "BT": 8, "NS": 2 if xs else 3, "SPLIT": 2, "WG": 1, "XG": 0, **({"XS": 1} if xs else {})}
 
 
 def _kw(calls, name):
-    return next(kw for n, _, kw in calls if n == name)
+    return next(kw for n, _, _, kw in calls if n == name)
 
 
-def test_outside_the_chain_nothing_changes(recorded):
-    ops._launch_wgmma(_call(xs=True, lora=True))
+def test_outside_the_chain_nothing_changes(recorded, projection_call):
+    ops._launch_wgmma(projection_call(_cfg(xs=True), lora=True))
     assert [n for n, *_ in recorded] == ["_lora_xa_kernel", "_nvfp4_wgmma_kernel"]
     xa, k = _kw(recorded, "_lora_xa_kernel"), _kw(recorded, "_nvfp4_wgmma_kernel")
     assert "launch_pdl" not in xa
     assert k["PDL"] and k["launch_pdl"] and not (k["EW"] or k["TRIG"])
 
 
-def test_lora_projection_ends_the_chain_at_its_primary_and_releases_its_successor(recorded):
+def test_lora_projection_ends_the_chain_at_its_primary_and_releases_its_successor(recorded, projection_call):
     with launch.chain():
-        ops._launch_wgmma(_call(xs=False, lora=True))
+        ops._launch_wgmma(projection_call(_cfg(xs=False), lora=True))
     assert [n for n, *_ in recorded] == ["_permute_kernel", "_lora_xa_kernel", "_nvfp4_wgmma_kernel"]
     p, xa, k = (_kw(recorded, n) for n in ("_permute_kernel", "_lora_xa_kernel", "_nvfp4_wgmma_kernel"))
     assert p["WAIT"] and p["launch_pdl"]  # the pre-pass: chained
@@ -54,9 +37,9 @@ def test_lora_projection_ends_the_chain_at_its_primary_and_releases_its_successo
     assert k["PDL"] and k["launch_pdl"] and not k["EW"] and k["TRIG"]
 
 
-def test_projection_without_lora_chains_its_pre_pass_and_streams_weights_before_its_wait(recorded):
+def test_projection_without_lora_chains_its_pre_pass_and_streams_weights_before_its_wait(recorded, projection_call):
     with launch.chain():
-        ops._launch_wgmma(_call(xs=False, lora=False))
+        ops._launch_wgmma(projection_call(_cfg(xs=False), lora=False))
     assert [n for n, *_ in recorded] == ["_permute_kernel", "_nvfp4_wgmma_kernel"]
     p, k = _kw(recorded, "_permute_kernel"), _kw(recorded, "_nvfp4_wgmma_kernel")
     assert p["WAIT"] and p["PDL"] and p["launch_pdl"]
@@ -91,13 +74,11 @@ def test_norm_launches_join_the_chain_on_cuda_only(monkeypatch):
     assert [kw["PDL"] for kw in calls] == [True, True] and all(kw["launch_pdl"] for kw in calls)
 
 
-def test_warp_specialised_projection_chains_its_pre_pass_and_releases_its_successor(recorded):
+def test_warp_specialised_projection_chains_its_pre_pass_and_releases_its_successor(recorded, projection_call):
     """A `WS` config (M = 64): the pre-pass chained (it waits for the grid before it) and still the kernel's PDL
     primary (`XWAIT`), the kernel released early; no early weights (`EW` is the plain kernel's)."""
     cfg = {"WGMMA": 1, "WS": 1, "C": 2, "MT": 1, "BT": 64, "NS": 4, "SPLIT": 2}
-    c = _call(xs=False, lora=False, M=64, N=256, K=512)
-    c = ops._Call(*[getattr(c, f) for f in ("kind", "x2", "packed", "scale", "gs", "n_out", "extra", "lora_scale",
-                                            "r", "interpret")], types.MappingProxyType(cfg), None, False, True)
+    c = projection_call(cfg, lora=False, M=64, N=256, K=512)
     with launch.chain():
         ops._launch_wgmma(c)
     assert [n for n, *_ in recorded] == ["_permute_kernel", "_nvfp4_ws_kernel"]

@@ -2,7 +2,6 @@
 the shared scratch of eager calls, the environment reads. Launches are recorded, not run (CPU tensors); the results
 of the kernels are checked under the interpreter by ``test_nvfp4_kernels.py`` and on the GPU by ``qerl bench host``
 (bit-equal to Triton's own launches) and ``python -m qerl.bench.kernels_check``."""
-import types
 
 import pytest
 import torch
@@ -10,26 +9,6 @@ import torch
 pytest.importorskip("triton")
 
 from qerl_kernels import launch, ops  # noqa: E402
-
-
-def _name(kernel) -> str:
-    return getattr(kernel, "__name__", None) or kernel.fn.__name__
-
-
-@pytest.fixture
-def recorded(monkeypatch):
-    calls = []
-    monkeypatch.setattr(launch, "run", lambda kernel, grid, args, kw: calls.append((_name(kernel), grid, args, kw)))
-    return calls
-
-
-def _call(cfg: dict, lora: bool, M=8, N=128, K=256, r=32, bias=False, tiled=True):
-    la = torch.zeros(r, K, dtype=torch.bfloat16) if lora else None
-    lb = torch.zeros(N, r, dtype=torch.bfloat16) if lora else None
-    b = torch.zeros(N, dtype=torch.bfloat16) if bias else None
-    return ops._Call("fwd", torch.randn(M, K, dtype=torch.bfloat16), torch.zeros(N, K // 2, dtype=torch.uint8),
-                     torch.zeros(N, K // 16, dtype=torch.uint8), torch.ones(1), N, (b, None, lb), 1.0,
-                     r if lora else 0, False, types.MappingProxyType(cfg), la, lora, tiled)
 
 
 def _same_launches(a, b):
@@ -48,20 +27,21 @@ WGMMA = [{"WGMMA": 1, "BT": 8, "NS": 2, "SPLIT": 2, "WG": 1, "XG": 0, "XS": 1},
 @pytest.mark.parametrize("cfg", WGMMA)
 @pytest.mark.parametrize("lora,bias,chained", [(False, False, False), (True, False, False), (False, True, True),
                                                (True, True, True)])
-def test_warpgroup_launch_in_a_scope_equals_the_one_without(recorded, monkeypatch, cfg, lora, bias, chained):
+def test_warpgroup_launch_in_a_scope_equals_the_one_without(recorded, projection_call, monkeypatch, cfg, lora, bias,
+                                                            chained):
     """Inside a call's scope :func:`nvfp4_wgmma_matmul` takes its grid and keywords from the scope's memo; they are
     those it computes outside a scope, on the first call of the scope and on the next."""
     from qerl_kernels import nvfp4_wgmma
 
     monkeypatch.setattr(nvfp4_wgmma, "_sms", lambda device: 132)  # (stream-K sizes its grid by the SMs)
     with launch.chain(chained):
-        ops._launch_wgmma(_call(cfg, lora, bias=bias))
+        ops._launch_wgmma(projection_call(cfg, lora, bias=bias))
         outside = recorded[:]
         for _ in range(2):
             recorded.clear()
             prev = launch.scope(("test_host_path", str(cfg), lora, bias, chained))
             try:
-                ops._launch_wgmma(_call(cfg, lora, bias=bias))
+                ops._launch_wgmma(projection_call(cfg, lora, bias=bias))
             finally:
                 launch.restore(prev)
             _same_launches(recorded, outside)
@@ -83,11 +63,11 @@ def test_warpgroup_argument_checks_hold_in_a_scope():
 
 
 @pytest.mark.parametrize("xpad", [0, 1])
-def test_mmv_sizes_come_from_the_scope_and_match_the_tensors(recorded, xpad):
+def test_mmv_sizes_come_from_the_scope_and_match_the_tensors(recorded, projection_call, xpad):
     """The register-fragment launch passes (M, N, K, row strides) from the scope's memo: those of the tensors it
     launches with, the padded copy's stride where the activations are copied to a padded row stride."""
     cfg = {"MMV": 1, "BM": 8, "BN": 64, "BK": 128, "SPLIT": 2, "num_stages": 1, "XPAD": xpad}
-    c = _call(cfg, lora=False, M=4, tiled=False)
+    c = projection_call(cfg, lora=False, M=4, tiled=False)
     prev = launch.scope(("test_host_path", "mmv", xpad))
     try:
         out = ops._launch_mmv(c)
