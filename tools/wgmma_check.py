@@ -193,7 +193,7 @@ def main(out=None) -> int:
            "failed": bad}
     if out:
         with open(out, "w") as f:
-            json.dump(res, f, indent=1)
+            json.dump(res, f, indent=1, default=dict)  # (configs are read-only mappings)
     print(json.dumps({"checked": len(rows) + 1 + len(perr), "failed": bad}))
     return 1 if bad else 0
 
