@@ -63,6 +63,8 @@ DQ_CHUNK = 1 << 25  # weights per dequantized window (64 MiB of bf16 scratch)
 WGMMA_ROWS = (0, 128)  # untuned forward M in (0, 128]: the warpgroup-MMA kernel (nvfp4_wgmma) when K % 128 == 0
 WGMMA_TUNED_ROWS = (16, 128)  # the M range whose tuned WGMMA entries also serve neighbouring M buckets (tuned_entry)
 EAGER_XS_ROWS = 64  # eager warpgroup-MMA calls with a pre-pass up to this M: the one-launch XS config where it suits
+EAGER_ONE_LAUNCH_FLOPS = 4.5e9  # eager calls of at most this many FLOPs (2·M·N·K) whose config takes more than one
+# launch (DQ, the pre-pass of WS and of the plain kernel): one launch instead (eager_one_launch); 0: off
 HEURISTIC = "v2"  # "v1": the untuned configs before 2026-11-26 (MMV at M <= 16; comparisons and experiments)
 
 
@@ -131,6 +133,30 @@ def heuristic(kind: str, M: int, N: int, K: int, sms: int, dq: bool = True, wgmm
     return cfg
 
 
+def eager_one_launch(kind: str, cfg: dict, M: int, N: int, K: int, sms: int) -> dict | None:
+    """The config an *eager* call of at most :data:`EAGER_ONE_LAUNCH_FLOPS` (``2·M·N·K``, M > 16) runs instead of
+    ``cfg`` where ``cfg`` takes more than one launch — ``DQ`` (a dequantize launch, a scratch buffer and a cuBLAS
+    call), ``WS`` or the plain warpgroup-MMA kernel with its activation pre-pass — else None. Forward with
+    K % 128 == 0: the plain warpgroup-MMA loop with the activations staged by the kernel (``XS``, 32 rows per tile,
+    K split to ~2.5 programs per SM); otherwise the Triton tile (:func:`heuristic` without ``DQ``).
+
+    Such a call is host-bound eagerly. Measured on one H100 (2026-11-27, reports/host/evidence/session22_*): at most
+    4.5 GFLOP, the routed multi-launch calls took 35-100 µs per call in a loop for 8-23 µs of GPU time; the staged
+    forward took at most 35 µs of GPU time (median 119 TFLOP/s), the backward tile at most 48. In ``qerl bench
+    host`` on one machine the 34 rows that changed route went, median host / loop µs: forward 45 / 48 -> 37 / 38,
+    with LoRA 103 / 105 -> 78 / 77, backward 46 / 43 -> 30 / 41. Larger calls keep the tables' config: there the
+    GPU time decides."""
+    if M <= 16 or 2 * M * N * K > EAGER_ONE_LAUNCH_FLOPS:
+        return None
+    if not (cfg.get("DQ") or cfg.get("WS") or (cfg.get("WGMMA") and not (cfg.get("XS") or cfg.get("XG")))):
+        return None
+    if kind == "fwd" and K % 128 == 0:
+        tiles = -(-N // 64) * -(-M // 32)
+        return dict(WGMMA=1, WG=1, BT=32, NS=2 if M <= 64 else 3, SPLIT=max(1, min(K // 256, round(2.5 * sms / tiles))),
+                    XG=0, XS=1)
+    return heuristic(kind, M, N, K, sms, dq=False, wgmma=False)
+
+
 def tuned_entry(device_name: str, kind: str, M: int, N: int, K: int) -> dict | None:
     """The tuned config of this (kind, N, K) at M's bucket, else at the nearest tuned bucket whose path
     suits M: a decode-kernel entry (MMV / GEMV) only up to M = 32, a dequantize + cuBLAS entry (DQ)
@@ -176,6 +202,8 @@ def config_for(kind: str, M: int, N: int, K: int, device: torch.device) -> dict:
         eager = wgmma_heuristic(M, N, K, _sm_count(device.index or 0))
         if eager.get("XS"):
             cfg["EAGER"] = eager
+    if "EAGER" not in cfg and (one := eager_one_launch(kind, cfg, M, N, K, _sm_count(device.index or 0))):
+        cfg["EAGER"] = one  # small eager calls: one launch (host-bound)
     return {**cfg, **forced}
 
 

@@ -572,6 +572,45 @@ def test_launch_mode_picks_the_eager_or_graph_config(monkeypatch):
             pass
 
 
+def test_small_eager_calls_take_one_launch(monkeypatch):
+    """An eager call of at most ``EAGER_ONE_LAUNCH_FLOPS`` whose config takes several launches (DQ; the warp-
+    specialised kernel with its pre-pass) runs one launch instead: forward the plain warpgroup-MMA loop with staged
+    activations (a Triton tile where K % 128 != 0), backward a Triton tile. CUDA-graph mode keeps the tables' config,
+    larger calls keep it in both modes, and 0 turns the rule off."""
+    import qerl_kernels.ops as ops
+
+    monkeypatch.setattr(ops, "_device_name", lambda i: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(ops, "_sm_count", lambda i: 132)
+    dev = torch.device("cuda", 0)
+
+    def eager(kind, M, N, K):
+        return ops._for_launch_mode(ops.config_for(kind, M, N, K, dev))
+
+    def graph(kind, M, N, K):
+        with ops.launch_mode("graph"):
+            return ops._for_launch_mode(ops.config_for(kind, M, N, K, dev))
+
+    # 0.5B q/k/v at M = 512 (0.95 GFLOP): DQ in graph mode both ways
+    assert graph("fwd", 512, 1152, 896).get("DQ") and graph("bwd", 512, 1152, 896).get("DQ")
+    # 18 row tiles x 16 token tiles = 288 programs for 132 SMs: no K split
+    assert eager("fwd", 512, 1152, 896) == dict(WGMMA=1, WG=1, BT=32, NS=3, SPLIT=1, XG=0, XS=1)
+    bwd = eager("bwd", 512, 1152, 896)
+    assert bwd == ops.heuristic("bwd", 512, 1152, 896, 132, dq=False) and ops.path_of("bwd", bwd) == "tile_bwd"
+    # K % 128 != 0: the forward tile
+    assert ops.path_of("fwd", eager("fwd", 512, 1152, 960)) == "tile_fwd" and graph("fwd", 512, 1152, 960).get("DQ")
+    # 7B q/k/v at M = 128 (4.2 GFLOP): the H100 table's warp-specialised config (activation pre-pass + kernel)
+    assert graph("fwd", 128, 4608, 3584).get("WS")
+    one = eager("fwd", 128, 4608, 3584)
+    assert one == dict(WGMMA=1, WG=1, BT=32, NS=3, SPLIT=1, XG=0, XS=1)  # 72 x 4 = 288 programs
+    # above the bound the tables decide in both modes (eager DQ runs one window: CHUNK 0)
+    assert graph("fwd", 256, 4608, 3584).get("WS") and eager("fwd", 256, 4608, 3584) == graph("fwd", 256, 4608, 3584)
+    assert eager("fwd", 4096, 1152, 896) == {**graph("fwd", 4096, 1152, 896), "CHUNK": 0}
+    # a one-launch config is left as it is (7B q/k/v M = 64: the staged config already)
+    assert eager("fwd", 64, 4608, 3584) == ops.wgmma_heuristic(64, 4608, 3584, 132) or eager("fwd", 64, 4608, 3584)["XS"]
+    monkeypatch.setattr(ops, "EAGER_ONE_LAUNCH_FLOPS", 0)
+    assert eager("fwd", 512, 1152, 896).get("DQ") and eager("fwd", 128, 4608, 3584).get("WS")
+
+
 def test_benchmark_precompiles_both_launch_modes(monkeypatch):
     """precompile_jobs: a decode-size key tuned to WGMMA yields its graph config and its EAGER one."""
     import qerl_kernels.ops as ops
