@@ -154,7 +154,11 @@ def eager_one_launch(kind: str, cfg: dict, M: int, N: int, K: int, sms: int) -> 
         tiles = -(-N // 64) * -(-M // 32)
         return dict(WGMMA=1, WG=1, BT=32, NS=2 if M <= 64 else 3, SPLIT=max(1, min(K // 256, round(2.5 * sms / tiles))),
                     XG=0, XS=1)
-    return heuristic(kind, M, N, K, sms, dq=False, wgmma=False)
+    cfg = heuristic(kind, M, N, K, sms, dq=False, wgmma=False)
+    if kind == "bwd" and M > 256:  # the heuristic splits the N loop only up to M = 256; here few tiles need it too
+        tiles = -(-M // cfg["BM"]) * -(-K // cfg["BK"])  # (1.5B q/k/v at M = 512: 96 tiles, 48 µs unsplit)
+        cfg["SPLIT"] = max(1, min(-(-N // cfg["BN"]) // 2, (2 * sms) // tiles))
+    return cfg
 
 
 def tuned_entry(device_name: str, kind: str, M: int, N: int, K: int) -> dict | None:

@@ -594,8 +594,9 @@ def test_small_eager_calls_take_one_launch(monkeypatch):
     assert graph("fwd", 512, 1152, 896).get("DQ") and graph("bwd", 512, 1152, 896).get("DQ")
     # 18 row tiles x 16 token tiles = 288 programs for 132 SMs: no K split
     assert eager("fwd", 512, 1152, 896) == dict(WGMMA=1, WG=1, BT=32, NS=3, SPLIT=1, XG=0, XS=1)
-    bwd = eager("bwd", 512, 1152, 896)
-    assert bwd == ops.heuristic("bwd", 512, 1152, 896, 132, dq=False) and ops.path_of("bwd", bwd) == "tile_bwd"
+    bwd = eager("bwd", 512, 1152, 896)  # 4 x 7 tiles of [128, 128] over dX: the N loop split in 9 (18 / 2)
+    assert bwd == {**ops.heuristic("bwd", 512, 1152, 896, 132, dq=False), "SPLIT": 9}
+    assert ops.path_of("bwd", bwd) == "tile_bwd" and eager("bwd", 128, 1152, 896)["SPLIT"] > 1
     # K % 128 != 0: the forward tile
     assert ops.path_of("fwd", eager("fwd", 512, 1152, 960)) == "tile_fwd" and graph("fwd", 512, 1152, 960).get("DQ")
     # 7B q/k/v at M = 128 (4.2 GFLOP): the H100 table's warp-specialised config (activation pre-pass + kernel)
