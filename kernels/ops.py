@@ -142,10 +142,11 @@ def eager_one_launch(kind: str, cfg: dict, M: int, N: int, K: int, sms: int) -> 
 
     Such a call is host-bound eagerly. Measured on one H100 (2026-11-27, reports/host/evidence/session22_*): at most
     4.5 GFLOP, the routed multi-launch calls took 35-100 µs per call in a loop for 8-23 µs of GPU time; the staged
-    forward took at most 35 µs of GPU time (median 119 TFLOP/s), the backward tile at most 48. In ``qerl bench
-    host`` on one machine the 34 rows that changed route went, median host / loop µs: forward 45 / 48 -> 37 / 38,
-    with LoRA 103 / 105 -> 78 / 77, backward 46 / 43 -> 30 / 41. Larger calls keep the tables' config: there the
-    GPU time decides."""
+    forward took at most 35 µs of GPU time (median 119 TFLOP/s), the backward tile at most 48 (unsplit). In ``qerl
+    bench host`` (112 rows, old and new code alternated on one machine) the 14 rows that changed route went, median
+    host / loop µs: forward 48 / 52 -> 27 / 28, with LoRA 110 / 108 -> 59 / 59, backward 48 / 44 -> 22 / 33 (cuBLAS's
+    loop: 14). Larger calls keep the tables' config: there the GPU time decides. Not applied under a forced
+    ``QERL_KERNEL_CONFIG`` (experiments keep what they force)."""
     if M <= 16 or 2 * M * N * K > EAGER_ONE_LAUNCH_FLOPS:
         return None
     if not (cfg.get("DQ") or cfg.get("WS") or (cfg.get("WGMMA") and not (cfg.get("XS") or cfg.get("XG")))):
@@ -206,7 +207,8 @@ def config_for(kind: str, M: int, N: int, K: int, device: torch.device) -> dict:
         eager = wgmma_heuristic(M, N, K, _sm_count(device.index or 0))
         if eager.get("XS"):
             cfg["EAGER"] = eager
-    if "EAGER" not in cfg and (one := eager_one_launch(kind, cfg, M, N, K, _sm_count(device.index or 0))):
+    if not forced and "EAGER" not in cfg and (one := eager_one_launch(kind, cfg, M, N, K,
+                                                                          _sm_count(device.index or 0))):
         cfg["EAGER"] = one  # small eager calls: one launch (host-bound)
     return {**cfg, **forced}
 

@@ -608,6 +608,9 @@ def test_small_eager_calls_take_one_launch(monkeypatch):
     assert eager("fwd", 4096, 1152, 896) == {**graph("fwd", 4096, 1152, 896), "CHUNK": 0}
     # a one-launch config is left as it is (7B q/k/v M = 64: the staged config already)
     assert eager("fwd", 64, 4608, 3584) == ops.wgmma_heuristic(64, 4608, 3584, 132) or eager("fwd", 64, 4608, 3584)["XS"]
+    monkeypatch.setenv("QERL_KERNEL_CONFIG", '{"CHUNK": 1048576}')  # a forced (partial) config is kept
+    assert eager("fwd", 512, 1152, 896) == dict(DQ=1, CHUNK=1048576)
+    monkeypatch.delenv("QERL_KERNEL_CONFIG")
     monkeypatch.setattr(ops, "EAGER_ONE_LAUNCH_FLOPS", 0)
     assert eager("fwd", 512, 1152, 896).get("DQ") and eager("fwd", 128, 4608, 3584).get("WS")
 
