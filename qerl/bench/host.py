@@ -182,6 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only the run with every launch through Triton's own path (qerl_kernels.launch.DIRECT off)")
     p.add_argument("--no-compare", action="store_true",
                    help="skip the comparison run through Triton's own path (default: both, the comparison first)")
+    p.add_argument("--baseline-kernels", type=Path, default=None, metavar="DIR",
+                   help="instead, an A/B on this machine against the kernels package in DIR (e.g. `git archive REV "
+                        "kernels | tar -x -C DIR`): writes <output>/<device>_ab.csv / .md (qerl.bench.host_ab)")
+    p.add_argument("--rounds", type=int, default=2, help="with --baseline-kernels: alternations of the two sides")
     return p
 
 
@@ -191,6 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("qerl bench host: needs a CUDA GPU (host time of kernel launches)")
+    if a.baseline_kernels is not None:
+        from qerl.bench import host_ab
+
+        args = ["--models", *a.models, "--projs", *a.projs, "--ms", *map(str, a.ms)]
+        print(host_ab.run(args, a.baseline_kernels, a.rounds, Path(a.output), torch.cuda.get_device_name()))
+        return 0
     rows = []
     for model in a.models:
         for proj, (N, K) in projections(model).items():

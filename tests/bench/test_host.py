@@ -32,3 +32,72 @@ def test_comparison_rows_carry_the_triton_path_time_of_the_same_call(tmp_path):
     assert [r["triton_host_us"] for r in rows] == [95.0, 140.0]
     text = host.write(rows, tmp_path, "dev").read_text()
     assert "| 0.5B | qkv | 1152 | 896 | 1 | fwd | mmv | 60.0 | 95.0 | 14.0 |" in text
+
+
+def _csv_rows(path_of_call, host, loop):
+    return [{**_row(call, 512, host[call], path_of_call[call]), "loop_us": loop[call], "cublas_loop_us": 14.0}
+            for call in ("fwd", "bwd")]
+
+
+def test_ab_alternates_the_baseline_and_current_kernels_and_reports_the_change(tmp_path, monkeypatch):
+    """``--baseline-kernels``: the children alternate (baseline first in each round), the baseline ones with the
+    copied package first on PYTHONPATH (checked by a probe before any run); per row the median over the rounds of
+    each side, the route before and after; the .md counts rows at the target and gives the changed rows by call."""
+    import csv
+    import sys
+
+    from qerl.bench import host_ab
+
+    base = tmp_path / "old"
+    (base / "kernels").mkdir(parents=True)
+    (base / "kernels" / "ops.py").write_text("")
+    calls = []
+    before = {"fwd": ("dq", 52.0, 50.0), "bwd": ("dq", 48.0, 45.0)}
+    after = {"fwd": ("wgmma", 27.0, 28.0), "bwd": ("dq", 47.0, 44.0)}
+
+    def runner(cmd, env, capture_output=False, text=False):
+        calls.append((cmd, env.get("PYTHONPATH", "")))
+        if "-c" in cmd:  # the probe: what a baseline child imports
+            site = env["PYTHONPATH"].split(":")[0]
+            return type("Done", (), {"returncode": 0, "stdout": str((Path(site) / "qerl_kernels").resolve()) + "\n"})
+        out = Path(cmd[cmd.index("--output") + 1])
+        side = before if out.name.startswith("baseline") else after
+        rnd = int(out.name[-1])
+        rows = _csv_rows({c: v[0] for c, v in side.items()}, {c: v[1] + rnd for c, v in side.items()},
+                         {c: v[2] for c, v in side.items()})
+        out.mkdir(parents=True)
+        with open(out / "dev.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        return type("Done", (), {"returncode": 0})
+
+    from pathlib import Path
+
+    md = host_ab.run(["--models", "0.5B"], base, 3, tmp_path / "report", "NVIDIA H100 80GB HBM3", runner=runner)
+    sides = [("baseline" if Path(c[c.index("--output") + 1]).name.startswith("baseline") else "current", pp)
+             for c, pp in calls if "--output" in c]
+    assert [s for s, _ in sides] == ["baseline", "current"] * 3
+    assert all(pp.split(":")[0].endswith("baseline_site") for s, pp in sides if s == "baseline")
+    assert all("baseline_site" not in pp for s, pp in sides if s == "current")
+    assert all(c[0] == sys.executable and "--no-compare" in c for c, _ in calls if "--output" in c)
+    rows = list(csv.DictReader(open(tmp_path / "report" / "NVIDIA_H100_80GB_HBM3_ab.csv")))
+    fwd = next(r for r in rows if r["call"] == "fwd")
+    assert (fwd["path_before"], fwd["path_after"], fwd["host_before"], fwd["host_after"]) == ("dq", "wgmma", "53.0", "28.0")
+    assert fwd["device"] == "NVIDIA H100 80GB HBM3"
+    text = md.read_text()
+    assert "rows at ≤ 40 µs of host time: **0 → 1**" in text and "| fwd (1) | 53.0 → 28.0 | 50.0 → 28.0 | 14.0 |" in text
+    assert "Rows whose route did not change (1): host µs median 49.0 → 48.0" in text
+
+
+def test_ab_refuses_a_directory_without_the_kernels(tmp_path):
+    import pytest
+
+    from qerl.bench import host_ab
+
+    with pytest.raises(SystemExit, match="no ops.py there"):
+        host_ab.baseline_package(tmp_path)
+    with pytest.raises(SystemExit, match="--rounds must be at least 1"):
+        host_ab.run([], tmp_path, 0, tmp_path, "dev")
+    a = host.build_parser().parse_args(["--baseline-kernels", str(tmp_path), "--rounds", "3"])
+    assert a.baseline_kernels == tmp_path and a.rounds == 3
