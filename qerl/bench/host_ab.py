@@ -117,12 +117,9 @@ def summary_lines(rows: list[dict], rounds: int) -> list[str]:
 
 
 def write(rows: list[dict], out: Path, device: str, rounds: int, baseline: Path) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / (device.replace(" ", "_") + "_ab")
-    with open(stem.with_suffix(".csv"), "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=list(rows[0]) + ["device"])
-        wr.writeheader()
-        wr.writerows({**r, "device": device} for r in rows)
+    from qerl.bench.report import device_csv
+
+    stem = device_csv(rows, out, device, tail="_ab")
     lines = [f"# Host time per eager NVFP4 call, A/B on one machine — {device}", "",
              f"`qerl bench host --baseline-kernels {baseline}`: the baseline kernels and the current ones run "
              f"alternately (baseline first) as child processes of one machine.", ""] + summary_lines(rows, rounds)
