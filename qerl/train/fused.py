@@ -8,7 +8,8 @@ products, the cast) and more backward over ``[tokens, hidden]`` fp32 tensors, th
 the rollout engine's own elementwise functions (:class:`qerl.rollout.engine.forward.Elementwise`, compiled: one
 fused Triton kernel each way, dynamic shapes): the same operations in the same dtypes — ``w · (x̂ in fp32, cast)``
 and ``silu(g) · u`` — as transformers' eager forward, the reductions summed in another order. AQN's patched norms
-keep their noisy path and get the fused forward where no noise is drawn. Only on CUDA (``torch.compile`` needs its
+keep their noisy path and get the fused forward where no noise is drawn. The functions are the Inductor kernels, never
+:mod:`qerl_kernels.norm`'s launches (the engine's, forward-only). Only on CUDA (``torch.compile`` needs its
 Triton backend); elsewhere, or with ``enabled=False``, nothing changes.
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ _MISSING = object()
 def _compiled():
     from qerl.rollout.engine.forward import Elementwise
 
-    return Elementwise(compiled=True)
+    return Elementwise(compiled=True, norm_kernels=False)  # differentiable, and the same kernels with or without grad
 
 
 def _rms_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:

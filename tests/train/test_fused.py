@@ -78,3 +78,99 @@ def test_cpu_models_are_left_alone_by_default():
     with fused_elementwise(m) as n:
         assert n == 0
         assert all("forward" not in mod.__dict__ for mod in m.modules())
+
+
+def test_the_update_never_takes_the_forward_only_norm_launches():
+    """The engine's compiled Elementwise routes CUDA norms / the gate to ``qerl_kernels.norm`` (no backward); the
+    update's must not: its Inductor functions have the eager gradient (a regression: the launches once cut the
+    gradient through every norm and left gate / up without one)."""
+    from qerl.train import fused
+
+    assert fused._compiled().norm_kernels is False
+
+
+class _ForwardOnlyKernels:
+    """A stand-in for ``qerl_kernels.norm``: the definitions, detached as a Triton launch's output is."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def rms_norm(self, h, w, eps, d=None, z=None):
+        self.calls += 1
+        s = h if d is None else h + d
+        y = (EAGER.rms_noisy(w, z, s, eps) if z is not None else EAGER.rms(w, s, eps)).detach()
+        return y if d is None else (s.detach(), y)
+
+    def silu_mul(self, g, u):
+        self.calls += 1
+        return EAGER.silu_mul(g, u).detach()
+
+
+def test_norm_launches_take_only_untracked_calls(monkeypatch):
+    from qerl.rollout.engine import forward
+
+    stub = _ForwardOnlyKernels()
+    monkeypatch.setattr(forward, "_norm_module", lambda: stub)
+    monkeypatch.setattr(forward, "KERNEL_DEVICES", ("cpu",))
+    ew = forward.Elementwise(compiled=False)
+    ew._norm_kernels()
+    assert ew.norm_kernels
+    torch.manual_seed(0)
+    w, h, d = torch.randn(8), torch.randn(3, 8), torch.randn(3, 8)
+    g, u = torch.randn(3, 16), torch.randn(3, 16)
+    # untracked (the engine's rollouts): the launches
+    torch.testing.assert_close(ew.rms(w, h, 1e-6), EAGER.rms(w, h, 1e-6), rtol=0, atol=0)
+    ew.add_rms(h, d, w, 1e-6)
+    ew.silu_mul(g, u)
+    assert stub.calls == 3
+    with torch.no_grad():  # tracked tensors under no_grad: nothing to differentiate, the launches again
+        ew.rms(w, h.requires_grad_(), 1e-6)
+    assert stub.calls == 4
+    # tracked: the functions with a backward, and their gradients are the eager ones
+    hs = [h.detach().clone().requires_grad_() for _ in range(2)]
+    gs = [g.detach().clone().requires_grad_() for _ in range(2)]
+    for f, hh, gg in ((ew, hs[0], gs[0]), (EAGER, hs[1], gs[1])):
+        s, y = f.add_rms(hh, d, w, 1e-6)
+        (y.square().sum() + s.sum() + f.silu_mul(gg, u).square().sum() + f.rms(w, hh, 1e-6).sum()).backward()
+    assert stub.calls == 4
+    torch.testing.assert_close(hs[0].grad, hs[1].grad, rtol=0, atol=0)
+    torch.testing.assert_close(gs[0].grad, gs[1].grad, rtol=0, atol=0)
+    # a tracked weight (a trainable norm) takes the function too
+    ew.rms(w.clone().requires_grad_(), h.detach(), 1e-6)
+    assert stub.calls == 4
+
+
+class _DetachedGate(_Counting):
+    """The SiLU gate with the right values and no backward (as a forward-only launch)."""
+
+    def silu_mul(self, g, u):
+        return super().silu_mul(g, u).detach()
+
+
+class _Detaching(_DetachedGate):
+    """The norms too: the final norm then cuts every parameter from the loss."""
+
+    def rms(self, w, h, eps):
+        return super().rms(w, h, eps).detach()
+
+
+def test_update_check_passes_the_eager_functions_and_flags_forward_only_ones():
+    from qerl.bench.update_check import compare
+    from qerl.lora import LoraSettings, apply_lora
+
+    policy = apply_lora(_model(), LoraSettings(r=4, alpha=8))
+    with torch.no_grad():
+        for n, p in policy.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    ids = torch.randint(0, policy.config.vocab_size, (2, 9))
+    layers = policy.config.num_hidden_layers
+    good = compare(policy, ids, ew=_Counting())
+    assert good["ok"] and good["n_missing"] == 0 and good["grad_rel_max"] == 0.0 and good["no_grad_equals_grad"]
+    assert good["trainable"] == 2 * 7 * layers
+    gate = compare(policy, ids, ew=_DetachedGate())  # gate / up feed only the detached gate: no gradient at all
+    assert not gate["ok"] and gate["n_missing"] == 2 * 2 * layers
+    assert all(any(k in n for k in ("gate_proj", "up_proj")) for n in gate["missing_gradients"])
+    assert gate["grad_rel_max"] > 0.05  # and the layers below lost the MLP's share of their gradient
+    cut = compare(policy, ids, ew=_Detaching())
+    assert not cut["ok"] and cut["n_missing"] == cut["trainable"]

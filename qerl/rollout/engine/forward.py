@@ -88,12 +88,16 @@ class Elementwise:
     cache writes): compiled, the one-launch Triton kernel :mod:`qerl_kernels.rope_cache` (fp32 math, one rounding,
     as the compiled rotary) where it imports, else the compiled rotary and two ``index_copy_``."""
 
-    def __init__(self, compiled: bool = False):
+    def __init__(self, compiled: bool = False, norm_kernels: bool | None = None):
+        """``norm_kernels``: the norms and the gate through :mod:`qerl_kernels.norm` on CUDA (default: when compiled
+        and :data:`NORM_KERNELS` is on). Those launches are forward-only; a call on tensors autograd tracks takes
+        the compiled function (which has a backward) in any case."""
         fns = (_rms, _rms_noisy, _rope_qk, _add_rms, _add_rms_noisy, _silu_mul)
         if compiled:
             fns = tuple(torch.compile(f, dynamic=True, fullgraph=True) for f in fns)
         self.rms, self.rms_noisy, self.rope_qk, self.add_rms, self.add_rms_noisy, self.silu_mul = fns
-        if compiled and NORM_KERNELS[0]:
+        self.norm_kernels = False
+        if compiled and (NORM_KERNELS[0] if norm_kernels is None else norm_kernels):
             self._norm_kernels()
         self.rope_write = _rope_write
         if compiled:
@@ -116,16 +120,28 @@ class Elementwise:
             return
         rms, rms_noisy, add_rms, add_rms_noisy, silu_mul = (self.rms, self.rms_noisy, self.add_rms,
                                                             self.add_rms_noisy, self.silu_mul)
-
-        def ok(*ts):
-            return all(t.is_cuda and t.stride(-1) == 1 for t in ts)
-
-        self.rms = lambda w, h, eps: k.rms_norm(h, w, eps) if ok(h) else rms(w, h, eps)
-        self.rms_noisy = lambda w, z, h, eps: k.rms_norm(h, w, eps, z=z) if ok(h) else rms_noisy(w, z, h, eps)
-        self.add_rms = lambda h, d, w, eps: k.rms_norm(h, w, eps, d=d) if ok(h, d) else add_rms(h, d, w, eps)
-        self.add_rms_noisy = (lambda h, d, w, z, eps: k.rms_norm(h, w, eps, d=d, z=z) if ok(h, d)
+        ok = _kernel_ok
+        self.rms = lambda w, h, eps: k.rms_norm(h, w, eps) if ok(h, w) else rms(w, h, eps)
+        self.rms_noisy = (lambda w, z, h, eps: k.rms_norm(h, w, eps, z=z) if ok(h, w, z)
+                          else rms_noisy(w, z, h, eps))
+        self.add_rms = lambda h, d, w, eps: k.rms_norm(h, w, eps, d=d) if ok(h, d, w) else add_rms(h, d, w, eps)
+        self.add_rms_noisy = (lambda h, d, w, z, eps: k.rms_norm(h, w, eps, d=d, z=z) if ok(h, d, w, z)
                               else add_rms_noisy(h, d, w, z, eps))
         self.silu_mul = lambda g, u: k.silu_mul(g, u) if ok(g, u) else silu_mul(g, u)
+        self.norm_kernels = True
+
+
+#: the devices whose tensors :mod:`qerl_kernels.norm` takes (a test widens it to run the routing on CPU)
+KERNEL_DEVICES = ("cuda",)
+
+
+def _kernel_ok(*ts: torch.Tensor) -> bool:
+    """Whether a norm / gate call may take the Triton launch: every tensor on a kernel device with a unit last
+    stride, and none that autograd tracks — the launches have no backward, so a tracked call (the update phase)
+    takes the compiled function, whose gradient is the eager one's."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in ts):
+        return False
+    return all(t.device.type in KERNEL_DEVICES and t.stride(-1) == 1 for t in ts)
 
 
 #: compiled engines run the norms and the SiLU gate on CUDA through :mod:`qerl_kernels.norm` (False: the
