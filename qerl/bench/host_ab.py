@@ -4,7 +4,8 @@ The host time of an eager call differs up to 1.7x between machines of one kind a
 (reports/host), more than most changes to the call path move it, so a change is measured as an A/B on one machine:
 ``qerl bench host`` run as child processes, alternately with a baseline copy of the kernels (``DIR``, e.g. made by
 ``git archive <rev> kernels | tar -x -C DIR``) shadowing ``qerl_kernels`` on ``PYTHONPATH`` and with the kernels
-installed now, ``N`` rounds each (the baseline first in each round). Per row the median over the rounds of each
+installed now, ``N`` rounds each, in the order baseline, current, current, baseline, … (so that a drift of the
+machine that is linear in time weighs on both sides alike over two rounds). Per row the median over the rounds of each
 side; ``<output>/<device>_ab.csv / .md`` give each row's route and host / loop time before and after and, in the
 ``.md``, the rows at the target before and after and the medians of the rows whose route changed, by call.
 """
@@ -49,11 +50,13 @@ def baseline_env(site: Path) -> dict:
 
 
 def plan(bench_args: list[str], site: Path, out: Path, rounds: int) -> list[tuple[str, int, dict, list[str]]]:
-    """The child runs in order: ``(side, round, environment overrides, command)``, baseline then current per round."""
+    """The child runs in order: ``(side, round, environment overrides, command)``; baseline then current in even
+    rounds, current then baseline in odd ones."""
     base_env = baseline_env(site)
     runs = []
     for r in range(rounds):
-        for side, env in (("baseline", base_env), ("current", {})):
+        pair = (("baseline", base_env), ("current", {}))
+        for side, env in (pair if r % 2 == 0 else pair[::-1]):
             cmd = [sys.executable, "-m", "qerl", "bench", "host", *bench_args, "--no-compare", "--no-profile",
                    "--output", str(out / f"{side}{r}")]
             runs.append((side, r, env, cmd))
@@ -92,37 +95,60 @@ def merge(baseline: list[list[dict]], current: list[list[dict]]) -> list[dict]:
     return rows
 
 
-def summary_lines(rows: list[dict], rounds: int) -> list[str]:
-    """The ``.md`` summary: rows at the target before / after; the rows whose route changed, by call (medians);
-    the unchanged rows' medians (how far the machine drifted)."""
+def run_medians(order: list[tuple[str, int, list[dict]]], rows: list[dict]) -> list[tuple[str, float]]:
+    """Per child run ``(side, round, its rows)``, in the order they ran, the median host µs of the rows whose route
+    did not change: what the machine itself drifted by between runs."""
+    same = {tuple(str(r[k]) for k in KEY) for r in rows if r["path_before"] == r["path_after"]}
+    out = []
+    for side, r, run in order:
+        vals = [float(x["host_us"]) for x in run if tuple(str(x[k]) for k in KEY) in same]
+        if vals:
+            out.append((f"{side} {r + 1}", statistics.median(vals)))
+    return out
+
+
+def summary_lines(rows: list[dict], rounds: int, runs: list[tuple[str, float]] = ()) -> list[str]:
+    """The ``.md`` summary: rows at the target before / after; the unchanged rows' medians, overall and per child
+    run (how far the machine drifted); the rows whose route changed, by call (medians), also divided by the
+    unchanged rows' ratio."""
     med = statistics.median
     changed = [r for r in rows if r["path_before"] != r["path_after"]]
     same = [r for r in rows if r["path_before"] == r["path_after"]]
     out = [f"{len(rows)} rows, {rounds} round(s) per side (medians); rows at ≤ {TARGET_US:.0f} µs of host time: "
            f"**{sum(r['host_before'] <= TARGET_US for r in rows)} → {sum(r['host_after'] <= TARGET_US for r in rows)}**"
            f"; results equal to Triton's launches in {sum(r['same_result'] for r in rows)} / {len(rows)}.", ""]
+    drift = 1.0
     if same:
-        out += [f"Rows whose route did not change ({len(same)}): host µs median {med(r['host_before'] for r in same):.1f}"
-                f" → {med(r['host_after'] for r in same):.1f}.", ""]
+        before, after = med(r['host_before'] for r in same), med(r['host_after'] for r in same)
+        drift = after / before if before else 1.0
+        out += [f"Rows whose route did not change ({len(same)}): host µs median {before:.1f} → {after:.1f} "
+                f"(×{drift:.2f}: the machine's drift between the sides, which the same code should not show)."]
+        if runs:
+            out += ["Their median per child run, in the order run: " + ", ".join(f"{n} {v:.1f}" for n, v in runs) + "."]
+        out.append("")
     if changed:
-        out += [f"Rows whose route changed ({len(changed)}), medians by call:", "",
-                "| call (rows) | host µs before → after | loop µs before → after | cuBLAS loop µs |", "|---|---|---|---|"]
+        out += [f"Rows whose route changed ({len(changed)}), medians by call; the last column divides the after / before "
+                "ratio of host time by the unchanged rows' ratio:", "",
+                "| call (rows) | host µs before → after | loop µs before → after | cuBLAS loop µs | host ratio ÷ drift |",
+                "|---|---|---|---|---|"]
         for call in sorted({r["call"] for r in changed}):
             c = [r for r in changed if r["call"] == call]
-            out.append(f"| {call} ({len(c)}) | {med(r['host_before'] for r in c):.1f} → {med(r['host_after'] for r in c):.1f}"
+            hb, ha = med(r['host_before'] for r in c), med(r['host_after'] for r in c)
+            out.append(f"| {call} ({len(c)}) | {hb:.1f} → {ha:.1f}"
                        f" | {med(r['loop_before'] for r in c):.1f} → {med(r['loop_after'] for r in c):.1f} | "
-                       f"{med(r['cublas_loop'] for r in c):.1f} |")
+                       f"{med(r['cublas_loop'] for r in c):.1f} | {(ha / hb if hb else 1.0) / drift:.2f} |")
         out.append("")
     return out
 
 
-def write(rows: list[dict], out: Path, device: str, rounds: int, baseline: Path) -> Path:
+def write(rows: list[dict], out: Path, device: str, rounds: int, baseline: Path,
+          runs: list[tuple[str, float]] = ()) -> Path:
     from qerl.bench.report import device_csv
 
     stem = device_csv(rows, out, device, tail="_ab")
     lines = [f"# Host time per eager NVFP4 call, A/B on one machine — {device}", "",
              f"`qerl bench host --baseline-kernels {baseline}`: the baseline kernels and the current ones run "
-             f"alternately (baseline first) as child processes of one machine.", ""] + summary_lines(rows, rounds)
+             f"alternately (baseline, current, current, baseline, …) as child processes of one machine.", ""] + summary_lines(rows, rounds, runs)
     lines += ["| model | proj | M | call | path before | path after | host µs before | after | loop µs before | after "
               "| cuBLAS loop µs |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -149,12 +175,14 @@ def run(bench_args: list[str], kernels_dir: Path, rounds: int, output: Path, dev
         if probe.returncode or Path(probe.stdout.strip()) != package:
             raise SystemExit(f"qerl bench host: the baseline child imports qerl_kernels from {probe.stdout.strip() or '?'}"
                              f", not {package} (is qerl_kernels installed in a way PYTHONPATH cannot shadow?)")
-        sides = {"baseline": [], "current": []}
+        sides, order = {"baseline": [], "current": []}, []
         for side, r, env, cmd in plan(bench_args, site, tmp, rounds):
             print(f"A/B round {r + 1} / {rounds}: {side}", flush=True)
             done = runner(cmd, env={**os.environ, **env})
             if done.returncode:
                 raise SystemExit(f"qerl bench host: the {side} run of round {r + 1} failed (exit {done.returncode})")
             sides[side].append(_read(tmp / f"{side}{r}"))
+            order.append((side, r, sides[side][-1]))
         rows = merge(sides["baseline"], sides["current"])
-    return write(rows, output, device, rounds, kernels_dir)
+        runs = run_medians(order, rows)
+    return write(rows, output, device, rounds, kernels_dir, runs)

@@ -40,7 +40,7 @@ def _csv_rows(path_of_call, host, loop):
 
 
 def test_ab_alternates_the_baseline_and_current_kernels_and_reports_the_change(tmp_path, monkeypatch):
-    """``--baseline-kernels``: the children alternate (baseline first in each round), the baseline ones with the
+    """``--baseline-kernels``: the children alternate (baseline, current, current, baseline, …), the baseline ones with the
     copied package first on PYTHONPATH (checked by a probe before any run); per row the median over the rounds of
     each side, the route before and after; the .md counts rows at the target and gives the changed rows by call."""
     import csv
@@ -77,7 +77,7 @@ def test_ab_alternates_the_baseline_and_current_kernels_and_reports_the_change(t
     md = host_ab.run(["--models", "0.5B"], base, 3, tmp_path / "report", "NVIDIA H100 80GB HBM3", runner=runner)
     sides = [("baseline" if Path(c[c.index("--output") + 1]).name.startswith("baseline") else "current", pp)
              for c, pp in calls if "--output" in c]
-    assert [s for s, _ in sides] == ["baseline", "current"] * 3
+    assert [s for s, _ in sides] == ["baseline", "current", "current", "baseline", "baseline", "current"]  # ABBA
     assert all(pp.split(":")[0].endswith("baseline_site") for s, pp in sides if s == "baseline")
     assert all("baseline_site" not in pp for s, pp in sides if s == "current")
     assert all(c[0] == sys.executable and "--no-compare" in c for c, _ in calls if "--output" in c)
@@ -86,8 +86,11 @@ def test_ab_alternates_the_baseline_and_current_kernels_and_reports_the_change(t
     assert (fwd["path_before"], fwd["path_after"], fwd["host_before"], fwd["host_after"]) == ("dq", "wgmma", "53.0", "28.0")
     assert fwd["device"] == "NVIDIA H100 80GB HBM3"
     text = md.read_text()
-    assert "rows at ≤ 40 µs of host time: **0 → 1**" in text and "| fwd (1) | 53.0 → 28.0 | 50.0 → 28.0 | 14.0 |" in text
-    assert "Rows whose route did not change (1): host µs median 49.0 → 48.0" in text
+    # the changed row's ratio 28 / 53 divided by the unchanged row's 48 / 49
+    assert "rows at ≤ 40 µs of host time: **0 → 1**" in text and "| fwd (1) | 53.0 → 28.0 | 50.0 → 28.0 | 14.0 | 0.54 |" in text
+    assert "Rows whose route did not change (1): host µs median 49.0 → 48.0 (×0.98" in text
+    assert ("in the order run: baseline 1 48.0, current 1 47.0, current 2 48.0, baseline 2 49.0, baseline 3 50.0, "
+            "current 3 49.0.") in text
 
 
 def test_ab_refuses_a_directory_without_the_kernels(tmp_path):
