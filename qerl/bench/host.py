@@ -98,16 +98,16 @@ def bench_shape(model: str, proj: str, N: int, K: int, ms, rank: int = 32, direc
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
         F = torch.nn.functional
+        fwd, bwd = ops.route_of("fwd", x, p, s)[:2], ops.route_of("bwd", dy, p, s)[:2]
         calls = {
-            "fwd": (lambda: ops.nvfp4_matmul(x, p, s, g), lambda: F.linear(x, w), ops.route_of("fwd", x, p, s)[0]),
+            "fwd": (lambda: ops.nvfp4_matmul(x, p, s, g), lambda: F.linear(x, w), fwd),
             "fwd_lora": (lambda: ops.nvfp4_matmul(x, p, s, g, None, None, lb, 2.0, lora_a=la),
-                         lambda: torch.addmm(F.linear(x, w), F.linear(x, la), lb.t(), alpha=2.0),
-                         ops.route_of("fwd", x, p, s)[0]),
-            "bwd": (lambda: ops.nvfp4_matmul_t(dy, p, s, g), lambda: dy @ w, ops.route_of("bwd", dy, p, s)[0]),
-            "seam": (lambda: nvfp4_linear(x, p, s, g), lambda: F.linear(x, w), ops.route_of("fwd", x, p, s)[0]),
+                         lambda: torch.addmm(F.linear(x, w), F.linear(x, la), lb.t(), alpha=2.0), fwd),
+            "bwd": (lambda: ops.nvfp4_matmul_t(dy, p, s, g), lambda: dy @ w, bwd),
+            "seam": (lambda: nvfp4_linear(x, p, s, g), lambda: F.linear(x, w), fwd),
         }
         with torch.no_grad():
-            for call, (ours, cublas, path) in calls.items():
+            for call, (ours, cublas, (path, cfg)) in calls.items():
                 # the direct launches (qerl_kernels.launch) must give Triton's own launches' result, bit for bit
                 launch.DIRECT[0] = False
                 want = ours()
@@ -117,11 +117,17 @@ def bench_shape(model: str, proj: str, N: int, K: int, ms, rank: int = 32, direc
                 loop, loop_ref = loop_us(ours), loop_us(cublas)
                 got = ours()
                 rows.append({"model": model, "proj": proj, "N": N, "K": K, "M": M, "call": call, "path": path,
+                             "config": config_str(cfg),
                              "host_us": round(us, 1), "cublas_host_us": round(ref, 1), "loop_us": round(loop, 1),
                              "cublas_loop_us": round(loop_ref, 1), "meets": us <= TARGET_US,
                              "direct_launches": launch._STATS["direct"] - before,
                              "same_result": torch.equal(got, want)})
     return rows
+
+
+def config_str(cfg) -> str:
+    """A resolved config as one CSV field: ``KEY=value`` pairs, sorted, joined by spaces."""
+    return " ".join(f"{k}={v}" for k, v in sorted(cfg.items())) if isinstance(cfg, dict) else str(cfg)
 
 
 def with_comparison(rows: list[dict], triton_rows: list[dict]) -> list[dict]:

@@ -7,7 +7,7 @@ The host time of an eager call differs up to 1.7x between machines of one kind a
 installed now, ``N`` rounds each, in the order baseline, current, current, baseline, … (so that a drift of the
 machine that is linear in time weighs on both sides alike over two rounds). Per row the median over the rounds of each
 side; ``<output>/<device>_ab.csv / .md`` give each row's route and host / loop time before and after and, in the
-``.md``, the rows at the target before and after and the medians of the rows whose route changed, by call.
+``.md``, the rows at the target before and after and the medians of the rows whose route or config changed, by call.
 """
 from __future__ import annotations
 
@@ -86,6 +86,7 @@ def merge(baseline: list[list[dict]], current: list[list[dict]]) -> list[dict]:
             raise SystemExit(f"qerl bench host: row {key} missing from run {missing[0]} of the A/B")
         rows.append({"model": r["model"], "proj": r["proj"], "N": r["N"], "K": r["K"], "M": r["M"], "call": r["call"],
                      "path_before": b[0][key]["path"], "path_after": r["path"],
+                     "config_changed": b[0][key].get("config", "") != r.get("config", ""),
                      "host_before": round(med(float(run[key]["host_us"]) for run in b), 1),
                      "host_after": round(med(float(run[key]["host_us"]) for run in c), 1),
                      "loop_before": round(med(float(run[key]["loop_us"]) for run in b), 1),
@@ -95,10 +96,16 @@ def merge(baseline: list[list[dict]], current: list[list[dict]]) -> list[dict]:
     return rows
 
 
+def changed(row: dict) -> bool:
+    """Whether a merged row's call runs differently after: another route, or the same route with another config
+    (e.g. one launch instead of a pre-pass and the kernel)."""
+    return row["path_before"] != row["path_after"] or str(row.get("config_changed")) == "True"
+
+
 def run_medians(order: list[tuple[str, int, list[dict]]], rows: list[dict]) -> list[tuple[str, float]]:
     """Per child run ``(side, round, its rows)``, in the order they ran, the median host µs of the rows whose route
     did not change: what the machine itself drifted by between runs."""
-    same = {tuple(str(r[k]) for k in KEY) for r in rows if r["path_before"] == r["path_after"]}
+    same = {tuple(str(r[k]) for k in KEY) for r in rows if not changed(r)}
     out = []
     for side, r, run in order:
         vals = [float(x["host_us"]) for x in run if tuple(str(x[k]) for k in KEY) in same]
@@ -109,11 +116,11 @@ def run_medians(order: list[tuple[str, int, list[dict]]], rows: list[dict]) -> l
 
 def summary_lines(rows: list[dict], rounds: int, runs: list[tuple[str, float]] = ()) -> list[str]:
     """The ``.md`` summary: rows at the target before / after; the unchanged rows' medians, overall and per child
-    run (how far the machine drifted); the rows whose route changed, by call (medians), also divided by the
+    run (how far the machine drifted); the rows whose route or config changed, by call (medians), also divided by the
     unchanged rows' ratio."""
     med = statistics.median
-    changed = [r for r in rows if r["path_before"] != r["path_after"]]
-    same = [r for r in rows if r["path_before"] == r["path_after"]]
+    same = [r for r in rows if not changed(r)]
+    changed_rows = [r for r in rows if changed(r)]
     out = [f"{len(rows)} rows, {rounds} round(s) per side (medians); rows at ≤ {TARGET_US:.0f} µs of host time: "
            f"**{sum(r['host_before'] <= TARGET_US for r in rows)} → {sum(r['host_after'] <= TARGET_US for r in rows)}**"
            f"; results equal to Triton's launches in {sum(r['same_result'] for r in rows)} / {len(rows)}.", ""]
@@ -121,18 +128,18 @@ def summary_lines(rows: list[dict], rounds: int, runs: list[tuple[str, float]] =
     if same:
         before, after = med(r['host_before'] for r in same), med(r['host_after'] for r in same)
         drift = after / before if before else 1.0
-        out += [f"Rows whose route did not change ({len(same)}): host µs median {before:.1f} → {after:.1f} "
+        out += [f"Rows whose route and config did not change ({len(same)}): host µs median {before:.1f} → {after:.1f} "
                 f"(×{drift:.2f}: the machine's drift between the sides, which the same code should not show)."]
         if runs:
             out += ["Their median per child run, in the order run: " + ", ".join(f"{n} {v:.1f}" for n, v in runs) + "."]
         out.append("")
-    if changed:
-        out += [f"Rows whose route changed ({len(changed)}), medians by call; the last column divides the after / before "
+    if changed_rows:
+        out += [f"Rows whose route or config changed ({len(changed_rows)}), medians by call; the last column divides the after / before "
                 "ratio of host time by the unchanged rows' ratio:", "",
                 "| call (rows) | host µs before → after | loop µs before → after | cuBLAS loop µs | host ratio ÷ drift |",
                 "|---|---|---|---|---|"]
-        for call in sorted({r["call"] for r in changed}):
-            c = [r for r in changed if r["call"] == call]
+        for call in sorted({r["call"] for r in changed_rows}):
+            c = [r for r in changed_rows if r["call"] == call]
             hb, ha = med(r['host_before'] for r in c), med(r['host_after'] for r in c)
             out.append(f"| {call} ({len(c)}) | {hb:.1f} → {ha:.1f}"
                        f" | {med(r['loop_before'] for r in c):.1f} → {med(r['loop_after'] for r in c):.1f} | "

@@ -34,9 +34,9 @@ def test_comparison_rows_carry_the_triton_path_time_of_the_same_call(tmp_path):
     assert "| 0.5B | qkv | 1152 | 896 | 1 | fwd | mmv | 60.0 | 95.0 | 14.0 |" in text
 
 
-def _csv_rows(path_of_call, host, loop):
-    return [{**_row(call, 512, host[call], path_of_call[call]), "loop_us": loop[call], "cublas_loop_us": 14.0}
-            for call in ("fwd", "bwd")]
+def _csv_rows(path_of_call, host, loop, config=None):
+    return [{**_row(call, 512, host[call], path_of_call[call]), "loop_us": loop[call], "cublas_loop_us": 14.0,
+             "config": (config or {}).get(call, "WGMMA=1")} for call in path_of_call]
 
 
 def test_ab_alternates_the_baseline_and_current_kernels_and_reports_the_change(tmp_path, monkeypatch):
@@ -52,8 +52,9 @@ def test_ab_alternates_the_baseline_and_current_kernels_and_reports_the_change(t
     (base / "kernels").mkdir(parents=True)
     (base / "kernels" / "ops.py").write_text("")
     calls = []
-    before = {"fwd": ("dq", 52.0, 50.0), "bwd": ("dq", 48.0, 45.0)}
-    after = {"fwd": ("wgmma", 27.0, 28.0), "bwd": ("dq", 47.0, 44.0)}
+    # fwd: another route; seam: the same route, another config (one launch); bwd: unchanged
+    before = {"fwd": ("dq", 52.0, 50.0), "bwd": ("dq", 48.0, 45.0), "seam": ("wgmma", 60.0, 58.0)}
+    after = {"fwd": ("wgmma", 27.0, 28.0), "bwd": ("dq", 47.0, 44.0), "seam": ("wgmma", 30.0, 31.0)}
 
     def runner(cmd, env, capture_output=False, text=False):
         calls.append((cmd, env.get("PYTHONPATH", "")))
@@ -64,7 +65,8 @@ def test_ab_alternates_the_baseline_and_current_kernels_and_reports_the_change(t
         side = before if out.name.startswith("baseline") else after
         rnd = int(out.name[-1])
         rows = _csv_rows({c: v[0] for c, v in side.items()}, {c: v[1] + rnd for c, v in side.items()},
-                         {c: v[2] for c, v in side.items()})
+                         {c: v[2] for c, v in side.items()},
+                         {"seam": "WGMMA=1 XS=0" if side is before else "WGMMA=1 XS=1"})
         out.mkdir(parents=True)
         with open(out / "dev.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -87,8 +89,9 @@ def test_ab_alternates_the_baseline_and_current_kernels_and_reports_the_change(t
     assert fwd["device"] == "NVIDIA H100 80GB HBM3"
     text = md.read_text()
     # the changed row's ratio 28 / 53 divided by the unchanged row's 48 / 49
-    assert "rows at ≤ 40 µs of host time: **0 → 1**" in text and "| fwd (1) | 53.0 → 28.0 | 50.0 → 28.0 | 14.0 | 0.54 |" in text
-    assert "Rows whose route did not change (1): host µs median 49.0 → 48.0 (×0.98" in text
+    assert "rows at ≤ 40 µs of host time: **0 → 2**" in text and "| fwd (1) | 53.0 → 28.0 | 50.0 → 28.0 | 14.0 | 0.54 |" in text
+    assert "Rows whose route or config changed (2)" in text and "| seam (1) | 61.0 → 31.0 |" in text
+    assert "Rows whose route and config did not change (1): host µs median 49.0 → 48.0 (×0.98" in text
     assert ("in the order run: baseline 1 48.0, current 1 47.0, current 2 48.0, baseline 2 49.0, baseline 3 50.0, "
             "current 3 49.0.") in text
 
@@ -104,3 +107,8 @@ def test_ab_refuses_a_directory_without_the_kernels(tmp_path):
         host_ab.run([], tmp_path, 0, tmp_path, "dev")
     a = host.build_parser().parse_args(["--baseline-kernels", str(tmp_path), "--rounds", "3"])
     assert a.baseline_kernels == tmp_path and a.rounds == 3
+
+
+def test_config_field_is_stable():
+    assert host.config_str({"WGMMA": 1, "BT": 32, "XS": 1}) == "BT=32 WGMMA=1 XS=1"
+    assert host.config_str(None) == "None"
