@@ -92,6 +92,9 @@ def merge(baseline: list[list[dict]], current: list[list[dict]]) -> list[dict]:
                      "loop_before": round(med(float(run[key]["loop_us"]) for run in b), 1),
                      "loop_after": round(med(float(run[key]["loop_us"]) for run in c), 1),
                      "cublas_loop": round(med(float(run[key]["cublas_loop_us"]) for run in c), 1),
+                     # direct launches per side (fewest over its runs): 0 means the calls went through Triton's path
+                     "direct_before": min(int(float(run[key].get("direct_launches") or 0)) for run in b),
+                     "direct_after": min(int(float(run[key].get("direct_launches") or 0)) for run in c),
                      "same_result": all(str(run[key]["same_result"]) == "True" for run in c)})
     return rows
 

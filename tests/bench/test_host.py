@@ -86,7 +86,7 @@ def test_ab_alternates_the_baseline_and_current_kernels_and_reports_the_change(t
     rows = list(csv.DictReader(open(tmp_path / "report" / "NVIDIA_H100_80GB_HBM3_ab.csv")))
     fwd = next(r for r in rows if r["call"] == "fwd")
     assert (fwd["path_before"], fwd["path_after"], fwd["host_before"], fwd["host_after"]) == ("dq", "wgmma", "53.0", "28.0")
-    assert fwd["device"] == "NVIDIA H100 80GB HBM3"
+    assert fwd["device"] == "NVIDIA H100 80GB HBM3" and (fwd["direct_before"], fwd["direct_after"]) == ("100", "100")
     text = md.read_text()
     # the changed row's ratio 28 / 53 divided by the unchanged row's 48 / 49
     assert "rows at ≤ 40 µs of host time: **0 → 2**" in text and "| fwd (1) | 53.0 → 28.0 | 50.0 → 28.0 | 14.0 | 0.54 |" in text
