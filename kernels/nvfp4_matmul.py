@@ -9,7 +9,11 @@ dequantized in registers to bf16 and multiplied on bf16 tensor cores with fp32 a
 * backward ``dX [M, K] = dY [M, N] · Ŵ (+ s · dyb [M, R] · A)`` from the same packed tensors
   (no bf16 W is ever materialised in memory);
 * LoRA in the epilogue: the caller computes the rank-R product (``xa = x·Aᵀ`` / ``dyb = dY·B``,
-  one extra launch); the kernel adds ``s · xa · Bᵀ`` before its single store;
+  one extra launch); the kernel adds ``s · xa · Bᵀ`` before its single store. Forward ``LXA``: the kernel
+  computes ``xa`` itself (one launch): ``xa_ptr`` is then ``lora_a [R, K]``, each program accumulates its rows'
+  ``x · Aᵀ`` over its K share (fp32, beside the main accumulator; every N tile repeats it, +R/BN of the MMA work)
+  and adds its share's ``s · xa · Bᵀ`` before the split reduction (linear in ``xa``, so the shares sum to the
+  whole term; in ``acc``'s units ``2^-7 · gs``);
 * ``SPLIT > 1`` (runtime; ``USE_SPLIT`` compiles the reduction in) splits the reduction loop over
   programs (decode sizes: fills the SMs); partial sums go to an fp32 workspace and the *last* program of each output tile (an atomic ticket per tile,
   reset by that program) reduces them and runs the epilogue — one launch, no zero-fill, no extra
@@ -167,9 +171,10 @@ def _nvfp4_fwd_kernel(
     M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT,
     HAS_BIAS: tl.constexpr, R: tl.constexpr, USE_SPLIT: tl.constexpr, SWAP: tl.constexpr, EVEN_K: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FAST: tl.constexpr, DOT_FP32: tl.constexpr,
-    TILED: tl.constexpr = False,
+    TILED: tl.constexpr = False, LXA: tl.constexpr = False,
 ):
     # program (pid_n, pid_m, pid_s): output tile [BM, BN], K tiles pid_s::SPLIT-th share of the loop
+    # (LXA: xa_ptr is lora_a [R, K] and xacc [BM, R] this program's share of x · lora_aᵀ)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -183,6 +188,8 @@ def _nvfp4_fwd_kernel(
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         offs = rm[:, None] * N + rn[None, :]
         omask = (rm < M)[:, None] & (rn < N)[None, :]
+    if LXA:
+        xacc = tl.zeros((BM, R), dtype=tl.float32)
     k_tiles = tl.cdiv(K, BK)
     per_split = tl.cdiv(k_tiles, SPLIT)
     for t in range(pid_s * per_split, tl.minimum(k_tiles, (pid_s + 1) * per_split)):
@@ -197,6 +204,16 @@ def _nvfp4_fwd_kernel(
             acc = _dot(w, tl.trans(x.to(tl.bfloat16)), acc, DOT_FP32)
         else:
             acc = _dot(x.to(tl.bfloat16), tl.trans(w), acc, DOT_FP32)
+        if LXA:
+            la = tl.load(xa_ptr + tl.arange(0, R)[:, None] * K + rk[None, :], mask=(rk < K)[None, :], other=0.0)
+            xacc = _dot(x.to(tl.bfloat16), tl.trans(la.to(tl.bfloat16)), xacc, DOT_FP32)  # [BM, R]
+    if LXA:  # this share's s · xa · Bᵀ, in acc's units (· 2^-7 · gs: the epilogue multiplies by 2^7 / gs)
+        lb = tl.load(lb_ptr + rn[:, None] * R + tl.arange(0, R)[None, :], mask=(rn < N)[:, None], other=0.0)
+        f = lora_scale * tl.load(gs_ptr) * 0.0078125
+        if SWAP:
+            acc += f * tl.dot(lb.to(tl.float32), tl.trans(xacc))
+        else:
+            acc += f * tl.dot(xacc, tl.trans(lb.to(tl.float32)))
     last = True
     if USE_SPLIT:
         acc, last = _split_reduce(acc, part_ptr, lock_ptr, offs, omask, pid_m * tl.num_programs(0) + pid_n, M * N,
@@ -209,7 +226,7 @@ def _nvfp4_fwd_kernel(
                 acc += b[:, None]
             else:
                 acc += b[None, :]
-        if R > 0:
+        if (R > 0) and (not LXA):
             rr = tl.arange(0, R)
             xa = tl.load(xa_ptr + rm[:, None] * R + rr[None, :], mask=(rm < M)[:, None], other=0.0)  # [BM, R]
             lb = tl.load(lb_ptr + rn[:, None] * R + rr[None, :], mask=(rn < N)[:, None], other=0.0)  # [BN, R]

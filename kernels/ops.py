@@ -65,6 +65,9 @@ WGMMA_TUNED_ROWS = (16, 128)  # the M range whose tuned WGMMA entries also serve
 EAGER_XS_ROWS = 64  # eager warpgroup-MMA calls with a pre-pass up to this M: the one-launch XS config where it suits
 EAGER_ONE_LAUNCH_FLOPS = 4.5e9  # eager calls of at most this many FLOPs (2·M·N·K) whose config takes more than one
 # launch (DQ, the pre-pass of WS and of the plain kernel): one launch instead (eager_one_launch); 0: off
+LORA_INKERNEL_FLOPS = 0.0  # eager forward calls with lora_a, M > 16, of at most this many FLOPs: one Triton tile
+# launch that computes x · lora_aᵀ itself (lora_inkernel); 0: off (built and checked on the CPU, not yet timed on a GPU)
+INKERNEL_MAX_RANK = 64  # (padded) ranks the in-kernel route takes: its [R, BK] adapter tile joins every ring stage
 HEURISTIC = "v2"  # "v1": the untuned configs before 2026-11-26 (MMV at M <= 16; comparisons and experiments)
 
 
@@ -160,6 +163,21 @@ def eager_one_launch(kind: str, cfg: dict, M: int, N: int, K: int, sms: int) -> 
         tiles = -(-M // cfg["BM"]) * -(-K // cfg["BK"])  # (1.5B q/k/v at M = 512: 96 tiles, 48 µs unsplit)
         cfg["SPLIT"] = max(1, min(-(-N // cfg["BN"]) // 2, (2 * sms) // tiles))
     return cfg
+
+
+def lora_inkernel(cfg: dict, M: int, N: int, K: int, mode: str, eager: bool, sms: int) -> dict | None:
+    """The config of a forward call with ``lora_a`` that computes ``x · lora_aᵀ`` inside its own launch (the Triton
+    tile with ``LXA``, :mod:`qerl_kernels.nvfp4_matmul`: one launch where the other routes take two — the PDL primary
+    or ``x @ lora_a.T``, then the kernel), else None. ``mode`` "inkernel" (:data:`LORA_LAUNCH`) forces it wherever
+    ``cfg`` is a tile; "auto": an eager call (``eager``) at M > 16 of at most :data:`LORA_INKERNEL_FLOPS` takes the
+    untuned tile (:func:`heuristic` without ``DQ`` and the warpgroup-MMA kernel). M <= 16 keeps the decode kernels'
+    own fused route (:func:`lora_route`)."""
+    auto = mode == "auto" and eager and 2 * M * N * K <= LORA_INKERNEL_FLOPS
+    if M <= 16 or not (auto or mode == "inkernel"):
+        return None
+    if path_of("fwd", cfg) == "tile_fwd":  # (a tile already: it takes the LoRA term as it is)
+        return cfg
+    return heuristic("fwd", M, N, K, sms, dq=False, wgmma=False) if auto else None
 
 
 def tuned_entry(device_name: str, kind: str, M: int, N: int, K: int) -> dict | None:
@@ -413,7 +431,7 @@ def _resolved(kind: str, x2, packed, scale, gs, n_out: int, extra: tuple, r: int
            x2.data_ptr() % 16, x2.stride(0), scale.data_ptr() % 4, scale.stride(0) % 4, gs.data_ptr() % 16,
            _env(b"QERL_KERNEL_CONFIG"), _MODE[0], n_out, r, tuple(map(_sig, extra)), _sig(lora_a),
            LORA_LAUNCH, XA_PROGRAMS, XA_CHUNKS, XA_CHUNKS_SMALL, XA_SMALL_WEIGHTS, XA_QB, XA_STAGES, XA_PDL_AT, XA_PDL_AT_MMV, XA_PDL_ROWS, EAGER_XS_ROWS, HEURISTIC,
-           XA_RANK_CHUNKS, tiled, launch.chained())
+           XA_RANK_CHUNKS, tiled, launch.chained(), LORA_INKERNEL_FLOPS)
     hit = _RESOLVED.get(key)
     if hit is None:
         if len(_RESOLVED) >= _RESOLVED_MAX:
@@ -421,6 +439,12 @@ def _resolved(kind: str, x2, packed, scale, gs, n_out: int, extra: tuple, r: int
         cfg = _runnable(kind, _for_launch_mode(config_for(kind, M, N, K, x2.device)), M, K, x2, packed, scale,
                         interpret, tiled=tiled)
         route = lora_route(kind, cfg, M, K, LORA_LAUNCH, r) if lora_a is not None else "matmul"
+        if lora_a is not None and kind == "fwd" and not tiled and r <= INKERNEL_MAX_RANK and (one := lora_inkernel(
+                cfg, M, N, K, LORA_LAUNCH, _MODE[0] == "eager" and not launch.chained(),
+                _sm_count(x2.device.index or 0) if x2.is_cuda else 1)):
+            one = _runnable(kind, one, M, K, x2, packed, scale, interpret)
+            if path_of(kind, one) == "tile_fwd":
+                cfg, route = one, "inkernel"
         hit = _RESOLVED[key] = (next(_SCOPE_IDS), types.MappingProxyType(cfg), route, path_of(kind, cfg))
     return hit
 
@@ -469,7 +493,7 @@ def _for_launch_mode(cfg: dict) -> dict:
 
 XA_PRODUCERS = (16, 64)  # programs computing x · lora_aᵀ in a fused decode launch: ~256 K each, within these
 # Experiment knobs (module attributes, set in code by the checks and the tuner; nothing is read from the
-# environment at import): the LoRA route (see lora_route; "fused" | "pdl" force one) and the PDL primary's shape
+# environment at import): the LoRA route (see lora_route; "fused" | "pdl" | "inkernel" force one) and the PDL primary's shape
 LORA_LAUNCH = "auto"
 XA_PDL_ROWS = 64  # the PDL primary's row blocks: 16 rows each, one ticket per block (and rank chunk) in the tail
 # the PDL primary's shape (experiments; the defaults are the measured configuration): its K shares (programs per
@@ -883,17 +907,19 @@ def _tile_fwd_static(c: _Call) -> tuple:
     cfg, split, (BM, BN, BK), common = _tile_static(c)
     cfg.pop("GEMV", None), cfg.pop("MMV", None)
     grid = (launch.cdiv(c.N, BN), launch.cdiv(c.M, BM), split)
-    return grid, split, dict(HAS_BIAS=c.extra[0] is not None, R=c.r, SWAP=bool(cfg.pop("SWAP", 0)), **common, **cfg), \
-        _sizes(c)
+    lxa = {"LXA": True} if c.lora_a is not None else {}  # (the "inkernel" LoRA route: x · lora_aᵀ in the launch)
+    return grid, split, dict(HAS_BIAS=c.extra[0] is not None, R=c.r, SWAP=bool(cfg.pop("SWAP", 0)), **common, **cfg,
+                             **lxa), _sizes(c)
 
 
 def _launch_tile_fwd(c: _Call) -> torch.Tensor:
-    """Tensor-core tiles, forward (every M)."""
+    """Tensor-core tiles, forward (every M); with ``lora_a`` kept (route "inkernel") the kernel computes ``xa``."""
     from qerl_kernels.nvfp4_matmul import _nvfp4_fwd_kernel
 
     grid, split, kw, sizes = launch.memo(_tile_fwd_static, c)
     out, part, locks = _buffers(c, split)
     bias, xa, lb = c.extra
+    xa = c.lora_a if c.lora_a is not None else xa
     s8, dummy = c.s8, c.x2
     launch.run(_nvfp4_fwd_kernel, grid, (
         c.x2, c.packed, s8, c.gs, out, bias if bias is not None else dummy, xa if xa is not None else dummy,

@@ -99,10 +99,14 @@ def bench_shape(model: str, proj: str, N: int, K: int, ms, rank: int = 32, direc
         dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
         F = torch.nn.functional
         fwd, bwd = ops.route_of("fwd", x, p, s)[:2], ops.route_of("bwd", dy, p, s)[:2]
+        rule = getattr(ops, "lora_inkernel", None)  # (an A/B's baseline kernels may predate it)
+        inkernel = rule and rule(dict(fwd[1]), M, N, K, ops.LORA_LAUNCH, True,
+                                 torch.cuda.get_device_properties(x.device).multi_processor_count)
         calls = {
             "fwd": (lambda: ops.nvfp4_matmul(x, p, s, g), lambda: F.linear(x, w), fwd),
             "fwd_lora": (lambda: ops.nvfp4_matmul(x, p, s, g, None, None, lb, 2.0, lora_a=la),
-                         lambda: torch.addmm(F.linear(x, w), F.linear(x, la), lb.t(), alpha=2.0), fwd),
+                         lambda: torch.addmm(F.linear(x, w), F.linear(x, la), lb.t(), alpha=2.0),
+                         ("tile_fwd_xa", inkernel) if inkernel is not None else fwd),
             "bwd": (lambda: ops.nvfp4_matmul_t(dy, p, s, g), lambda: dy @ w, bwd),
             "seam": (lambda: nvfp4_linear(x, p, s, g), lambda: F.linear(x, w), fwd),
         }
@@ -192,6 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead, an A/B on this machine against the kernels package in DIR (e.g. `git archive REV "
                         "kernels | tar -x -C DIR`): writes <output>/<device>_ab.csv / .md (qerl.bench.host_ab)")
     p.add_argument("--rounds", type=int, default=2, help="with --baseline-kernels: alternations of the two sides")
+    p.add_argument("--lora-inkernel-flops", type=float, default=None, metavar="F",
+                   help="qerl_kernels.ops.LORA_INKERNEL_FLOPS for this run: eager LoRA calls (M > 16) of at most F "
+                        "FLOPs compute x · lora_aᵀ inside one Triton tile launch (0: off); with --baseline-kernels, the "
+                        "current side only (DIR may then be a copy of the current kernels: an A/B of the rule)")
     return p
 
 
@@ -201,11 +209,17 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("qerl bench host: needs a CUDA GPU (host time of kernel launches)")
+    if a.lora_inkernel_flops is not None:
+        from qerl_kernels import ops
+
+        ops.LORA_INKERNEL_FLOPS = a.lora_inkernel_flops
     if a.baseline_kernels is not None:
         from qerl.bench import host_ab
 
         args = ["--models", *a.models, "--projs", *a.projs, "--ms", *map(str, a.ms)]
-        print(host_ab.run(args, a.baseline_kernels, a.rounds, Path(a.output), torch.cuda.get_device_name()))
+        knob = [] if a.lora_inkernel_flops is None else ["--lora-inkernel-flops", str(a.lora_inkernel_flops)]
+        print(host_ab.run(args, a.baseline_kernels, a.rounds, Path(a.output), torch.cuda.get_device_name(),
+                          current_args=knob))
         return 0
     rows = []
     for model in a.models:

@@ -49,7 +49,8 @@ def baseline_env(site: Path) -> dict:
     return {"PYTHONPATH": os.pathsep.join([str(site)] + [p for p in [os.environ.get("PYTHONPATH", "")] if p])}
 
 
-def plan(bench_args: list[str], site: Path, out: Path, rounds: int) -> list[tuple[str, int, dict, list[str]]]:
+def plan(bench_args: list[str], site: Path, out: Path, rounds: int,
+         current_args: list[str] = ()) -> list[tuple[str, int, dict, list[str]]]:
     """The child runs in order: ``(side, round, environment overrides, command)``; baseline then current in even
     rounds, current then baseline in odd ones."""
     base_env = baseline_env(site)
@@ -57,7 +58,8 @@ def plan(bench_args: list[str], site: Path, out: Path, rounds: int) -> list[tupl
     for r in range(rounds):
         pair = (("baseline", base_env), ("current", {}))
         for side, env in (pair if r % 2 == 0 else pair[::-1]):
-            cmd = [sys.executable, "-m", "qerl", "bench", "host", *bench_args, "--no-compare", "--no-profile",
+            cmd = [sys.executable, "-m", "qerl", "bench", "host", *bench_args,
+                   *(current_args if side == "current" else ()), "--no-compare", "--no-profile",
                    "--output", str(out / f"{side}{r}")]
             runs.append((side, r, env, cmd))
     return runs
@@ -171,9 +173,10 @@ def write(rows: list[dict], out: Path, device: str, rounds: int, baseline: Path,
 
 
 def run(bench_args: list[str], kernels_dir: Path, rounds: int, output: Path, device: str,
-        runner=subprocess.run) -> Path:
+        runner=subprocess.run, current_args: list[str] = ()) -> Path:
     """The A/B (module docstring): ``rounds`` >= 1 alternations of the baseline ``kernels_dir`` and the current
-    kernels over the rows ``bench_args`` select; ``runner`` runs one child (``subprocess.run``'s signature)."""
+    kernels over the rows ``bench_args`` select, ``current_args`` added to the current side's runs only (a knob's
+    A/B); ``runner`` runs one child (``subprocess.run``'s signature)."""
     if rounds < 1:
         raise SystemExit(f"qerl bench host: --rounds must be at least 1, got {rounds}")
     package = baseline_package(kernels_dir)
@@ -186,7 +189,7 @@ def run(bench_args: list[str], kernels_dir: Path, rounds: int, output: Path, dev
             raise SystemExit(f"qerl bench host: the baseline child imports qerl_kernels from {probe.stdout.strip() or '?'}"
                              f", not {package} (is qerl_kernels installed in a way PYTHONPATH cannot shadow?)")
         sides, order = {"baseline": [], "current": []}, []
-        for side, r, env, cmd in plan(bench_args, site, tmp, rounds):
+        for side, r, env, cmd in plan(bench_args, site, tmp, rounds, current_args):
             print(f"A/B round {r + 1} / {rounds}: {side}", flush=True)
             done = runner(cmd, env={**os.environ, **env})
             if done.returncode:

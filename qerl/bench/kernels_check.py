@@ -157,13 +157,16 @@ def run(device: str, shapes, ms, tol: float, kinds=("fwd", "bwd")) -> list[dict]
                     y = nvfp4_matmul(x, packed, scale, gs, bias, xa, lb, 0.5)
                     fe = _rel(y, _ref_fwd(x, packed, scale, gs, bias, xa, lb, 0.5))
                     ok = ok and fe < tol and bool(torch.isfinite(y).all())
-                    for route in (("auto", "pdl") if lora_r else ()):  # x · lora_aᵀ computed by the op: as
-                        # ops.lora_route picks, then the PDL launch pair forced wherever it can run
-                        ops.LORA_LAUNCH = route
+                    for route in (("auto", "pdl", "inkernel") if lora_r else ()):  # x · lora_aᵀ computed by
+                        # the op: as ops.lora_route picks, the PDL launch pair forced wherever it can run, and the
+                        # Triton tile computing it in its own launch (M > 16: ops.lora_inkernel, any size)
+                        ops.LORA_LAUNCH = "auto" if route == "inkernel" else route
+                        bound, ops.LORA_INKERNEL_FLOPS = ops.LORA_INKERNEL_FLOPS, (
+                            float("inf") if route == "inkernel" else ops.LORA_INKERNEL_FLOPS)
                         try:
                             y = nvfp4_matmul(x, packed, scale, gs, bias, None, lb, 0.5, lora_a=la)
                         finally:
-                            ops.LORA_LAUNCH = "auto"
+                            ops.LORA_LAUNCH, ops.LORA_INKERNEL_FLOPS = "auto", bound
                         fe = max(fe, _rel(y, _ref_fwd(x, packed, scale, gs, bias, x @ la.T, lb, 0.5)))
                         ok = ok and fe < tol and bool(torch.isfinite(y).all())
                 if "bwd" in kinds:

@@ -76,13 +76,16 @@ def test_ab_alternates_the_baseline_and_current_kernels_and_reports_the_change(t
 
     from pathlib import Path
 
-    md = host_ab.run(["--models", "0.5B"], base, 3, tmp_path / "report", "NVIDIA H100 80GB HBM3", runner=runner)
+    md = host_ab.run(["--models", "0.5B"], base, 3, tmp_path / "report", "NVIDIA H100 80GB HBM3", runner=runner,
+                     current_args=["--lora-inkernel-flops", "1e9"])
     sides = [("baseline" if Path(c[c.index("--output") + 1]).name.startswith("baseline") else "current", pp)
              for c, pp in calls if "--output" in c]
     assert [s for s, _ in sides] == ["baseline", "current", "current", "baseline", "baseline", "current"]  # ABBA
     assert all(pp.split(":")[0].endswith("baseline_site") for s, pp in sides if s == "baseline")
     assert all("baseline_site" not in pp for s, pp in sides if s == "current")
     assert all(c[0] == sys.executable and "--no-compare" in c for c, _ in calls if "--output" in c)
+    knobbed = ["--lora-inkernel-flops" in c for c, _ in calls if "--output" in c]  # the current side's only
+    assert knobbed == [s == "current" for s, _ in sides]
     rows = list(csv.DictReader(open(tmp_path / "report" / "NVIDIA_H100_80GB_HBM3_ab.csv")))
     fwd = next(r for r in rows if r["call"] == "fwd")
     assert (fwd["path_before"], fwd["path_after"], fwd["host_before"], fwd["host_after"]) == ("dq", "wgmma", "53.0", "28.0")

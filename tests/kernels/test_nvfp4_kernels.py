@@ -467,6 +467,68 @@ print("OK")
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-2000:]
 
 
+def test_tile_computes_lora_xa_in_its_own_launch_under_interpreter():
+    """The "inkernel" LoRA route (``LXA``): one tile launch computes ``x · lora_aᵀ`` over its K share and adds its
+    share of ``s · xa · Bᵀ`` before the split reduction — as close to the fp32 definition as the two-launch route
+    (``x @ lora_a.T`` first), with split-K over 2 / 3 programs, both operand orders, bias, rank 8 (padded to 16) /
+    32, and a masked K tail; every ticket back at zero."""
+    r = _interp("""
+import json, os, torch
+from qerl.quant import nvfp4
+from qerl_kernels import ops
+from qerl_kernels.ops import nvfp4_matmul
+g = torch.Generator().manual_seed(5)
+out = []
+for cfg in ({}, {"BM": 16, "BN": 16, "BK": 32, "SPLIT": 3, "SWAP": 1, "num_warps": 4, "num_stages": 1},
+            {"BM": 32, "BN": 16, "BK": 16, "SPLIT": 2, "SWAP": 0, "num_warps": 4, "num_stages": 1}):
+    os.environ["QERL_KERNEL_CONFIG"] = json.dumps(cfg)
+    for N, K, M, R, bias in ((40, 96, 20, 8, False), (33, 80, 37, 32, True)):
+        p, s, gs = nvfp4.quantize(torch.randn(N, K, generator=g) * 0.05)
+        x = torch.randn(M, K, generator=g).bfloat16()
+        la = (torch.randn(R, K, generator=g) * 0.1).bfloat16()
+        lb = (torch.randn(N, R, generator=g) * 0.1).bfloat16()
+        b = (torch.randn(N, generator=g) * 0.1).bfloat16() if bias else None
+        w = nvfp4.dequantize(p, s, gs, torch.float32)
+        want = x.float() @ w.T + 0.5 * (x.float() @ la.float().T) @ lb.float().T + (b.float() if bias else 0)
+        ops.LORA_LAUNCH = "matmul"
+        two = nvfp4_matmul(x, p, s, gs, b, None, lb, 0.5, lora_a=la).float()
+        ops.LORA_LAUNCH = "inkernel"
+        route = ops._resolved("fwd", x, p, s, gs, N, (b, None, ops._pad_rank(lb, 1)), max(16, R), True, la)[2]
+        one = nvfp4_matmul(x, p, s, gs, b, None, lb, 0.5, lora_a=la).float()
+        ops.LORA_LAUNCH = "auto"
+        base = nvfp4_matmul(x, p, s, gs, b).float()
+        out.append((route, float((one - want).norm() / want.norm()), float((two - want).norm() / want.norm()),
+                    float((base - want).norm() / want.norm())))
+assert int(ops._locks(torch.device("cpu")).abs().sum()) == 0
+print(json.dumps(out))
+""")
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    rows = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(rows) == 6 and all(route == "inkernel" for route, *_ in rows)
+    for _, one, two, base in rows:
+        assert one < 6e-3 and one <= 1.25 * two and base > 0.1  # (the LoRA term is a large part of the output)
+
+
+def test_inkernel_lora_rule_takes_only_small_eager_tile_calls(monkeypatch):
+    """``lora_inkernel``: off by default; forced ("inkernel") on a tile only; "auto" under the bound for eager
+    calls at M > 16, with the untuned tile where the config is another path; never at M <= 16 or in CUDA graphs."""
+    from qerl_kernels import ops
+
+    tile, wg = {"BM": 64, "BN": 128, "BK": 128, "SWAP": 1, "SPLIT": 1}, {"WGMMA": 1, "BT": 64}
+    assert ops.LORA_INKERNEL_FLOPS == 0  # (not routed until timed on a GPU)
+    assert ops.lora_inkernel(wg, 128, 4608, 3584, "auto", True, 132) is None
+    assert ops.lora_inkernel(tile, 128, 4608, 3584, "inkernel", False, 132) == tile
+    assert ops.lora_inkernel(wg, 128, 4608, 3584, "inkernel", True, 132) is None
+    monkeypatch.setattr(ops, "LORA_INKERNEL_FLOPS", 2e9)
+    got = ops.lora_inkernel(wg, 64, 4608, 3584, "auto", True, 132)  # 2.1 GFLOP: over
+    assert got is None
+    got = ops.lora_inkernel(wg, 32, 4608, 3584, "auto", True, 132)
+    assert got == ops.heuristic("fwd", 32, 4608, 3584, 132, dq=False, wgmma=False) and ops.path_of("fwd", got) == "tile_fwd"
+    assert ops.lora_inkernel(wg, 32, 4608, 3584, "auto", False, 132) is None  # graph mode / the launch chain
+    assert ops.lora_inkernel(tile, 16, 4608, 3584, "inkernel", True, 132) is None  # the decode kernels' own route
+    assert ops.lora_inkernel(wg, 32, 4608, 3584, "pdl", True, 132) is None
+
+
 def test_fused_lora_seam_backend_under_interpreter():
     """``qerl.ops.nvfp4_lora_linear`` without autograd goes to the kernels' ``forward_lora`` (base +
     LoRA in one op: the decode configs step down to the GEMV twin here, which takes ``x · Aᵀ`` from one
