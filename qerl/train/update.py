@@ -167,6 +167,11 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
                                 old_m, w_m = old_logp[md], None if is_w is None else is_w[md]
                             loss, info = policy_loss(logp, old_m, adv[md], mask[md], settings,
                                                      None if ref_logp is None else ref_logp[md], w_m, ent, sync=False)
+                            if not loss.requires_grad:
+                                raise TrainingError(
+                                    f"step {step}: the update's loss does not depend on any trainable parameter (a "
+                                    "forward-only kernel or a detach inside the policy's forward?); no optimizer step "
+                                    "was taken, the last checkpoint is intact")
                             (loss * (w * d.world)).backward()  # DDP averages over ranks: x world = the one-process sum
                         losses.append(loss.detach())
                         total = total + loss.detach().double() * w  # (float64, as the Python floats they replace)
@@ -180,6 +185,12 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
                                             f"{len(micro)}); stopping (the last checkpoint is intact)")
                     total = float(total)
                 params = [p for p in policy.parameters() if p.requires_grad]
+                if any(p.grad is None for p in params):  # a path cut inside the forward: those would never train
+                    cut = [n for n, p in policy.named_parameters() if p.requires_grad and p.grad is None]
+                    raise TrainingError(
+                        f"step {step}: {len(cut)} of {len(params)} trainable parameters got no gradient (e.g. "
+                        f"{', '.join(cut[:3])}): a forward-only kernel or a detach inside the policy's forward; "
+                        "no optimizer step was taken, the last checkpoint is intact")
                 grad_norm = shards.clip(policy, params, cfg.optim.grad_clip, d.world)
                 if not torch.isfinite(grad_norm):
                     raise TrainingError(f"step {step}: gradient norm is {float(grad_norm)}; stopping")

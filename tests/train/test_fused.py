@@ -1,6 +1,7 @@
 """``qerl.train.fused``: the update phase's RMSNorm / SiLU gate routed through the engine's elementwise functions —
 the routing, the restoration and the results, on CPU with the eager functions (the compiled ones run on CUDA:
 ``qerl bench step``)."""
+import pytest
 import torch
 
 from qerl.models.tiny import TinySpec, build_tiny_model
@@ -174,3 +175,33 @@ def test_update_check_passes_the_eager_functions_and_flags_forward_only_ones():
     assert gate["grad_rel_max"] > 0.05  # and the layers below lost the MLP's share of their gradient
     cut = compare(policy, ids, ew=_Detaching())
     assert not cut["ok"] and cut["n_missing"] == cut["trainable"]
+
+
+@pytest.mark.parametrize("ew, match", [(_DetachedGate, r"step 0: 8 of 28 trainable parameters got no gradient \(e\.g\. "
+                                                      r".*gate_proj.*\): a forward-only kernel"),
+                                       (_Detaching, "step 0: the update's loss does not depend on any trainable")])
+def test_update_stops_with_a_clear_error_when_the_forward_cuts_the_gradient(tiny_dirs, monkeypatch, ew, match):
+    """The trainer's update phase refuses to step when its forward cuts gradients (the defect of 298c7b2: the
+    update's norms and gate through forward-only launches): every trainable parameter must get a gradient, and the
+    loss must depend on them; nothing is applied."""
+    from qerl.bench import step as bench_step
+    from qerl.errors import TrainingError
+    from qerl.lora import LoraSettings, apply_lora
+    from qerl.models import load_policy
+    from qerl.models.random import CountTokenizer
+    from qerl.train import fused, update
+
+    policy = apply_lora(load_policy(tiny_dirs["qwen2"], base="nvfp4", dtype=torch.float32), LoraSettings(r=4))
+    with torch.no_grad():
+        for n, p in policy.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    params = [p for p in policy.parameters() if p.requires_grad]
+    before = [p.detach().clone() for p in params]
+    opt = torch.optim.AdamW(params, lr=1e-2)
+    real = fused.fused_elementwise
+    monkeypatch.setattr(update, "fused_elementwise", lambda model: real(model, ew=ew()))
+    with pytest.raises(TrainingError, match=match):
+        bench_step.one_step(policy, CountTokenizer(), None, batch=4, prompt_len=5, gen_len=4, micro=2, optimizer=opt,
+                            seed=1)
+    assert all(torch.equal(a, p) for a, p in zip(before, params))  # no optimizer step
