@@ -194,7 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the comparison run through Triton's own path (default: both, the comparison first)")
     p.add_argument("--baseline-kernels", type=Path, default=None, metavar="DIR",
                    help="instead, an A/B on this machine against the kernels package in DIR (e.g. `git archive REV "
-                        "kernels | tar -x -C DIR`): writes <output>/<device>_ab.csv / .md (qerl.bench.host_ab)")
+                        "kernels | tar -x -C DIR`; `self`: a copy of the installed kernels, a null A/B or, with "
+                        "--lora-inkernel-flops, that knob's): writes <output>/<device>_ab.csv / .md (qerl.bench.host_ab)")
     p.add_argument("--rounds", type=int, default=2, help="with --baseline-kernels: alternations of the two sides")
     p.add_argument("--lora-inkernel-flops", type=float, default=None, metavar="F",
                    help="qerl_kernels.ops.LORA_INKERNEL_FLOPS for this run: eager LoRA calls (M > 16) of at most F "

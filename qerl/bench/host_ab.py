@@ -3,10 +3,10 @@
 The host time of an eager call differs up to 1.7x between machines of one kind and from run to run on one machine
 (reports/host), more than most changes to the call path move it, so a change is measured as an A/B on one machine:
 ``qerl bench host`` run as child processes, alternately with a baseline copy of the kernels (``DIR``, e.g. made by
-``git archive <rev> kernels | tar -x -C DIR``) shadowing ``qerl_kernels`` on ``PYTHONPATH`` and with the kernels
-installed now, ``N`` rounds each, in the order baseline, current, current, baseline, … (so that a drift of the
-machine that is linear in time weighs on both sides alike over two rounds). Per row the median over the rounds of each
-side; ``<output>/<device>_ab.csv / .md`` give each row's route and host / loop time before and after and, in the
+``git archive <rev> kernels | tar -x -C DIR``; ``self``: a copy of the installed ones, a null A/B) shadowing
+``qerl_kernels`` on ``PYTHONPATH`` and with the kernels installed now, ``N`` rounds each, in the order baseline,
+current, current, baseline, … (so that a drift of the machine that is linear in time weighs on both sides alike over
+two rounds). Per row the median over the rounds of each side; ``<output>/<device>_ab.csv / .md`` give each row's route and host / loop time before and after and, in the
 ``.md``, the rows at the target before and after and the medians of the rows whose route or config changed, by call.
 """
 from __future__ import annotations
@@ -31,6 +31,22 @@ def baseline_package(kernels_dir: Path) -> Path:
             return cand.resolve()
     raise SystemExit(f"qerl bench host: --baseline-kernels {kernels_dir}: no ops.py there, nor in its qerl_kernels/ "
                      f"or kernels/ (expected a copy of the kernels package, e.g. from `git archive <rev> kernels`)")
+
+
+SELF = "self"  # --baseline-kernels self: a copy of the installed kernels (a null A/B, or a knob's with current_args)
+
+
+def self_copy(tmp: Path) -> Path:
+    """A copy of the installed ``qerl_kernels`` package (the portion its ``ops`` module comes from) in ``tmp``: the
+    baseline of a null A/B — the same kernels on both sides, so any difference is the method's own — or of a knob's
+    A/B (``current_args``)."""
+    import shutil
+
+    from qerl_kernels import ops
+
+    dest = tmp / "self_copy" / "qerl_kernels"
+    shutil.copytree(Path(os.path.realpath(ops.__file__)).parent, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    return dest.resolve()
 
 
 def shadow_site(package: Path, tmp: Path) -> Path:
@@ -179,9 +195,9 @@ def run(bench_args: list[str], kernels_dir: Path, rounds: int, output: Path, dev
     A/B); ``runner`` runs one child (``subprocess.run``'s signature)."""
     if rounds < 1:
         raise SystemExit(f"qerl bench host: --rounds must be at least 1, got {rounds}")
-    package = baseline_package(kernels_dir)
     with tempfile.TemporaryDirectory(prefix="qerl_host_ab_") as tmp:
         tmp = Path(tmp)
+        package = self_copy(tmp) if str(kernels_dir) == SELF else baseline_package(kernels_dir)
         site = shadow_site(package, tmp)
         probe = runner([sys.executable, "-c", "import qerl_kernels, os; print(os.path.realpath(qerl_kernels.__path__[0]))"],
                        env={**os.environ, **baseline_env(site)}, capture_output=True, text=True)

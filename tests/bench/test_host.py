@@ -115,3 +115,35 @@ def test_ab_refuses_a_directory_without_the_kernels(tmp_path):
 def test_config_field_is_stable():
     assert host.config_str({"WGMMA": 1, "BT": 32, "XS": 1}) == "BT=32 WGMMA=1 XS=1"
     assert host.config_str(None) == "None"
+
+
+def test_ab_against_a_copy_of_the_installed_kernels(tmp_path):
+    """``--baseline-kernels self``: the baseline is a fresh copy of the installed ``qerl_kernels`` (a null A/B, or a
+    knob's with the current side's extra arguments); the baseline children import that copy."""
+    import csv
+    import sys
+    from pathlib import Path
+
+    from qerl.bench import host_ab
+
+    seen = []
+
+    def runner(cmd, env, capture_output=False, text=False):
+        site = Path(env.get("PYTHONPATH", "").split(":")[0])
+        if "-c" in cmd:
+            return type("Done", (), {"returncode": 0, "stdout": str((site / "qerl_kernels").resolve()) + "\n"})
+        out = Path(cmd[cmd.index("--output") + 1])
+        if out.name.startswith("baseline"):
+            copy = (site / "qerl_kernels").resolve()
+            seen.append((copy / "ops.py").is_file() and "self_copy" in str(copy))
+        rows = _csv_rows({"fwd": "mmv"}, {"fwd": 30.0}, {"fwd": 31.0})
+        out.mkdir(parents=True)
+        with open(out / "dev.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        return type("Done", (), {"returncode": 0})
+
+    md = host_ab.run([], Path(host_ab.SELF), 1, tmp_path, "dev", runner=runner)
+    assert seen == [True] and sys.executable
+    assert "host µs median 30.0 → 30.0 (×1.00" in md.read_text()
