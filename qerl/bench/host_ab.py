@@ -6,8 +6,9 @@ The host time of an eager call differs up to 1.7x between machines of one kind a
 ``git archive <rev> kernels | tar -x -C DIR``; ``self``: a copy of the installed ones, a null A/B) shadowing
 ``qerl_kernels`` on ``PYTHONPATH`` and with the kernels installed now, ``N`` rounds each, in the order baseline,
 current, current, baseline, … (so that a drift of the machine that is linear in time weighs on both sides alike over
-two rounds). Per row the median over the rounds of each side; ``<output>/<device>_ab.csv / .md`` give each row's route and host / loop time before and after and, in the
-``.md``, the rows at the target before and after and the medians of the rows whose route or config changed, by call.
+two rounds). Per row the median over the rounds of each side; ``<output>/<device>_ab.csv / .md`` give each row's
+route and host / loop time before and after and, in the ``.md``, the rows at the target before and after and the
+medians of the rows whose route or config changed, by call.
 """
 from __future__ import annotations
 
@@ -149,16 +150,18 @@ def summary_lines(rows: list[dict], rounds: int, runs: list[tuple[str, float]] =
     if same:
         before, after = med(r['host_before'] for r in same), med(r['host_after'] for r in same)
         drift = after / before if before else 1.0
-        out += [f"Rows whose route and config did not change ({len(same)}): host µs median {before:.1f} → {after:.1f} "
-                f"(×{drift:.2f}: the machine's drift between the sides, which the same code should not show)."]
+        out += [f"Rows whose route and config did not change ({len(same)}): host µs median {before:.1f} → "
+                f"{after:.1f} (×{drift:.2f}: the machine's drift between the sides, which the same code should not "
+                "show)."]
         if runs:
-            out += ["Their median per child run, in the order run: " + ", ".join(f"{n} {v:.1f}" for n, v in runs) + "."]
+            out += ["Their median per child run, in the order run: "
+                    + ", ".join(f"{n} {v:.1f}" for n, v in runs) + "."]
         out.append("")
     if changed_rows:
-        out += [f"Rows whose route or config changed ({len(changed_rows)}), medians by call; the last column divides the after / before "
-                "ratio of host time by the unchanged rows' ratio:", "",
-                "| call (rows) | host µs before → after | loop µs before → after | cuBLAS loop µs | host ratio ÷ drift |",
-                "|---|---|---|---|---|"]
+        out += [f"Rows whose route or config changed ({len(changed_rows)}), medians by call; the last column "
+                "divides the after / before ratio of host time by the unchanged rows' ratio:", "",
+                "| call (rows) | host µs before → after | loop µs before → after | cuBLAS loop µs "
+                "| host ratio ÷ drift |", "|---|---|---|---|---|"]
         for call in sorted({r["call"] for r in changed_rows}):
             c = [r for r in changed_rows if r["call"] == call]
             hb, ha = med(r['host_before'] for r in c), med(r['host_after'] for r in c)
@@ -176,7 +179,8 @@ def write(rows: list[dict], out: Path, device: str, rounds: int, baseline: Path,
     stem = device_csv(rows, out, device, tail="_ab")
     lines = [f"# Host time per eager NVFP4 call, A/B on one machine — {device}", "",
              f"`qerl bench host --baseline-kernels {baseline}`: the baseline kernels and the current ones run "
-             f"alternately (baseline, current, current, baseline, …) as child processes of one machine.", ""] + summary_lines(rows, rounds, runs)
+             f"alternately (baseline, current, current, baseline, …) as child processes of one machine.", ""]
+    lines += summary_lines(rows, rounds, runs)
     lines += ["| model | proj | M | call | path before | path after | host µs before | after | loop µs before | after "
               "| cuBLAS loop µs |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
