@@ -53,9 +53,9 @@ def _rel(a, b) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
 
-def compare(policy, ids: torch.Tensor, ew=None, reference: bool = True) -> dict:
+def compare(policy, ids: torch.Tensor, ew=None) -> dict:
     """Gradients of :func:`_mean_logprob` w.r.t. ``policy``'s trainable parameters, eager vs routed, each against
-    the fp32 copy's (``reference``; module docstring); returns the per-check results and ``ok``."""
+    the fp32 copy's (module docstring); returns the per-check results and ``ok``."""
     from qerl.train.fused import fused_elementwise
 
     names = [n for n, p in policy.named_parameters() if p.requires_grad]
@@ -81,20 +81,18 @@ def compare(policy, ids: torch.Tensor, ew=None, reference: bool = True) -> dict:
         "no_grad_equals_grad": bool(torch.equal(quiet, got_loss.detach())),
     }
     ok = routed > 0 and not missing and res["no_grad_equals_grad"]
-    if reference:
-        ref = fp32_copy(policy)
-        ref_ps = [p for p in ref.parameters() if p.requires_grad]
-        ref_loss = _mean_logprob(ref, ids)
-        exact = grads(ref_loss, ref_ps)
-        del ref
-        ok_names = [n for n in names if n not in missing]
-        e = {n: _rel(w, x) for n, w, x in zip(names, want, exact) if n in ok_names}
-        r = {n: _rel(g, x) for n, g, x in zip(names, got, exact) if n in ok_names}
-        res.update(loss_fp32=ref_loss.item(), fp32_rel_median_eager=_median(e.values()),
-                   fp32_rel_median_routed=_median(r.values()), fp32_rel_max_eager=max(e.values(), default=0.0),
-                   fp32_rel_max_routed=max(r.values(), default=0.0))
-        ok = ok and (res["fp32_rel_median_routed"] <= 1.25 * res["fp32_rel_median_eager"] + 1e-3
-                     and res["fp32_rel_max_routed"] <= 1.5 * res["fp32_rel_max_eager"] + 1e-3)
+    ref = fp32_copy(policy)
+    ref_ps = [p for p in ref.parameters() if p.requires_grad]
+    ref_loss = _mean_logprob(ref, ids)
+    exact = grads(ref_loss, ref_ps)
+    del ref
+    e = {n: _rel(w, x) for n, w, x in zip(names, want, exact) if n not in missing}
+    r = {n: _rel(g, x) for n, g, x in zip(names, got, exact) if n not in missing}
+    res.update(loss_fp32=ref_loss.item(), fp32_rel_median_eager=_median(e.values()),
+               fp32_rel_median_routed=_median(r.values()), fp32_rel_max_eager=max(e.values(), default=0.0),
+               fp32_rel_max_routed=max(r.values(), default=0.0))
+    ok = ok and (res["fp32_rel_median_routed"] <= 1.25 * res["fp32_rel_median_eager"] + 1e-3
+                 and res["fp32_rel_max_routed"] <= 1.5 * res["fp32_rel_max_eager"] + 1e-3)
     res["ok"] = bool(ok and abs(res["loss_eager"] - res["loss_routed"]) <= 1e-2 * max(1.0, abs(res["loss_eager"])))
     return res
 
@@ -137,9 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         out["results"][base] = r
         print(f"{base}: ok={r['ok']} routed {r['routed_modules']}, {r['trainable']} trainable, "
               f"{r['n_missing']} without a gradient, grad rel max {r['grad_rel_max']:.2e} median "
-              f"{r['grad_rel_median']:.2e}; against fp32 median / max eager {r.get('fp32_rel_median_eager', 0):.2e} / "
-              f"{r.get('fp32_rel_max_eager', 0):.2e}, routed {r.get('fp32_rel_median_routed', 0):.2e} / "
-              f"{r.get('fp32_rel_max_routed', 0):.2e}; loss {r['loss_eager']:.6f} / {r['loss_routed']:.6f}, "
+              f"{r['grad_rel_median']:.2e}; against fp32 median / max eager {r['fp32_rel_median_eager']:.2e} / "
+              f"{r['fp32_rel_max_eager']:.2e}, routed {r['fp32_rel_median_routed']:.2e} / "
+              f"{r['fp32_rel_max_routed']:.2e}; loss {r['loss_eager']:.6f} / {r['loss_routed']:.6f}, "
               f"no-grad == grad: {r['no_grad_equals_grad']}", flush=True)
         del policy
         torch.cuda.empty_cache()

@@ -39,6 +39,25 @@ def _csv_rows(path_of_call, host, loop, config=None):
              "config": (config or {}).get(call, "WGMMA=1")} for call in path_of_call]
 
 
+def _probe_done(site):
+    """A stand-in probe child's result: it imports ``qerl_kernels`` from ``site``."""
+    from pathlib import Path
+
+    return type("Done", (), {"returncode": 0, "stdout": str((Path(site) / "qerl_kernels").resolve()) + "\n"})
+
+
+def _child_done(out, rows):
+    """A stand-in ``qerl bench host`` child: ``rows`` written as its CSV in ``out``."""
+    import csv
+
+    out.mkdir(parents=True)
+    with open(out / "dev.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return type("Done", (), {"returncode": 0})
+
+
 def test_ab_alternates_the_baseline_and_current_kernels_and_reports_the_change(tmp_path, monkeypatch):
     """``--baseline-kernels``: the children alternate (baseline, current, current, baseline, …), the baseline ones with the
     copied package first on PYTHONPATH (checked by a probe before any run); per row the median over the rounds of
@@ -59,20 +78,13 @@ def test_ab_alternates_the_baseline_and_current_kernels_and_reports_the_change(t
     def runner(cmd, env, capture_output=False, text=False):
         calls.append((cmd, env.get("PYTHONPATH", "")))
         if "-c" in cmd:  # the probe: what a baseline child imports
-            site = env["PYTHONPATH"].split(":")[0]
-            return type("Done", (), {"returncode": 0, "stdout": str((Path(site) / "qerl_kernels").resolve()) + "\n"})
+            return _probe_done(env["PYTHONPATH"].split(":")[0])
         out = Path(cmd[cmd.index("--output") + 1])
         side = before if out.name.startswith("baseline") else after
         rnd = int(out.name[-1])
-        rows = _csv_rows({c: v[0] for c, v in side.items()}, {c: v[1] + rnd for c, v in side.items()},
-                         {c: v[2] for c, v in side.items()},
-                         {"seam": "WGMMA=1 XS=0" if side is before else "WGMMA=1 XS=1"})
-        out.mkdir(parents=True)
-        with open(out / "dev.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-        return type("Done", (), {"returncode": 0})
+        return _child_done(out, _csv_rows({c: v[0] for c, v in side.items()}, {c: v[1] + rnd for c, v in side.items()},
+                                          {c: v[2] for c, v in side.items()},
+                                          {"seam": "WGMMA=1 XS=0" if side is before else "WGMMA=1 XS=1"}))
 
     from pathlib import Path
 
@@ -120,8 +132,6 @@ def test_config_field_is_stable():
 def test_ab_against_a_copy_of_the_installed_kernels(tmp_path):
     """``--baseline-kernels self``: the baseline is a fresh copy of the installed ``qerl_kernels`` (a null A/B, or a
     knob's with the current side's extra arguments); the baseline children import that copy."""
-    import csv
-    import sys
     from pathlib import Path
 
     from qerl.bench import host_ab
@@ -131,19 +141,13 @@ def test_ab_against_a_copy_of_the_installed_kernels(tmp_path):
     def runner(cmd, env, capture_output=False, text=False):
         site = Path(env.get("PYTHONPATH", "").split(":")[0])
         if "-c" in cmd:
-            return type("Done", (), {"returncode": 0, "stdout": str((site / "qerl_kernels").resolve()) + "\n"})
+            return _probe_done(site)
         out = Path(cmd[cmd.index("--output") + 1])
         if out.name.startswith("baseline"):
             copy = (site / "qerl_kernels").resolve()
             seen.append((copy / "ops.py").is_file() and "self_copy" in str(copy))
-        rows = _csv_rows({"fwd": "mmv"}, {"fwd": 30.0}, {"fwd": 31.0})
-        out.mkdir(parents=True)
-        with open(out / "dev.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-        return type("Done", (), {"returncode": 0})
+        return _child_done(out, _csv_rows({"fwd": "mmv"}, {"fwd": 30.0}, {"fwd": 31.0}))
 
     md = host_ab.run([], Path(host_ab.SELF), 1, tmp_path, "dev", runner=runner)
-    assert seen == [True] and sys.executable
+    assert seen == [True]
     assert "host µs median 30.0 → 30.0 (×1.00" in md.read_text()
