@@ -65,8 +65,9 @@ WGMMA_TUNED_ROWS = (16, 128)  # the M range whose tuned WGMMA entries also serve
 EAGER_XS_ROWS = 64  # eager warpgroup-MMA calls with a pre-pass up to this M: the one-launch XS config where it suits
 EAGER_ONE_LAUNCH_FLOPS = 4.5e9  # eager calls of at most this many FLOPs (2·M·N·K) whose config takes more than one
 # launch (DQ, the pre-pass of WS and of the plain kernel): one launch instead (eager_one_launch); 0: off
-LORA_INKERNEL_FLOPS = 0.0  # eager forward calls with lora_a, M > 16, of at most this many FLOPs: one Triton tile
-# launch that computes x · lora_aᵀ itself (lora_inkernel); 0: off (built and checked on the CPU, not yet timed on a GPU)
+LORA_INKERNEL_FLOPS = 4.3e9  # eager forward calls with lora_a, M > 16, of at most this many FLOPs: one Triton tile
+# launch that computes x · lora_aᵀ itself (lora_inkernel); 0: off. H100 A/B (reports/host): 4.2 GFLOP calls (0.5B qkv
+# M = 2048, 7B qkv M = 128) run 103 -> 53 / 118 -> 72 µs back to back, 0.5B down M = 512 (4.46 GFLOP) 89 -> 137 µs
 INKERNEL_MAX_RANK = 64  # (padded) ranks the in-kernel route takes: its [R, BK] adapter tile joins every ring stage
 HEURISTIC = "v2"  # "v1": the untuned configs before 2026-11-26 (MMV at M <= 16; comparisons and experiments)
 

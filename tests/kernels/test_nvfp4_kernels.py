@@ -510,12 +510,15 @@ print(json.dumps(out))
 
 
 def test_inkernel_lora_rule_takes_only_small_eager_tile_calls(monkeypatch):
-    """``lora_inkernel``: off by default; forced ("inkernel") on a tile only; "auto" under the bound for eager
+    """``lora_inkernel``: under 4.3 GFLOP by default; forced ("inkernel") on a tile only; "auto" under the bound for eager
     calls at M > 16, with the untuned tile where the config is another path; never at M <= 16 or in CUDA graphs."""
     from qerl_kernels import ops
 
     tile, wg = {"BM": 64, "BN": 128, "BK": 128, "SWAP": 1, "SPLIT": 1}, {"WGMMA": 1, "BT": 64}
-    assert ops.LORA_INKERNEL_FLOPS == 0  # (not routed until timed on a GPU)
+    assert ops.LORA_INKERNEL_FLOPS == 4.3e9  # (the H100 A/B's bound, reports/host)
+    assert ops.lora_inkernel(wg, 128, 4608, 3584, "auto", True, 132) is not None  # 4.23 GFLOP: 7B qkv M = 128
+    assert ops.lora_inkernel(wg, 512, 896, 4864, "auto", True, 132) is None  # 4.46 GFLOP: 0.5B down M = 512
+    monkeypatch.setattr(ops, "LORA_INKERNEL_FLOPS", 0.0)
     assert ops.lora_inkernel(wg, 128, 4608, 3584, "auto", True, 132) is None
     assert ops.lora_inkernel(tile, 128, 4608, 3584, "inkernel", False, 132) == tile
     assert ops.lora_inkernel(wg, 128, 4608, 3584, "inkernel", True, 132) is None
