@@ -5,7 +5,10 @@ the seam every model uses, builds its backend from :func:`nvfp4_matmul`, :func:`
 ``nvfp4_matmul(x, packed, scale, gs, bias=None, xa=None, lora_b=None, lora_scale=1.0, lora_a=None)``
     ``x [..., K]`` bf16/fp16 -> ``[..., N]`` (``x · Ŵᵀ + bias + lora_scale · xa · lora_bᵀ``); with
     ``lora_a [R, K]`` instead of ``xa``, ``xa = x · lora_aᵀ`` (bf16) is computed too — inside the same
-    launch on the decode path (M <= 16), else by one matmul first.
+    launch on the decode path (M <= 16) and for small eager calls (``LORA_INKERNEL_FLOPS``), else by one matmul
+    first. With both (the training op, which keeps ``xa`` for its backward): the call takes the route it takes
+    with ``lora_a`` alone — the same result bit for bit, as the old-log-prob pass under ``no_grad`` gets — and uses
+    the given ``xa`` where that route would compute it by the matmul.
 ``nvfp4_matmul_t(dy, packed, scale, gs, dyb=None, lora_a=None, lora_scale=1.0)``
     ``dy [..., N]`` -> ``dX [..., K] = dy · Ŵ + lora_scale · dyb · lora_a``.
 
@@ -667,8 +670,10 @@ def _launch(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret,
     as :func:`lora_route` says (inside the decode kernel's launch, from a PDL launch before it, or from one
     ``x @ lora_a.T`` first)."""
     scope, cfg, route, path = _resolved(kind, x2, packed, scale, gs, n_out, extra, r, interpret, lora_a, tiled)
-    if lora_a is not None and route == "matmul":
-        extra, lora_a = (extra[0], x2 @ lora_a.T, extra[2]), None
+    if lora_a is not None and route == "matmul":  # (a given xa is this product: the training op's)
+        extra, lora_a = (extra[0], x2 @ lora_a.T if extra[1] is None else extra[1], extra[2]), None
+    elif lora_a is not None and extra[1] is not None:  # the launch computes xa itself, as without one given
+        extra = (extra[0], None, extra[2])
     if tiled and path not in _TILED_PATHS:  # (tiled_config keeps every other path out)
         raise AssertionError(f"qerl_kernels.ops: path {path} cannot read tiled weights")
     call = _Call(kind, x2, packed, scale, gs, n_out, extra, lora_scale, r, interpret, cfg, lora_a, route == "pdl",
@@ -979,11 +984,13 @@ def _matmul_impl(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, gs:
     x2 = x if x.ndim == 2 else x.reshape(-1, x.shape[-1])
     r = 0
     if xa is not None:
-        xa, lora_b = _pad_rank(xa.reshape(-1, xa.shape[-1]).to(x.dtype), 1), _pad_rank(lora_b.to(x.dtype), 1)
+        xa = _pad_rank(xa.reshape(-1, xa.shape[-1]).to(x.dtype), 1)
         r = xa.shape[1]
     if lora_a is not None:  # xa = x · lora_aᵀ computed here (fused into the decode kernel's launch)
-        lora_a, lora_b = _pad_rank(lora_a.to(x.dtype), 0), _pad_rank(lora_b.to(x.dtype), 1)
+        lora_a = _pad_rank(lora_a.to(x.dtype), 0)
         r = lora_a.shape[0]
+    if lora_b is not None:
+        lora_b = _pad_rank(lora_b.to(x.dtype), 1)
     out = _launch("fwd", x2.contiguous(), packed, scale, gs, packed.shape[0], (bias, xa, lora_b), lora_scale, r,
                   _interpreting(), lora_a, tiled)
     return out if x.ndim == 2 else out.reshape(*x.shape[:-1], packed.shape[0])
@@ -1034,8 +1041,10 @@ def nvfp4_matmul(x, packed, scale, gs, bias=None, xa=None, lora_b=None, lora_sca
     _check(x, packed, scale, gs, 0, "nvfp4_matmul")
     if tiled:
         _check_tiled(packed, scale, "nvfp4_matmul")
-    if xa is not None and lora_a is not None:
-        raise KernelInputError("nvfp4_matmul: give xa (= x · lora_aᵀ) or lora_a, not both")
+    if xa is not None and lora_a is not None and (xa.shape[-1] != lora_a.shape[0] or xa.numel() // xa.shape[-1] !=
+                                                  x.numel() // x.shape[-1]):
+        raise KernelInputError(f"nvfp4_matmul: xa {tuple(xa.shape)} is not x · lora_aᵀ for x {tuple(x.shape)} and "
+                               f"lora_a {tuple(lora_a.shape)}")
     if ((xa is None) and (lora_a is None)) != (lora_b is None):
         raise KernelInputError("nvfp4_matmul: lora_b goes with xa or lora_a")
     if lora_a is not None:

@@ -38,7 +38,9 @@ class Backend:
     ``forward_lora`` have the signatures of :func:`reference_forward` / :func:`reference_backward_input`
     / :func:`reference_lora_forward` (``forward_lora`` optional: base + LoRA in one call, no autograd).
     Optional, for :mod:`qerl.ops.lora_train`: ``forward_xa(x, packed, scale, gs, bias, xa, lora_b, s)`` =
-    ``x · Ŵᵀ + bias + s · xa · lora_bᵀ`` and ``backward_input_lora(dy, packed, scale, gs, dyb, lora_a, s)`` =
+    ``x · Ŵᵀ + bias + s · xa · lora_bᵀ``, ``forward_lora_xa(x, packed, scale, gs, bias, lora_a, xa, lora_b, s)``
+    = the same given both ``lora_a`` and ``xa = x · lora_aᵀ``, equal bit for bit to ``forward_lora`` (the training
+    forward then matches the no-grad pass), and ``backward_input_lora(dy, packed, scale, gs, dyb, lora_a, s)`` =
     ``dy · Ŵ + s · dyb · lora_a`` (``xa``/``dyb`` ``[M, R]``, 2-D ``x``/``dy``)."""
 
     name: str
@@ -47,6 +49,7 @@ class Backend:
     backward_input: Callable[..., torch.Tensor]
     forward_lora: Callable[..., torch.Tensor] | None = None
     forward_xa: Callable[..., torch.Tensor] | None = None
+    forward_lora_xa: Callable[..., torch.Tensor] | None = None
     backward_input_lora: Callable[..., torch.Tensor] | None = None
 
 
@@ -194,6 +197,7 @@ def kernel_backend() -> Backend:
         lambda dy, p, s, g: nvfp4_matmul_t(dy, p, s, g),
         lambda x, p, s, g, b, la, lb, sc: nvfp4_matmul(x, p, s, g, b, None, lb, sc, lora_a=la),
         forward_xa=lambda x, p, s, g, b, xa, lb, sc: nvfp4_matmul(x, p, s, g, b, xa, lb, sc),
+        forward_lora_xa=lambda x, p, s, g, b, la, xa, lb, sc: nvfp4_matmul(x, p, s, g, b, xa, lb, sc, lora_a=la),
         backward_input_lora=lambda dy, p, s, g, dyb, la, sc: nvfp4_matmul_t(dy, p, s, g, dyb, la, sc),
     )
 

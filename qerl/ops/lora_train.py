@@ -38,9 +38,12 @@ def reference_lora_train(x, packed, scale, global_scale, bias, lora_a, lora_b, l
     return base + F.linear(F.linear(x, lora_a.to(x.dtype)), lora_b.to(x.dtype)) * lora_scale
 
 
-def _forward_xa(x2, packed, scale, gs, bias, xa, b, s):
-    """``x2 · Ŵᵀ + bias + s · xa · bᵀ`` (``x2 [M, K]``, ``xa [M, R]``) on the backend, or the reference."""
+def _forward_xa(x2, packed, scale, gs, bias, xa, b, s, a=None):
+    """``x2 · Ŵᵀ + bias + s · xa · bᵀ`` (``x2 [M, K]``, ``xa = x2 · aᵀ [M, R]``) on the backend, or the reference.
+    With ``a``, a backend with ``forward_lora_xa`` computes it as its no-grad ``forward_lora`` would, bit for bit."""
     backend = select_backend(x2, packed)
+    if a is not None and backend is not None and backend.forward_lora_xa is not None:
+        return backend.forward_lora_xa(x2, packed, scale, gs, bias, a, xa, b, s)
     if backend is not None and backend.forward_xa is not None:
         return backend.forward_xa(x2, packed, scale, gs, bias, xa, b, s)
     return torch.addmm(reference_forward(x2, packed, scale, gs, bias), xa, b.t(), alpha=s)
@@ -72,7 +75,7 @@ class _NVFP4LoraFn(torch.autograd.Function):
         if dense is not None:
             y = _dense_forward(x2, dense, bias, xa, b, lora_scale)
         else:
-            y = _forward_xa(x2, packed, scale, gs, bias, xa, b, lora_scale)
+            y = _forward_xa(x2, packed, scale, gs, bias, xa, b, lora_scale, a)
         ctx.save_for_backward(x2, xa, a, b, packed, scale, gs, dense)
         ctx.lora_scale, ctx.shape = lora_scale, shape
         ctx.dtypes = (lora_a.dtype, lora_b.dtype)

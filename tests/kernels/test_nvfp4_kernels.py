@@ -77,8 +77,8 @@ def test_input_validation():
     with pytest.raises(KernelInputError, match="lora_b goes with xa or lora_a"):
         nvfp4_matmul(x, p, s, gs, xa=torch.randn(4, 8).bfloat16())
     la, lb = torch.randn(8, 64).bfloat16(), torch.randn(32, 8).bfloat16()
-    with pytest.raises(KernelInputError, match="not both"):
-        nvfp4_matmul(x, p, s, gs, xa=torch.randn(4, 8).bfloat16(), lora_b=lb, lora_a=la)
+    with pytest.raises(KernelInputError, match="is not x · lora_aᵀ"):  # (both: xa must be x · lora_aᵀ's shape)
+        nvfp4_matmul(x, p, s, gs, xa=torch.randn(4, 4).bfloat16(), lora_b=lb, lora_a=la)
     with pytest.raises(KernelInputError, match=r"lora_a must be a float \[R, K=64\]"):
         nvfp4_matmul(x, p, s, gs, lora_b=lb, lora_a=la[:, :32])
     with pytest.raises(KernelInputError, match="does not match N=32, R=8"):
@@ -507,6 +507,49 @@ print(json.dumps(out))
     assert len(rows) == 6 and all(route == "inkernel" for route, *_ in rows)
     for _, one, two, base in rows:
         assert one < 6e-3 and one <= 1.25 * two and base > 0.1  # (the LoRA term is a large part of the output)
+
+
+def test_training_forward_equals_the_no_grad_pass_bit_for_bit():
+    """The training op (``nvfp4_lora_train``: keeps ``xa`` for its backward) and the no-grad LoRA call
+    (``nvfp4_lora_linear``: the old-log-prob pass, evaluation) give the same forward bit for bit on the kernels,
+    whichever route the call takes: in-kernel ``x · lora_aᵀ`` (a small eager call), ``x @ lora_a.T`` first (the
+    bound at 0) and the decode sizes. ``nvfp4_matmul`` given both ``xa`` and ``lora_a`` equals the call with
+    ``lora_a`` alone; an ``xa`` of another shape is refused."""
+    out = _interp("""
+import json, torch
+from qerl.ops import nvfp4_lora_linear, nvfp4_lora_train
+from qerl.quant import nvfp4
+from qerl_kernels import ops
+g = torch.Generator().manual_seed(5)
+N, K, R = 96, 256, 16
+p, s, gs = nvfp4.quantize(torch.randn(N, K, generator=g) * 0.1)
+a = (torch.randn(R, K, generator=g) * 0.1).to(torch.bfloat16)
+b = (torch.randn(N, R, generator=g) * 0.1).to(torch.bfloat16)
+res = {}
+for bound in (ops.LORA_INKERNEL_FLOPS, 0.0):
+    ops.LORA_INKERNEL_FLOPS = bound
+    for M in (5, 40):
+        x = torch.randn(M, K, generator=g).to(torch.bfloat16)
+        with torch.no_grad():
+            quiet = nvfp4_lora_linear(x, p, s, gs, None, a, b, 0.5)
+        xr = x.clone().requires_grad_(True)
+        y = nvfp4_lora_train(xr, p, s, gs, None, a, b, 0.5)
+        both = ops.nvfp4_matmul(x, p, s, gs, None, x @ a.T, b, 0.5, lora_a=a)
+        one = ops.nvfp4_matmul(x, p, s, gs, None, None, b, 0.5, lora_a=a)
+        route = ops._resolved("fwd", x, p, s, gs, N, (None, None, b), R, True, a, False)[2]
+        res[f"{bound > 0}_{M}"] = [route, torch.equal(y.detach(), quiet), torch.equal(both, one),
+                                   bool(y.requires_grad)]
+try:
+    ops.nvfp4_matmul(x, p, s, gs, None, (x @ a.T)[:3], b, 0.5, lora_a=a)
+except ops.KernelInputError as e:
+    res["error"] = str(e)
+print(json.dumps(res))
+""")
+    assert out.returncode == 0, out.stdout + out.stderr
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "is not x · lora_aᵀ" in res.pop("error")
+    assert res["True_40"][0] == "inkernel" and res["False_40"][0] == "matmul", res
+    assert all(same and both and grad for _, same, both, grad in res.values()), res
 
 
 def test_inkernel_lora_rule_takes_only_small_eager_tile_calls(monkeypatch):
