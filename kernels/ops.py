@@ -71,6 +71,8 @@ EAGER_ONE_LAUNCH_FLOPS = 4.5e9  # eager calls of at most this many FLOPs (2·M·
 LORA_INKERNEL_FLOPS = 4.3e9  # eager forward calls with lora_a, M > 16, of at most this many FLOPs: one Triton tile
 # launch that computes x · lora_aᵀ itself (lora_inkernel); 0: off. H100 A/B (reports/host): 4.2 GFLOP calls (0.5B qkv
 # M = 2048, 7B qkv M = 128) run 103 -> 53 / 118 -> 72 µs back to back, 0.5B down M = 512 (4.46 GFLOP) 89 -> 137 µs
+LORA_INKERNEL_DECODE_WEIGHTS = 0  # eager forward calls with lora_a at M <= 16 whose weight has at most this many
+# elements (N·K): the same one launch on a BM = 16 tile (lora_inkernel) instead of the decode kernel's LoRA route; 0: off
 INKERNEL_MAX_RANK = 64  # (padded) ranks the in-kernel route takes: its [R, BK] adapter tile joins every ring stage
 HEURISTIC = "v2"  # "v1": the untuned configs before 2026-11-26 (MMV at M <= 16; comparisons and experiments)
 
@@ -175,13 +177,26 @@ def lora_inkernel(cfg: dict, M: int, N: int, K: int, mode: str, eager: bool, sms
     or ``x @ lora_a.T``, then the kernel), else None. ``mode`` "inkernel" (:data:`LORA_LAUNCH`) forces it wherever
     ``cfg`` is a tile; "auto": an eager call (``eager``) at M > 16 of at most :data:`LORA_INKERNEL_FLOPS` takes the
     untuned tile (:func:`heuristic` without ``DQ`` and the warpgroup-MMA kernel). M <= 16 keeps the decode kernels'
-    own fused route (:func:`lora_route`)."""
-    auto = mode == "auto" and eager and 2 * M * N * K <= LORA_INKERNEL_FLOPS
-    if M <= 16 or not (auto or mode == "inkernel"):
+    own fused route (:func:`lora_route`), except eager calls on weights of at most
+    :data:`LORA_INKERNEL_DECODE_WEIGHTS` elements, which take a BM = 16 tile (:func:`decode_tile`)."""
+    small = M <= 16
+    auto = mode == "auto" and eager and (N * K <= LORA_INKERNEL_DECODE_WEIGHTS if small else
+                                         2 * M * N * K <= LORA_INKERNEL_FLOPS)
+    if not (auto or (mode == "inkernel" and not small)):
         return None
     if path_of("fwd", cfg) == "tile_fwd":  # (a tile already: it takes the LoRA term as it is)
         return cfg
-    return heuristic("fwd", M, N, K, sms, dq=False, wgmma=False) if auto else None
+    if not auto:
+        return None
+    return decode_tile(M, N, K, sms) if small else heuristic("fwd", M, N, K, sms, dq=False, wgmma=False)
+
+
+def decode_tile(M: int, N: int, K: int, sms: int) -> dict:
+    """The forward tile for M <= 16 rows (the heuristic's BM = 16 tile, split over K so the programs fill ``sms``)."""
+    cfg = dict(BM=16, BN=128, BK=128, SWAP=1, num_warps=4, num_stages=4)
+    out_tiles, loop = -(-M // 16) * -(-N // 128), -(-K // 128)
+    cfg["SPLIT"] = max(1, min(loop // 2, (2 * sms) // max(1, out_tiles)))
+    return cfg
 
 
 def tuned_entry(device_name: str, kind: str, M: int, N: int, K: int) -> dict | None:
@@ -435,7 +450,7 @@ def _resolved(kind: str, x2, packed, scale, gs, n_out: int, extra: tuple, r: int
            x2.data_ptr() % 16, x2.stride(0), scale.data_ptr() % 4, scale.stride(0) % 4, gs.data_ptr() % 16,
            _env(b"QERL_KERNEL_CONFIG"), _MODE[0], n_out, r, tuple(map(_sig, extra)), _sig(lora_a),
            LORA_LAUNCH, XA_PROGRAMS, XA_CHUNKS, XA_CHUNKS_SMALL, XA_SMALL_WEIGHTS, XA_QB, XA_STAGES, XA_PDL_AT, XA_PDL_AT_MMV, XA_PDL_ROWS, EAGER_XS_ROWS, HEURISTIC,
-           XA_RANK_CHUNKS, tiled, launch.chained(), LORA_INKERNEL_FLOPS)
+           XA_RANK_CHUNKS, tiled, launch.chained(), LORA_INKERNEL_FLOPS, LORA_INKERNEL_DECODE_WEIGHTS)
     hit = _RESOLVED.get(key)
     if hit is None:
         if len(_RESOLVED) >= _RESOLVED_MAX:

@@ -201,6 +201,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="qerl_kernels.ops.LORA_INKERNEL_FLOPS for this run: eager LoRA calls (M > 16) of at most F "
                         "FLOPs compute x · lora_aᵀ inside one Triton tile launch (0: off); with --baseline-kernels, the "
                         "current side only (DIR may then be a copy of the current kernels: an A/B of the rule)")
+    p.add_argument("--lora-inkernel-decode-weights", type=float, default=None, metavar="W",
+                   help="qerl_kernels.ops.LORA_INKERNEL_DECODE_WEIGHTS for this run: eager LoRA calls at M <= 16 on "
+                        "weights of at most W elements take the same one launch (0: off); with --baseline-kernels, the "
+                        "current side only")
     return p
 
 
@@ -210,15 +214,20 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("qerl bench host: needs a CUDA GPU (host time of kernel launches)")
-    if a.lora_inkernel_flops is not None:
+    if a.lora_inkernel_flops is not None or a.lora_inkernel_decode_weights is not None:
         from qerl_kernels import ops
 
-        ops.LORA_INKERNEL_FLOPS = a.lora_inkernel_flops
+        if a.lora_inkernel_flops is not None:
+            ops.LORA_INKERNEL_FLOPS = a.lora_inkernel_flops
+        if a.lora_inkernel_decode_weights is not None:
+            ops.LORA_INKERNEL_DECODE_WEIGHTS = a.lora_inkernel_decode_weights
     if a.baseline_kernels is not None:
         from qerl.bench import host_ab
 
         args = ["--models", *a.models, "--projs", *a.projs, "--ms", *map(str, a.ms)]
         knob = [] if a.lora_inkernel_flops is None else ["--lora-inkernel-flops", str(a.lora_inkernel_flops)]
+        if a.lora_inkernel_decode_weights is not None:
+            knob += ["--lora-inkernel-decode-weights", str(a.lora_inkernel_decode_weights)]
         print(host_ab.run(args, a.baseline_kernels, a.rounds, Path(a.output), torch.cuda.get_device_name(),
                           current_args=knob))
         return 0

@@ -526,8 +526,9 @@ p, s, gs = nvfp4.quantize(torch.randn(N, K, generator=g) * 0.1)
 a = (torch.randn(R, K, generator=g) * 0.1).to(torch.bfloat16)
 b = (torch.randn(N, R, generator=g) * 0.1).to(torch.bfloat16)
 res = {}
-for bound in (ops.LORA_INKERNEL_FLOPS, 0.0):
-    ops.LORA_INKERNEL_FLOPS = bound
+w = nvfp4.dequantize(p, s, gs, torch.float32)
+for bound, small in ((ops.LORA_INKERNEL_FLOPS, 0), (0.0, 0), (ops.LORA_INKERNEL_FLOPS, N * K)):
+    ops.LORA_INKERNEL_FLOPS, ops.LORA_INKERNEL_DECODE_WEIGHTS = bound, small
     for M in (5, 40):
         x = torch.randn(M, K, generator=g).to(torch.bfloat16)
         with torch.no_grad():
@@ -537,8 +538,9 @@ for bound in (ops.LORA_INKERNEL_FLOPS, 0.0):
         both = ops.nvfp4_matmul(x, p, s, gs, None, x @ a.T, b, 0.5, lora_a=a)
         one = ops.nvfp4_matmul(x, p, s, gs, None, None, b, 0.5, lora_a=a)
         route = ops._resolved("fwd", x, p, s, gs, N, (None, None, b), R, True, a, False)[2]
-        res[f"{bound > 0}_{M}"] = [route, torch.equal(y.detach(), quiet), torch.equal(both, one),
-                                   bool(y.requires_grad)]
+        want = x.float() @ w.T + 0.5 * (x.float() @ a.float().T) @ b.float().T
+        res[f"{bound > 0}_{small > 0}_{M}"] = [route, torch.equal(y.detach(), quiet), torch.equal(both, one),
+                                               bool(y.requires_grad), float((one.float() - want).norm() / want.norm())]
 try:
     ops.nvfp4_matmul(x, p, s, gs, None, (x @ a.T)[:3], b, 0.5, lora_a=a)
 except ops.KernelInputError as e:
@@ -548,8 +550,9 @@ print(json.dumps(res))
     assert out.returncode == 0, out.stdout + out.stderr
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert "is not x · lora_aᵀ" in res.pop("error")
-    assert res["True_40"][0] == "inkernel" and res["False_40"][0] == "matmul", res
-    assert all(same and both and grad for _, same, both, grad in res.values()), res
+    assert res["True_False_40"][0] == "inkernel" and res["False_False_40"][0] == "matmul", res
+    assert res["True_True_5"][0] == "inkernel" and res["True_False_5"][0] != "inkernel", res  # (M <= 16: the knob)
+    assert all(same and both and grad and err < 6e-3 for _, same, both, grad, err in res.values()), res
 
 
 def test_inkernel_lora_rule_takes_only_small_eager_tile_calls(monkeypatch):
@@ -573,6 +576,12 @@ def test_inkernel_lora_rule_takes_only_small_eager_tile_calls(monkeypatch):
     assert ops.lora_inkernel(wg, 32, 4608, 3584, "auto", False, 132) is None  # graph mode / the launch chain
     assert ops.lora_inkernel(tile, 16, 4608, 3584, "inkernel", True, 132) is None  # the decode kernels' own route
     assert ops.lora_inkernel(wg, 32, 4608, 3584, "pdl", True, 132) is None
+    assert ops.LORA_INKERNEL_DECODE_WEIGHTS == 0 and ops.lora_inkernel(wg, 8, 4608, 3584, "auto", True, 132) is None
+    monkeypatch.setattr(ops, "LORA_INKERNEL_DECODE_WEIGHTS", 4608 * 3584)  # M <= 16: a BM = 16 tile, by weight size
+    got = ops.lora_inkernel(wg, 8, 4608, 3584, "auto", True, 132)
+    assert got == ops.decode_tile(8, 4608, 3584, 132) and got["BM"] == 16 and ops.path_of("fwd", got) == "tile_fwd"
+    assert ops.lora_inkernel(wg, 8, 4608, 3712, "auto", True, 132) is None  # (a larger weight)
+    assert ops.lora_inkernel(wg, 8, 4608, 3584, "auto", False, 132) is None  # (graph mode)
 
 
 def test_fused_lora_seam_backend_under_interpreter():
