@@ -151,3 +151,26 @@ def test_ab_against_a_copy_of_the_installed_kernels(tmp_path):
     md = host_ab.run([], Path(host_ab.SELF), 1, tmp_path, "dev", runner=runner)
     assert seen == [True]
     assert "host µs median 30.0 → 30.0 (×1.00" in md.read_text()
+
+
+def test_knobs_go_to_the_current_side_of_an_ab(monkeypatch, tmp_path):
+    """``qerl bench host --baseline-kernels DIR --lora-inkernel-flops F --lora-inkernel-decode-weights W``: both
+    knobs are set in this process and handed to the current side's child runs only (``host_ab.run``'s
+    ``current_args``)."""
+    import torch
+
+    from qerl.bench import host, host_ab
+    from qerl_kernels import ops
+
+    seen = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(host_ab, "run", lambda args, base, rounds, out, device, current_args: seen.update(
+        args=args, current=current_args) or "report.md")
+    monkeypatch.setattr(ops, "LORA_INKERNEL_FLOPS", ops.LORA_INKERNEL_FLOPS)
+    monkeypatch.setattr(ops, "LORA_INKERNEL_DECODE_WEIGHTS", ops.LORA_INKERNEL_DECODE_WEIGHTS)
+    assert host.main(["--baseline-kernels", str(tmp_path), "--models", "0.5B", "--lora-inkernel-flops", "2e9",
+                      "--lora-inkernel-decode-weights", "2.4e7"]) == 0
+    assert seen["current"] == ["--lora-inkernel-flops", "2000000000.0", "--lora-inkernel-decode-weights", "24000000.0"]
+    assert seen["args"][:2] == ["--models", "0.5B"]
+    assert (ops.LORA_INKERNEL_FLOPS, ops.LORA_INKERNEL_DECODE_WEIGHTS) == (2e9, 2.4e7)
