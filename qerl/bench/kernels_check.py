@@ -159,14 +159,17 @@ def run(device: str, shapes, ms, tol: float, kinds=("fwd", "bwd")) -> list[dict]
                     ok = ok and fe < tol and bool(torch.isfinite(y).all())
                     for route in (("auto", "pdl", "inkernel") if lora_r else ()):  # x · lora_aᵀ computed by
                         # the op: as ops.lora_route picks, the PDL launch pair forced wherever it can run, and the
-                        # Triton tile computing it in its own launch (M > 16: ops.lora_inkernel, any size)
+                        # Triton tile computing it in its own launch (ops.lora_inkernel with both bounds lifted:
+                        # every M, a BM = 16 tile at M <= 16)
                         ops.LORA_LAUNCH = "auto" if route == "inkernel" else route
-                        bound, ops.LORA_INKERNEL_FLOPS = ops.LORA_INKERNEL_FLOPS, (
-                            float("inf") if route == "inkernel" else ops.LORA_INKERNEL_FLOPS)
+                        bounds = ops.LORA_INKERNEL_FLOPS, ops.LORA_INKERNEL_DECODE_WEIGHTS
+                        if route == "inkernel":
+                            ops.LORA_INKERNEL_FLOPS = ops.LORA_INKERNEL_DECODE_WEIGHTS = float("inf")
                         try:
                             y = nvfp4_matmul(x, packed, scale, gs, bias, None, lb, 0.5, lora_a=la)
                         finally:
-                            ops.LORA_LAUNCH, ops.LORA_INKERNEL_FLOPS = "auto", bound
+                            ops.LORA_LAUNCH = "auto"
+                            ops.LORA_INKERNEL_FLOPS, ops.LORA_INKERNEL_DECODE_WEIGHTS = bounds
                         fe = max(fe, _rel(y, _ref_fwd(x, packed, scale, gs, bias, x @ la.T, lb, 0.5)))
                         ok = ok and fe < tol and bool(torch.isfinite(y).all())
                 if "bwd" in kinds:
