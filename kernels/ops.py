@@ -102,7 +102,8 @@ def wgmma_heuristic(M: int, N: int, K: int, sms: int) -> dict:
     return cfg
 
 
-def heuristic(kind: str, M: int, N: int, K: int, sms: int, dq: bool = True, wgmma: bool = True) -> dict:
+def heuristic(kind: str, M: int, N: int, K: int, sms: int, dq: bool = True, wgmma: bool = True,
+              mmv: bool = True) -> dict:
     """Config when no tuned entry exists. Forward M <= 128 with K % 128 == 0: the warpgroup-MMA kernel
     (:func:`wgmma_heuristic`; ``wgmma=False``: never), carrying at M <= 16 the single-launch decode kernel's config
     as ``EAGER`` for calls launched one by one (:func:`launch_mode`; ``HEURISTIC = "v1"``: the kernel only for M
@@ -110,7 +111,7 @@ def heuristic(kind: str, M: int, N: int, K: int, sms: int, dq: bool = True, wgmm
     :mod:`qerl_kernels.nvfp4_dequant`). Below: ``MMV`` decode kernel for forward M <= 16, else a tensor-core tile —
     BM/BN/BK, SPLIT (reduction split over programs so that decode sizes fill the SMs), SWAP (weight tile as the MMA's
     A operand: needed for wgmma tiles, BM > 32), warps, stages. ``kind`` is 'fwd' or 'bwd' (bwd tiles dX over (M, K)
-    and loops over N). ``dq=False``: never ``DQ`` (the Triton-only choice)."""
+    and loops over N). ``dq=False``: never ``DQ`` (the Triton-only choice); ``mmv=False``: a tile at M <= 16 too."""
     low = WGMMA_TUNED_ROWS[0] if HEURISTIC == "v1" else WGMMA_ROWS[0]
     if kind == "fwd" and wgmma and low < M <= WGMMA_ROWS[1] and K % 128 == 0:
         cfg = wgmma_heuristic(M, N, K, sms)
@@ -119,7 +120,7 @@ def heuristic(kind: str, M: int, N: int, K: int, sms: int, dq: bool = True, wgmm
         return cfg
     if dq and M > DQ_ROWS:  # compute-bound: dequantize windows of W at ~copy bandwidth, multiply with cuBLAS
         return dict(DQ=1, CHUNK=DQ_CHUNK)
-    if kind == "fwd" and M <= 16 and K % 32 == 0:  # register-fragment tensor-core decode kernel
+    if kind == "fwd" and mmv and M <= 16 and K % 32 == 0:  # register-fragment tensor-core decode kernel
         cfg = dict(MMV=1, BM=8 if M <= 8 else 16, BN=64, BK=128, num_warps=4, num_stages=1)
         out_tiles, loop = -(-M // cfg["BM"]) * -(-N // 64), -(-K // 128)
         cfg["SPLIT"] = max(1, min(loop // 2, (8 * sms) // out_tiles))
@@ -180,7 +181,7 @@ def lora_inkernel(cfg: dict, M: int, N: int, K: int, mode: str, eager: bool, sms
     ``cfg`` is a tile; "auto": an eager call (``eager``) at M > 16 of at most :data:`LORA_INKERNEL_FLOPS` takes the
     untuned tile (:func:`heuristic` without ``DQ`` and the warpgroup-MMA kernel). M <= 16 keeps the decode kernels'
     own fused route (:func:`lora_route`), except eager calls on weights of at most
-    :data:`LORA_INKERNEL_DECODE_WEIGHTS` elements, which take a BM = 16 tile (:func:`decode_tile`)."""
+    :data:`LORA_INKERNEL_DECODE_WEIGHTS` elements, which take the heuristic's BM = 16 tile."""
     small = M <= 16
     auto = mode == "auto" and eager and (N * K <= LORA_INKERNEL_DECODE_WEIGHTS if small else
                                          2 * M * N * K <= LORA_INKERNEL_FLOPS)
@@ -190,15 +191,7 @@ def lora_inkernel(cfg: dict, M: int, N: int, K: int, mode: str, eager: bool, sms
         return cfg
     if not auto:
         return None
-    return decode_tile(M, N, K, sms) if small else heuristic("fwd", M, N, K, sms, dq=False, wgmma=False)
-
-
-def decode_tile(M: int, N: int, K: int, sms: int) -> dict:
-    """The forward tile for M <= 16 rows (the heuristic's BM = 16 tile, split over K so the programs fill ``sms``)."""
-    cfg = dict(BM=16, BN=128, BK=128, SWAP=1, num_warps=4, num_stages=4)
-    out_tiles, loop = -(-M // 16) * -(-N // 128), -(-K // 128)
-    cfg["SPLIT"] = max(1, min(loop // 2, (2 * sms) // max(1, out_tiles)))
-    return cfg
+    return heuristic("fwd", M, N, K, sms, dq=False, wgmma=False, mmv=False)
 
 
 def tuned_entry(device_name: str, kind: str, M: int, N: int, K: int) -> dict | None:

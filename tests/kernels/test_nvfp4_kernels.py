@@ -579,7 +579,8 @@ def test_inkernel_lora_rule_takes_only_small_eager_tile_calls(monkeypatch):
     assert ops.LORA_INKERNEL_DECODE_WEIGHTS == 0 and ops.lora_inkernel(wg, 8, 4608, 3584, "auto", True, 132) is None
     monkeypatch.setattr(ops, "LORA_INKERNEL_DECODE_WEIGHTS", 4608 * 3584)  # M <= 16: a BM = 16 tile, by weight size
     got = ops.lora_inkernel(wg, 8, 4608, 3584, "auto", True, 132)
-    assert got == ops.decode_tile(8, 4608, 3584, 132) and got["BM"] == 16 and ops.path_of("fwd", got) == "tile_fwd"
+    assert got == {"BM": 16, "BN": 128, "BK": 128, "SWAP": 1, "num_warps": 4, "num_stages": 4, "SPLIT": 7}  # 2·132 programs over 36 tiles
+    assert ops.path_of("fwd", got) == "tile_fwd"
     assert ops.lora_inkernel(wg, 8, 4608, 3712, "auto", True, 132) is None  # (a larger weight)
     assert ops.lora_inkernel(wg, 8, 4608, 3584, "auto", False, 132) is None  # (graph mode)
 
