@@ -71,10 +71,10 @@ EAGER_ONE_LAUNCH_FLOPS = 4.5e9  # eager calls of at most this many FLOPs (2·M·
 LORA_INKERNEL_FLOPS = 4.3e9  # eager forward calls with lora_a, M > 16, of at most this many FLOPs: one Triton tile
 # launch that computes x · lora_aᵀ itself (lora_inkernel); 0: off. H100 A/B (reports/host): 4.2 GFLOP calls (0.5B qkv
 # M = 2048, 7B qkv M = 128) run 103 -> 53 / 118 -> 72 µs back to back, 0.5B down M = 512 (4.46 GFLOP) 89 -> 137 µs
-LORA_INKERNEL_DECODE_WEIGHTS = 0  # eager forward calls with lora_a at M <= 16 whose weight has at most this many
+LORA_INKERNEL_DECODE_WEIGHTS = 2.4e7  # eager forward calls with lora_a at M <= 16 whose weight has at most this many
 # elements (N·K): the same one launch on a BM = 16 tile (lora_inkernel) instead of the decode kernel's LoRA route; 0:
 # off. A/Bs (reports/host): host 53 -> 31 µs (H100, all sizes), 48 -> 37 µs at <= 2.4e7 (H200); the 7B down weight
-# (6.8e7) runs slower on the tile. 2.4e7 is the candidate default, once both devices' full reports are rerun with it
+# (6.8e7) runs slower on the tile, so it stays on the decode kernel
 INKERNEL_MAX_RANK = 64  # (padded) ranks the in-kernel route takes: its [R, BK] adapter tile joins every ring stage
 HEURISTIC = "v2"  # "v1": the untuned configs before 2026-11-26 (MMV at M <= 16; comparisons and experiments)
 

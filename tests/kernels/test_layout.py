@@ -135,7 +135,7 @@ g = torch.Generator().manual_seed(11)
 N, K, R = 128, 384, 16
 p, s, gs = nvfp4.quantize(torch.randn(N, K, generator=g) * 0.1)
 tp, ts = layout.tile(p, s)
-ops.LORA_INKERNEL_FLOPS = 0  # (row-major eager LoRA calls would take the in-kernel route, which tiled weights never do)
+ops.LORA_INKERNEL_FLOPS = ops.LORA_INKERNEL_DECODE_WEIGHTS = 0  # (row-major eager LoRA calls would take the in-kernel route, which tiled weights never do)
 bias = torch.randn(N, generator=g).to(torch.bfloat16)
 la = (torch.randn(R, K, generator=g) * 0.1).to(torch.bfloat16)
 lb = (torch.randn(N, R, generator=g) * 0.1).to(torch.bfloat16)

@@ -447,11 +447,15 @@ print(json.dumps(res))
 
 def test_lora_a_computes_xa_like_the_explicit_path():
     """``lora_a`` (x · lora_aᵀ inside the op; fused into the decode launch on a GPU) gives the same
-    output as passing ``xa = x @ lora_a.T`` (under the interpreter both run the same kernels)."""
+    output as passing ``xa = x @ lora_a.T`` (under the interpreter both run the same kernels). The decode kernels'
+    route: the in-kernel route for small weights (``LORA_INKERNEL_DECODE_WEIGHTS``) keeps ``x · lora_aᵀ`` in fp32 and
+    has its own test below."""
     r = _interp("""
 import torch
 from qerl.quant import nvfp4
+from qerl_kernels import ops
 from qerl_kernels.ops import nvfp4_matmul
+ops.LORA_INKERNEL_DECODE_WEIGHTS = 0
 g = torch.Generator().manual_seed(5)
 N, K = 40, 96
 p, s, gs = nvfp4.quantize(torch.randn(N, K, generator=g) * 0.05)
@@ -576,7 +580,10 @@ def test_inkernel_lora_rule_takes_only_small_eager_tile_calls(monkeypatch):
     assert ops.lora_inkernel(wg, 32, 4608, 3584, "auto", False, 132) is None  # graph mode / the launch chain
     assert ops.lora_inkernel(tile, 16, 4608, 3584, "inkernel", True, 132) is None  # the decode kernels' own route
     assert ops.lora_inkernel(wg, 32, 4608, 3584, "pdl", True, 132) is None
-    assert ops.LORA_INKERNEL_DECODE_WEIGHTS == 0 and ops.lora_inkernel(wg, 8, 4608, 3584, "auto", True, 132) is None
+    assert ops.LORA_INKERNEL_DECODE_WEIGHTS == 2.4e7  # the default: 7B q/k/v (1.65e7) in, 7B down (6.8e7) out
+    assert ops.lora_inkernel(wg, 8, 3584, 18944, "auto", True, 132) is None
+    monkeypatch.setattr(ops, "LORA_INKERNEL_DECODE_WEIGHTS", 0)  # off: M <= 16 keeps the decode kernel's route
+    assert ops.lora_inkernel(wg, 8, 4608, 3584, "auto", True, 132) is None
     monkeypatch.setattr(ops, "LORA_INKERNEL_DECODE_WEIGHTS", 4608 * 3584)  # M <= 16: a BM = 16 tile, by weight size
     got = ops.lora_inkernel(wg, 8, 4608, 3584, "auto", True, 132)
     assert got == {"BM": 16, "BN": 128, "BK": 128, "SWAP": 1, "num_warps": 4, "num_stages": 4, "SPLIT": 7}  # 2·132 programs over 36 tiles
