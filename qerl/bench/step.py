@@ -58,7 +58,7 @@ from qerl.rollout.engine.runner import SPLIT as ENGINE_SPLIT  # the engine's spl
 COLUMNS = ["device", "model", "method", "batch", "prompt_len", "gen_len", "lengths", "nproc", "status", "rollout_s", "logprob_s",
            "update_s", "total_s", "tokens_per_s", "peak_gb", "rank_idle_s", "checkpointing", "micro_batch",
            "engine_cache", "optimizer_states", "optimizer", "samples_per_prompt", "dense_update", "prefill_s",
-           "capture_s", "host_s", "fused_update",
+           "capture_s", "host_s", "fused_update", "packed_update",
            "note"]
 BASE = {"lora": "bf16", "qlora": "nf4", "qerl": "nvfp4", "full": "bf16"}  # full: every weight trained
 #: the paper's one-H100 efficiency numbers (docs/paper.md): rollout tok/s at batch 8 / 2, weight GB, step s.
@@ -88,6 +88,9 @@ def _sync_time() -> float:
     return time.perf_counter()
 
 
+PACKED = ["auto"]  # config packed_sequences of the measured steps (--packed-sequences)
+
+
 def _bench_config(batch: int, world: int, gen_len: int, micro: int, dense: bool = False):
     """The :class:`~qerl.train.config.TrainConfig` the trainer would run this step with: GRPO, groups of 16 (or the
     largest of 8, 4, 2 that gives every rank whole groups), temperature 1, ``gen_len`` new tokens, AQN on the
@@ -100,7 +103,7 @@ def _bench_config(batch: int, world: int, gen_len: int, micro: int, dense: bool 
         raise ValueError(f"batch {batch}: must be a multiple of 2 x {world} process(es) (whole GRPO groups per rank)")
     a = AlgorithmConfig(name="grpo", group_size=G).resolved()
     return TrainConfig(micro_batch_size=micro, prompts_per_step=batch // G, algorithm=a, dense_update=dense,
-                       rollout=SamplingSettings(temperature=1.0, max_new_tokens=gen_len))
+                       packed_sequences=PACKED[0], rollout=SamplingSettings(temperature=1.0, max_new_tokens=gen_len))
 
 
 class _Phases:
@@ -215,10 +218,11 @@ def _optimizer(params, lr: float = 1e-5):
 def _profile(policy, tok, aqn, batch, prompt_len, gen_len, micro, opt, out: Path, name: str, lengths=None,
              grouped: bool = False, dense: bool = False) -> Path:
     """One more step with its logprob and update phases under ``torch.profiler`` (the rollout is split in
-    ``reports/rollout``): the ops by total CUDA time and by CPU time, as text."""
+    ``reports/rollout``): the ops by total CUDA time and by CPU time, and the ops with their input shapes by their
+    own CUDA time (which sizes the elementwise kernels run on), as text."""
     from torch.profiler import ProfilerActivity, profile
 
-    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True)
     st = one_step(policy, tok, aqn, batch, prompt_len, gen_len, micro, opt, seed=3, prof=prof, lengths=lengths,
                   grouped=grouped, dense=dense)
     out.mkdir(parents=True, exist_ok=True)
@@ -229,7 +233,10 @@ def _profile(policy, tok, aqn, batch, prompt_len, gen_len, micro, opt, out: Path
                       for k, (c, d) in sorted(phases.items()))
     path.write_text(f"{name}: {json.dumps({k: round(v, 3) for k, v in st.items()})}\n{split}\n\n"
                     + ka.table(sort_by="cuda_time_total", row_limit=40) + "\n\n"
-                    + ka.table(sort_by="cpu_time_total", row_limit=40) + "\n")
+                    + ka.table(sort_by="cpu_time_total", row_limit=40) + "\n\n"
+                    + prof.key_averages(group_by_input_shape=True).table(sort_by="self_cuda_time_total",
+                                                                          row_limit=60, max_name_column_width=60,
+                                                                          max_shapes_column_width=90) + "\n")
     return path
 
 
@@ -256,7 +263,7 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
     base = {"device": device, "model": model, "method": method, "prompt_len": prompt_len, "micro_batch": micro,
             "nproc": d.world, "engine_cache": "kept" if keep_cache else "released",
             "optimizer_states": "parked" if offload else "gpu", "lengths": str(lengths) if lengths else "fixed",
-            "samples_per_prompt": 1, "dense_update": dense, "fused_update": fused_on()}
+            "samples_per_prompt": 1, "dense_update": dense, "fused_update": fused_on(), "packed_update": packed_on()}
     try:
         lm = build(model, BASE[method])
     except torch.cuda.OutOfMemoryError as e:
@@ -324,6 +331,18 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
     gc.collect()
     torch.cuda.empty_cache()
     return rows
+
+
+def packed_on() -> str:
+    """How the update runs its micro-batches (``--packed-sequences``): "True" (each one packed row), "False" (padded) or
+    "auto" (packed where padding would be :data:`qerl.ops.packed.PACK_RATIO` times the real tokens or more, on CUDA
+    with torch's varlen attention: :func:`qerl.train.update.packing_mode`); older rows of the CSV, without the column,
+    ran padded."""
+    from qerl.ops.packed import varlen_ok
+
+    if PACKED[0] == "auto":
+        return "auto" if torch.cuda.is_available() and varlen_ok("cuda") else "False"
+    return str(PACKED[0] is True)
 
 
 def fused_on() -> bool:
@@ -491,8 +510,9 @@ def merge(paths: list[Path], out: Path) -> tuple[Path, Path]:
                 r["lengths"] = r.get("lengths") or "fixed"  # (before the column: every completion gen_len tokens)
                 r["samples_per_prompt"] = r.get("samples_per_prompt") or "1"  # (before the column: one per prompt)
                 r["dense_update"] = r.get("dense_update") or "False"  # (before the column: dequantized per call)
+                r["packed_update"] = r.get("packed_update") or "False"  # (before the column: padded micro-batches)
                 rows[(r["model"], r["method"], r["batch"], r["prompt_len"], r["gen_len"], r["lengths"],
-                      r["samples_per_prompt"], r["dense_update"],
+                      r["samples_per_prompt"], r["dense_update"], r["packed_update"],
                       r.get("nproc") or "1", r["micro_batch"], r["engine_cache"], r["optimizer_states"])] = _typed(r)
     if len(devices) != 1:
         raise ValueError(f"--merge: the CSVs come from different devices {sorted(devices)}; merge one device's runs")
@@ -528,6 +548,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dense-update", action="store_true",
                    help="NVFP4 base: the update multiplies a bf16 copy of the weights made once per update phase "
                         "(config dense_update: true) instead of dequantizing per call")
+    p.add_argument("--packed-sequences", choices=["auto", "true", "false"], default="auto",
+                   help="config packed_sequences of the measured steps: each update micro-batch as one row of its "
+                        "real tokens (auto: on CUDA with torch's varlen attention) or padded rows (false)")
     p.add_argument("--micro-batch", type=int, default=2, help="sequences per forward/backward of the update")
     p.add_argument("--checkpointing", choices=["auto", "on", "off"], default="auto",
                    help="gradient checkpointing (auto: the memory planner decides)")
@@ -553,6 +576,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not torch.cuda.is_available():
         raise SystemExit("qerl bench step needs a CUDA GPU (use --merge CSV... to combine runs)")
+    PACKED[0] = {"true": True, "false": False}.get(a.packed_sequences, "auto")
     import os
 
     from qerl.train import dist

@@ -146,16 +146,21 @@ def columns_of(spans: tuple[torch.Tensor, torch.Tensor], rows, P: int) -> tuple[
 
 def sequence_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                       temperature: float = 1.0, with_entropy: bool = False, chunk: int = 1024,
-                      columns: tuple[int, int] | None = None):
+                      columns: tuple[int, int] | None = None, packing=None):
     """Teacher-forced per-token log-probs ``[N, T]`` (fp32) of the completion tokens under
     ``model`` (and per-token entropies if asked). Same temperature scaling and fp32 lm_head as
     :func:`generate`. Differentiable; the logits exist only about ``chunk`` tokens at a time, forward and
     backward (:func:`qerl.ops.logits.token_logprobs`). The model runs only on the :func:`live_columns` of these
     rows — a micro-batch of a batch padded to its longest completion (a log-normal length distribution: most
     of it) costs its own longest row, not the batch's; the padded positions come back as 0 (one host sync, none when
-    the caller passes them as ``columns``: :func:`columns_of`)."""
+    the caller passes them as ``columns``: :func:`columns_of`). ``packing``: a :class:`qerl.ops.packed.Packing` of
+    these rows (on their device), or True to plan one here: the rows then run as one packed row of their real tokens
+    (no padding; inside :func:`qerl.ops.packed.packed_scope`, which this enters if the caller has not)."""
     from qerl.ops.logits import head_of, token_logprobs
 
+    if packing is not None and packing is not False:
+        return _packed_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature,
+                                with_entropy, chunk, packing)
     T = completion_ids.shape[1]
     p0, c1 = live_columns(prompt_mask, completion_mask) if columns is None else columns
     prompt_ids, prompt_mask = prompt_ids[:, p0:], prompt_mask[:, p0:]
@@ -174,4 +179,31 @@ def sequence_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion
     logp = torch.nn.functional.pad(logp * completion_mask, (0, T - c1))
     if with_entropy:
         return logp, torch.nn.functional.pad(ent * completion_mask, (0, T - c1))
+    return logp
+
+
+def _packed_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature, with_entropy,
+                     chunk, packing):
+    """:func:`sequence_logprobs` of the rows run as one packed row (:mod:`qerl.ops.packed`)."""
+    from qerl.ops import packed
+    from qerl.ops.logits import head_of, token_logprobs
+
+    if packing is True:
+        packing = packed.plan(prompt_mask.cpu(), completion_mask.cpu()).to(prompt_ids.device)
+    N, T = completion_ids.shape
+    flat = torch.cat([prompt_ids, completion_ids], 1).flatten()
+    head = head_of(model)
+    if type(head) is not torch.nn.Linear:
+        raise ValueError(f"sequence_logprobs needs a plain nn.Linear lm_head, got {type(head).__name__} "
+                         "(an adapter on the lm_head is not supported)")
+    with packed.packed_scope(model):
+        hidden = model.get_decoder()(
+            input_ids=flat[packing.source][None], attention_mask=packed.placeholder_mask(flat.device),
+            position_ids=packing.positions[None], use_cache=False, cu_seq_lens_q=packing.cu, cu_seq_lens_k=packing.cu,
+            max_length_q=packing.max_len, max_length_k=packing.max_len).last_hidden_state
+        lp, ent = token_logprobs(hidden[:, packing.pred], head.weight, flat[packing.target][None], temperature,
+                                 head.bias, with_entropy, chunk)
+    logp = lp.new_zeros(N, T).index_put((packing.rows, packing.cols), lp[0])
+    if with_entropy:
+        return logp, ent.new_zeros(N, T).index_put((packing.rows, packing.cols), ent[0])
     return logp

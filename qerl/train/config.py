@@ -134,6 +134,10 @@ class TrainConfig:
     # the update runs, 7B: +13 GB) instead of dequantizing in every forward / backward call; same products.
     # auto: on a GPU where the memory planner fits it (qerl.train.plan.resolve_dense_update)
     dense_update: bool | str = "auto"
+    # the update's forward / backward (and no-grad log-prob passes) on each micro-batch's real tokens packed into one
+    # row (qerl.ops.packed: position ids per sequence, causal attention within each): no padding. auto: where it runs
+    # FlashAttention's varlen kernel (CUDA, a model with SDPA attention); false: padded rows
+    packed_sequences: bool | str = "auto"
     checkpoint_every: int = 10
     device: str = "auto"
     # under several processes (qerl.train.dist): none (DDP, every rank holds everything) | optimizer (DDP +
@@ -273,6 +277,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(f"config.seed: must be >= 0, got {cfg.seed}")
     if cfg.dense_update not in (True, False, "auto"):
         raise ConfigError(f"config.dense_update: true, false or auto, got {cfg.dense_update!r}")
+    if cfg.packed_sequences not in (True, False, "auto"):
+        raise ConfigError(f"config.packed_sequences: true, false or auto, got {cfg.packed_sequences!r}")
     if cfg.gradient_checkpointing not in (True, False, "auto"):
         raise ConfigError(f"config.gradient_checkpointing: true, false or auto, got {cfg.gradient_checkpointing!r}")
     tri = {n: (str(v).lower() if isinstance(v, bool) else v) for n in ("eight_bit",)

@@ -18,6 +18,7 @@ import torch
 from qerl.errors import TrainingError
 from qerl.lora import frozen_adapters
 from qerl.models.nvfp4_linear import dense_base
+from qerl.ops.packed import packed_scope
 from qerl.rl.advantages import group_advantages
 from qerl.rl.losses import LossSettings, mismatch_stats, policy_loss, truncated_is_weights
 from qerl.rollout.sampler import columns_of, row_spans, sequence_logprobs
@@ -39,9 +40,43 @@ class LogprobModule(torch.nn.Module):
         self.policy, self.with_entropy = policy, with_entropy
 
     def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature: float = 1.0,
-                columns: tuple[int, int] | None = None):
+                columns: tuple[int, int] | None = None, packing=None):
         return sequence_logprobs(self.policy, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature,
-                                 with_entropy=self.with_entropy, columns=columns)
+                                 with_entropy=self.with_entropy, columns=columns, packing=packing)
+
+
+def packing_mode(cfg, policy) -> str:
+    """``cfg.packed_sequences`` for ``policy``: "on", "off", or "auto" — every micro-batch whose padded forward runs at
+    least :data:`qerl.ops.packed.PACK_RATIO` times its real tokens is packed (:func:`micro_packings`), where the packed
+    row runs FlashAttention's varlen kernel (the policy on CUDA, torch's varlen API, SDPA attention, no sliding
+    window); elsewhere auto is "off"."""
+    from qerl.ops import packed
+
+    want = getattr(cfg, "packed_sequences", False)
+    if want != "auto":
+        return "on" if want is True else "off"
+    params = next(policy.parameters(), None)
+    if params is None or not packed.varlen_ok(params.device):
+        return "off"
+    try:
+        config = packed._config_of(policy)
+    except ValueError:
+        return "off"
+    ok = config._attn_implementation in (None, "sdpa") and not getattr(config, "use_sliding_window", False)
+    return "auto" if ok else "off"
+
+
+def micro_packings(mode: str, batch, micro: list) -> list:
+    """Per micro-batch ``(rows, real)`` of ``batch``: its :class:`qerl.ops.packed.Packing` on the batch's device, or
+    None where it runs padded (``mode`` from :func:`packing_mode`). Reads the masks on the host once."""
+    from qerl.ops import packed
+
+    if mode == "off" or not micro:
+        return [None] * len(micro)
+    pm, cm = batch.prompt_mask.cpu(), batch.completion_mask.cpu()
+    dev = batch.completion_ids.device
+    return [packed.plan(pm[m], cm[m]).to(dev)
+            if mode == "on" or packed.padding_ratio(pm[m], cm[m]) >= packed.PACK_RATIO else None for m, _ in micro]
 
 
 def rank_micro_batches(n: int, G: int, mb: int, d: dist.Dist) -> list[tuple[slice, bool]]:
@@ -86,12 +121,14 @@ def in_row_order(parts: list) -> torch.Tensor | None:
     return torch.cat([v for _, v in parts])[torch.argsort(rows).to(parts[0][1].device)]
 
 
-def logprobs_global(policy, batch, T: float, micro: list, d: dist.Dist, what: str, lockstep: bool = False
-                    ) -> torch.Tensor:
+def logprobs_global(policy, batch, T: float, micro: list, d: dist.Dist, what: str, lockstep: bool = False,
+                    packings: list | None = None) -> torch.Tensor:
     """Log-probs ``[n, T]`` of the whole batch without grad, each rank computing its own rows' micro-batches
-    (``lockstep``, under FSDP2 whose forwards all-gather: the fillers too, so every rank runs as many)."""
-    run = [(m, real) for m, real in micro if real or lockstep]
-    outs = [(m, logprobs_no_grad(policy, batch, T, 0, [m]), real) for m, real in run]
+    (``lockstep``, under FSDP2 whose forwards all-gather: the fillers too, so every rank runs as many); ``packings``:
+    each micro-batch's :func:`micro_packings` entry (as the update runs it)."""
+    packings = packings or [None] * len(micro)
+    run = [(m, real, pk) for (m, real), pk in zip(micro, packings) if real or lockstep]
+    outs = [(m, logprobs_no_grad(policy, batch, T, 0, [m], packings=[pk]), real) for m, real, pk in run]
     part = in_row_order([(m, p) for m, p, real in outs if real])
     if not d.on:
         return part
@@ -123,18 +160,21 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
     micro = by_length(rank_micro_batches(len(batch.texts), a.group_size, cfg.micro_batch_size, d),
                       batch.completion_mask, a.group_size)
     one_pass = a.updates_per_batch == 1 and not a.old_logprob_pass  # old log-probs = the update's forward
-    with ctx, fused_elementwise(policy):  # RMSNorm and the SiLU gate as fused kernels (CUDA)
+    packings = micro_packings(packing_mode(cfg, policy), batch, micro)  # a row of real tokens (qerl.ops.packed)
+    scope = packed_scope(policy) if any(p is not None for p in packings) else contextlib.nullcontext()
+    # (the scope stays open through the backward: gradient checkpointing recomputes the attention there)
+    with ctx, fused_elementwise(policy), scope:  # RMSNorm and the SiLU gate as fused kernels (CUDA)
         with phase("logprob"):
             old_logp = mismatch = is_w = ref_logp = None
             if not one_pass:
                 old_logp = logprobs_global(policy, batch, T, micro, d,
-                                           f"gathering the old log-probs of step {step + 1}", shards.lockstep)
+                                           f"gathering the old log-probs of step {step + 1}", shards.lockstep, packings)
                 mismatch = mismatch_stats(old_logp, batch.logprobs, mask)
                 is_w = truncated_is_weights(old_logp, batch.logprobs, a.tis_cap) if a.tis_cap else None
             if a.kl_coef > 0:
                 with policy.disable_adapter():
                     ref_logp = logprobs_global(policy, batch, T, micro, d,
-                                               f"gathering the reference log-probs of step {step + 1}")
+                                               f"gathering the reference log-probs of step {step + 1}", packings=packings)
         with phase("update"), dense_base(policy, enabled=getattr(cfg, "dense_update", False) is True):
             policy.train()
             # Everything the loop needs from the host is read here, once: each micro-batch's weight, live columns
@@ -157,7 +197,7 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
                         w = weights[k]
                         with contextlib.nullcontext() if sync else shards.accumulating(policy, scorer):
                             logp, ent = scorer(batch.prompt_ids[md], batch.prompt_mask[md], batch.completion_ids[md],
-                                               batch.completion_mask[md], T, columns=cols[k])
+                                               batch.completion_mask[md], T, columns=cols[k], packing=packings[k])
                             if one_pass:
                                 old_m = logp.detach()
                                 w_m = truncated_is_weights(old_m, batch.logprobs[md], a.tis_cap) if a.tis_cap else None
