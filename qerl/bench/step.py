@@ -550,7 +550,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(config dense_update: true) instead of dequantizing per call")
     p.add_argument("--packed-sequences", choices=["auto", "true", "false"], default="auto",
                    help="config packed_sequences of the measured steps: each update micro-batch as one row of its "
-                        "real tokens (auto: on CUDA with torch's varlen attention) or padded rows (false)")
+                        "real tokens (true), padded rows (false), or auto: micro-batches padded to >= 1.25x their real "
+                        "tokens packed, on CUDA with torch's varlen attention")
     p.add_argument("--micro-batch", type=int, default=2, help="sequences per forward/backward of the update")
     p.add_argument("--checkpointing", choices=["auto", "on", "off"], default="auto",
                    help="gradient checkpointing (auto: the memory planner decides)")
