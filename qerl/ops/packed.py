@@ -125,9 +125,11 @@ def _varlen():
     return varlen_attn, "window_size" in params, "enable_gqa" in params
 
 
-def varlen_ok(device: torch.device) -> bool:
-    """Whether :func:`packed_attention` runs FlashAttention's varlen kernel here (CUDA and torch's varlen API)."""
-    return torch.device(device).type == "cuda" and _varlen() is not None
+def varlen_ok(device: torch.device, dtype: torch.dtype | None = None) -> bool:
+    """Whether :func:`packed_attention` runs FlashAttention's varlen kernel here: CUDA, torch's varlen API, and
+    activations in bf16 / fp16 (``dtype``, when given; fp32 ones take :func:`attention_reference`)."""
+    return (torch.device(device).type == "cuda" and _varlen() is not None
+            and (dtype is None or dtype in (torch.bfloat16, torch.float16)))
 
 
 def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
@@ -144,7 +146,7 @@ def packed_attention(module, query, key, value, attention_mask, scaling=None, dr
         raise ValueError("packed sequences do not support sliding-window attention; set packed_sequences: false")
     if dropout and module.training:
         raise ValueError("packed sequences do not support attention dropout; set packed_sequences: false")
-    if not varlen_ok(query.device):
+    if not varlen_ok(query.device, query.dtype):
         return attention_reference(query, key, value, cu_seq_lens_q, scaling), None
     fn, window, gqa = _varlen()
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [S, H, D]

@@ -48,15 +48,18 @@ class LogprobModule(torch.nn.Module):
 def packing_mode(cfg, policy) -> str:
     """``cfg.packed_sequences`` for ``policy``: "on", "off", or "auto" — every micro-batch whose padded forward runs at
     least :data:`qerl.ops.packed.PACK_RATIO` times its real tokens is packed (:func:`micro_packings`), where the packed
-    row runs FlashAttention's varlen kernel (the policy on CUDA, torch's varlen API, SDPA attention, no sliding
-    window); elsewhere auto is "off"."""
+    row runs FlashAttention's varlen kernel (the policy on CUDA in bf16 / fp16, torch's varlen API, SDPA attention, no
+    sliding window); elsewhere auto is "off" (an fp32 policy would take the per-sequence reference)."""
     from qerl.ops import packed
 
     want = getattr(cfg, "packed_sequences", False)
     if want != "auto":
         return "on" if want is True else "off"
-    params = next(policy.parameters(), None)
-    if params is None or not packed.varlen_ok(params.device):
+    try:
+        emb = policy.get_input_embeddings().weight
+    except (AttributeError, NotImplementedError):
+        return "off"
+    if not packed.varlen_ok(emb.device, emb.dtype):
         return "off"
     try:
         config = packed._config_of(policy)

@@ -141,6 +141,9 @@ def test_packed_sequences_config_and_auto():
     model = torch.nn.Linear(2, 2)
     assert packing_mode(TrainConfig(), model) == "off"  # auto off the GPU (no varlen kernel)
     assert packing_mode(TrainConfig(packed_sequences=True), model) == "on"
+    assert not packed.varlen_ok("cpu", torch.bfloat16)
+    assert not packed.varlen_ok("cuda", torch.float32)  # FlashAttention takes bf16 / fp16 only: fp32 -> the reference
+    assert packed.varlen_ok("cuda", torch.bfloat16) == (packed._varlen() is not None)
     pm = torch.tensor([[0, 1, 1], [1, 1, 1], [1, 1, 1], [1, 1, 1]])
     cm = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 0, 0, 0], [1, 0, 0, 0]])
     # rows 0-1: 2 x 7 live columns for 12 real tokens; rows 2-3: 2 x 4 columns for 8; all four: 4 x 7 for 20
