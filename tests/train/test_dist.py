@@ -251,3 +251,17 @@ def test_parked_states_train_exactly_as_kept_ones(warm_model, tmp_path, nproc, s
     rows = _rows(parked)
     assert rows[0]["offload_gb"] == 0 and all(row["offload_gb"] > 0 for row in rows[1:])  # none before step 1
     _assert_same(_rows(kept), rows, rel=tol, abs_=tol / 10)
+
+
+def test_packed_sequences_two_processes_equal_one_and_the_padded_run(warm_model, tmp_path):
+    """`packed_sequences: true` under torchrun (each rank packs its own micro-batches; DDP carries the packing to the
+    scorer) equals the one-process packed run, and the padded run to fp32 rounding (CPU: the per-sequence reference
+    attention)."""
+    one = _config(tmp_path, warm_model, "p1", packed_sequences=True, steps=2, checkpoint_every=2)
+    two = _config(tmp_path, warm_model, "p2", packed_sequences=True, steps=2, checkpoint_every=2)
+    pad = _config(tmp_path, warm_model, "pad", steps=2, checkpoint_every=2)
+    for cfg, n in ((one, "1"), (two, "2"), (pad, "1")):
+        r = _train(cfg, "--nproc", n)
+        assert r.returncode == 0, r.stderr[-3000:]
+    _assert_same(_rows(one), _rows(two))
+    _assert_same(_rows(one), _rows(pad), rel=1e-4, abs_=1e-6)
