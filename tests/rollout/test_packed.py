@@ -80,6 +80,10 @@ def test_packed_logprobs_and_gradients_equal_the_padded_ones(tiny_dirs, quantize
         else:
             got, gent = lp.detach(), ent
     assert model.get_decoder().config._attn_implementation == impl
+    with packed.packed_scope(model), torch.no_grad():  # a padded micro-batch inside the scope (auto mixes them):
+        inside = sequence_logprobs(model, *args)  # transformers' SDPA attention and mask, as outside
+        assert model.get_decoder().config._attn_implementation == packed.NAME
+    assert torch.equal(inside, want)
     assert got.shape == want.shape and torch.all(got[r.completion_mask == 0] == 0)
     assert torch.allclose(got, want, atol=2e-5) and torch.allclose(gent, went, atol=2e-5)
     assert len(grads[0]) > 0 and grads[0].keys() == grads[1].keys()
