@@ -1,6 +1,6 @@
 """Packed sequences: a micro-batch's rows run as one row of their real tokens, with no padding.
 
-A GRPO batch padded to its longest prompt + completion spends most of its update on padding: log-normal completion
+A GRPO batch padded to its longest prompt + completion spends much of its update on padding: log-normal completion
 lengths (median 200, capped at 384) with 128-token prompts fill 68% of a ``[64, 512]`` batch, and every GEMM, norm,
 rotary product and residual add of the forward and backward runs on all 32,768 positions (reports/step). Packed, the
 same micro-batch is one row of the 22,333 real tokens: position ids restart at 0 for each sequence and attention is
@@ -31,7 +31,8 @@ import torch.nn.functional as F
 NAME = "qerl_packed"
 # packed_sequences auto packs a micro-batch whose padded forward runs at least this many times its real tokens. H100
 # (reports/step): 0.5B, one micro-batch of 64 at 1.47x: update 0.48 -> 0.37 s (QeRL), 0.51 -> 0.43 (bf16 LoRA); 7B,
-# micro-batches of 4 length-sorted rows (~1.1x): QeRL 3.93 -> 3.87 s, bf16 LoRA 3.98-4.29 -> 4.09-4.79 (no gain)
+# micro-batches of 4 length-sorted rows (1.0-1.38x, median 1.14): QeRL 3.93 -> 3.87 s, bf16 LoRA 3.98-4.29 ->
+# 4.09-4.79 s (no gain: that update waits on its host, not the GPU)
 PACK_RATIO = 1.25
 
 
@@ -114,7 +115,8 @@ def attention_reference(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
 
 @functools.cache
 def _varlen():
-    """``(varlen_attn, its keyword style)`` where torch has the varlen API, else None."""
+    """``(varlen_attn, whether it takes window_size, whether it takes enable_gqa)`` where torch has the varlen API
+    (torch 2.13 takes both; older versions ``is_causal``, and K / V repeated to the query heads), else None."""
     try:
         import inspect
 
