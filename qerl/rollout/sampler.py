@@ -155,10 +155,15 @@ def sequence_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion
     of it) costs its own longest row, not the batch's; the padded positions come back as 0 (one host sync, none when
     the caller passes them as ``columns``: :func:`columns_of`). ``packing``: a :class:`qerl.ops.packed.Packing` of
     these rows (on their device), or True to plan one here: the rows then run as one packed row of their real tokens
-    (no padding; inside :func:`qerl.ops.packed.packed_scope`, which this enters if the caller has not)."""
+    (no padding; inside :func:`qerl.ops.packed.packed_scope`, which this enters if the caller has not). Rows without
+    any completion token run padded (the output stays connected to the graph, as the padded path's is)."""
     from qerl.ops.logits import head_of, token_logprobs
 
-    if packing is not None and packing is not False:
+    if packing is True:
+        from qerl.ops.packed import plan
+
+        packing = plan(prompt_mask.cpu(), completion_mask.cpu()).to(prompt_ids.device)
+    if packing is not None and packing is not False and packing.pred.numel():  # (no completion token: padded)
         return _packed_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature,
                                 with_entropy, chunk, packing)
     T = completion_ids.shape[1]
@@ -188,8 +193,6 @@ def _packed_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_
     from qerl.ops import packed
     from qerl.ops.logits import head_of, token_logprobs
 
-    if packing is True:
-        packing = packed.plan(prompt_mask.cpu(), completion_mask.cpu()).to(prompt_ids.device)
     N, T = completion_ids.shape
     flat = torch.cat([prompt_ids, completion_ids], 1).flatten()
     head = head_of(model)

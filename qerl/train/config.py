@@ -135,8 +135,9 @@ class TrainConfig:
     # auto: on a GPU where the memory planner fits it (qerl.train.plan.resolve_dense_update)
     dense_update: bool | str = "auto"
     # the update's forward / backward (and no-grad log-prob passes) on each micro-batch's real tokens packed into one
-    # row (qerl.ops.packed: position ids per sequence, causal attention within each): no padding. auto: where it runs
-    # FlashAttention's varlen kernel (CUDA, a model with SDPA attention); false: padded rows
+    # row (qerl.ops.packed: position ids per sequence, causal attention within each): no padding. auto: micro-batches
+    # whose padding would be >= PACK_RATIO (1.25) x their real tokens, where FlashAttention's varlen kernel runs (CUDA,
+    # bf16 / fp16, a model with SDPA attention; qerl.train.update.packing_mode); true: every one; false: padded rows
     packed_sequences: bool | str = "auto"
     checkpoint_every: int = 10
     device: str = "auto"

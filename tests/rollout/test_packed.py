@@ -133,6 +133,18 @@ def test_update_policy_packed_equals_padded(quantized_dirs, tok, algorithm, chec
         assert torch.allclose(gp[n], wp[n], atol=1e-6, rtol=1e-4), n
 
 
+def test_rows_without_completion_tokens_run_padded(quantized_dirs, tok):
+    """A micro-batch whose rows have no completion token (nothing to pack): the padded path, zeros connected to the
+    graph (the update's loss then still depends on the adapters)."""
+    from qerl.lora import LoraSettings, apply_lora
+
+    model = apply_lora(load_policy(quantized_dirs["qwen2"], dtype=torch.float32), LoraSettings(r=4, alpha=8.0))
+    pid, pm = torch.tensor([[5, 6, 7], [0, 8, 9]]), torch.tensor([[1, 1, 1], [0, 1, 1]])
+    cid, cm = torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 4, dtype=torch.long)
+    lp = sequence_logprobs(model, pid, pm, cid, cm, 1.0, packing=True)
+    assert lp.shape == (2, 4) and torch.all(lp == 0) and lp.requires_grad
+
+
 def test_packed_sequences_config_and_auto():
     """The config field; auto off the GPU; auto's rule per micro-batch (padding ratio by hand)."""
     from types import SimpleNamespace
