@@ -31,7 +31,7 @@ import torch.nn.functional as F
 NAME = "qerl_packed"
 # packed_sequences auto packs a micro-batch whose padded forward runs at least this many times its real tokens. H100
 # (reports/step): 0.5B, one micro-batch of 64 at 1.47x: update 0.48 -> 0.37 s (QeRL), 0.51 -> 0.43 (bf16 LoRA); 7B,
-# micro-batches of 4 length-sorted rows (1.0-1.38x, median 1.14): QeRL 3.93 -> 3.87 s, bf16 LoRA 3.98-4.29 ->
+# micro-batches of 4 length-sorted rows (little padding): QeRL 3.93 -> 3.87 s, bf16 LoRA 3.98-4.29 ->
 # 4.09-4.79 s (no gain: that update waits on its host, not the GPU)
 PACK_RATIO = 1.25
 
@@ -174,7 +174,7 @@ def _register() -> None:
 def packed_scope(model):
     """Inside the block ``model`` (a transformers model, or a PEFT / DDP wrapper of one) can run packed rows (its
     attention implementation is ``"qerl_packed"``; unpacked calls behave as under SDPA). Re-entrant."""
-    config = _config_of(model)
+    config = config_of(model)
     old = config._attn_implementation
     if old == NAME:
         yield
@@ -190,7 +190,9 @@ def packed_scope(model):
         config._attn_implementation = old
 
 
-def _config_of(model):
+def config_of(model):
+    """The transformers config whose attention implementation ``model``'s decoder reads (``model`` may be a PEFT or
+    DDP wrapper)."""
     for m in (model, getattr(model, "module", None)):
         dec = getattr(m, "get_decoder", None)
         if dec is not None:

@@ -62,7 +62,7 @@ def packing_mode(cfg, policy) -> str:
     if not packed.varlen_ok(emb.device, emb.dtype):
         return "off"
     try:
-        config = packed._config_of(policy)
+        config = packed.config_of(policy)
     except ValueError:
         return "off"
     ok = config._attn_implementation in (None, "sdpa") and not getattr(config, "use_sliding_window", False)
