@@ -35,8 +35,10 @@ is timed in the rollout phase and the restore in the logprob phase, as ``qerl tr
 samples_per_prompt (1: a distinct prompt per sequence; G with ``--grpo-shaped``: ``batch / G`` prompts x G samples,
 which the engine prefills once per prompt), dense_update (``--dense-update``: the NVFP4 base dequantized once per
 update phase, config ``dense_update``), prefill_s / capture_s / host_s (the engine's split of ``rollout_s``:
-prompts prefilled, decode graphs captured, GPU idle during the host's checks for finished rows), note``. Writes ``<device>.csv / .md`` under ``--output``; the Markdown puts the paper's numbers (Tables 3, 5–8)
-beside ours.
+prompts prefilled, decode graphs captured, GPU idle during the host's checks for finished rows), fused_update,
+packed_update, micro_tokens (``--micro-tokens``: the update's micro-batches cut by this many tokens, config
+``micro_batch_tokens``; empty: ``micro_batch`` rows each), note``. Writes ``<device>.csv / .md`` under
+``--output``; the Markdown puts the paper's numbers (Tables 3, 5–8) beside ours.
 """
 from __future__ import annotations
 
@@ -58,8 +60,7 @@ from qerl.rollout.engine.runner import SPLIT as ENGINE_SPLIT  # the engine's spl
 COLUMNS = ["device", "model", "method", "batch", "prompt_len", "gen_len", "lengths", "nproc", "status", "rollout_s", "logprob_s",
            "update_s", "total_s", "tokens_per_s", "peak_gb", "rank_idle_s", "checkpointing", "micro_batch",
            "engine_cache", "optimizer_states", "optimizer", "samples_per_prompt", "dense_update", "prefill_s",
-           "capture_s", "host_s", "fused_update", "packed_update",
-           "note"]
+           "capture_s", "host_s", "fused_update", "packed_update", "micro_tokens", "note"]
 BASE = {"lora": "bf16", "qlora": "nf4", "qerl": "nvfp4", "full": "bf16"}  # full: every weight trained
 #: the paper's one-H100 efficiency numbers (docs/paper.md): rollout tok/s at batch 8 / 2, weight GB, step s.
 PAPER = {
@@ -89,6 +90,7 @@ def _sync_time() -> float:
 
 
 PACKED = ["auto"]  # config packed_sequences of the measured steps (--packed-sequences)
+TOKENS = [False]  # config micro_batch_tokens of the measured steps (--micro-tokens, resolved per configuration)
 
 
 def _bench_config(batch: int, world: int, gen_len: int, micro: int, dense: bool = False):
@@ -103,7 +105,8 @@ def _bench_config(batch: int, world: int, gen_len: int, micro: int, dense: bool 
         raise ValueError(f"batch {batch}: must be a multiple of 2 x {world} process(es) (whole GRPO groups per rank)")
     a = AlgorithmConfig(name="grpo", group_size=G).resolved()
     return TrainConfig(micro_batch_size=micro, prompts_per_step=batch // G, algorithm=a, dense_update=dense,
-                       packed_sequences=PACKED[0], rollout=SamplingSettings(temperature=1.0, max_new_tokens=gen_len))
+                       packed_sequences=PACKED[0], micro_batch_tokens=TOKENS[0],
+                       rollout=SamplingSettings(temperature=1.0, max_new_tokens=gen_len))
 
 
 class _Phases:
@@ -282,10 +285,14 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
         for g in gen_lens:
             if b % d.world:
                 raise ValueError(f"--batches {b}: not divisible by --nproc {d.world}")
-            ckpt = resolve_checkpointing(checkpointing, lm.config, BASE[method], b // d.world, prompt_len + g, micro,
-                                         **({"full": True} if method == "full" else {"dense": dense}))
+            fk = {"full": True} if method == "full" else {"dense": dense}
+            TOKENS[0], ckpt = micro_tokens(lm.config, BASE[method], b // d.world, g, checkpointing, fk)
+            if ckpt is None:
+                ckpt = resolve_checkpointing(checkpointing, lm.config, BASE[method], b // d.world, prompt_len + g,
+                                             micro, **fk, update_tokens=TOKENS[0] or None)
             _set_checkpointing(policy, ckpt)
             row = {**base, "batch": b, "gen_len": g, "checkpointing": ckpt, "optimizer": opt_name,
+                   "micro_tokens": TOKENS[0] or "",
                    "samples_per_prompt": _bench_config(b, d.world, g, micro).algorithm.group_size if grouped else 1}
             try:
                 if lengths is None or lengths.fixed:
@@ -331,6 +338,33 @@ def run_config(model: str, method: str, batches, gen_lens, prompt_len: int, micr
     gc.collect()
     torch.cuda.empty_cache()
     return rows
+
+
+MICRO_TOKENS = [None]  # --micro-tokens: None (rows), an int, or "auto"
+CAP_BYTES = [80e9]  # --cap-gb: the memory the planner sizes --micro-tokens auto for
+
+
+def micro_tokens(hf_config, base: str, rows: int, gen_len: int, checkpointing: str, fk: dict):
+    """``(micro_batch_tokens, checkpointing or None)`` of one configuration from ``--micro-tokens``: ``(False, None)``
+    without it (rows per micro-batch; checkpointing as ``--checkpointing`` resolves it), the number given, or
+    ``auto``: the memory planner's budget (:func:`qerl.train.plan.auto_micro_tokens`) without gradient checkpointing
+    where one longest sequence fits (``--checkpointing auto`` then off), else with it — as ``qerl train`` resolves
+    ``micro_batch_tokens: auto``."""
+    from qerl.models.shapes import Shape
+    from qerl.train.plan import auto_micro_tokens, device_bytes
+
+    want = MICRO_TOKENS[0]
+    if want is None:
+        return False, None
+    if want != "auto":
+        return int(want), None
+    s = Shape.from_config(hf_config)
+    cap = min(device_bytes(), CAP_BYTES[0])
+    for ckpt in {"auto": (False, True), "on": (True,), "off": (False,)}[checkpointing]:
+        n = auto_micro_tokens(s, base, rows, gen_len, checkpointing=ckpt, available=cap, **fk)
+        if n is not None:
+            return n, ckpt
+    raise ValueError(f"--micro-tokens auto: not one sequence of {gen_len} new tokens fits (memory planner)")
 
 
 def packed_on() -> str:
@@ -393,7 +427,7 @@ def write(rows: list[dict], out: Path, device: str) -> tuple[Path, Path]:
         lines.append(f"| {r['model']} | {r['method']} | {r['batch']} | {r['prompt_len']} | {r['gen_len']} | "
                      f"{r.get('lengths') or 'fixed'}{_per_prompt(r)} | {r.get('nproc') or 1} | {r['status']} | {f(r, 'rollout_s')} | {f(r, 'logprob_s')} | "
                      f"{f(r, 'update_s')} | {f(r, 'total_s')} | {f(r, 'tokens_per_s')} | {f(r, 'peak_gb')} | "
-                     f"{f(r, 'checkpointing')} | {f(r, 'micro_batch')} | {r.get('engine_cache') or 'released'} | "
+                     f"{f(r, 'checkpointing')} | {_micro(r)} | {r.get('engine_cache') or 'released'} | "
                      f"{r.get('optimizer_states') or 'gpu'} | "
                      f"{' / '.join(f(r, k) for k in ENGINE_SPLIT) if r.get('prefill_s') not in ('', None) else ''} | "
                      f"{PAPER.get((r['model'], r['method']), '')} |")
@@ -425,7 +459,8 @@ def scaling_lines(rows: list[dict]) -> list[str]:
     and the share of the N-GPU step that the fastest rank waited for the slowest one's rollout."""
     def config(r):
         return (r["model"], r["method"], r["batch"], r["prompt_len"], r["gen_len"], r.get("micro_batch"),
-                r.get("engine_cache") or "released", r.get("optimizer_states") or "gpu", r.get("lengths") or "fixed",
+                r.get("micro_tokens") or "", r.get("engine_cache") or "released", r.get("optimizer_states") or "gpu",
+                r.get("lengths") or "fixed",
                 r.get("samples_per_prompt") or 1)
 
     one = {config(r): r for r in rows if (r.get("nproc") or 1) == 1 and r["status"] == "ok"}
@@ -482,13 +517,18 @@ def projected_scaling_lines(rows: list[dict], config, n: int = 2) -> list[str]:
             "step speed-up | efficiency |", "|---|---|---|---|---|---|---|---|---|", *out]
 
 
+def _micro(r: dict) -> str:
+    """The Markdown's micro-batch cell: rows, or "≤ N tok" where the micro-batches were cut by tokens."""
+    return f"≤ {r['micro_tokens']} tok" if r.get("micro_tokens") not in ("", None) else str(r.get("micro_batch", ""))
+
+
 def _typed(r: dict) -> dict:
     """A CSV row back to numbers (the Markdown formats floats)."""
     out = {}
     for k, v in r.items():
         try:
-            out[k] = int(v) if k in ("batch", "prompt_len", "gen_len", "micro_batch", "nproc", "samples_per_prompt") else (
-                float(v) if k.endswith(("_s", "_gb")) else v)
+            ints = ("batch", "prompt_len", "gen_len", "micro_batch", "nproc", "samples_per_prompt", "micro_tokens")
+            out[k] = int(v) if k in ints else (float(v) if k.endswith(("_s", "_gb")) else v)
         except ValueError:
             out[k] = v
     return out
@@ -513,7 +553,8 @@ def merge(paths: list[Path], out: Path) -> tuple[Path, Path]:
                 r["packed_update"] = r.get("packed_update") or "False"  # (before the column: padded micro-batches)
                 rows[(r["model"], r["method"], r["batch"], r["prompt_len"], r["gen_len"], r["lengths"],
                       r["samples_per_prompt"], r["dense_update"], r["packed_update"],
-                      r.get("nproc") or "1", r["micro_batch"], r["engine_cache"], r["optimizer_states"])] = _typed(r)
+                      r.get("nproc") or "1", r["micro_batch"], r.get("micro_tokens") or "", r["engine_cache"],
+                      r["optimizer_states"])] = _typed(r)
     if len(devices) != 1:
         raise ValueError(f"--merge: the CSVs come from different devices {sorted(devices)}; merge one device's runs")
     order = {"7B": 0, "14B": 1, "32B": 2}
@@ -553,6 +594,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "real tokens (true), padded rows (false), or auto: micro-batches padded to >= 1.25x their real "
                         "tokens packed, on CUDA with torch's varlen attention")
     p.add_argument("--micro-batch", type=int, default=2, help="sequences per forward/backward of the update")
+    p.add_argument("--micro-tokens", default=None, metavar="N|auto",
+                   help="cut the update's micro-batches by tokens instead of --micro-batch rows (config "
+                        "micro_batch_tokens): at most N tokens each, or auto: the most the memory planner fits")
     p.add_argument("--checkpointing", choices=["auto", "on", "off"], default="auto",
                    help="gradient checkpointing (auto: the memory planner decides)")
     p.add_argument("--cap-gb", type=float, default=80.0, help="cap the process's GPU memory on a larger card")
@@ -578,6 +622,9 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("qerl bench step needs a CUDA GPU (use --merge CSV... to combine runs)")
     PACKED[0] = {"true": True, "false": False}.get(a.packed_sequences, "auto")
+    if a.micro_tokens not in (None, "auto") and not (a.micro_tokens.isdigit() and int(a.micro_tokens) > 0):
+        raise SystemExit(f"--micro-tokens: a positive integer or auto, got {a.micro_tokens!r}")
+    MICRO_TOKENS[0] = a.micro_tokens
     import os
 
     from qerl.train import dist
@@ -598,6 +645,7 @@ def main(argv: list[str] | None = None) -> int:
 
     d = dist.from_env(torch.device("cuda"))
     device = torch.cuda.get_device_name()
+    CAP_BYTES[0] = a.cap_gb * 1e9
     frac = cap_memory(a.cap_gb)
     if d.main:
         print(json.dumps({"device": device, "memory_fraction": frac, "nproc": d.world}), flush=True)

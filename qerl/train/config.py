@@ -139,6 +139,11 @@ class TrainConfig:
     # whose padding would be >= PACK_RATIO (1.25) x their real tokens, where FlashAttention's varlen kernel runs (CUDA,
     # bf16 / fp16, a model with SDPA attention; qerl.train.update.packing_mode); true: every one; false: padded rows
     packed_sequences: bool | str = "auto"
+    # micro-batches cut by tokens instead of rows: each holds at most this many tokens as its forward runs them (real
+    # tokens when packed, rows x live columns when padded; a longer sequence runs alone), whatever the rollout's
+    # lengths. auto: on a GPU with micro_batch_size auto and packing, the most the memory planner fits
+    # (qerl.train.plan.resolve_micro_tokens); false: micro_batch_size rows
+    micro_batch_tokens: int | bool | str = "auto"
     checkpoint_every: int = 10
     device: str = "auto"
     # under several processes (qerl.train.dist): none (DDP, every rank holds everything) | optimizer (DDP +
@@ -280,6 +285,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(f"config.dense_update: true, false or auto, got {cfg.dense_update!r}")
     if cfg.packed_sequences not in (True, False, "auto"):
         raise ConfigError(f"config.packed_sequences: true, false or auto, got {cfg.packed_sequences!r}")
+    mbt = cfg.micro_batch_tokens
+    if not (mbt is False or mbt == "auto" or (isinstance(mbt, int) and not isinstance(mbt, bool) and mbt >= 1)):
+        raise ConfigError(f"config.micro_batch_tokens: a positive integer, auto or false, got {mbt!r}")
     if cfg.gradient_checkpointing not in (True, False, "auto"):
         raise ConfigError(f"config.gradient_checkpointing: true, false or auto, got {cfg.gradient_checkpointing!r}")
     tri = {n: (str(v).lower() if isinstance(v, bool) else v) for n in ("eight_bit",)

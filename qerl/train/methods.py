@@ -73,12 +73,13 @@ def checkpointing_on(cfg, hf_config, method: Method, device: torch.device, world
     14B shapes, or when the update would not fit the device without it (per process: ``world`` share a step);
     off on the CPU."""
     from qerl.train.config import resolve_sharding
-    from qerl.train.plan import PROMPT_TOKENS, resolve_checkpointing
+    from qerl.train.plan import PROMPT_TOKENS, resolve_checkpointing, update_tokens
 
     if cfg.gradient_checkpointing == "auto" and device.type != "cuda":
         return False
     rows = cfg.prompts_per_step * cfg.algorithm.group_size // max(1, world)
     full = ({"dense": bool(cfg.dense_update)} if method.lora else
             {"full": True, "world": world, "sharding": resolve_sharding(cfg, world)})
+    full["update_tokens"] = update_tokens(cfg)
     return resolve_checkpointing(cfg.gradient_checkpointing, hf_config, method.base, rows,
                                  PROMPT_TOKENS + cfg.rollout.max_new_tokens, cfg.micro_batch_size, **full)

@@ -21,9 +21,9 @@ RUN_FILES = ("metrics.jsonl", "summary.json", "config.json", "final", CHECKPOINT
 MODES = ("new", "resume", "auto", "overwrite")
 # settings a resumed run may change (how long, how often, where it runs and logs); any other difference between
 # the checkpoint's run and this one would silently continue one experiment under another's settings
-RESUMABLE_CHANGES = ("steps", "checkpoint_every", "micro_batch_size", "device", "gradient_checkpointing", "dense_update",
-                     "packed_sequences", "optim.offload", "tracking", "sharding")  # (a checkpoint another sharding cannot read is refused
-                                                                # by qerl.train.state.load_checkpoint)
+RESUMABLE_CHANGES = ("steps", "checkpoint_every", "micro_batch_size", "micro_batch_tokens", "device",
+                     "gradient_checkpointing", "dense_update", "packed_sequences", "optim.offload", "tracking",
+                     "sharding")  # (a checkpoint another sharding cannot read is refused by load_checkpoint)
 
 
 class OwnershipError(ValueError):

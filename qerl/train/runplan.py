@@ -26,12 +26,15 @@ class RunPlan:
     offload: bool  # optimizer states parked in host memory during the rollout
     aqn: bool
     notes: tuple[str, ...] = ()
+    micro_batch_tokens: int | bool = False  # micro-batches cut by tokens (an int) or by micro_batch_size rows
 
     def lines(self) -> list[str]:
         """The plan as printed by ``qerl plan`` and at the start of ``qerl train``."""
         cache = "kept between rollouts" if self.keep_engine_cache else "released after each rollout"
         states = "parked in host memory during each rollout" if self.offload else "kept where they are"
+        tokens = f"micro_batch_tokens {self.micro_batch_tokens}, " if self.micro_batch_tokens else ""
         return [f"run plan ({self.device}, {self.world} process(es)): micro_batch_size {self.micro_batch_size}, "
+                f"{tokens}"
                 f"dense_update {str(self.dense_update).lower()}, gradient_checkpointing "
                 f"{str(self.gradient_checkpointing).lower()}, sharding {self.sharding}, engine cache {cache}, "
                 f"optimizer states {states}, AQN {'on' if self.aqn else 'off'}", *self.notes]
@@ -76,15 +79,18 @@ def resolve(cfg, device: str, world: int = 1, model_dir: str | Path | None = Non
     notes: list[str] = []
     if cfg.dense_update == "auto" and device != "cuda":  # (CPU training runs fp32: nothing to gain)
         cfg = dataclasses.replace(cfg, dense_update=False)
-    if (cfg.micro_batch_size == "auto" or cfg.dense_update == "auto") and config_path.exists():
+    rows_auto = cfg.micro_batch_size == "auto"
+    if cfg.micro_batch_tokens == "auto" and (device != "cuda" or not config_path.exists()):  # (packing: GPU runs)
+        cfg = dataclasses.replace(cfg, micro_batch_tokens=False)
+    if (rows_auto or cfg.dense_update == "auto" or cfg.micro_batch_tokens == "auto") and config_path.exists():
         from qerl.models.shapes import Shape
-        from qerl.train.plan import resolve_dense_update, resolve_micro_batch
+        from qerl.train.plan import resolve_dense_update, resolve_micro_batch, resolve_micro_tokens
 
         shape = Shape.from_config(json.loads(config_path.read_text()))
         cfg, said = resolve_micro_batch(cfg, shape, world)
         cfg = resolve_dense_update(cfg, shape, world)
-        if said:
-            notes.append(said)
+        cfg, said_tokens = resolve_micro_tokens(cfg, shape, world, rows_auto=rows_auto)
+        notes += [line for line in (said, said_tokens) if line]
     memory = None
     if device == "cuda":
         memory, said = _memory(cfg, world, config_path)
@@ -110,5 +116,6 @@ def resolve(cfg, device: str, world: int = 1, model_dir: str | Path | None = Non
 
         keep = keep_engine_cache(cfg, world)
     plan = RunPlan(device, world, cfg.micro_batch_size, bool(cfg.dense_update), ckpt, shard, keep,
-                   _offload(cfg.optim.offload, device, memory), aqn_enabled(cfg.aqn, method.aqn), tuple(notes))
+                   _offload(cfg.optim.offload, device, memory), aqn_enabled(cfg.aqn, method.aqn), tuple(notes),
+                   cfg.micro_batch_tokens)
     return cfg, plan, memory

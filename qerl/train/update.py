@@ -24,6 +24,7 @@ from qerl.rl.losses import LossSettings, mismatch_stats, policy_loss, truncated_
 from qerl.rollout.sampler import columns_of, row_spans, sequence_logprobs
 from qerl.train import dist, sharding
 from qerl.train.fused import fused_elementwise
+from qerl.train.plan import update_tokens
 from qerl.train.steps import derive_seed, logprobs_no_grad, micro_weight
 
 
@@ -95,6 +96,41 @@ def rank_micro_batches(n: int, G: int, mb: int, d: dist.Dist) -> list[tuple[slic
     return [(m, True) for m in own] + [(filler, False)] * (most - len(own))
 
 
+def token_micro_batches(prompt_mask: torch.Tensor, completion_mask: torch.Tensor, G: int, budget: int, d: dist.Dist,
+                        packed: bool = True) -> list[tuple[torch.Tensor, bool]]:
+    """This rank's micro-batches of a batch of ``n`` rows (masks ``[n, P]`` / ``[n, T]``, the same on every rank) cut by
+    tokens (``micro_batch_tokens``): ``(rows, real)`` with ``rows`` an index tensor in row order. Each holds at most
+    ``budget`` tokens as its forward runs them — its real tokens where it is ``packed`` (:mod:`qerl.ops.packed`),
+    else rows x (longest prompt + longest completion) — and a row longer than that alone. The rank's rows (its whole
+    groups, :func:`qerl.train.dist.share`) go first-fit, longest first (ties in row order), into as few micro-batches
+    as that finds: fewer, fuller forward / backward passes where the rollout stopped early. Every rank runs as many as
+    the rank with the most (computed from the whole batch, no communication); the rest repeat one with ``real =
+    False`` (weight 0), as :func:`rank_micro_batches`."""
+    n = completion_mask.shape[0]
+    p_len, c_len = prompt_mask.cpu().sum(1).tolist(), completion_mask.cpu().sum(1).tolist()
+
+    def cost(rows: list[int]) -> int:
+        if packed:
+            return sum(p_len[r] + c_len[r] for r in rows)
+        return len(rows) * (max(p_len[r] for r in rows) + max(c_len[r] for r in rows))
+
+    def cut(rank: int) -> list[torch.Tensor]:
+        mine = dist.share(n // G, dist.Dist(rank, d.world))
+        bins: list[list[int]] = []
+        for r in sorted(range(mine.start * G, mine.stop * G), key=lambda r: (-(p_len[r] + c_len[r]), r)):
+            fit = next((b for b in bins if cost(b + [r]) <= budget), None)
+            if fit is None:
+                bins.append([r])
+            else:
+                fit.append(r)
+        return [torch.tensor(sorted(b)) for b in bins]
+
+    own = cut(d.rank)
+    most = max(len(cut(r)) for r in range(d.world)) if d.world > 1 else len(own)
+    filler = own[0] if own else torch.arange(min(n, 1))
+    return [(m, True) for m in own] + [(filler, False)] * (most - len(own))
+
+
 def by_length(micro: list, completion_mask: torch.Tensor, G: int) -> list:
     """The micro-batches with each group's ``G`` rows sorted by completion length (longest first, ties in row order):
     a real micro-batch ``rows`` becomes the index tensor ``perm[rows]`` (``perm`` keeps every group on its own rows;
@@ -160,10 +196,16 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
         mask = mask * (~batch.truncated).float()[:, None]
     train_noise = aqn is not None and cfg.aqn.apply_to == "rollout+train" and sigma > 0
     ctx = aqn.noise(sigma, derive_seed(cfg.seed, step, 0, "aqn")) if train_noise else contextlib.nullcontext()
-    micro = by_length(rank_micro_batches(len(batch.texts), a.group_size, cfg.micro_batch_size, d),
-                      batch.completion_mask, a.group_size)
+    mode = packing_mode(cfg, policy)
+    budget = update_tokens(cfg)
+    if budget is None:  # micro_batch_size rows each, sorted by length within groups
+        micro = by_length(rank_micro_batches(len(batch.texts), a.group_size, cfg.micro_batch_size, d),
+                          batch.completion_mask, a.group_size)
+    else:  # micro_batch_tokens: every micro-batch packed where packing runs (its budget counts real tokens)
+        mode = "on" if mode == "auto" else mode
+        micro = token_micro_batches(batch.prompt_mask, batch.completion_mask, a.group_size, budget, d, mode == "on")
     one_pass = a.updates_per_batch == 1 and not a.old_logprob_pass  # old log-probs = the update's forward
-    packings = micro_packings(packing_mode(cfg, policy), batch, micro)  # a row of real tokens (qerl.ops.packed)
+    packings = micro_packings(mode, batch, micro)  # a row of real tokens (qerl.ops.packed)
     scope = packed_scope(policy) if any(p is not None for p in packings) else contextlib.nullcontext()
     # (the scope stays open through the backward: gradient checkpointing recomputes the attention there)
     with ctx, fused_elementwise(policy), scope:  # RMSNorm and the SiLU gate as fused kernels (CUDA)
