@@ -460,7 +460,7 @@ def scaling_lines(rows: list[dict]) -> list[str]:
     def config(r):
         return (r["model"], r["method"], r["batch"], r["prompt_len"], r["gen_len"], r.get("micro_batch"),
                 r.get("micro_tokens") or "", r.get("engine_cache") or "released", r.get("optimizer_states") or "gpu",
-                r.get("lengths") or "fixed",
+                str(r.get("dense_update") or False), str(r.get("packed_update") or False), r.get("lengths") or "fixed",
                 r.get("samples_per_prompt") or 1)
 
     one = {config(r): r for r in rows if (r.get("nproc") or 1) == 1 and r["status"] == "ok"}

@@ -79,7 +79,7 @@ def resolve(cfg, device: str, world: int = 1, model_dir: str | Path | None = Non
     notes: list[str] = []
     if cfg.dense_update == "auto" and device != "cuda":  # (CPU training runs fp32: nothing to gain)
         cfg = dataclasses.replace(cfg, dense_update=False)
-    rows_auto = cfg.micro_batch_size == "auto"
+    rows_auto, dense_auto = cfg.micro_batch_size == "auto", cfg.dense_update == "auto"
     if cfg.micro_batch_tokens == "auto" and (device != "cuda" or not config_path.exists()):  # (packing: GPU runs)
         cfg = dataclasses.replace(cfg, micro_batch_tokens=False)
     if (rows_auto or cfg.dense_update == "auto" or cfg.micro_batch_tokens == "auto") and config_path.exists():
@@ -89,7 +89,7 @@ def resolve(cfg, device: str, world: int = 1, model_dir: str | Path | None = Non
         shape = Shape.from_config(json.loads(config_path.read_text()))
         cfg, said = resolve_micro_batch(cfg, shape, world)
         cfg = resolve_dense_update(cfg, shape, world)
-        cfg, said_tokens = resolve_micro_tokens(cfg, shape, world, rows_auto=rows_auto)
+        cfg, said_tokens = resolve_micro_tokens(cfg, shape, world, rows_auto=rows_auto, dense_auto=dense_auto)
         notes += [line for line in (said, said_tokens) if line]
     memory = None
     if device == "cuda":

@@ -150,3 +150,23 @@ def test_update_policy_by_tokens_equals_one_micro_batch(quantized_dirs):
     assert abs(got["loss"] - want["loss"]) < 1e-5 and abs(got["grad_norm"] - want["grad_norm"]) < 1e-4 * want["grad_norm"]
     for n in wp:
         assert torch.allclose(gp[n], wp[n], atol=1e-6, rtol=1e-4), n
+
+
+def test_resolve_micro_tokens_takes_the_dense_copy_only_where_it_costs_no_tokens():
+    from qerl.bench.step import SHAPES
+    from qerl.rollout import SamplingSettings
+    from qerl.train.config import AlgorithmConfig
+    from qerl.train.plan import auto_micro_tokens, resolve_micro_tokens
+
+    a = AlgorithmConfig(name="grpo", group_size=16).resolved()
+    for shape, gen, dense in (("14B", 1024, False), ("0.5B", 384, True)):
+        s = SHAPES[shape]
+        cfg = TrainConfig(micro_batch_size=4, prompts_per_step=4, dense_update=True, algorithm=a,
+                          rollout=SamplingSettings(max_new_tokens=gen))
+        got, said = resolve_micro_tokens(cfg, s, available=80e9, dense_auto=True)
+        budgets = {d: auto_micro_tokens(s, "nvfp4", 64, gen, available=80e9, dense=d, prompts=4) for d in (0, 1)}
+        assert (budgets[1] >= budgets[0]) == dense  # 14B: the copy halves the budget; 0.5B: the whole step either way
+        assert got.dense_update is dense and got.micro_batch_tokens == budgets[dense]
+        assert f"dense_update {str(dense).lower()}" in said
+        kept, _ = resolve_micro_tokens(cfg, s, available=80e9)  # dense_update given: kept
+        assert kept.dense_update is True and kept.micro_batch_tokens == budgets[1]

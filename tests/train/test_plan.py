@@ -167,7 +167,8 @@ def test_estimates_within_15_percent_of_the_measured_peaks():
                                 full=r["method"] == "full", offload=r.get("optimizer_states") == "parked",
                                 dense=r.get("dense_update") == "True",
                                 prompts=int(r["batch"]) // int(r.get("samples_per_prompt") or 1),
-                                fused=r.get("fused_update") == "True")
+                                fused=r.get("fused_update") == "True",
+                                update_tokens=int(r["micro_tokens"]) if r.get("micro_tokens") else None)
             measured = float(r["peak_gb"])
             if r.get("packed_update") in ("True", "auto"):  # packed micro-batches hold only their real tokens: the
                 # planner (padded micro-batches; lengths are unknown before the rollout) is then an upper bound
@@ -389,7 +390,11 @@ def test_dense_update_auto_where_measured_faster():
     assert plan.resolve_dense_update(fixed, QWEN25["7B"], available=24e9).dense_update is False  # does not fit
     lora = dataclasses.replace(fixed, method="lora")
     assert plan.resolve_dense_update(lora, QWEN25["7B"], available=80e9).dense_update is False
-    assert "dense update" in plan.plan_config(base, shape="7B", available=80e9)["markdown"].splitlines()[0]
+    rows = dataclasses.replace(base, micro_batch_tokens=False)
+    assert "dense update" in plan.plan_config(rows, shape="7B", available=80e9)["markdown"].splitlines()[0]
+    # micro-batches cut by tokens (the default): the copy would cost tokens at 7B, so none (test_micro_tokens)
+    title = plan.plan_config(base, shape="7B", available=80e9)["markdown"].splitlines()[0]
+    assert "dense update" not in title and "(packed: at most 10496 tokens)" in title
 
 
 def test_half_group_cap_only_where_the_update_is_arithmetic_bound():
