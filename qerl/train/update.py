@@ -46,6 +46,42 @@ class LogprobModule(torch.nn.Module):
                                  with_entropy=self.with_entropy, columns=columns, packing=packing)
 
 
+class Diagnostics:
+    """The loss diagnostics of the first update pass (:func:`qerl.rl.losses.policy_loss`'s ``info``), combined over
+    micro-batches so that they are the whole batch's however it is cut: ``pg_loss`` by each micro-batch's loss weight
+    (as the loss), the token means (``clip_frac``, ``ratio_mean``, ``kl``, ``entropy``) by its share of the batch's
+    loss tokens, ``ratio_min`` / ``ratio_max`` as the extremes over micro-batches with tokens (1 where none has any).
+    The values stay on the device until :meth:`result`."""
+
+    EXTREMES = {"ratio_min": (torch.amin, min), "ratio_max": (torch.amax, max)}
+
+    def __init__(self):
+        self.sums: dict = {}
+        self.extremes: dict = {}
+
+    def add(self, info: dict, weight: float, token_share: float) -> None:
+        for key, v in info.items():
+            if key in self.EXTREMES:
+                if token_share > 0:
+                    self.extremes.setdefault(key, []).append(v)
+            else:
+                self.sums[key] = self.sums.get(key, 0.0) + v.double() * (weight if key == "pg_loss" else token_share)
+
+    def result(self, d: dist.Dist, loss: float, what: str) -> dict:
+        """Every rank's diagnostics combined (sums over ranks, extremes over ranks) and the batch ``loss`` summed."""
+        keys = list(self.sums)
+        sums = dict(zip(keys, torch.stack([torch.as_tensor(self.sums[k], dtype=torch.float64) for k in keys]).tolist()
+                        )) if keys else {}
+        mine = {k: float(self.EXTREMES[k][0](torch.stack(v))) for k, v in self.extremes.items()}
+        out = dist.all_sum(d, {**sums, "loss": loss}, what)
+        parts = dist.gather(d, mine, what) if d.on else [mine]
+        if keys:
+            for k, (_, pick) in self.EXTREMES.items():
+                got = [p[k] for p in parts if k in p]
+                out[k] = pick(got) if got else 1.0
+        return out
+
+
 def packing_mode(cfg, policy) -> str:
     """``cfg.packed_sequences`` for ``policy``: "on", "off", or "auto" — every micro-batch whose padded forward runs at
     least :data:`qerl.ops.packed.PACK_RATIO` times its real tokens is packed (:func:`micro_packings`), where the packed
@@ -228,11 +264,13 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
             # backward while the GPU still runs its forward (measured at 7B batch 64 / 128: no change in the update's
             # time: the GPU stayed busy through the ~20 syncs per micro-batch this removed, reports/step).
             weights = [micro_weight(a.name, mask, m) if real else 0.0 for m, real in micro]
+            tokens = mask.cpu()
+            shares = [float(tokens[m].sum()) / max(float(tokens.sum()), 1.0) if real else 0.0 for m, real in micro]
             spans = row_spans(batch.prompt_mask, batch.completion_mask)
             cols = [columns_of(spans, m, batch.prompt_mask.shape[1]) for m, _ in micro]
             dev = batch.completion_ids.device
             on_dev = [m.to(dev) if torch.is_tensor(m) else m for m, _ in micro]
-            sums: dict = {}
+            diag = Diagnostics()
             own_old = []  # one pass: this rank's (rows, detached log-probs) of its real micro-batches
             for update in range(a.updates_per_batch):
                 total, losses = 0.0, []
@@ -261,8 +299,7 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
                         losses.append(loss.detach())
                         total = total + loss.detach().double() * w  # (float64, as the Python floats they replace)
                         if update == 0:
-                            for key, v in info.items():
-                                sums[key] = sums.get(key, 0.0) + v.double() * w
+                            diag.add(info, w, shares[k])
                     values = torch.stack(losses).tolist() if losses else []  # (the loop's one wait for the GPU)
                     bad = [(k, v) for k, v in enumerate(values) if not math.isfinite(v)]
                     if bad:  # before the optimizer step: nothing applied
@@ -288,7 +325,5 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
             parts = dist.gather(d, None if part is None else part.cpu(), f"gathering the log-probs of step {step + 1}")
             part = torch.cat([p for p in parts if p is not None]).to(batch.logprobs.device)
         mismatch = mismatch_stats(part, batch.logprobs, mask)
-    if sums:
-        sums = dict(zip(sums, torch.stack([torch.as_tensor(v, dtype=torch.float64) for v in sums.values()]).tolist()))
-    summed = dist.all_sum(d, {**sums, "loss": total}, f"summing the loss diagnostics of step {step + 1}")
+    summed = diag.result(d, total, f"combining the loss diagnostics of step {step + 1}")
     return {**summed, "grad_norm": float(grad_norm), **mismatch}

@@ -256,12 +256,17 @@ def test_parked_states_train_exactly_as_kept_ones(warm_model, tmp_path, nproc, s
 def test_packed_sequences_two_processes_equal_one_and_the_padded_run(warm_model, tmp_path):
     """`packed_sequences: true` under torchrun (each rank packs its own micro-batches; DDP carries the packing to the
     scorer) equals the one-process packed run, and the padded run to fp32 rounding (CPU: the per-sequence reference
-    attention)."""
+    attention). With ``micro_batch_tokens`` (micro-batches of a few rows, cut per rank by tokens, the ranks in step
+    through weight-0 fillers) two processes equal the one-micro-batch run to fp32 rounding too."""
     one = _config(tmp_path, warm_model, "p1", packed_sequences=True, steps=2, checkpoint_every=2)
     two = _config(tmp_path, warm_model, "p2", packed_sequences=True, steps=2, checkpoint_every=2)
     pad = _config(tmp_path, warm_model, "pad", steps=2, checkpoint_every=2)
-    for cfg, n in ((one, "1"), (two, "2"), (pad, "1")):
+    tok = _config(tmp_path, warm_model, "tok", packed_sequences=True, steps=2, checkpoint_every=2,
+                  micro_batch_tokens=40)
+    for cfg, n in ((one, "1"), (two, "2"), (pad, "1"), (tok, "2")):
         r = _train(cfg, "--nproc", n)
         assert r.returncode == 0, r.stderr[-3000:]
+    assert "micro_batch_tokens 40" in r.stdout
     _assert_same(_rows(one), _rows(two))
     _assert_same(_rows(one), _rows(pad), rel=1e-4, abs_=1e-6)
+    _assert_same(_rows(one), _rows(tok), rel=1e-4, abs_=1e-6)

@@ -170,3 +170,30 @@ def test_resolve_micro_tokens_takes_the_dense_copy_only_where_it_costs_no_tokens
         assert f"dense_update {str(dense).lower()}" in said
         kept, _ = resolve_micro_tokens(cfg, s, available=80e9)  # dense_update given: kept
         assert kept.dense_update is True and kept.micro_batch_tokens == budgets[1]
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "dapo", "dr_grpo"])
+def test_diagnostics_are_the_whole_batchs_however_it_is_cut(algorithm):
+    """The update's loss diagnostics combined over micro-batches of different rows and tokens equal ``policy_loss`` on
+    the whole batch: token means by token share, extremes over micro-batches, the loss by its micro-batch weight."""
+    from qerl.rl.losses import LossSettings, policy_loss
+    from qerl.train.steps import micro_weight
+    from qerl.train.update import Diagnostics
+
+    g = torch.Generator().manual_seed(3)
+    n, T = 7, 6
+    logp, old = -torch.rand(n, T, generator=g), -torch.rand(n, T, generator=g)
+    ref, ent, adv = -torch.rand(n, T, generator=g), torch.rand(n, T, generator=g), torch.randn(n, generator=g)
+    mask = (torch.rand(n, T, generator=g) < 0.6).float()
+    mask[4] = 0  # a row without loss tokens
+    settings = LossSettings(algorithm, 0.2, 0.28, 0.1, T)
+    whole, info = policy_loss(logp, old, adv, mask, settings, ref, None, ent, sync=True)
+    diag = Diagnostics()
+    tokens = mask.sum()
+    for m in (torch.tensor([0, 5]), torch.tensor([1, 2, 3, 6]), torch.tensor([4])):
+        _, part = policy_loss(logp[m], old[m], adv[m], mask[m], settings, ref[m], None, ent[m], sync=False)
+        diag.add(part, micro_weight(algorithm, mask, m), float(mask[m].sum() / tokens))
+    got = diag.result(dist.Dist(), float(whole), "test")
+    assert got["loss"] == pytest.approx(float(whole), rel=1e-6)
+    for key, want in info.items():
+        assert got[key] == pytest.approx(want, rel=1e-5, abs=1e-7), key
