@@ -80,12 +80,14 @@ class AdapterCasts:
 
 
 @contextlib.contextmanager
-def frozen_adapters(model):
+def frozen_adapters(model, modules: list | None = None):
     """A block in which ``model``'s adapters do not change (a rollout, a no-grad log-prob pass, the forward /
     backward of one update's micro-batches before its optimizer step): the fused NVFP4 LoRA layers cast their
     fp32 adapters to the activation dtype once instead of per call (:class:`AdapterCasts`). Nested blocks share
-    the outermost one's copies; leaving the outermost drops them."""
-    opened = [m for m in model.modules() if isinstance(m, AdapterCasts) and m._qerl_casts is None]
+    the outermost one's copies; leaving the outermost drops them. ``modules``: ``list(model.modules())`` where the
+    caller walked them already."""
+    opened = [m for m in (model.modules() if modules is None else modules)
+              if isinstance(m, AdapterCasts) and m._qerl_casts is None]
     for m in opened:
         m._qerl_casts = {}
     try:

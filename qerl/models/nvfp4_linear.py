@@ -103,16 +103,18 @@ def dequantize_model(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> n
 
 
 @contextlib.contextmanager
-def dense_base(model: nn.Module, dtype: torch.dtype | None = None, enabled: bool = True):
+def dense_base(model: nn.Module, dtype: torch.dtype | None = None, enabled: bool = True, modules: list | None = None):
     """Inside the block every :class:`NVFP4Linear` of ``model`` keeps its weight dequantized to ``dtype`` (default:
     the layer's ``compute_dtype``, its activations') (``layer.dense``, ``[N, K]``), which the training op multiplies directly
     (:func:`qerl.ops.nvfp4_lora_train` ``dense=``) instead of dequantizing it in every forward and backward call
     — for the update phase (``dense_update: true``): the same products, without a dequantization and the
     dispatch of the NVFP4 path per call, for 2 bytes per weight more memory while it runs (7B: +13 GB). Yields
-    the bytes kept; the copies go when the block ends. ``enabled=False``: nothing (yields 0)."""
+    the bytes kept; the copies go when the block ends. ``enabled=False``: nothing (yields 0). ``modules``:
+    ``list(model.modules())`` where the caller walked them already (a 0.5B model with LoRA has ~2,000)."""
     from qerl.ops.linear import dense_weight
 
-    layers = [m for m in model.modules() if isinstance(m, NVFP4Linear)] if enabled else []
+    layers = [m for m in (model.modules() if modules is None else modules) if isinstance(m, NVFP4Linear)] \
+        if enabled else []
     try:
         for m in layers:
             m.dense = dense_weight(m.weight_packed, m.weight_scale, m.weight_global_scale, dtype or m.compute_dtype)

@@ -46,22 +46,23 @@ def _is_rmsnorm(mod: nn.Module) -> bool:
 
 
 def _is_silu_mlp(mod: nn.Module) -> bool:
-    return all(hasattr(mod, a) for a in ("gate_proj", "up_proj", "down_proj")) \
+    return all(a in mod._modules for a in ("gate_proj", "up_proj", "down_proj")) \
         and getattr(getattr(mod, "config", None), "hidden_act", None) in ("silu", "swish")
 
 
 @contextlib.contextmanager
-def fused_elementwise(model: nn.Module, enabled: bool = True, ew=None):
+def fused_elementwise(model: nn.Module, enabled: bool = True, ew=None, modules: list | None = None):
     """Inside the block the RMSNorm and SiLU-gated MLP modules of ``model`` compute through ``ew`` (default: the
     compiled :class:`~qerl.rollout.engine.forward.Elementwise`; only when ``model`` is on CUDA and
-    :data:`FUSED` is on). Yields the number of modules routed; the original forwards come back when it ends."""
+    :data:`FUSED` is on). Yields the number of modules routed; the original forwards come back when it ends.
+    ``modules``: ``list(model.modules())`` where the caller walked them already."""
     params = next(model.parameters(), None)
     if ew is None and (not enabled or not FUSED[0] or params is None or params.device.type != "cuda"):
         yield 0
         return
     ew = ew if ew is not None else _compiled()
     patched = []
-    for mod in model.modules():
+    for mod in model.modules() if modules is None else modules:
         if _is_rmsnorm(mod):  # an AQN-patched norm calls _aqn_original_forward when no noise is drawn
             attr, fn = ("_aqn_original_forward" if hasattr(mod, "_aqn_original_forward") else "forward"), _rms_forward
         elif _is_silu_mlp(mod):

@@ -196,17 +196,17 @@ def micro_batches(n: int, size: int):
 
 @torch.no_grad()
 def logprobs_no_grad(model, batch: Rollout, temperature: float, micro: int, rows: list[slice] | None = None,
-                     packings: list | None = None) -> torch.Tensor:
+                     packings: list | None = None, modules: list | None = None) -> torch.Tensor:
     """Log-probs ``[rows, T]`` of ``batch``'s completions in micro-batches of ``micro`` rows (or of the given
     row slices, concatenated in order); ``packings``: per micro-batch a :class:`qerl.ops.packed.Packing` (one packed
-    row of its real tokens) or None (padded)."""
+    row of its real tokens) or None (padded); ``modules``: ``list(model.modules())`` where walked already."""
     from qerl.lora import frozen_adapters
     from qerl.ops.packed import packed_scope
 
     rows = list(micro_batches(len(batch.texts), micro)) if rows is None else rows
     packings = packings or [None] * len(rows)
     scope = packed_scope(model) if any(p is not None for p in packings) else contextlib.nullcontext()
-    with frozen_adapters(model), scope:
+    with frozen_adapters(model, modules), scope:
         return torch.cat([sequence_logprobs(model, batch.prompt_ids[m], batch.prompt_mask[m], batch.completion_ids[m],
                                             batch.completion_mask[m], temperature, packing=pk)
                           for m, pk in zip(rows, packings)])

@@ -24,6 +24,7 @@ from qerl.rl.losses import LossSettings, mismatch_stats, policy_loss, truncated_
 from qerl.rollout.sampler import columns_of, row_spans, sequence_logprobs
 from qerl.train import dist, sharding
 from qerl.train.fused import fused_elementwise
+from qerl.train.modes import set_training
 from qerl.train.plan import update_tokens
 from qerl.train.steps import derive_seed, logprobs_no_grad, micro_weight
 
@@ -197,13 +198,15 @@ def in_row_order(parts: list) -> torch.Tensor | None:
 
 
 def logprobs_global(policy, batch, T: float, micro: list, d: dist.Dist, what: str, lockstep: bool = False,
-                    packings: list | None = None) -> torch.Tensor:
+                    packings: list | None = None, modules: list | None = None) -> torch.Tensor:
     """Log-probs ``[n, T]`` of the whole batch without grad, each rank computing its own rows' micro-batches
     (``lockstep``, under FSDP2 whose forwards all-gather: the fillers too, so every rank runs as many); ``packings``:
-    each micro-batch's :func:`micro_packings` entry (as the update runs it)."""
+    each micro-batch's :func:`micro_packings` entry (as the update runs it); ``modules``: ``list(policy.modules())``
+    (:mod:`qerl.train.modes`)."""
     packings = packings or [None] * len(micro)
     run = [(m, real, pk) for (m, real), pk in zip(micro, packings) if real or lockstep]
-    outs = [(m, logprobs_no_grad(policy, batch, T, 0, [m], packings=[pk]), real) for m, real, pk in run]
+    outs = [(m, logprobs_no_grad(policy, batch, T, 0, [m], packings=[pk], modules=modules), real)
+            for m, real, pk in run]
     part = in_row_order([(m, p) for m, p, real in outs if real])
     if not d.on:
         return part
@@ -243,21 +246,24 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
     one_pass = a.updates_per_batch == 1 and not a.old_logprob_pass  # old log-probs = the update's forward
     packings = micro_packings(mode, batch, micro)  # a row of real tokens (qerl.ops.packed)
     scope = packed_scope(policy) if any(p is not None for p in packings) else contextlib.nullcontext()
+    mods = list(policy.modules())  # one walk, for every switch below (qerl.train.modes)
     # (the scope stays open through the backward: gradient checkpointing recomputes the attention there)
-    with ctx, fused_elementwise(policy), scope:  # RMSNorm and the SiLU gate as fused kernels (CUDA)
+    with ctx, fused_elementwise(policy, modules=mods), scope:  # RMSNorm and the SiLU gate as fused kernels (CUDA)
         with phase("logprob"):
             old_logp = mismatch = is_w = ref_logp = None
             if not one_pass:
                 old_logp = logprobs_global(policy, batch, T, micro, d,
-                                           f"gathering the old log-probs of step {step + 1}", shards.lockstep, packings)
+                                           f"gathering the old log-probs of step {step + 1}", shards.lockstep, packings,
+                                           mods)
                 mismatch = mismatch_stats(old_logp, batch.logprobs, mask)
                 is_w = truncated_is_weights(old_logp, batch.logprobs, a.tis_cap) if a.tis_cap else None
             if a.kl_coef > 0:
                 with policy.disable_adapter():
                     ref_logp = logprobs_global(policy, batch, T, micro, d,
-                                               f"gathering the reference log-probs of step {step + 1}", packings=packings)
-        with phase("update"), dense_base(policy, enabled=getattr(cfg, "dense_update", False) is True):
-            policy.train()
+                                               f"gathering the reference log-probs of step {step + 1}",
+                                               packings=packings, modules=mods)
+        with phase("update"), dense_base(policy, enabled=getattr(cfg, "dense_update", False) is True, modules=mods):
+            set_training(policy, mods, True)
             # Everything the loop needs from the host is read here, once: each micro-batch's weight, live columns
             # and rows on the device. The loop itself never waits for the GPU (losses, diagnostics and the finite
             # check stay on the device until the micro-batches are all launched), so the host queues a micro-batch's
@@ -274,7 +280,7 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
             own_old = []  # one pass: this rank's (rows, detached log-probs) of its real micro-batches
             for update in range(a.updates_per_batch):
                 total, losses = 0.0, []
-                with frozen_adapters(policy):  # (the adapters change at the optimizer step, after this block)
+                with frozen_adapters(policy, mods):  # (the adapters change at the optimizer step, after this block)
                     for k, ((m, real), md) in enumerate(zip(micro, on_dev)):
                         sync = k == len(micro) - 1 or not d.on
                         w = weights[k]
@@ -318,7 +324,7 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
                     raise TrainingError(f"step {step}: gradient norm is {float(grad_norm)}; stopping")
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-            policy.eval()
+            set_training(policy, mods, False)
     if one_pass:  # the rollout / trainer mismatch over the whole batch, from the update's own log-probs
         part = in_row_order(own_old)
         if d.on:
