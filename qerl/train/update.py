@@ -146,21 +146,22 @@ def token_micro_batches(prompt_mask: torch.Tensor, completion_mask: torch.Tensor
     n = completion_mask.shape[0]
     p_len, c_len = prompt_mask.cpu().sum(1).tolist(), completion_mask.cpu().sum(1).tolist()
 
-    def cost(rows: list[int]) -> int:
-        if packed:
-            return sum(p_len[r] + c_len[r] for r in rows)
-        return len(rows) * (max(p_len[r] for r in rows) + max(c_len[r] for r in rows))
+    def cost(rows: int, tokens: int, p: int, c: int) -> int:  # a micro-batch's forward positions
+        return tokens if packed else rows * (p + c)
 
     def cut(rank: int) -> list[torch.Tensor]:
         mine = dist.share(n // G, dist.Dist(rank, d.world))
-        bins: list[list[int]] = []
+        bins: list[list] = []  # [rows, tokens, longest prompt, longest completion]
         for r in sorted(range(mine.start * G, mine.stop * G), key=lambda r: (-(p_len[r] + c_len[r]), r)):
-            fit = next((b for b in bins if cost(b + [r]) <= budget), None)
-            if fit is None:
-                bins.append([r])
+            for b in bins:
+                p, c = max(b[2], p_len[r]), max(b[3], c_len[r])
+                if cost(len(b[0]) + 1, b[1] + p_len[r] + c_len[r], p, c) <= budget:
+                    b[0].append(r)
+                    b[1:] = [b[1] + p_len[r] + c_len[r], p, c]
+                    break
             else:
-                fit.append(r)
-        return [torch.tensor(sorted(b)) for b in bins]
+                bins.append([[r], p_len[r] + c_len[r], p_len[r], c_len[r]])
+        return [torch.tensor(sorted(b[0])) for b in bins]
 
     own = cut(d.rank)
     most = max(len(cut(r)) for r in range(d.world)) if d.world > 1 else len(own)
