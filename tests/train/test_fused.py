@@ -200,7 +200,7 @@ def test_update_stops_with_a_clear_error_when_the_forward_cuts_the_gradient(tiny
     before = [p.detach().clone() for p in params]
     opt = torch.optim.AdamW(params, lr=1e-2)
     real = fused.fused_elementwise
-    monkeypatch.setattr(update, "fused_elementwise", lambda model: real(model, ew=ew()))
+    monkeypatch.setattr(update, "fused_elementwise", lambda model, **kw: real(model, ew=ew(), **kw))
     with pytest.raises(TrainingError, match=match):
         bench_step.one_step(policy, CountTokenizer(), None, batch=4, prompt_len=5, gen_len=4, micro=2, optimizer=opt,
                             seed=1)
