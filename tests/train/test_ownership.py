@@ -98,7 +98,7 @@ def test_a_kill_at_each_instant_of_the_checkpoint_swap_loses_nothing(point, warm
 def test_second_writer_refused_at_once_and_ctrl_c_says_what_is_intact(warm_model, tmp_path):
     cfg = config(tmp_path, warm_model, "run", steps=100_000)  # interrupted long before (200 could finish)
     out = tmp_path / "run"
-    first = qerl("train", "--config", cfg, "--no-progress", popen=True)
+    first = qerl("train", "--config", cfg, "--no-progress", popen=True, env={"PYTHONFAULTHANDLER": "1"})
     lock = tmp_path / ".run.lock"
     for _ in range(6000):  # until the first one holds the lock and has written a checkpoint
         if step_of(out / "checkpoint") and lock.exists() or first.poll() is not None:
@@ -110,7 +110,13 @@ def test_second_writer_refused_at_once_and_ctrl_c_says_what_is_intact(warm_model
         assert second.returncode == 2 and f"{out} is in use by PID {first.pid}" in second.stderr, second.stderr
         assert "Traceback" not in second.stderr
     first.send_signal(signal.SIGINT)
-    assert first.wait(timeout=120) == 130
+    try:
+        code = first.wait(timeout=120)
+    except subprocess.TimeoutExpired:  # where it hangs: SIGABRT makes faulthandler print every thread's stack
+        first.send_signal(signal.SIGABRT)
+        first.wait(timeout=60)
+        raise AssertionError("no exit 120 s after Ctrl-C:\n" + stderr_of(first)[-6000:]) from None
+    assert code == 130
     err = stderr_of(first)
     assert "Traceback" not in err and "interrupted at step" in err, err
     saved = step_of(out / "checkpoint")
