@@ -40,7 +40,10 @@ def qerl(*args, env=None, popen=False):
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     if popen:  # stdout (a line per step) dropped and stderr to a file: a pipe nobody reads would fill and block the run
         err = tempfile.TemporaryFile("w+")
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        # (Ctrl-C's default action in the child even where this runs with SIGINT ignored, as a shell's background job
+        # does and every child inherits: Python then installs no KeyboardInterrupt handler and a SIGINT does nothing)
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         proc._qerl_stderr = err
         return proc
     return subprocess.run(cmd, env=env, capture_output=True, text=True)
