@@ -478,23 +478,6 @@ def resolve_micro_tokens(cfg, s: Shape, world: int = 1, available: float | None 
             + f"; micro_batch_size {cfg.micro_batch_size} is the rows a micro-batch of the longest sequences would "
               "hold)")
     return off, None
-    method = METHODS[cfg.method]
-    sharding = resolve_sharding(cfg, world)
-    rows, prompts = step_rows(cfg, world)
-    fk = ({"dense": cfg.dense_update is True} if method.lora else {"full": True, "world": world,
-                                                                    "sharding": sharding})
-    fk["prompts"] = prompts
-    args = (s, method.base, rows, cfg.rollout.max_new_tokens, cfg.lora.r, _eight_bit(cfg, sharding))
-    for ckpt in (False, True):
-        if cfg.gradient_checkpointing is (not ckpt):  # (a setting given as true / false is kept)
-            continue
-        n = auto_micro_tokens(*args, checkpointing=ckpt, available=available, **fk)
-        if n is not None:
-            return dataclasses.replace(cfg, micro_batch_tokens=n, gradient_checkpointing=ckpt), (
-                f"micro_batch_tokens auto: {n} real tokens per update micro-batch, packed (the most the memory "
-                f"planner fits{' with' if ckpt else ' without'} gradient checkpointing; micro_batch_size "
-                f"{cfg.micro_batch_size} is the rows a micro-batch of the longest sequences would hold)")
-    return off, None
 
 
 def plan_config(cfg, shape: str | None = None, available: float | None = None, world: int = 1) -> dict:
