@@ -349,7 +349,7 @@ def micro_tokens(hf_config, base: str, rows: int, gen_len: int, checkpointing: s
     without it (rows per micro-batch; checkpointing as ``--checkpointing`` resolves it), the number given, or
     ``auto``: the memory planner's budget (:func:`qerl.train.plan.auto_micro_tokens`) without gradient checkpointing
     where one longest sequence fits (``--checkpointing auto`` then off), else with it — as ``qerl train`` resolves
-    ``micro_batch_tokens: auto``."""
+    ``micro_batch_tokens: auto`` (the dense copy stays as ``--dense-update`` says)."""
     from qerl.models.shapes import Shape
     from qerl.train.plan import auto_micro_tokens, device_bytes
 
