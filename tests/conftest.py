@@ -135,3 +135,24 @@ def tiny_gguf(tiny_dirs, tmp_path_factory):
 def gguf_writer():
     """:func:`write_gguf`, for tests that write GGUF files of their own models."""
     return write_gguf
+
+
+@pytest.fixture
+def lora_policy():
+    """``make(model_dir, seed)``: an fp32 policy from ``model_dir`` with rank-4 LoRA adapters whose B matrices are
+    drawn (std 0.05) instead of PEFT's zeros, so the adapters change what the model computes."""
+    import torch
+
+    def make(model_dir, seed: int):
+        from qerl.lora import LoraSettings, apply_lora
+        from qerl.models import load_policy
+
+        model = load_policy(model_dir, dtype=torch.float32)
+        torch.manual_seed(seed)
+        model = apply_lora(model, LoraSettings(r=4, alpha=8.0))
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                torch.nn.init.normal_(p, std=0.05)
+        return model
+
+    return make

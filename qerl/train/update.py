@@ -69,16 +69,18 @@ class Diagnostics:
                 self.sums[key] = self.sums.get(key, 0.0) + v.double() * (weight if key == "pg_loss" else token_share)
 
     def result(self, d: dist.Dist, loss: float, what: str) -> dict:
-        """Every rank's diagnostics combined (sums over ranks, extremes over ranks) and the batch ``loss`` summed."""
+        """Every rank's diagnostics combined (sums over ranks, extremes over ranks; one gather) and the batch ``loss``
+        summed."""
         keys = list(self.sums)
         sums = dict(zip(keys, torch.stack([torch.as_tensor(self.sums[k], dtype=torch.float64) for k in keys]).tolist()
                         )) if keys else {}
-        mine = {k: float(self.EXTREMES[k][0](torch.stack(v))) for k, v in self.extremes.items()}
-        out = dist.all_sum(d, {**sums, "loss": loss}, what)
-        parts = dist.gather(d, mine, what) if d.on else [mine]
+        mine = {"sums": {**sums, "loss": loss},
+                "extremes": {k: float(self.EXTREMES[k][0](torch.stack(v))) for k, v in self.extremes.items()}}
+        parts = dist.gather(d, mine, what)
+        out = {k: sum(p["sums"][k] for p in parts) for k in mine["sums"]}
         if keys:
             for k, (_, pick) in self.EXTREMES.items():
-                got = [p[k] for p in parts if k in p]
+                got = [p["extremes"][k] for p in parts if k in p["extremes"]]
                 out[k] = pick(got) if got else 1.0
         return out
 
@@ -163,8 +165,8 @@ def token_micro_batches(prompt_mask: torch.Tensor, completion_mask: torch.Tensor
                 bins.append([[r], p_len[r] + c_len[r], p_len[r], c_len[r]])
         return [torch.tensor(sorted(b[0])) for b in bins]
 
-    own = cut(d.rank)
-    most = max(len(cut(r)) for r in range(d.world)) if d.world > 1 else len(own)
+    cuts = [cut(r) for r in range(d.world)]
+    own, most = cuts[d.rank], max(len(c) for c in cuts)
     filler = own[0] if own else torch.arange(min(n, 1))
     return [(m, True) for m in own] + [(filler, False)] * (most - len(own))
 

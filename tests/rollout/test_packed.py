@@ -55,17 +55,10 @@ def tok(tiny_dirs):
 
 
 @pytest.mark.parametrize("base", ["bf16", "nvfp4"])
-def test_packed_logprobs_and_gradients_equal_the_padded_ones(tiny_dirs, quantized_dirs, tok, base):
+def test_packed_logprobs_and_gradients_equal_the_padded_ones(tiny_dirs, quantized_dirs, tok, base, lora_policy):
     """fp32: the packed row computes what the padded batch does on every real token (log-probs, entropies, the
     gradient of every trainable parameter); padded positions are 0; the attention implementation comes back."""
-    from qerl.lora import LoraSettings, apply_lora
-
-    model = load_policy((tiny_dirs if base == "bf16" else quantized_dirs)["qwen2"], dtype=torch.float32)
-    torch.manual_seed(1)
-    model = apply_lora(model, LoraSettings(r=4, alpha=8.0))
-    for n, p in model.named_parameters():
-        if "lora_B" in n:
-            torch.nn.init.normal_(p, std=0.05)
+    model = lora_policy((tiny_dirs if base == "bf16" else quantized_dirs)["qwen2"], 1)
     r = generate(model, tok, PROMPTS, SamplingSettings(temperature=0.8, max_new_tokens=10), seed=5, num_samples=2)
     args = (r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, 0.8)
     impl = model.get_decoder().config._attn_implementation
@@ -92,23 +85,17 @@ def test_packed_logprobs_and_gradients_equal_the_padded_ones(tiny_dirs, quantize
 
 
 @pytest.mark.parametrize("algorithm, checkpointing", [("grpo", False), ("dapo", True)])
-def test_update_policy_packed_equals_padded(quantized_dirs, tok, algorithm, checkpointing):
+def test_update_policy_packed_equals_padded(quantized_dirs, tok, algorithm, checkpointing, lora_policy):
     """The trainer's update phase (``qerl.train.update.update_policy``: the old-log-prob pass, micro-batches,
     backward, clipping, AdamW) with ``packed_sequences: true`` moves every adapter as the padded update does (fp32,
     NVFP4 base; with gradient checkpointing the recompute runs inside the packed scope), and returns the same loss."""
     import copy
     import dataclasses
 
-    from qerl.lora import LoraSettings, apply_lora
     from qerl.train.config import AlgorithmConfig, TrainConfig
     from qerl.train.update import LogprobModule, packing_mode, update_policy
 
-    base = load_policy(quantized_dirs["qwen2"], dtype=torch.float32)
-    torch.manual_seed(2)
-    base = apply_lora(base, LoraSettings(r=4, alpha=8.0))
-    for n, p in base.named_parameters():
-        if "lora_B" in n:
-            torch.nn.init.normal_(p, std=0.05)
+    base = lora_policy(quantized_dirs["qwen2"], 2)
     r = generate(base, tok, PROMPTS[:2], SamplingSettings(temperature=1.0, max_new_tokens=9), seed=7, num_samples=4)
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.0, 0.0, 1.0, 1.0, 0.25])
     a = AlgorithmConfig(name=algorithm, group_size=4, updates_per_batch=2).resolved()  # (two passes: old log-probs)

@@ -107,27 +107,20 @@ def test_resolve_micro_tokens_rules():
     assert given.micro_batch_tokens == 512 and said is None
 
 
-def test_update_policy_by_tokens_equals_one_micro_batch(quantized_dirs):
+def test_update_policy_by_tokens_equals_one_micro_batch(quantized_dirs, lora_policy):
     """The trainer's update phase with ``micro_batch_tokens`` (several packed micro-batches of different row counts)
     moves every adapter as one micro-batch of the whole batch does, and returns the same loss (fp32, NVFP4 base)."""
     import copy
 
     from transformers import AutoTokenizer
 
-    from qerl.lora import LoraSettings, apply_lora
-    from qerl.models import load_policy
     from qerl.rollout.sampler import generate
     from qerl.rollout.sampling import SamplingSettings
     from qerl.train.config import AlgorithmConfig
     from qerl.train.update import LogprobModule, update_policy
 
     tok = AutoTokenizer.from_pretrained(quantized_dirs["qwen2"])
-    base = load_policy(quantized_dirs["qwen2"], dtype=torch.float32)
-    torch.manual_seed(2)
-    base = apply_lora(base, LoraSettings(r=4, alpha=8.0))
-    for n, p in base.named_parameters():
-        if "lora_B" in n:
-            torch.nn.init.normal_(p, std=0.05)
+    base = lora_policy(quantized_dirs["qwen2"], 2)
     r = generate(base, tok, ["12+7=", "hello, world"], SamplingSettings(temperature=1.0, max_new_tokens=9), seed=7,
                  num_samples=4)
     r.completion_mask[1, 3:] = 0  # rows of different lengths (as if they stopped early)
