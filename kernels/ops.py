@@ -13,8 +13,9 @@ the seam every model uses, builds its backend from :func:`nvfp4_matmul`, :func:`
     ``dy [..., N]`` -> ``dX [..., K] = dy · Ŵ + lora_scale · dyb · lora_a``.
 
 Tile configs: a tuned table per GPU (``kernels/tuned/<device>.json``, written by
-``qerl bench kernels --tune``) keyed on (M bucket, N, K), else a heuristic that splits K (or N)
-across programs at decode sizes so that every SM has work. ``launch_mode("graph")`` selects the configs
+``qerl bench kernels --tune``) keyed on (M bucket, N, K); for a shape without entries the nearest tuned shape's
+config at the same M bucket (:func:`transferred_entry`, M > 16), else a heuristic that splits K (or N) across
+programs at decode sizes so that every SM has work. ``launch_mode("graph")`` selects the configs
 tuned for CUDA-graph replay where a decode-size entry has a
 separate eager one (``EAGER``: fewer launches for host-bound eager calls); the default is ``"eager"``.
 """
@@ -214,6 +215,95 @@ def tuned_entry(device_name: str, kind: str, M: int, N: int, K: int) -> dict | N
     return dict(hit) if hit else None
 
 
+TRANSFER = True  # untuned shapes, forward M > 16: the nearest tuned shape's config at the same M bucket
+TRANSFER_NEAR_FROM = 512  # from this M bucket on, only from a tuned shape within TRANSFER_NEAR (log2 N + log2 K)
+TRANSFER_NEAR = 1.0
+
+
+def transferred_entry(device_name: str, kind: str, M: int, N: int, K: int, sms: int = 132) -> dict | None:
+    """The forward config of an untuned ``(N, K)`` borrowed from the tuned shape nearest to it (``d = |log2 N'/N| +
+    |log2 K'/K|``) with an entry at M's bucket, its K split rescaled (:func:`rescaled_split`); else None (the
+    heuristic). Only where the shape has no entry of its own (:func:`table_entry`: :func:`tuned_entry` first), for
+    forward M > 16, whole tiles (N % 64 == 0, K % 128 == 0: every projection of the common LLM families), and from
+    M bucket :data:`TRANSFER_NEAR_FROM` on only from a shape within ``d <=`` :data:`TRANSFER_NEAR` (2x): there the
+    dequantize + cuBLAS path competes and which wins depends on the shape. ``TRANSFER = False``: never.
+
+    Why (H100, reports/kernels "Shapes without tuned entries"): the heuristic's configs are read off small-model
+    searches, and on the Llama 3.x 1B / 3B / 8B projections (no tuned entries) the forward ran at a median 0.97 /
+    0.83 / 0.73 / 0.54x cuBLAS at M = 32 / 64 / 128 / 256; borrowed, 1.24 / 1.09 / 0.85 / 0.72x. The backward's
+    borrowed configs were neutral to slower (8B down at M = 64: 0.74 -> 0.54x), so it keeps the heuristic."""
+    if not TRANSFER or kind != "fwd" or M <= 16 or N % 64 or K % 128:
+        return None
+    hit = _transfer(device_name, kind, m_bucket(M), N, K, sms)
+    return None if hit is None else dict(hit[0])
+
+
+def table_entry(device_name: str, kind: str, M: int, N: int, K: int, sms: int = 132) -> dict | None:
+    """The config the tables give a call: the shape's own tuned entry (:func:`tuned_entry`), else one borrowed from the
+    nearest tuned shape (:func:`transferred_entry`), else None (the heuristic)."""
+    return tuned_entry(device_name, kind, M, N, K) or transferred_entry(device_name, kind, M, N, K, sms)
+
+
+def config_source(device_name: str, kind: str, M: int, N: int, K: int, sms: int = 132) -> str:
+    """Where a call's config comes from: ``tuned``, ``transfer:N'xK'`` (the shape it is borrowed from) or
+    ``heuristic`` (benchmark CSVs)."""
+    if tuned_entry(device_name, kind, M, N, K) is not None:
+        return "tuned"
+    src = transfer_source(device_name, kind, M, N, K, sms)
+    return "heuristic" if src is None else f"transfer:{src[0]}x{src[1]}"
+
+
+def transfer_source(device_name: str, kind: str, M: int, N: int, K: int, sms: int = 132) -> tuple[int, int] | None:
+    """``(N', K')`` of the tuned shape :func:`transferred_entry` borrows from (reports, debugging), else None."""
+    if transferred_entry(device_name, kind, M, N, K, sms) is None:
+        return None
+    return _transfer(device_name, kind, m_bucket(M), N, K, sms)[1]
+
+
+@functools.lru_cache(maxsize=4096)
+def _transfer(device_name: str, kind: str, bucket: int, N: int, K: int, sms: int) -> tuple | None:
+    best = None
+    for key, cfg in _tuned(device_name).items():
+        k, b, n, kk = key.split(":")
+        n, kk = int(n), int(kk)
+        if k != kind or int(b) != bucket or n % 64 or kk % 128:
+            continue
+        d = abs(math.log2(n / N)) + abs(math.log2(kk / K))
+        if (best is None or d < best[0]) and (bucket < TRANSFER_NEAR_FROM or d <= TRANSFER_NEAR):
+            best = (d, n, kk, cfg)
+    if best is None:
+        return None
+    _, n, kk, cfg = best
+    return types.MappingProxyType(rescaled_split(kind, dict(cfg), n, kk, N, K, bucket, sms)), (n, kk)
+
+
+def rescaled_split(kind: str, cfg: dict, n: int, k: int, N: int, K: int, M: int = 0, sms: int = 132) -> dict:
+    """``cfg``, tuned for ``(n, k)``, with its ``SPLIT`` rescaled for ``(N, K)`` at the same M: the output tiles'
+    count changes with N (forward; backward: with K), the split by the inverse ratio, within [1, the reduction's
+    steps / 2] (at least two steps per program) — and above the tuned split only while the target's tiles (with
+    M's, warpgroup MMA) fill less than two waves of ``sms``. Stream-K (``SK``: programs per SM) and DQ configs stay
+    as they are; the ``EAGER`` config of a decode entry is dropped (``config_for`` derives its own)."""
+    cfg.pop("EAGER", None)
+    split = int(cfg.get("SPLIT", 1))
+    if cfg.get("DQ") or cfg.get("SK") or "SPLIT" not in cfg:
+        return cfg
+    m_tiles = 1
+    if cfg.get("WGMMA"):  # weight rows per output tile (_wgmma_static), reduction over K in 128-wide steps
+        rows = 64 * int(cfg.get("MT", 1)) * (1 if cfg.get("KS") else int(cfg.get("C", 2) if cfg.get("WS")
+                                                                          else cfg.get("WG", 1)))
+        tiles_old, tiles_new, steps = -(-n // rows), -(-N // rows), K // 128
+        m_tiles = -(-M // int(cfg.get("BT", 64))) if M else 1
+    elif kind == "fwd":  # Triton tiles and decode kernels: output tiles over N, reduction over K
+        tiles_old, tiles_new, steps = -(-n // cfg["BN"]), -(-N // cfg["BN"]), -(-K // cfg["BK"])
+    else:  # backward tiles: output tiles over K, reduction over N
+        tiles_old, tiles_new, steps = -(-k // cfg["BK"]), -(-K // cfg["BK"]), -(-N // cfg["BN"])
+    new = round(split * tiles_old / tiles_new)
+    if new > split and tiles_new * m_tiles >= 2 * sms:  # enough tiles already: no more split than tuned
+        new = split
+    cfg["SPLIT"] = max(1, min(max(1, steps // 2), new))
+    return cfg
+
+
 @functools.lru_cache(maxsize=None)
 def _device_name(index: int) -> str:
     return torch.cuda.get_device_name(index)
@@ -226,7 +316,7 @@ def config_for(kind: str, M: int, N: int, K: int, device: torch.device) -> dict:
     forced = json.loads(os.environ.get("QERL_KERNEL_CONFIG", "{}"))  # experiments / debugging / tuning
     if "BM" in forced or "DQ" in forced or "WGMMA" in forced:  # a complete config replaces the tuned one
         return forced
-    hit = tuned_entry(_device_name(device.index or 0), kind, M, N, K)
+    hit = table_entry(_device_name(device.index or 0), kind, M, N, K, _sm_count(device.index or 0))
     cfg = dict(hit) if hit else heuristic(kind, M, N, K, _sm_count(device.index or 0))
     if cfg.get("WGMMA") and M <= 16 and "EAGER" not in cfg:  # eager calls at decode sizes: one launch (launch_mode)
         cfg["EAGER"] = heuristic(kind, M, N, K, _sm_count(device.index or 0), wgmma=False)
@@ -444,7 +534,7 @@ def _resolved(kind: str, x2, packed, scale, gs, n_out: int, extra: tuple, r: int
     key = (kind, M, N, K, x2.dtype, x2.device, interpret, packed.data_ptr() % 16, packed.stride(0) % 16,
            x2.data_ptr() % 16, x2.stride(0), scale.data_ptr() % 4, scale.stride(0) % 4, gs.data_ptr() % 16,
            _env(b"QERL_KERNEL_CONFIG"), _MODE[0], n_out, r, tuple(map(_sig, extra)), _sig(lora_a),
-           LORA_LAUNCH, XA_PROGRAMS, XA_CHUNKS, XA_CHUNKS_SMALL, XA_SMALL_WEIGHTS, XA_QB, XA_STAGES, XA_PDL_AT, XA_PDL_AT_MMV, XA_PDL_ROWS, EAGER_XS_ROWS, HEURISTIC,
+           LORA_LAUNCH, XA_PROGRAMS, XA_CHUNKS, XA_CHUNKS_SMALL, XA_SMALL_WEIGHTS, XA_QB, XA_STAGES, XA_PDL_AT, XA_PDL_AT_MMV, XA_PDL_ROWS, EAGER_XS_ROWS, HEURISTIC, TRANSFER,
            XA_RANK_CHUNKS, tiled, launch.chained(), LORA_INKERNEL_FLOPS, LORA_INKERNEL_DECODE_WEIGHTS)
     hit = _RESOLVED.get(key)
     if hit is None:

@@ -70,8 +70,9 @@ def _gemlite_times(mods, x, ws) -> dict:
 
 def bench_shape(model: str, proj: str, N: int, K: int, ms, lora_rank: int = 32, gemlite: bool = False) -> list[dict]:
     from qerl.ops.linear import reference_backward_input, reference_forward
-    from qerl_kernels.ops import nvfp4_matmul, nvfp4_matmul_t
+    from qerl_kernels.ops import config_source, nvfp4_matmul, nvfp4_matmul_t
 
+    device, sms = torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).multi_processor_count
     bf16_bytes = N * K * 2
     copies = max(2, min(16, (512 * 2 ** 20) // bf16_bytes + 1))  # > L2 of the bf16 working set
     ws = _weights(N, K, copies)
@@ -110,7 +111,8 @@ def bench_shape(model: str, proj: str, N: int, K: int, ms, lora_rank: int = 32, 
             io = M * K * 2 + M * N * 2
             sec = t[kind]
             rows.append({
-                "model": model, "proj": proj, "N": N, "K": K, "M": M, "kind": kind, "us": sec * 1e6,
+                "model": model, "proj": proj, "N": N, "K": K, "M": M, "kind": kind,
+                "config_source": config_source(device, kind, M, N, K, sms), "us": sec * 1e6,
                 "cublas_us": t[f"{kind}_cublas"] * 1e6, "speedup": t[f"{kind}_cublas"] / sec,
                 "reference_us": t[f"{kind}_reference"] * 1e6, "vs_reference": t[f"{kind}_reference"] / sec,
                 "GBps": (q_bytes + io) / sec / 1e9, "cublas_GBps": (bf16_bytes + io) / t[f"{kind}_cublas"] / 1e9,
@@ -291,6 +293,10 @@ def build_parser():
                    help="time gemlite's A16W4_NVFP beside ours (default: when gemlite is importable)")
     p.add_argument("--no-gemlite", dest="gemlite", action="store_false", help="leave the gemlite columns out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--untuned", choices=["transfer", "heuristic"], default="transfer",
+                   help="configs of shapes without tuned entries: borrowed from the nearest tuned shape (the default, "
+                        "qerl_kernels.ops.transferred_entry) or the heuristic (the comparison); the CSV's "
+                        "config_source column says which each row ran")
     p.add_argument("--plot", metavar="CSV", default=None,
                    help="only draw the figure of an existing benchmark CSV (no GPU needed) and exit")
     p.add_argument("--targets", metavar="CSV", default=None,
@@ -317,6 +323,9 @@ def main(argv=None) -> int:
 
         print(json.dumps({"png": str(plot(Path(a.plot)))}))
         return 0
+    from qerl_kernels import ops
+
+    ops.TRANSFER = a.untuned == "transfer"
     res = run(Path(a.output), models=tuple(a.models), ms=tuple(a.ms), tune=a.tune, progress=not a.no_progress,
               workers=a.workers, gemlite=a.gemlite)
     print(json.dumps(res))

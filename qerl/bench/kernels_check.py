@@ -128,6 +128,18 @@ def run_forced(device: str, shapes, ms, tol: float, only: str | None = None) -> 
     return rows
 
 
+def _routes(x, dy, packed, scale, device: str) -> dict:
+    """The path each kind ran and where its config came from (tuned / transfer:NxK / heuristic)."""
+    from qerl_kernels import ops
+
+    M, N, K = x.shape[0], packed.shape[0], packed.shape[1] * 2
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else 132
+    return {f"{kind}_path": ops.route_of(kind, t, packed, scale)[0] + " (" + ops.config_source(name, kind, M, N, K, sms)
+            + ")"
+            for kind, t in (("fwd", x), ("bwd", dy))}
+
+
 def run(device: str, shapes, ms, tol: float, kinds=("fwd", "bwd")) -> list[dict]:
     from qerl.quant import nvfp4
     from qerl_kernels import ops
@@ -176,7 +188,8 @@ def run(device: str, shapes, ms, tol: float, kinds=("fwd", "bwd")) -> list[dict]
                     dx = nvfp4_matmul_t(dy, packed, scale, gs, dyb, la, 0.5)
                     be = _rel(dx, _ref_bwd(dy, packed, scale, gs, dyb, la, 0.5))
                     ok = ok and be < tol and bool(torch.isfinite(dx).all())
-                rows.append({"M": M, "N": N, "K": K, "lora_r": lora_r, "fwd_rel_err": fe, "bwd_rel_err": be, "ok": ok})
+                rows.append({"M": M, "N": N, "K": K, "lora_r": lora_r, "fwd_rel_err": fe, "bwd_rel_err": be, "ok": ok,
+                             **_routes(x, dy, packed, scale, device)})
             if M in (ms[0], ms[-1]):  # fp16 activations (the decode kernel must not read them as bf16)
                 x = torch.randn(M, K, generator=g).to(device, torch.float16)
                 dy = torch.randn(M, N, generator=g).to(device, torch.float16)
@@ -254,12 +267,26 @@ def run_tiled(device: str, shapes, ms, tol: float, forced: bool = False) -> list
     return rows
 
 
+def _shape(text: str) -> tuple[int, int]:
+    try:
+        n, k = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"--shapes: {text!r} is not NxK (e.g. 6144x4096)") from None
+    return n, k
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m qerl.bench.kernels_check", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="two small shapes instead of four (the routed part)")
     p.add_argument("--json", default=None, help="also write every checked row here")
     p.add_argument("--only-forced", default=None, metavar="KEY",
                    help="only the forced configs with this key (e.g. WGMMA), on the forced shapes")
+    p.add_argument("--shapes", nargs="+", default=None, metavar="NxK",
+                   help="the routed part on these weight shapes (N x K, e.g. 6144x4096: shapes without tuned entries "
+                        "run borrowed configs, qerl_kernels.ops.transferred_entry) instead of its four")
+    p.add_argument("--mode", default="eager", choices=["eager", "graph"],
+                   help="the configs of calls launched one by one (eager, the default) or of CUDA-graph capture (graph: "
+                        "the rollout engine's) for the routed part (qerl_kernels.ops.launch_mode)")
     p.add_argument("--part", default="all", choices=["all", "routed", "forced", "dequant", "tiled"],
                    help="one part of the full check (routed configs / forced configs / dequantization / the routed "
                         "calls on tiled weights), so that a device call with a time limit can run it in pieces; the "
@@ -270,10 +297,15 @@ def main(argv=None) -> int:
                           5e-3, only=a.only_forced)
     elif torch.cuda.is_available():
         shapes = [(48, 80), (130, 272), (3584, 3584), (512, 18944)] if not a.quick else [(48, 80), (130, 272)]
+        if a.shapes:
+            shapes = [_shape(s) for s in a.shapes]
         ms = [1, 2, 3, 8, 16, 17, 33, 64, 100, 256, 513, 2048]
         rows = []
         if a.part in ("all", "routed"):
-            rows += run("cuda", shapes, ms, 5e-3)
+            from qerl_kernels import ops
+
+            with ops.launch_mode(a.mode):
+                rows += run("cuda", shapes, ms, 5e-3)
         if a.part in ("all", "forced"):
             rows += run_forced("cuda", [(130, 272), (100, 352), (130, 512), (3584, 3584)], [1, 3, 17, 100], 5e-3)
         if a.part in ("all", "dequant"):

@@ -339,9 +339,9 @@ def precompile(jobs: list[tuple], workers: int, progress: bool = True) -> int:
 
 def _current(paths: str, device: str, kind: str, M: int, N: int, K: int, sms: int) -> dict | None:
     """The config in use now, which the restricted searches time against: ``decode`` — the tuned entry,
-    else the heuristic; ``dq`` — the tuned Triton entry, else the Triton-only heuristic."""
+    else the transferred one, else the heuristic; ``dq`` — the tuned Triton entry, else the Triton-only heuristic."""
     if paths in ("decode", "wgmma", "streamk", "ws", "decode-sk"):
-        cur = ops.tuned_entry(device, kind, M, N, K) or ops.heuristic(kind, M, N, K, sms)
+        cur = ops.table_entry(device, kind, M, N, K, sms) or ops.heuristic(kind, M, N, K, sms)
         cur.pop("EAGER", None)  # the graph-mode config (keep_eager carries EAGER over)
         return cur
     if paths == "dq":
@@ -464,6 +464,7 @@ def _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers, lora=0, til
         if csv_path is not None:
             _write_csv(log, csv_path)
     ops._tuned.cache_clear()
+    ops._transfer.cache_clear()
     return path
 
 

@@ -55,6 +55,7 @@ def run_one(model, lm, tok, engine: str, batch: int, prompt_len: int, gen_len: i
     from qerl.rollout import SamplingSettings, sampler
     from qerl.rollout.engine import engine_for
     from qerl.rollout.engine.runner import PDL_CHAIN
+    from qerl_kernels import ops
 
     if batch % group_size:
         raise ValueError(f"batch {batch}: not a multiple of --group-size {group_size}")
@@ -75,6 +76,8 @@ def run_one(model, lm, tok, engine: str, batch: int, prompt_len: int, gen_len: i
         note = f"capture {st['capture_s']:.1f} s excluded; {st['rows']} rows on {st['slots']} KV slots"
         if not PDL_CHAIN[0]:
             note += "; launch chain off"
+        if not ops.TRANSFER:
+            note += "; untuned shapes on the heuristic"
         if "layout_s" in st:  # weight_layout="tiled": the in-place reorder and its undo, also excluded
             note += (f"; tiled weights ({st['tiled_projs']} of {len(eng.view.projs)} projections, reorder "
                      f"{st['layout_s']:.2f} s excluded)")
@@ -421,6 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pdl-chain", default="on", choices=["on", "off"],
                    help="the decode step's launch chain (qerl_kernels.launch.chain) and the norm / SiLU-gate kernels "
                         "it needs (on, the engine's default) or the torch.compile'd norms and plain launches (off)")
+    p.add_argument("--untuned", choices=["transfer", "heuristic"], default="transfer",
+                   help="kernel configs of projections without tuned entries: borrowed from the nearest tuned shape "
+                        "(the default) or the heuristic (the comparison; said in the row's note)")
     p.add_argument("--split-batches", nargs="*", type=int, default=[8], help="batches whose step is split into parts")
     p.add_argument("--trace-batches", nargs="*", type=int, default=[8],
                    help="batches whose decode step is traced kernel by kernel (one graph replay; the split with gaps "
@@ -452,6 +458,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("qerl bench rollout needs a CUDA GPU (use --plot CSV to redraw a figure)")
     from qerl.rollout.engine import forward, runner
 
+    from qerl_kernels import ops
+
+    ops.TRANSFER = a.untuned == "transfer"
     runner.WEIGHT_LAYOUT[0] = a.weight_layout
     runner.PDL_CHAIN[0] = forward.NORM_KERNELS[0] = a.pdl_chain == "on"
     bench(a)

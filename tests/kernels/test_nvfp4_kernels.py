@@ -262,6 +262,75 @@ def test_tuned_table_falls_back_to_the_nearest_bucket(monkeypatch):
     assert ops.tuned_entry("X", "fwd", 12, 128, 256) is None
 
 
+def test_untuned_shape_borrows_the_nearest_tuned_shapes_config(monkeypatch):
+    """A shape without entries takes, forward at M > 16, the config of the tuned shape nearest in log N + log K at the
+    same M bucket, its split rescaled to the same program count; its own entries, decode sizes, the backward, ragged
+    shapes, far shapes at M >= 512 and TRANSFER = False keep the old rules."""
+    from qerl_kernels import ops
+
+    table = {
+        "fwd:64:4608:3584": {"WGMMA": 1, "WS": 1, "C": 2, "KS": 1, "MT": 1, "BT": 64, "NS": 6, "SPLIT": 1},
+        "fwd:64:3584:18944": {"WGMMA": 1, "WS": 1, "C": 1, "MT": 1, "BT": 64, "NS": 6, "SPLIT": 2},
+        "fwd:64:1152:896": {"WGMMA": 1, "WG": 1, "BT": 32, "NS": 3, "SPLIT": 3, "XS": 1},
+        "fwd:256:3584:3584": {"WGMMA": 1, "WS": 1, "C": 2, "MT": 1, "BT": 128, "NS": 4, "SPLIT": 1, "SK": 1},
+        "fwd:256:37888:3584": {"WGMMA": 1, "WS": 1, "C": 2, "MT": 1, "BT": 128, "NS": 4, "SPLIT": 1},
+        "fwd:512:37888:3584": {"WGMMA": 1, "WS": 1, "C": 2, "MT": 1, "BT": 128, "NS": 4, "SPLIT": 1},
+        "fwd:8:4608:3584": {"WGMMA": 1, "WG": 1, "BT": 8, "SPLIT": 7, "EAGER": {"MMV": 1}},
+        "bwd:64:4608:3584": {"BM": 64, "BN": 64, "BK": 128, "SWAP": 1, "SPLIT": 9, "num_warps": 4, "num_stages": 3},
+        "fwd:2048:4608:3584": {"DQ": 1, "CHUNK": 1 << 25},
+    }
+    monkeypatch.setattr(ops, "_tuned", lambda name: table)
+    ops._transfer.cache_clear()
+    monkeypatch.setattr(ops, "TRANSFER", True)
+    try:
+        # Llama-3.1-8B q/k/v (6144 x 4096): nearest is 4608 x 3584; KS tiles are 64 rows: 72 -> 96 tiles, split 1 stays
+        cfg = ops.transferred_entry("X", "fwd", 64, 6144, 4096)
+        assert cfg["WS"] == 1 and cfg["KS"] == 1 and cfg["SPLIT"] == 1
+        assert ops.transfer_source("X", "fwd", 64, 6144, 4096) == (4608, 3584)
+        assert ops.config_source("X", "fwd", 64, 6144, 4096) == "transfer:4608x3584"
+        assert ops.config_source("X", "fwd", 64, 4608, 3584) == "tuned"
+        # down-like (4096 x 14336): nearest is 3584 x 18944, its 56 tiles of 64 rows at split 2 -> 64 tiles, split 2
+        down = ops.transferred_entry("X", "fwd", 40, 4096, 14336)
+        assert down["C"] == 1 and down["SPLIT"] == round(2 * 56 / 64)
+        # a small shape borrows the small one's config; 18 tiles -> 32: split 3 -> 2
+        small = ops.transferred_entry("X", "fwd", 64, 2048, 1024)
+        assert small["BT"] == 32 and small["SPLIT"] == 2
+        # split bounded by the reduction: at least two 128-wide K steps per program
+        assert ops.transferred_entry("X", "fwd", 64, 128, 512)["SPLIT"] == 2  # 18 tiles -> 2 would ask for 27
+        # more split than tuned only while the tiles fill less than two waves: 16384 x 2048 borrowing 37888 x 3584's
+        # split 1 (296 -> 128 row tiles of 128) takes 2 at M = 256 (x 2 token tiles of 128: 256 < 2 x 132 programs),
+        # 1 at M = 512 (512 programs)
+        ws = table["fwd:256:37888:3584"]
+        assert ops.rescaled_split("fwd", dict(ws), 37888, 3584, 16384, 2048, 256, 132)["SPLIT"] == 2
+        assert ops.rescaled_split("fwd", dict(ws), 37888, 3584, 16384, 2048, 512, 132)["SPLIT"] == 1
+        assert ops.transferred_entry("X", "fwd", 256, 16384, 2048)["SPLIT"] == 2
+        # stream-K keeps its schedule; DQ its windows; the decode entry's EAGER never travels
+        assert ops.transferred_entry("X", "fwd", 256, 4096, 4096)["SK"] == 1
+        assert ops.transferred_entry("X", "fwd", 2048, 4096, 4096) == {"DQ": 1, "CHUNK": 1 << 25}
+        # from M = 512 on, only from a shape within 2x (d <= 1): 28672 x 4096 borrows, 16384 x 2048 does not
+        assert ops.transferred_entry("X", "fwd", 512, 28672, 4096)["WS"] == 1
+        assert ops.transferred_entry("X", "fwd", 512, 16384, 2048) is None
+        # not transferred: the backward, decode sizes (the heuristic's decode configs), ragged shapes, buckets no
+        # shape has, off
+        assert ops.transferred_entry("X", "bwd", 64, 6144, 4096) is None
+        assert ops.transferred_entry("X", "fwd", 8, 6144, 4096) is None
+        assert ops.transferred_entry("X", "fwd", 64, 6144, 4000) is None
+        assert ops.transferred_entry("X", "fwd", 64, 6100, 4096) is None
+        assert ops.transferred_entry("X", "fwd", 128, 6144, 4096) is None
+        assert ops.config_source("X", "fwd", 128, 6144, 4096) == "heuristic"
+        # a shape's own entries come first, even from another bucket (tuned_entry's nearest bucket)
+        assert ops.table_entry("X", "fwd", 2048, 4608, 3584)["DQ"] == 1
+        assert ops.table_entry("X", "fwd", 32, 3584, 18944)["SPLIT"] == 2
+        # the backward rule itself (rescaled_split): output tiles over K (28 -> 32 of 128), the split over N
+        bwd = ops.rescaled_split("bwd", dict(table["bwd:64:4608:3584"]), 4608, 3584, 6144, 4096)
+        assert bwd["SPLIT"] == round(9 * 28 / 32)
+        monkeypatch.setattr(ops, "TRANSFER", False)
+        assert ops.transferred_entry("X", "fwd", 64, 6144, 4096) is None
+        assert ops.table_entry("X", "fwd", 64, 6144, 4096) is None
+    finally:
+        ops._transfer.cache_clear()
+
+
 def test_lora_route_picks_the_measured_launch():
     """Where x · lora_aᵀ comes from (reports/kernels/README.md, LoRA): fused producers at M <= 8 and at
     M <= 16 with K <= 8192, the PDL launch pair at M = 9..16 with larger K (register-prefetch decode kernel
