@@ -17,7 +17,7 @@ import torch
 
 from qerl.bench.timing import copy_bandwidth
 from qerl.bench.timing import eager_time as _eager_time, graph_time as _graph_time, graph_times as _graph_times
-from qerl.models.shapes import QWEN25, SHAPES, projections  # noqa: F401 (projections: the bench's public shape table)
+from qerl.models.shapes import MODELS_HELP, QWEN25, SHAPES, model_arg, projections  # noqa: F401 (projections: the bench's public shape table)
 
 MODELS = ("7B", "14B", "32B")  # the Qwen2.5 sizes whose projections are timed (their shapes: qerl.models.shapes)
 MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 2048, 8192)
@@ -283,8 +283,8 @@ def build_parser():
     p = argparse.ArgumentParser(prog="qerl bench kernels", description=__doc__.splitlines()[0],
                                 formatter_class=HelpFormatter)
     p.add_argument("--output", default="reports/kernels", help="directory for <device>.csv / .md")
-    p.add_argument("--models", nargs="*", default=list(MODELS), choices=list(SHAPES),
-                   help="Qwen2.5 sizes whose projection shapes are timed (0.5B / 1.5B too)")
+    p.add_argument("--models", nargs="*", default=list(MODELS), type=model_arg, metavar="MODEL",
+                   help="whose projection shapes are timed: " + MODELS_HELP)
     p.add_argument("--ms", nargs="*", type=int, default=list(MS), help="token counts M")
     p.add_argument("--tune", action="store_true", help="search tile configs first (writes kernels/tuned/<device>.json)")
     p.add_argument("--workers", type=int, default=0,

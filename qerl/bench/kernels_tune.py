@@ -492,10 +492,10 @@ def _write_csv(rows, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    from qerl.models.shapes import SHAPES as MODELS, projections
+    from qerl.models.shapes import MODELS_HELP, model_arg, projections
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", nargs="*", default=["7B"], choices=list(MODELS))
+    p.add_argument("--models", nargs="*", default=["7B"], type=model_arg, metavar="MODEL", help=MODELS_HELP)
     p.add_argument("--projs", nargs="*", default=None, help="subset of qkv o gate_up down")
     p.add_argument("--ms", nargs="*", type=int, default=[1, 16, 64, 2048])
     p.add_argument("--kinds", nargs="*", default=["fwd", "bwd"], choices=["fwd", "bwd"])

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from qerl.models.random import CountTokenizer, prompts
-from qerl.models.shapes import SHAPES
+from qerl.models.shapes import MODELS_HELP, model_arg
 
 COLUMNS = ["device", "model", "base", "engine", "batch", "group_size", "lengths", "prompt_len", "gen_len", "tok_s",
            "ms_per_step", "floor_ms", "frac_of_floor", "peak_gb", "note"]
@@ -400,8 +400,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="qerl bench rollout", description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter)
     p.add_argument("--output", default="reports/rollout", help="directory of the <device>.csv / .md / .png set")
-    p.add_argument("--models", nargs="+", default=["7B", "14B", "32B"], choices=list(SHAPES),
-                   help="Qwen2.5 shapes (random weights)")
+    p.add_argument("--models", nargs="+", default=["7B", "14B", "32B"], type=model_arg, metavar="MODEL",
+                   help="shapes of the random-weight models (built as Qwen2 models of those sizes): " + MODELS_HELP)
     p.add_argument("--bases", nargs="+", default=["bf16", "nvfp4", "nf4"], choices=["bf16", "nvfp4", "nf4"],
                    help="base formats")
     p.add_argument("--engines", nargs="+", default=["qerl", "reference", "transformers"],

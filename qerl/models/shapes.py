@@ -5,7 +5,10 @@
 """
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -70,8 +73,61 @@ SHAPES = {**QWEN25_SMALL, **QWEN25, **OTHER}
 
 
 def named(model: str) -> Shape:
-    """The shape called ``model`` ("0.5B" … "32B"), read from :data:`QWEN25` / :data:`QWEN25_SMALL` at call time."""
-    return QWEN25[model] if model in QWEN25 else QWEN25_SMALL.get(model) or OTHER[model]
+    """The shape called ``model`` ("0.5B" … "32B", "llama-8B", …: :data:`SHAPES`, read at call time), or the shape of
+    a transformers ``config.json`` — ``model`` a path to one or to a model directory holding one
+    (:func:`from_path`): the benchmarks and the kernel tuner take any model's sizes that way."""
+    if model in QWEN25:
+        return QWEN25[model]
+    if model in QWEN25_SMALL or model in OTHER:
+        return QWEN25_SMALL.get(model) or OTHER[model]
+    return from_path(model)
+
+
+_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+
+
+@functools.cache
+def from_path(path: str) -> Shape:
+    """The :class:`Shape` of the transformers ``config.json`` at ``path`` (or in the directory ``path``; a
+    multimodal config's ``text_config``). Raises ValueError naming the file and what is missing or wrong."""
+    p = Path(path)
+    f = p / "config.json" if p.is_dir() else p
+    if not f.is_file():
+        raise ValueError(f"model {path!r}: not a named size ({', '.join(SHAPES)}) and no config.json at {f}")
+    try:
+        cfg = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{f}: not a readable JSON config ({type(e).__name__}: {e})") from None
+    cfg = cfg.get("text_config", cfg) if isinstance(cfg, dict) else cfg
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{f}: expected a JSON object (a transformers config.json)")
+    missing = [k for k in _FIELDS if not isinstance(cfg.get(k), int) or cfg[k] <= 0]
+    if missing:
+        raise ValueError(f"{f}: missing or non-positive {', '.join(missing)} (expected a decoder's transformers "
+                         "config.json with these integer fields)")
+    shape = Shape.from_config(cfg)
+    if shape.heads % shape.kv_heads or shape.head_dim <= 0:
+        raise ValueError(f"{f}: num_attention_heads {shape.heads} is not a multiple of num_key_value_heads "
+                         f"{shape.kv_heads}, or head_dim {shape.head_dim} is not positive")
+    return shape
+
+
+def model_arg(text: str) -> str:
+    """argparse ``type`` for ``--models``: a named size or a path to a ``config.json`` / a model directory (checked
+    here, so that a typo fails before any GPU work)."""
+    import argparse
+
+    if text in SHAPES:
+        return text
+    try:
+        from_path(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+#: ``--models`` help: what the benchmarks and the tuner accept
+MODELS_HELP = f"named sizes ({', '.join(SHAPES)}) or paths to a model's config.json (or its directory)"
 
 
 def projections(model: str) -> dict[str, tuple[int, int]]:
