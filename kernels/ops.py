@@ -216,6 +216,8 @@ def tuned_entry(device_name: str, kind: str, M: int, N: int, K: int) -> dict | N
 
 
 TRANSFER = True  # untuned shapes, forward M > 16: the nearest tuned shape's config at the same M bucket
+TRANSFER_LARGE_FROM = 256  # from this M bucket on (where the heuristic takes dequantize + cuBLAS), only weights of at
+TRANSFER_LARGE_WEIGHTS = 12e6  # least this many elements (N·K) borrow
 TRANSFER_NEAR_FROM = 512  # from this M bucket on, only from a tuned shape within TRANSFER_NEAR (log2 N + log2 K)
 TRANSFER_NEAR = 1.0
 
@@ -224,15 +226,21 @@ def transferred_entry(device_name: str, kind: str, M: int, N: int, K: int, sms: 
     """The forward config of an untuned ``(N, K)`` borrowed from the tuned shape nearest to it (``d = |log2 N'/N| +
     |log2 K'/K|``) with an entry at M's bucket, its K split rescaled (:func:`rescaled_split`); else None (the
     heuristic). Only where the shape has no entry of its own (:func:`table_entry`: :func:`tuned_entry` first), for
-    forward M > 16, whole tiles (N % 64 == 0, K % 128 == 0: every projection of the common LLM families), and from
-    M bucket :data:`TRANSFER_NEAR_FROM` on only from a shape within ``d <=`` :data:`TRANSFER_NEAR` (2x): there the
-    dequantize + cuBLAS path competes and which wins depends on the shape. ``TRANSFER = False``: never.
+    forward M > 16 and whole tiles (N % 64 == 0, K % 128 == 0: every projection of the common LLM families). Where
+    the heuristic's dequantize + cuBLAS path competes, which wins depends on the shape: from M bucket
+    :data:`TRANSFER_LARGE_FROM` on only weights of at least :data:`TRANSFER_LARGE_WEIGHTS` elements borrow (the
+    dequantization of a smaller one is cheap: Gemma-2-2B o, 2304 x 2048, ran 0.67x cuBLAS on it at M = 256 and
+    0.39x on a borrowed config), and from :data:`TRANSFER_NEAR_FROM` on only from a shape within ``d <=``
+    :data:`TRANSFER_NEAR` (2x: Llama-1B gate/up at M = 512 0.62 -> 0.33x from 7B gate/up). ``TRANSFER = False``:
+    never.
 
     Why (H100, reports/kernels "Shapes without tuned entries"): the heuristic's configs are read off small-model
     searches, and on the Llama 3.x 1B / 3B / 8B projections (no tuned entries) the forward ran at a median 0.97 /
     0.83 / 0.73 / 0.54x cuBLAS at M = 32 / 64 / 128 / 256; borrowed, 1.24 / 1.09 / 0.85 / 0.72x. The backward's
     borrowed configs were neutral to slower (8B down at M = 64: 0.74 -> 0.54x), so it keeps the heuristic."""
     if not TRANSFER or kind != "fwd" or M <= 16 or N % 64 or K % 128:
+        return None
+    if m_bucket(M) >= TRANSFER_LARGE_FROM and N * K < TRANSFER_LARGE_WEIGHTS:
         return None
     hit = _transfer(device_name, kind, m_bucket(M), N, K, sms)
     return None if hit is None else dict(hit[0])

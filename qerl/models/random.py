@@ -22,7 +22,7 @@ def qwen_config(model: str, dtype: torch.dtype = torch.bfloat16):
     s = named(model)
     return Qwen2Config(vocab_size=s.vocab, hidden_size=s.hidden, intermediate_size=s.intermediate,
                        num_hidden_layers=s.layers, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
-                       max_position_embeddings=32768,
+                       head_dim=s.head_dim, max_position_embeddings=32768,
                        rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=s.tied, torch_dtype=dtype)
 
 

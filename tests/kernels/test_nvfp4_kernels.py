@@ -307,6 +307,11 @@ def test_untuned_shape_borrows_the_nearest_tuned_shapes_config(monkeypatch):
         # stream-K keeps its schedule; DQ its windows; the decode entry's EAGER never travels
         assert ops.transferred_entry("X", "fwd", 256, 4096, 4096)["SK"] == 1
         assert ops.transferred_entry("X", "fwd", 2048, 4096, 4096) == {"DQ": 1, "CHUNK": 1 << 25}
+        # from M = 256 on (where the heuristic dequantizes), only weights of >= 12 M elements: Gemma-2-2B's o
+        # projection (2304 x 2048) borrows at M = 64, not at 256
+        table["fwd:256:2560:2048"] = {"WGMMA": 1, "WS": 1, "C": 1, "MT": 1, "BT": 128, "NS": 4, "SPLIT": 1}
+        assert ops.transferred_entry("X", "fwd", 64, 2304, 2048) is not None
+        assert ops.transferred_entry("X", "fwd", 256, 2304, 2048) is None
         # from M = 512 on, only from a shape within 2x (d <= 1): 28672 x 4096 borrows, 16384 x 2048 does not
         assert ops.transferred_entry("X", "fwd", 512, 28672, 4096)["WS"] == 1
         assert ops.transferred_entry("X", "fwd", 512, 16384, 2048) is None

@@ -54,3 +54,16 @@ def test_the_benchmarks_and_the_tuner_take_a_config_path(tmp_path):
     # the tuner's engine ranks for such a model: q/k/v at 3 x 32 padded to 128, gate/up 2 x 32 = 64
     assert kernels_tune.engine_ranks(str(tmp_path)) == {(4096, 2304): 128, (2304, 2048): 32, (18432, 2304): 64,
                                                         (2304, 9216): 32}
+
+
+def test_random_stand_ins_keep_the_configs_head_dim(tmp_path):
+    """A model whose head dim is not hidden / heads (Qwen3-4B: 2560 / 32 = 80, head_dim 128) is built with its own."""
+    from qerl.models.random import qwen_config
+
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 2560, "intermediate_size": 9728,
+                                                      "num_hidden_layers": 36, "num_attention_heads": 32,
+                                                      "num_key_value_heads": 8, "head_dim": 128,
+                                                      "vocab_size": 151936}))
+    cfg = qwen_config(str(tmp_path))
+    assert (cfg.head_dim, cfg.hidden_size, cfg.num_attention_heads) == (128, 2560, 32)
+    assert qwen_config("7B").head_dim == 128
