@@ -81,12 +81,13 @@ def write(rows: list[dict], out: Path, device: str) -> Path:
 
 def build_parser() -> argparse.ArgumentParser:
     from qerl.argtypes import HelpFormatter
-    from qerl.models.shapes import SHAPES
+    from qerl.models.shapes import MODELS_HELP, model_arg
 
     p = argparse.ArgumentParser(prog="qerl bench layout", description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter)
     p.add_argument("--output", default="reports/layout", help="directory of the <device>.csv / .md")
-    p.add_argument("--models", nargs="+", default=["7B", "14B", "32B"], choices=list(SHAPES), help="Qwen2.5 shapes")
+    p.add_argument("--models", nargs="+", default=["7B", "14B", "32B"], type=model_arg, metavar="MODEL",
+                   help=MODELS_HELP)
     p.add_argument("--projs", nargs="+", default=["qkv", "o", "gate_up", "down"],
                    choices=["qkv", "o", "gate_up", "down"], help="projections")
     p.add_argument("--ms", nargs="+", type=int, default=list(MS), help="token counts M")

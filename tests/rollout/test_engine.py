@@ -207,6 +207,15 @@ def test_bad_input_and_fallback(tiny_dirs, tok, caplog):
     model.config.hidden_act = "gelu"  # an architecture variant the engine does not run
     with pytest.raises(EngineUnsupported, match="gelu"):
         RolloutEngine(model, tok)
+    # a head dim the CUDA kernels cannot take is unsupported on CUDA (generate falls back), fine on the CPU
+    from qerl.rollout.engine.model_view import check_head_dim
+
+    for d in (16, 64, 128, 256):
+        check_head_dim(d, torch.device("cuda"))
+    for d in (8, 80, 96, 100):
+        with pytest.raises(EngineUnsupported, match=f"head_dim {d}: .* power of two"):
+            check_head_dim(d, torch.device("cuda"))
+        check_head_dim(d, torch.device("cpu"))
 
 
 def test_decode_attention_kernel_in_the_engine():

@@ -296,6 +296,17 @@ def _norm(mod: nn.Module, where: str) -> Norm:
     return Norm(mod, float(getattr(mod, "variance_epsilon", getattr(mod, "eps", 1e-6))))
 
 
+def check_head_dim(head_dim: int, device: torch.device) -> None:
+    """Raise :class:`EngineUnsupported` where the engine's CUDA kernels cannot run this head dim: the decode
+    attention (:mod:`qerl_kernels.decode_attention`) and the rotary / cache write (:mod:`qerl_kernels.rope_cache`)
+    take a power of two >= 16 (64 and 128 in the Qwen2.5 / Llama 3 families; e.g. OpenLLaMA-3B's 100 does not
+    fit). ``generate`` then falls back to the reference sampler with a warning instead of failing in the first
+    decode step. On the CPU the engine's torch paths take any head dim."""
+    if torch.device(device).type == "cuda" and (head_dim < 16 or head_dim & (head_dim - 1)):
+        raise EngineUnsupported(f"head_dim {head_dim}: the engine's decode attention and rotary kernels take a power "
+                                "of two >= 16")
+
+
 def view_model(model: nn.Module, fuse_siblings: bool = False) -> ModelView:
     """The engine's view of ``model`` (see module docstring); raises :class:`EngineUnsupported` naming the
     part it cannot run. ``fuse_siblings``: q/k/v and gate/up as one projection each (:func:`fuse`)."""
@@ -316,6 +327,7 @@ def view_model(model: nn.Module, fuse_siblings: bool = False) -> ModelView:
         raise EngineUnsupported(f"rope_type {rot.rope_type!r} (position-dependent scaling) is not supported")
     heads, kv = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    check_head_dim(head_dim, base.embed_tokens.weight.device)
     layers, projs = [], []
     for i, layer in enumerate(base.layers):
         at, mlp = layer.self_attn, layer.mlp
