@@ -329,8 +329,17 @@ def test_untuned_shape_borrows_the_nearest_tuned_shapes_config(monkeypatch):
         # the backward rule itself (rescaled_split): output tiles over K (28 -> 32 of 128), the split over N
         bwd = ops.rescaled_split("bwd", dict(table["bwd:64:4608:3584"]), 4608, 3584, 6144, 4096)
         assert bwd["SPLIT"] == round(9 * 28 / 32)
+        # config_for (what every call resolves through) takes it, and adds the eager one-launch config as for a
+        # tuned entry (a 2.1 GFLOP call: at most EAGER_ONE_LAUNCH_FLOPS)
+        monkeypatch.setattr(ops, "_device_name", lambda index: "X")
+        monkeypatch.setattr(ops, "_sm_count", lambda index: 132)
+        resolved = ops.config_for("fwd", 64, 6144, 4096, torch.device("cuda", 0))
+        assert resolved["WS"] == 1 and resolved["EAGER"]["XS"] == 1
+        assert ops.config_for("bwd", 64, 6144, 4096, torch.device("cuda", 0)) == ops.heuristic("bwd", 64, 6144,
+                                                                                              4096, 132)
         monkeypatch.setattr(ops, "TRANSFER", False)
         assert ops.transferred_entry("X", "fwd", 64, 6144, 4096) is None
+        assert "WS" not in ops.config_for("fwd", 64, 6144, 4096, torch.device("cuda", 0))
         assert ops.table_entry("X", "fwd", 64, 6144, 4096) is None
     finally:
         ops._transfer.cache_clear()
