@@ -235,9 +235,12 @@ def transferred_entry(device_name: str, kind: str, M: int, N: int, K: int, sms: 
     never.
 
     Why (H100, reports/kernels "Shapes without tuned entries"): the heuristic's configs are read off small-model
-    searches, and on the Llama 3.x 1B / 3B / 8B projections (no tuned entries) the forward ran at a median 0.97 /
-    0.83 / 0.73 / 0.54x cuBLAS at M = 32 / 64 / 128 / 256; borrowed, 1.24 / 1.09 / 0.85 / 0.72x. The backward's
-    borrowed configs were neutral to slower (8B down at M = 64: 0.74 -> 0.54x), so it keeps the heuristic."""
+    searches, and on the Llama 3.x 1B / 3B / 8B projections (no tuned entries) the forward ran at a median 0.99 /
+    0.83 / 0.73x cuBLAS at M = 32 / 64 / 128; borrowed, 1.26 / 1.11 / 0.85x — on Llama-8B within 4% of a search on
+    its own shapes at 6 of 8 keys (M = 64 / 128). Over five families (with Gemma-2-2B and Qwen3-4B) at M = 256:
+    0.58 -> 0.68x. The backward's borrowed configs were neutral to slower (8B down at M = 64: 0.74 -> 0.54x), so it
+    keeps the heuristic. ``_transfer`` is memoised: clear it (``_transfer.cache_clear()``) after the table or the
+    bounds change, as the tuner does."""
     if not TRANSFER or kind != "fwd" or M <= 16 or N % 64 or K % 128:
         return None
     if m_bucket(M) >= TRANSFER_LARGE_FROM and N * K < TRANSFER_LARGE_WEIGHTS:
