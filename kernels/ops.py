@@ -49,10 +49,39 @@ def m_bucket(m: int) -> int:
     return M_BUCKETS[-1]
 
 
-@functools.lru_cache(maxsize=None)
+USER_TABLES = "QERL_TUNED_DIR"  # environment variable: a directory of the user's own tuned tables (table_dirs)
+
+
+def table_dirs() -> tuple[Path, ...]:
+    """Where the tuned tables are read from, in order, later entries winning: the package's (``kernels/tuned``, the
+    committed searches), then ``$QERL_TUNED_DIR`` where set — a user's own searches of their models
+    (``python -m qerl.bench.kernels_tune`` writes there when it is set), kept out of the installed package. Set it
+    before the first kernel call: the merged table is read once per process."""
+    extra = os.environ.get(USER_TABLES)
+    return (TUNED_DIR,) + ((Path(extra).expanduser(),) if extra else ())
+
+
+def table_path(device_name: str, directory: Path | None = None) -> Path:
+    """The table file of ``device_name`` in ``directory`` (default: the last of :func:`table_dirs`, where a search
+    writes)."""
+    return (directory or table_dirs()[-1]) / (device_name.replace(" ", "_") + ".json")
+
+
 def _tuned(device_name: str) -> dict:
-    path = TUNED_DIR / (device_name.replace(" ", "_") + ".json")
-    return json.loads(path.read_text()) if path.exists() else {}
+    return _tables(device_name, table_dirs())
+
+
+@functools.lru_cache(maxsize=None)
+def _tables(device_name: str, dirs: tuple[Path, ...]) -> dict:
+    table: dict = {}
+    for d in dirs:
+        path = table_path(device_name, d)
+        if path.exists():
+            try:
+                table.update(json.loads(path.read_text()))
+            except json.JSONDecodeError as e:
+                raise KernelInputError(f"tuned table {path}: not valid JSON ({e}); fix or delete it") from None
+    return table
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,4 +1,5 @@
-"""Tile-config search for the NVFP4 kernels; writes ``kernels/tuned/<device>.json``.
+"""Tile-config search for the NVFP4 kernels; writes ``kernels/tuned/<device>.json`` (``$QERL_TUNED_DIR/<device>.json``
+where that is set: a user's own searches, kept out of the package and read over it, ``qerl_kernels.ops.table_dirs``).
 
 Keyed on ``"<kind>:<M bucket>:<N>:<K>"`` (kind 'fwd' or 'bwd'); :func:`qerl_kernels.ops.config_for`
 reads the file (falling back to the nearest tuned M bucket of the same shape), so committed tuned
@@ -397,7 +398,7 @@ def _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers, lora=0, til
 
     device = torch.cuda.get_device_name()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    path = TUNED_DIR / (device.replace(" ", "_") + ".json")
+    path = ops.table_path(device)  # the package's table, or $QERL_TUNED_DIR's where set (ops.table_dirs)
     table = json.loads(path.read_text()) if path.exists() else {}
     jobs = [(kind, M, N, K) for (N, K) in dict.fromkeys(shapes) for M in ms for kind in kinds]
     log = []
@@ -459,11 +460,11 @@ def _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers, lora=0, til
             if progress is False:
                 print(f"{key}: {best[0] * 1e6:.1f} us, cuBLAS {t_cublas * 1e6:.1f} us, "
                       f"{t_cublas / best[0]:.2f}x  {best[1]}", flush=True)
-        TUNED_DIR.mkdir(exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(table, indent=0, sort_keys=True))  # after every key: a cut-off run keeps its work
         if csv_path is not None:
             _write_csv(log, csv_path)
-    ops._tuned.cache_clear()
+    ops._tables.cache_clear()
     ops._transfer.cache_clear()
     return path
 

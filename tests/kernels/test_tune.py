@@ -166,3 +166,33 @@ def test_tiled_search_keeps_the_candidates_that_read_the_layout():
     piped = [c for c in allc if c.get("PIPE")]
     assert piped and not tune.tiled_candidates("fwd", 8, 37888, 3584, 132, piped)
     assert tune.tiled_candidates("fwd", 8, 37888 + 32, 3584, 132, allc) == []
+
+
+def test_a_users_own_tables_are_read_over_the_packages(tmp_path, monkeypatch):
+    """``$QERL_TUNED_DIR``: a search writes there (not into the installed package), and its entries are read over
+    the package's table — a user's own key wins, the package's other keys stay; a broken file is an error naming it."""
+    from qerl_kernels import ops
+
+    device = "NVIDIA H100 80GB HBM3"
+    package = json.loads(ops.table_path(device, ops.TUNED_DIR).read_text())
+    key = "fwd:64:4608:3584"
+    assert key in package
+    monkeypatch.delenv(ops.USER_TABLES, raising=False)
+    assert ops.table_dirs() == (ops.TUNED_DIR,) and ops.table_path(device).parent == ops.TUNED_DIR
+    monkeypatch.setenv(ops.USER_TABLES, str(tmp_path))
+    assert ops.table_dirs() == (ops.TUNED_DIR, tmp_path)
+    assert ops.table_path(device) == tmp_path / "NVIDIA_H100_80GB_HBM3.json"  # where kernels_tune writes
+    mine = {key: {"DQ": 1, "CHUNK": 0}, "fwd:64:6144:4096": {"WGMMA": 1, "WG": 1, "BT": 64, "NS": 2, "SPLIT": 1}}
+    ops.table_path(device).write_text(json.dumps(mine))
+    ops._tables.cache_clear()
+    try:
+        merged = ops._tuned(device)
+        assert merged[key] == mine[key] and merged["fwd:64:6144:4096"]["BT"] == 64
+        assert len(merged) == len(package) + 1 and ops.tuned_entry(device, "fwd", 64, 6144, 4096)["BT"] == 64
+        ops.table_path(device).write_text("{broken")
+        ops._tables.cache_clear()
+        with pytest.raises(ops.KernelInputError, match="NVIDIA_H100_80GB_HBM3.json: not valid JSON"):
+            ops._tuned(device)
+    finally:
+        ops._tables.cache_clear()
+        ops._transfer.cache_clear()
