@@ -373,17 +373,26 @@ def read(path: Path) -> list[dict]:
     return [{**r, **{k: int(r[k]) for k in ints}, **{k: float(r[k]) for k in floats}} for r in rows]
 
 
-def merge(paths: list[Path], out: Path) -> Path:
-    """One file set from several runs on one device (e.g. 7B, then 14B + 32B in a second process): a later
-    file's row replaces an earlier one with the same (model, base, engine, batch, group size, lengths)."""
+def _merge_rows(paths) -> tuple[dict, set]:
     rows: dict = {}
     devices = set()
     for path in paths:
         for r in read(path):
             devices.add(r["device"])
             rows[(r["model"], r["base"], r["engine"], r["batch"], r["group_size"], r["lengths"])] = r
+    return rows, devices
+
+
+def merge(paths: list[Path], out: Path) -> Path:
+    """One file set from several runs on one device (e.g. 7B, then 14B + 32B in a second process), merged into the
+    one already at ``out`` for that device (its rows stay unless a given file has the same key): a later file's row
+    replaces an earlier one with the same (model, base, engine, batch, group size, lengths)."""
+    rows, devices = _merge_rows(paths)
     if len(devices) != 1:
         raise ValueError(f"--merge: the CSVs come from different devices {sorted(devices)}; merge one device's runs")
+    existing = out / (next(iter(devices)).replace(" ", "_") + ".csv")
+    if existing.exists() and all(existing.resolve() != Path(p).resolve() for p in paths):
+        rows = {**_merge_rows([existing])[0], **rows}  # (nothing already at --output is lost)
     order = {"7B": 0, "14B": 1, "32B": 2}
     merged = sorted(rows.values(), key=lambda r: (r["base"] != "nvfp4", order.get(r["model"], 9), r["engine"],
                                                   r["lengths"] != "fixed", r["lengths"], r["group_size"], r["batch"]))

@@ -534,10 +534,7 @@ def _typed(r: dict) -> dict:
     return out
 
 
-def merge(paths: list[Path], out: Path) -> tuple[Path, Path]:
-    """One file set from several runs on one device (e.g. 7B, then 14B + 32B in a second process): a later
-    file's row replaces an earlier one with the same (model, method, batch, prompt_len, gen_len, lengths, GPUs, micro-batch,
-    engine cache, optimizer states)."""
+def _merge_rows(paths) -> tuple[dict, set]:
     rows: dict = {}
     devices = set()
     for path in paths:
@@ -555,8 +552,20 @@ def merge(paths: list[Path], out: Path) -> tuple[Path, Path]:
                       r["samples_per_prompt"], r["dense_update"], r["packed_update"],
                       r.get("nproc") or "1", r["micro_batch"], r.get("micro_tokens") or "", r["engine_cache"],
                       r["optimizer_states"])] = _typed(r)
+    return rows, devices
+
+
+def merge(paths: list[Path], out: Path) -> tuple[Path, Path]:
+    """One file set from several runs on one device (e.g. 7B, then 14B + 32B in a second process), merged into the
+    one already at ``out`` for that device (its rows stay unless a given file has the same key): a later file's row
+    replaces an earlier one with the same (model, method, batch, prompt_len, gen_len, lengths, GPUs, micro-batch,
+    engine cache, optimizer states)."""
+    rows, devices = _merge_rows(paths)
     if len(devices) != 1:
         raise ValueError(f"--merge: the CSVs come from different devices {sorted(devices)}; merge one device's runs")
+    existing = out / (next(iter(devices)).replace(" ", "_") + ".csv")
+    if existing.exists() and all(existing.resolve() != Path(p).resolve() for p in paths):
+        rows = {**_merge_rows([existing])[0], **rows}  # (nothing already at --output is lost)
     order = {"7B": 0, "14B": 1, "32B": 2}
     merged = sorted(rows.values(), key=lambda r: (order.get(r["model"], 9), r["method"], r["lengths"] != "fixed",
                                                   r["lengths"], r.get("samples_per_prompt") or 1, -r["batch"], r["gen_len"],

@@ -22,6 +22,12 @@ def test_write_read_merge(tmp_path):
     md = (out / "Test_GPU.md").read_text()
     assert "Copy bandwidth 3010 GB/s" in md and md.count("| 32B |") == 2
     assert (out / "Test_GPU.png").read_bytes()[:4] == b"\x89PNG"
+    # merged into --output's file set: a new run alone keeps the rows already there (its own replace theirs)
+    c = tmp_path / "c"
+    br.write([_row("14B", 8, 700.0), _row("32B", 64, 2100.0)], c, "Test GPU", 3000.0)
+    merged = br.read(br.merge([c / "Test_GPU.csv"], out))
+    assert sorted((r["model"], r["batch"], r["tok_s"]) for r in merged) == [
+        ("14B", 8, 700.0), ("32B", 8, 500.0), ("32B", 64, 2100.0), ("7B", 8, 1000.0)]
 
 
 def test_merge_refuses_two_devices_and_foreign_csvs(tmp_path):

@@ -25,6 +25,13 @@ def test_merge_later_rows_win_and_order(tmp_path):
     assert [(r["model"], r["method"], r["total_s"]) for r in rows] == [
         ("7B", "qerl", "6.5"), ("14B", "lora", "37.0"), ("32B", "qerl", "45.0")]
     assert "| 7B | qerl | 8 | 256 | 1024 | fixed | 1 | ok | 5.50 | 0.25 | 0.75 | 6.50 |" in md.read_text()
+    # merged into --output's file set: a new run alone keeps the rows already there (its own replace theirs)
+    c, _ = bench_step.write([_row("7B", "qerl", 8, 1024, 6.0)], tmp_path / "c", "GPU X")
+    assert bench_step.main(["--merge", str(c), "--output", str(tmp_path / "m")]) == 0
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["model"], r["method"], r["total_s"]) for r in rows] == [
+        ("7B", "qerl", "6.0"), ("14B", "lora", "37.0"), ("32B", "qerl", "45.0")]
 
 
 def test_merge_keeps_other_micro_batches_and_engine_cache_apart(tmp_path):
