@@ -274,7 +274,7 @@ def transferred_entry(device_name: str, kind: str, M: int, N: int, K: int, sms: 
         return None
     if m_bucket(M) >= TRANSFER_LARGE_FROM and N * K < TRANSFER_LARGE_WEIGHTS:
         return None
-    hit = _transfer(device_name, kind, m_bucket(M), N, K, sms)
+    hit = _transfer(device_name, m_bucket(M), N, K, sms)
     return None if hit is None else dict(hit[0])
 
 
@@ -297,16 +297,16 @@ def transfer_source(device_name: str, kind: str, M: int, N: int, K: int, sms: in
     """``(N', K')`` of the tuned shape :func:`transferred_entry` borrows from (reports, debugging), else None."""
     if transferred_entry(device_name, kind, M, N, K, sms) is None:
         return None
-    return _transfer(device_name, kind, m_bucket(M), N, K, sms)[1]
+    return _transfer(device_name, m_bucket(M), N, K, sms)[1]
 
 
 @functools.lru_cache(maxsize=4096)
-def _transfer(device_name: str, kind: str, bucket: int, N: int, K: int, sms: int) -> tuple | None:
+def _transfer(device_name: str, bucket: int, N: int, K: int, sms: int) -> tuple | None:
     best = None
     for key, cfg in _tuned(device_name).items():
         k, b, n, kk = key.split(":")
         n, kk = int(n), int(kk)
-        if k != kind or int(b) != bucket or n % 64 or kk % 128:
+        if k != "fwd" or int(b) != bucket or n % 64 or kk % 128:
             continue
         d = abs(math.log2(n / N)) + abs(math.log2(kk / K))
         if (best is None or d < best[0]) and (bucket < TRANSFER_NEAR_FROM or d <= TRANSFER_NEAR):
@@ -314,15 +314,15 @@ def _transfer(device_name: str, kind: str, bucket: int, N: int, K: int, sms: int
     if best is None:
         return None
     _, n, kk, cfg = best
-    return types.MappingProxyType(rescaled_split(kind, dict(cfg), n, kk, N, K, bucket, sms)), (n, kk)
+    return types.MappingProxyType(rescaled_split(dict(cfg), n, N, K, bucket, sms)), (n, kk)
 
 
-def rescaled_split(kind: str, cfg: dict, n: int, k: int, N: int, K: int, M: int = 0, sms: int = 132) -> dict:
-    """``cfg``, tuned for ``(n, k)``, with its ``SPLIT`` rescaled for ``(N, K)`` at the same M: the output tiles'
-    count changes with N (forward; backward: with K), the split by the inverse ratio, within [1, the reduction's
-    steps / 2] (at least two steps per program) — and above the tuned split only while the target's tiles (with
-    M's, warpgroup MMA) fill less than two waves of ``sms``. Stream-K (``SK``: programs per SM) and DQ configs stay
-    as they are; the ``EAGER`` config of a decode entry is dropped (``config_for`` derives its own)."""
+def rescaled_split(cfg: dict, n: int, N: int, K: int, M: int = 0, sms: int = 132) -> dict:
+    """``cfg``, a forward config tuned for ``n`` output rows, with its ``SPLIT`` rescaled for ``(N, K)`` at the same
+    M: the output tiles' count changes with N, the split by the inverse ratio, within [1, the K steps / 2] (at least
+    two steps per program) — and above the tuned split only while the target's tiles (with M's, warpgroup MMA) fill
+    less than two waves of ``sms``. Stream-K (``SK``: programs per SM) and DQ configs stay as they are; the ``EAGER``
+    config of a decode entry is dropped (``config_for`` derives its own)."""
     cfg.pop("EAGER", None)
     split = int(cfg.get("SPLIT", 1))
     if cfg.get("DQ") or cfg.get("SK") or "SPLIT" not in cfg:
@@ -333,10 +333,8 @@ def rescaled_split(kind: str, cfg: dict, n: int, k: int, N: int, K: int, M: int 
                                                                           else cfg.get("WG", 1)))
         tiles_old, tiles_new, steps = -(-n // rows), -(-N // rows), K // 128
         m_tiles = -(-M // int(cfg.get("BT", 64))) if M else 1
-    elif kind == "fwd":  # Triton tiles and decode kernels: output tiles over N, reduction over K
+    else:  # Triton tiles and decode kernels: output tiles over N, reduction over K
         tiles_old, tiles_new, steps = -(-n // cfg["BN"]), -(-N // cfg["BN"]), -(-K // cfg["BK"])
-    else:  # backward tiles: output tiles over K, reduction over N
-        tiles_old, tiles_new, steps = -(-k // cfg["BK"]), -(-K // cfg["BK"]), -(-N // cfg["BN"])
     new = round(split * tiles_old / tiles_new)
     if new > split and tiles_new * m_tiles >= 2 * sms:  # enough tiles already: no more split than tuned
         new = split

@@ -19,8 +19,6 @@ import torch
 
 from qerl_kernels import ops
 
-TUNED_DIR = ops.TUNED_DIR  # (the tables live with the kernels that read them)
-
 
 def _split_options(tiles_out: int, loop: int, sms: int) -> list[int]:
     """1, and the split that brings the program count nearest 2 and 4 waves (at least 2 tiles each)."""

@@ -16,3 +16,13 @@ def device_csv(rows: list[dict], out: Path, device: str, tail: str = "") -> Path
         for r in rows:
             wr.writerow({**r, "device": device})
     return stem
+
+
+def existing_csv(out: Path, device: str, paths) -> Path | None:
+    """The CSV already at ``out`` for ``device`` when a ``--merge`` into ``out`` must keep its rows (it exists and is
+    not one of the merged ``paths``), else None: a merge goes *into* the output's file set, so nothing already
+    written there is lost."""
+    path = out / (device.replace(" ", "_") + ".csv")
+    if path.exists() and all(path.resolve() != Path(p).resolve() for p in paths):
+        return path
+    return None

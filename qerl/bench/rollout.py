@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from qerl.bench.report import existing_csv
 from qerl.models.random import CountTokenizer, prompts
 from qerl.models.shapes import MODELS_HELP, model_arg
 
@@ -390,9 +391,9 @@ def merge(paths: list[Path], out: Path) -> Path:
     rows, devices = _merge_rows(paths)
     if len(devices) != 1:
         raise ValueError(f"--merge: the CSVs come from different devices {sorted(devices)}; merge one device's runs")
-    existing = out / (next(iter(devices)).replace(" ", "_") + ".csv")
-    if existing.exists() and all(existing.resolve() != Path(p).resolve() for p in paths):
-        rows = {**_merge_rows([existing])[0], **rows}  # (nothing already at --output is lost)
+    existing = existing_csv(out, next(iter(devices)), paths)
+    if existing is not None:
+        rows = {**_merge_rows([existing])[0], **rows}
     order = {"7B": 0, "14B": 1, "32B": 2}
     merged = sorted(rows.values(), key=lambda r: (r["base"] != "nvfp4", order.get(r["model"], 9), r["engine"],
                                                   r["lengths"] != "fixed", r["lengths"], r["group_size"], r["batch"]))
