@@ -43,7 +43,7 @@ BWD_SIG = {"dy_ptr": "*bf16", "wp_ptr": "*u8", "ws_ptr": "*u8", "gs_ptr": "*fp32
            "stride_sn": "i32", "lora_scale": "fp32", "SPLIT": "i32"}
 
 
-def compile_sm90(kind="fwd", bm=16, bn=64, bk=256, warps=4, stages=4, split=1, swap=0):
+def compile_sm90(kind="fwd", bm=16, bn=64, bk=256, warps=4, stages=4, split=1, swap=0, red=1):
     consts = {"R": 0, "USE_SPLIT": split > 1, "EVEN_K": True, "BM": bm, "BN": bn, "BK": bk, "FAST": True, "DOT_FP32": False}
     if kind == "mmv":  # register-fragment tensor-core decode path (nvfp4_mmv)
         from qerl_kernels.nvfp4_mmv import _nvfp4_mmv_kernel
@@ -78,10 +78,10 @@ def compile_sm90(kind="fwd", bm=16, bn=64, bk=256, warps=4, stages=4, split=1, s
         consts.pop("DOT_FP32")
     elif kind == "fwd":
         fn, base = _nvfp4_fwd_kernel, FWD_SIG
-        consts.update(HAS_BIAS=False, SWAP=bool(swap))
+        consts.update(HAS_BIAS=False, SWAP=bool(swap), RED=red)
     else:
         fn, base = _nvfp4_bwd_kernel, BWD_SIG
-        consts.update(SWAP=bool(swap))
+        consts.update(SWAP=bool(swap), RED=red)
     sig = {**base, **{k: "constexpr" for k in consts}}
     if kind == "mmv":
         sig["XP"] = "i32"
@@ -102,18 +102,18 @@ WGMMA_SIG = {"xp_ptr": "*bf16", "wp_ptr": "*u8", "ws_ptr": "*u8", "gs_ptr": "*fp
 
 
 def compile_wgmma(WG=1, BT=64, NS=3, split=False, bias=False, XG=True, PIPE=False, NSW=0, MT=1, R=0, PDL=False,
-                  XS=False, SK=False, TILED=False, EW=False, TRIG=False):
+                  XS=False, SK=False, TILED=False, EW=False, TRIG=False, RED=1):
     """The warpgroup-MMA kernel (:mod:`qerl_kernels.nvfp4_wgmma`, Gluon) for sm_90: WG warpgroups, BT
     activation rows, NS ring stages, in-kernel activation gather XG, LoRA rank R (PDL: ``xa`` from the
     preceding launch), activations staged through registers XS, stream-K schedule SK, the launch chain's early
-    weights EW, releasing the next launch at the start TRIG."""
+    weights EW, releasing the next launch at the start TRIG, split-K partials loaded per round RED."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from qerl_kernels.nvfp4_wgmma import _nvfp4_wgmma_kernel
 
     consts = {"HAS_BIAS": bool(bias), "USE_SPLIT": bool(split), "WG": WG, "BT": BT, "NS": NS, "XG": bool(XG),
               "PIPE": bool(PIPE), "NSW": max(NSW, NS) if PIPE else 0, "MT": MT, "R": R, "PDL": bool(PDL),
-              "XS": bool(XS), "SK": bool(SK), "TILED": bool(TILED), "EW": bool(EW), "TRIG": bool(TRIG)}
+              "XS": bool(XS), "SK": bool(SK), "TILED": bool(TILED), "EW": bool(EW), "TRIG": bool(TRIG), "RED": RED}
     sig = {**WGMMA_SIG, **{k: "constexpr" for k in consts}}
     names = list(sig)
     attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in WGMMA_SIG

@@ -149,18 +149,69 @@ def _dot(a, b, acc, DOT_FP32: tl.constexpr):
     return tl.dot(a, b, acc)
 
 
+def split_red(rows: int, cols: int, warps: int) -> int:
+    """Partials a split-K reduction loads per round (``RED`` of :func:`_split_reduce` and of
+    :func:`qerl_kernels.nvfp4_wgmma._split_sum`) for a ``[rows, cols]`` fp32 tile over ``warps`` warps: 8 where a
+    thread holds at most 4 of its values (the decode tiles at BT = 8), else 1.
+
+    Why: the last share of a tile adds the ``SPLIT`` partials after its ticket, on the kernel's critical path. For
+    the runtime loop ptxas unrolls by 4 and issues those loads together, after a remainder loop of one partial per
+    L2 round trip (``SPLIT % 4`` of them): 7B down at M = 8 (``SPLIT`` 14) waited for 5 round trips, with 8 per
+    round for 2. Measured (H100, CUDA graphs, tiled weights, bit-equal outputs; reports/kernels): 7B q/k/v / o /
+    down at M = 8 1.03 / 1.06 / 1.02x faster, 0.5B down 1.11x; the 7B rollout at batch 8 1% shorter per step. The
+    kernel's register count is its peak, so more loads per round cost residency (sm_90 compiles, RED 1 / 2 / 4 / 8):
+    BT = 8 71 / 75 / 71 / 72 registers; BT = 16 75 / 77 / 83 / 120 — at 2 the M = 16 calls ran 1-7% slower on the
+    H100, at 4 14B / 32B q/k/v 7-8% slower on the H200 (one program per SM fewer); BT = 32 96 / 109 / 158 / 213; a
+    bwd tile ``[128, 64]`` at 4 warps 168 -> 249 with 2."""
+    per_thread = max(1, rows * cols // (32 * warps))
+    return 8 if per_thread <= 4 else 1
+
+
 @triton.jit
-def _split_reduce(acc, part_ptr, lock_ptr, offs, omask, tile, MN, SPLIT, pid_s):
+def _sum_round(acc, ptr, MN, omask, left, RED: tl.constexpr):
+    """``acc + part[0] + … + part[RED - 1]`` in that order (``part[i]`` at ``ptr + i · MN``; those at ``i >= left``
+    load as -0.0, which adds exactly nothing), every load issued before the first addition."""
+    p0 = tl.load(ptr, mask=omask, other=0.0, cache_modifier=".cg")
+    p1 = tl.load(ptr + MN, mask=omask & (left > 1), other=-0.0, cache_modifier=".cg")
+    if RED >= 4:
+        p2 = tl.load(ptr + 2 * MN, mask=omask & (left > 2), other=-0.0, cache_modifier=".cg")
+        p3 = tl.load(ptr + 3 * MN, mask=omask & (left > 3), other=-0.0, cache_modifier=".cg")
+    if RED >= 8:
+        p4 = tl.load(ptr + 4 * MN, mask=omask & (left > 4), other=-0.0, cache_modifier=".cg")
+        p5 = tl.load(ptr + 5 * MN, mask=omask & (left > 5), other=-0.0, cache_modifier=".cg")
+        p6 = tl.load(ptr + 6 * MN, mask=omask & (left > 6), other=-0.0, cache_modifier=".cg")
+        p7 = tl.load(ptr + 7 * MN, mask=omask & (left > 7), other=-0.0, cache_modifier=".cg")
+    acc += p0
+    acc += p1
+    if RED >= 4:
+        acc += p2
+        acc += p3
+    if RED >= 8:
+        acc += p4
+        acc += p5
+        acc += p6
+        acc += p7
+    return acc
+
+
+@triton.jit
+def _split_reduce(acc, part_ptr, lock_ptr, offs, omask, tile, MN, SPLIT, pid_s, RED: tl.constexpr = 1):
     """Serial split reduction: store this program's fp32 partial, take a ticket; the last program
-    of the tile sums all partials (returns ``last=True``) and resets the ticket to 0."""
+    of the tile sums all partials in split order (returns ``last=True``) and resets the ticket to 0.
+    ``RED`` (1, 2, 4 or 8: :func:`split_red`) partials are loaded per round before any is added, so that their L2
+    round trips overlap; the sum is the same for every ``RED``."""
     tl.store(part_ptr + pid_s * MN + offs, acc, mask=omask)
     tl.debug_barrier()  # every thread's partial is written before the (releasing) ticket
     ticket = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
     last = ticket == SPLIT - 1
     if last:
         acc = tl.zeros_like(acc)
-        for j in range(SPLIT):
-            acc += tl.load(part_ptr + j * MN + offs, mask=omask, other=0.0, cache_modifier=".cg")
+        if RED == 1:
+            for j in range(SPLIT):
+                acc += tl.load(part_ptr + j * MN + offs, mask=omask, other=0.0, cache_modifier=".cg")
+        else:
+            for j in range(0, SPLIT, RED):
+                acc = _sum_round(acc, part_ptr + j * MN + offs, MN, omask, SPLIT - j, RED)
         tl.atomic_xchg(lock_ptr + tile, 0)
     return acc, last
 
@@ -171,7 +222,7 @@ def _nvfp4_fwd_kernel(
     M, N, K, stride_xm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT,
     HAS_BIAS: tl.constexpr, R: tl.constexpr, USE_SPLIT: tl.constexpr, SWAP: tl.constexpr, EVEN_K: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FAST: tl.constexpr, DOT_FP32: tl.constexpr,
-    TILED: tl.constexpr = False, LXA: tl.constexpr = False,
+    TILED: tl.constexpr = False, LXA: tl.constexpr = False, RED: tl.constexpr = 1,
 ):
     # program (pid_n, pid_m, pid_s): output tile [BM, BN], K tiles pid_s::SPLIT-th share of the loop
     # (LXA: xa_ptr is lora_a [R, K] and xacc [BM, R] this program's share of x · lora_aᵀ)
@@ -217,7 +268,7 @@ def _nvfp4_fwd_kernel(
     last = True
     if USE_SPLIT:
         acc, last = _split_reduce(acc, part_ptr, lock_ptr, offs, omask, pid_m * tl.num_programs(0) + pid_n, M * N,
-                                  SPLIT, pid_s)
+                                  SPLIT, pid_s, RED)
     if last:
         acc = acc * ((1 << 7) / tl.load(gs_ptr))  # undo the 2^-7 of the tile, apply 1/gs
         if HAS_BIAS:
@@ -247,7 +298,7 @@ def _nvfp4_bwd_kernel(
     M, N, K, stride_dm, stride_om, stride_wn, stride_sn, lora_scale, SPLIT,
     R: tl.constexpr, USE_SPLIT: tl.constexpr, SWAP: tl.constexpr, EVEN_K: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FAST: tl.constexpr, DOT_FP32: tl.constexpr,
-    TILED: tl.constexpr = False,
+    TILED: tl.constexpr = False, RED: tl.constexpr = 1,
 ):
     # program (pid_k, pid_m, pid_s): dX tile [BM, BK], N tiles pid_s::SPLIT-th share of the loop;
     # SWAP accumulates dXᵀ = Ŵᵀ · dYᵀ ([BK, BM]) with the weight tile as the MMA's A operand
@@ -279,7 +330,7 @@ def _nvfp4_bwd_kernel(
     last = True
     if USE_SPLIT:
         acc, last = _split_reduce(acc, part_ptr, lock_ptr, offs, omask, pid_m * tl.num_programs(0) + pid_k, M * K,
-                                  SPLIT, pid_s)
+                                  SPLIT, pid_s, RED)
     if last:
         acc = acc * ((1 << 7) / tl.load(gs_ptr))
         if R > 0:

@@ -62,7 +62,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from qerl_kernels import launch
 from qerl_kernels.nvfp4_gemv import WORD_PAIRS_PTX
-from qerl_kernels.nvfp4_matmul import FP4_PAIRS_PTX
+from qerl_kernels.nvfp4_matmul import FP4_PAIRS_PTX, split_red
 
 _WORD_PAIRS = gl.constexpr(WORD_PAIRS_PTX.value)  # one scale operand ($5) for the word's 8 nibbles
 _BYTE_PAIRS = gl.constexpr(FP4_PAIRS_PTX.value.replace("$6", "$5").replace("$7", "$5").replace("$8", "$5"))
@@ -382,11 +382,12 @@ def _output(acc, n0, m0, M, N, out_ptr, stride_om, gs_ptr, bias_ptr, xa_ptr, lb_
 
 @gluon.jit
 def _split_sum(acc, n0, m0, M, N, part_ptr, lock_ptr, pid_s, SPLIT, RW: gl.constexpr, BT: gl.constexpr,
-               MMA: gl.constexpr, C: gl.constexpr, CI: gl.constexpr):
+               MMA: gl.constexpr, C: gl.constexpr, CI: gl.constexpr, RED: gl.constexpr = 1):
     """Split-K: share ``pid_s`` of ``SPLIT`` stores its partial tile ``[RW, BT]`` fp32 into ``part[pid_s]`` and takes
     a ticket on ``lock[program_id(0) · C + CI]`` (one per sub-tile of ``C`` consumers; 1, 0 for one); the last share
     adds all partials in split order (deterministic) and resets the ticket. Returns ``(acc, last)`` — the sum is
-    valid where ``last``."""
+    valid where ``last``. ``RED`` (1, 2, 4 or 8; :func:`split_red`): partials loaded per round before any is added,
+    so that their L2 round trips overlap instead of following one another (the sum is the same for every ``RED``)."""
     on = n0 + gl.arange(0, RW, layout=gl.SliceLayout(1, MMA))
     om = m0 + gl.arange(0, BT, layout=gl.SliceLayout(0, MMA))
     omask = (on < N)[:, None] & (om < M)[None, :]
@@ -398,10 +399,41 @@ def _split_sum(acc, n0, m0, M, N, part_ptr, lock_ptr, pid_s, SPLIT, RW: gl.const
     last = ticket == SPLIT - 1
     if last:
         acc = gl.zeros([RW, BT], gl.float32, layout=MMA)
-        for j in range(SPLIT):
-            acc += gl.load(part_ptr + j * M * N + offs, mask=omask, other=0.0, cache_modifier=".cg")
+        if RED == 1:
+            for j in range(SPLIT):
+                acc += gl.load(part_ptr + j * M * N + offs, mask=omask, other=0.0, cache_modifier=".cg")
+        else:
+            for j in range(0, SPLIT, RED):
+                acc = _sum_round(acc, part_ptr + j * M * N + offs, M * N, omask, SPLIT - j, RED)
         gl.atomic_xchg(lock_ptr + tile, 0)
     return acc, last
+
+
+@gluon.jit
+def _sum_round(acc, ptr, MN, omask, left, RED: gl.constexpr):
+    """``acc + part[0] + … + part[RED - 1]`` in that order (``part[i]`` at ``ptr + i · MN``; those at ``i >= left``
+    load as -0.0, which adds exactly nothing), every load issued before the first addition."""
+    p0 = gl.load(ptr, mask=omask, other=0.0, cache_modifier=".cg")
+    p1 = gl.load(ptr + MN, mask=omask & (left > 1), other=-0.0, cache_modifier=".cg")
+    if RED >= 4:
+        p2 = gl.load(ptr + 2 * MN, mask=omask & (left > 2), other=-0.0, cache_modifier=".cg")
+        p3 = gl.load(ptr + 3 * MN, mask=omask & (left > 3), other=-0.0, cache_modifier=".cg")
+    if RED >= 8:
+        p4 = gl.load(ptr + 4 * MN, mask=omask & (left > 4), other=-0.0, cache_modifier=".cg")
+        p5 = gl.load(ptr + 5 * MN, mask=omask & (left > 5), other=-0.0, cache_modifier=".cg")
+        p6 = gl.load(ptr + 6 * MN, mask=omask & (left > 6), other=-0.0, cache_modifier=".cg")
+        p7 = gl.load(ptr + 7 * MN, mask=omask & (left > 7), other=-0.0, cache_modifier=".cg")
+    acc += p0
+    acc += p1
+    if RED >= 4:
+        acc += p2
+        acc += p3
+    if RED >= 8:
+        acc += p4
+        acc += p5
+        acc += p6
+        acc += p7
+    return acc
 
 
 @gluon.jit
@@ -456,7 +488,7 @@ def _nvfp4_wgmma_kernel(
     HAS_BIAS: gl.constexpr, USE_SPLIT: gl.constexpr, WG: gl.constexpr, BT: gl.constexpr, NS: gl.constexpr,
     XG: gl.constexpr = True, PIPE: gl.constexpr = False, NSW: gl.constexpr = 0, MT: gl.constexpr = 1,
     R: gl.constexpr = 0, PDL: gl.constexpr = False, XS: gl.constexpr = False, SK: gl.constexpr = False,
-    TILED: gl.constexpr = False, EW: gl.constexpr = False, TRIG: gl.constexpr = False,
+    TILED: gl.constexpr = False, EW: gl.constexpr = False, TRIG: gl.constexpr = False, RED: gl.constexpr = 1,
 ):
     if TRIG:  # the launch chain: the next launch (which waits for this grid before its first read) may start
         _gdc_launch_dependents()
@@ -568,7 +600,7 @@ def _nvfp4_wgmma_kernel(
             _gdc_wait()
         last = True
         if USE_SPLIT:
-            acc, last = _split_sum(acc, n0, m0, M, N, part_ptr, lock_ptr, pid_s, SPLIT, RW, BT, MMA, 1, 0)
+            acc, last = _split_sum(acc, n0, m0, M, N, part_ptr, lock_ptr, pid_s, SPLIT, RW, BT, MMA, 1, 0, RED)
         if last:
             _output(acc, n0, m0, M, N, out_ptr, stride_om, gs_ptr, bias_ptr, xa_ptr, lb_ptr, lora_scale,
                     HAS_BIAS, R, PDL, RW, BT, NW, MMA)
@@ -601,7 +633,7 @@ def stream_k_plan(tiles: int, k_steps: int, P: int) -> list[list[tuple[int, int,
 
 def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None, lora_scale=1.0, *, WG=1, BT=64,
                        NS=3, SPLIT=1, XG=0, PIPE=0, NSW=0, MT=1, XS=0, SK=0, xp=None, part=None, lock=None,
-                       pdl=False, TILED=0, ew=False, trig=False, **_):
+                       pdl=False, TILED=0, ew=False, trig=False, RED=0, **_):
     """``y [M, N] = x [M, K] · Ŵᵀ (+ bias) (+ lora_scale · xa · lora_bᵀ)`` (bf16; ``xa [M, R]``,
     ``lora_b [N, R]`` contiguous bf16, R a multiple of 16) with :func:`_nvfp4_wgmma_kernel`. ``XG=0``
     (default; faster at every tuned key): the activations are permuted first (:func:`permute_activations`,
@@ -620,6 +652,7 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None,
     too. ``trig`` (the chain): release the next launch at the start — it waits for this grid before its first read.
     (Prefetching more of each program's weights into L2 before the wait was slower: 7B batch 8 without LoRA 3.37
     against 3.05 ms per step with 8 steps per program, H100 — it competes with the running kernel's stream.)
+    ``RED``: split-K partials the last share loads per round (:func:`split_red`'s choice where 0).
     Validation is the caller's (:mod:`qerl_kernels.ops`); other keys (a config's) are ignored."""
     M, K = x.shape
     N = packed.shape[0]
@@ -628,7 +661,7 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None,
     # (inside a call's scope, qerl_kernels.ops, computed once per scope; outside, on every call)
     grid, tiles, RW, SPLIT, kw = launch.memo(_static, x, M, N, K, WG, BT, NS, SPLIT, XG, PIPE, NSW, MT, XS, SK,
                                              TILED, bias is not None, lora_b.shape[1] if lora_b is not None else 0,
-                                             pdl, ew, trig)
+                                             pdl, ew, trig, RED)
     if XG or XS:
         xp = x
     elif xp is None:
@@ -654,7 +687,8 @@ def nvfp4_wgmma_matmul(x, packed, scale_u8, gs, bias=None, xa=None, lora_b=None,
     return out
 
 
-def _static(x, M, N, K, WG, BT, NS, SPLIT, XG, PIPE, NSW, MT, XS, SK, TILED, has_bias, R, pdl, ew, trig) -> tuple:
+def _static(x, M, N, K, WG, BT, NS, SPLIT, XG, PIPE, NSW, MT, XS, SK, TILED, has_bias, R, pdl, ew, trig,
+            RED=0) -> tuple:
     """:func:`nvfp4_wgmma_matmul`'s argument checks and static part — ``(grid, tiles, weight rows per program,
     SPLIT, kernel keywords)`` — once per :mod:`qerl_kernels.launch` scope (the scope fixes every argument; of ``x``,
     the activations, only the device is read: stream-K sizes its grid by the SMs)."""
@@ -673,12 +707,13 @@ def _static(x, M, N, K, WG, BT, NS, SPLIT, XG, PIPE, NSW, MT, XS, SK, TILED, has
     else:
         grid = (tiles, SPLIT) if SPLIT > 1 else (tiles, 1)
     return grid, tiles, RW, SPLIT, _kwargs(WG, BT, NS, SPLIT, XG, PIPE, NSW, MT, XS, SK, TILED, has_bias, R, pdl, ew,
-                                           trig)
+                                           trig, RED)
 
 
-def _kwargs(WG, BT, NS, SPLIT, XG, PIPE, NSW, MT, XS, SK, TILED, has_bias, R, pdl, ew, trig) -> dict:
+def _kwargs(WG, BT, NS, SPLIT, XG, PIPE, NSW, MT, XS, SK, TILED, has_bias, R, pdl, ew, trig, RED=0) -> dict:
     """The kernel's constexprs and launch options for a config (:func:`nvfp4_wgmma_matmul`)."""
+    red = (int(RED) or split_red(64 * WG * MT, BT, 4 * WG)) if SPLIT > 1 else 1
     return dict(HAS_BIAS=has_bias, USE_SPLIT=SPLIT > 1, WG=WG, BT=BT, NS=NS, XG=bool(XG), PIPE=bool(PIPE),
                 NSW=max(int(NSW), NS) if PIPE else 0, MT=int(MT), R=R, PDL=bool(pdl), XS=bool(XS), SK=bool(SK),
-                TILED=bool(TILED), EW=bool(ew), TRIG=bool(trig), num_warps=4 * WG,
+                TILED=bool(TILED), EW=bool(ew), TRIG=bool(trig), RED=red, num_warps=4 * WG,
                 **({"launch_pdl": True} if pdl or ew else {}))

@@ -920,8 +920,13 @@ def _tile_static(c: _Call, producers: int = 0) -> tuple:
     tiles = launch.cdiv(M, BM) * (launch.cdiv(N, BN) + producers if c.kind == "fwd" else launch.cdiv(K, BK))
     if split > 1 and tiles > _LOCK_SLOTS - _TAIL:  # the tail: the fused LoRA's ticket, flag, counter
         split = 1
+    red = int(cfg.pop("RED", 0))  # split-K partials the reduction loads per round (nvfp4_matmul.split_red)
+    if split > 1 and not red:
+        from qerl_kernels.nvfp4_matmul import split_red
+
+        red = split_red(BM, BN if c.kind == "fwd" else BK, int(cfg.get("num_warps", 4)))
     common = dict(USE_SPLIT=split > 1, EVEN_K=K % BK == 0, BM=BM, BN=BN, BK=BK, FAST=not c.interpret,
-                  DOT_FP32=c.interpret, **({"TILED": True} if c.tiled else {}))
+                  DOT_FP32=c.interpret, RED=red if split > 1 else 1, **({"TILED": True} if c.tiled else {}))
     return cfg, split, (BM, BN, BK), common
 
 
@@ -1028,7 +1033,7 @@ def _launch_mmv(c: _Call) -> torch.Tensor:
 
 def _gemv_static(c: _Call) -> tuple:
     cfg, split, (BM, BN, BK), common = _tile_static(c)
-    cfg.pop("GEMV"), common.pop("DOT_FP32"), cfg.pop("SWAP", None)
+    cfg.pop("GEMV"), common.pop("DOT_FP32"), common.pop("RED"), cfg.pop("SWAP", None)
     grid = (launch.cdiv(c.N, BN), launch.cdiv(c.M, BM), split)
     return grid, split, dict(HAS_BIAS=c.extra[0] is not None, R=c.r, **common, **cfg), _sizes(c)
 

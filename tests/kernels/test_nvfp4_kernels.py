@@ -56,6 +56,58 @@ print(json.dumps(errs))
     assert max(json.loads(out.stdout.strip().splitlines()[-1])) < 2e-2
 
 
+def test_split_reduction_rounds_give_the_same_sum_under_interpreter():
+    """RED (split-K partials loaded per round before they are added, nvfp4_matmul.split_red) leaves the sum as it
+    was: the same partials added in the same order, those past SPLIT as -0.0 — bit-equal outputs, forward and
+    backward tiles, SPLIT not a multiple of RED."""
+    code = """
+import json, os, torch
+from qerl.quant import nvfp4
+from qerl_kernels.ops import nvfp4_matmul, nvfp4_matmul_t, _locks
+g = torch.Generator().manual_seed(3)
+out = {}
+for N, K, M in [(40, 160, 3), (33, 96, 18)]:
+    p, s, gs = nvfp4.quantize(torch.randn(N, K, generator=g) * 0.1)
+    x = torch.randn(M, K, generator=g).bfloat16()
+    dy = torch.randn(M, N, generator=g).bfloat16()
+    for red in (1, 2, 4, 8):
+        os.environ['QERL_KERNEL_CONFIG'] = json.dumps({"SPLIT": 5, "BK": 16, "BN": 16, "RED": red})
+        out.setdefault((N, red), []).extend([nvfp4_matmul(x, p, s, gs), nvfp4_matmul_t(dy, p, s, gs)])
+same = all(torch.equal(a, b) for (N, red), ys in out.items() for a, b in zip(ys, out[(N, 1)]))
+print(json.dumps({"same": same, "locks": int(_locks(torch.device('cpu')).abs().sum())}))
+"""
+    out = _interp(code)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"same": True, "locks": 0}
+
+
+def test_split_reduction_rounds_rule():
+    from qerl_kernels.nvfp4_matmul import split_red
+
+    # the decode tiles (64 weight rows x BT activation rows, one warpgroup): only where the registers stay
+    assert [split_red(64, bt, 4) for bt in (8, 16, 32, 64, 128)] == [8, 1, 1, 1, 1]
+    assert split_red(128, 64, 4) == 1  # the bwd tile [128, 64] keeps its registers (168 -> 249 with 2)
+    assert split_red(16, 64, 4) == 1 and split_red(128, 8, 8) == 8
+
+
+def test_split_reduction_rounds_keep_the_decode_kernels_registers():
+    """The routed RED of the warpgroup-MMA decode tile (BT = 8) compiles for sm_90 with the registers of RED = 1
+    (within one allocation unit of 8), no spills, and its reduction issues its partials' loads back to back."""
+    import re
+
+    from qerl_kernels.inspect_ir import compile_wgmma, registers_of, sass_of, stack_of
+    from qerl_kernels.nvfp4_matmul import split_red
+
+    bt = 8
+    red = split_red(64, bt, 4)
+    kw = dict(split=True, XG=False, XS=True, TILED=True, EW=True, TRIG=True)
+    base, k = compile_wgmma(1, bt, 2, RED=1, **kw), compile_wgmma(1, bt, 2, RED=red, **kw)
+    assert red == 8 and stack_of(k) == 0 and -(-registers_of(k) // 8) == -(-registers_of(base) // 8)
+    sass = [ln for ln in sass_of(k).splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", ln)]
+    after = " ".join(sass[next(i for i, ln in enumerate(sass) if "ATOMG" in ln):])
+    assert "LDG " * (red * bt // 2) in " ".join(re.findall(r"\b(LDG|FADD)", after)) + " "  # RED partials in a row
+
+
 def test_input_validation():
     from qerl.quant import nvfp4
     from qerl_kernels.ops import KernelInputError, nvfp4_matmul, nvfp4_matmul_t
