@@ -160,9 +160,9 @@ def split_red(rows: int, cols: int, warps: int) -> int:
     round for 2. Measured (H100, CUDA graphs, tiled weights, bit-equal outputs; reports/kernels): 7B q/k/v / o /
     down at M = 8 1.03 / 1.06 / 1.02x faster, 0.5B down 1.11x; the 7B rollout at batch 8 1% shorter per step. The
     kernel's register count is its peak, so more loads per round cost residency (sm_90 compiles, RED 1 / 2 / 4 / 8):
-    BT = 8 71 / 75 / 71 / 72 registers; BT = 16 75 / 77 / 83 / 120 — at 2 the M = 16 calls ran 1-7% slower on the
-    H100, at 4 14B / 32B q/k/v 7-8% slower on the H200 (one program per SM fewer); BT = 32 96 / 109 / 158 / 213; a
-    bwd tile ``[128, 64]`` at 4 warps 168 -> 249 with 2."""
+    BT = 8 71 / 75 / 71 / 72 registers; BT = 16 75 / 77 / 83 / 120 — at 2 the M = 16 calls ran 0.93-1.01x
+    (slower at every SPLIT >= 6) on the H100, at 4 14B / 32B q/k/v 7-8% slower on the H200 (one program per SM
+    fewer); BT = 32 96 / 107 / 151 / 211; a bwd tile ``[128, 64]`` at 4 warps 168 -> 246 with 2."""
     per_thread = max(1, rows * cols // (32 * warps))
     return 8 if per_thread <= 4 else 1
 
@@ -170,27 +170,10 @@ def split_red(rows: int, cols: int, warps: int) -> int:
 @triton.jit
 def _sum_round(acc, ptr, MN, omask, left, RED: tl.constexpr):
     """``acc + part[0] + … + part[RED - 1]`` in that order (``part[i]`` at ``ptr + i · MN``; those at ``i >= left``
-    load as -0.0, which adds exactly nothing), every load issued before the first addition."""
-    p0 = tl.load(ptr, mask=omask, other=0.0, cache_modifier=".cg")
-    p1 = tl.load(ptr + MN, mask=omask & (left > 1), other=-0.0, cache_modifier=".cg")
-    if RED >= 4:
-        p2 = tl.load(ptr + 2 * MN, mask=omask & (left > 2), other=-0.0, cache_modifier=".cg")
-        p3 = tl.load(ptr + 3 * MN, mask=omask & (left > 3), other=-0.0, cache_modifier=".cg")
-    if RED >= 8:
-        p4 = tl.load(ptr + 4 * MN, mask=omask & (left > 4), other=-0.0, cache_modifier=".cg")
-        p5 = tl.load(ptr + 5 * MN, mask=omask & (left > 5), other=-0.0, cache_modifier=".cg")
-        p6 = tl.load(ptr + 6 * MN, mask=omask & (left > 6), other=-0.0, cache_modifier=".cg")
-        p7 = tl.load(ptr + 7 * MN, mask=omask & (left > 7), other=-0.0, cache_modifier=".cg")
-    acc += p0
-    acc += p1
-    if RED >= 4:
-        acc += p2
-        acc += p3
-    if RED >= 8:
-        acc += p4
-        acc += p5
-        acc += p6
-        acc += p7
+    load as -0.0, which adds exactly nothing). Unrolled straight-line code: ptxas issues the RED loads before the
+    first addition (``tests/kernels/test_nvfp4_kernels.py`` checks the SASS)."""
+    for i in tl.static_range(RED):
+        acc += tl.load(ptr + i * MN, mask=omask & (left > i), other=-0.0, cache_modifier=".cg")
     return acc
 
 
@@ -206,7 +189,7 @@ def _split_reduce(acc, part_ptr, lock_ptr, offs, omask, tile, MN, SPLIT, pid_s, 
     last = ticket == SPLIT - 1
     if last:
         acc = tl.zeros_like(acc)
-        if RED == 1:
+        if RED == 1:  # the loop as it was: the code of every kernel the A/B did not re-measure
             for j in range(SPLIT):
                 acc += tl.load(part_ptr + j * MN + offs, mask=omask, other=0.0, cache_modifier=".cg")
         else:

@@ -399,7 +399,7 @@ def _split_sum(acc, n0, m0, M, N, part_ptr, lock_ptr, pid_s, SPLIT, RW: gl.const
     last = ticket == SPLIT - 1
     if last:
         acc = gl.zeros([RW, BT], gl.float32, layout=MMA)
-        if RED == 1:
+        if RED == 1:  # the loop as it was: the code of every kernel the A/B did not re-measure
             for j in range(SPLIT):
                 acc += gl.load(part_ptr + j * M * N + offs, mask=omask, other=0.0, cache_modifier=".cg")
         else:
@@ -412,27 +412,10 @@ def _split_sum(acc, n0, m0, M, N, part_ptr, lock_ptr, pid_s, SPLIT, RW: gl.const
 @gluon.jit
 def _sum_round(acc, ptr, MN, omask, left, RED: gl.constexpr):
     """``acc + part[0] + … + part[RED - 1]`` in that order (``part[i]`` at ``ptr + i · MN``; those at ``i >= left``
-    load as -0.0, which adds exactly nothing), every load issued before the first addition."""
-    p0 = gl.load(ptr, mask=omask, other=0.0, cache_modifier=".cg")
-    p1 = gl.load(ptr + MN, mask=omask & (left > 1), other=-0.0, cache_modifier=".cg")
-    if RED >= 4:
-        p2 = gl.load(ptr + 2 * MN, mask=omask & (left > 2), other=-0.0, cache_modifier=".cg")
-        p3 = gl.load(ptr + 3 * MN, mask=omask & (left > 3), other=-0.0, cache_modifier=".cg")
-    if RED >= 8:
-        p4 = gl.load(ptr + 4 * MN, mask=omask & (left > 4), other=-0.0, cache_modifier=".cg")
-        p5 = gl.load(ptr + 5 * MN, mask=omask & (left > 5), other=-0.0, cache_modifier=".cg")
-        p6 = gl.load(ptr + 6 * MN, mask=omask & (left > 6), other=-0.0, cache_modifier=".cg")
-        p7 = gl.load(ptr + 7 * MN, mask=omask & (left > 7), other=-0.0, cache_modifier=".cg")
-    acc += p0
-    acc += p1
-    if RED >= 4:
-        acc += p2
-        acc += p3
-    if RED >= 8:
-        acc += p4
-        acc += p5
-        acc += p6
-        acc += p7
+    load as -0.0, which adds exactly nothing). Unrolled straight-line code: ptxas issues the RED loads before the
+    first addition (``tests/kernels/test_nvfp4_kernels.py`` checks the SASS)."""
+    for i in gl.static_range(RED):
+        acc += gl.load(ptr + i * MN, mask=omask & (left > i), other=-0.0, cache_modifier=".cg")
     return acc
 
 

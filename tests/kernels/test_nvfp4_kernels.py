@@ -86,7 +86,7 @@ def test_split_reduction_rounds_rule():
 
     # the decode tiles (64 weight rows x BT activation rows, one warpgroup): only where the registers stay
     assert [split_red(64, bt, 4) for bt in (8, 16, 32, 64, 128)] == [8, 1, 1, 1, 1]
-    assert split_red(128, 64, 4) == 1  # the bwd tile [128, 64] keeps its registers (168 -> 249 with 2)
+    assert split_red(128, 64, 4) == 1  # the bwd tile [128, 64] keeps its registers (168 -> 246 with 2)
     assert split_red(16, 64, 4) == 1 and split_red(128, 8, 8) == 8
 
 
