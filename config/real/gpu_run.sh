@@ -8,9 +8,9 @@
 #   3. runs `snakemake --cores all --configfile CONFIG` for at most BUDGET seconds (a run cut short resumes at the
 #      next call: training jobs continue from their last checkpoint, finished jobs are not redone),
 #   4. packs what came out (metrics, summaries, evaluations, samples, logs, the MLflow store) under $OUT.
-# usage: bash config/real/gpu_run.sh CONFIG BUDGET_S [MODEL_FILE]   (SNAKEMAKE_ARGS: targets / more options)
+# usage: bash config/real/gpu_run.sh "CONFIG [OVERLAY...]" BUDGET_S [MODEL_FILE]   (SNAKEMAKE_ARGS: targets / more options)
 set -uo pipefail
-CONFIG=${1:?config file}; BUDGET=${2:?seconds}; MODEL=${3:-}
+CONFIG=${1:?config file(s), space-separated}; BUDGET=${2:?seconds}; MODEL=${3:-}
 ROOT=$PWD; SITE=/tmp/qerl-site; PARTS=/tmp/qerl-parts; OUT=${OUT:-/tmp/qerl-out}
 mkdir -p "$SITE" "$PARTS" "$OUT"
 if [ -d .whl ] && [ ! -f "$SITE/.installed" ]; then
@@ -37,7 +37,7 @@ python3 -c "import torch, transformers, peft, snakemake, mlflow; print('torch', 
 transformers.__version__, 'peft', peft.__version__, 'snakemake', snakemake.__version__, 'mlflow', mlflow.__version__)"
 (while sleep 15; do date +%T; nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader; done) \
   > "$OUT/gpu_util.log" 2>&1 &
-timeout --signal=INT --kill-after=60 "$BUDGET" python3 -m snakemake --cores all --configfile "$CONFIG" \
+timeout --signal=INT --kill-after=60 "$BUDGET" python3 -m snakemake --cores all --configfile $CONFIG \
   --rerun-incomplete --keep-going --scheduler greedy --printshellcmds ${SNAKEMAKE_ARGS:-}
 echo "snakemake exit $?"
 kill %1 2>/dev/null

@@ -222,7 +222,7 @@ def evaluate(model, tokenizer, benchmark: str, settings: EvalSettings, out_json:
     sampling = SamplingSettings(temperature=settings.temperature, top_p=settings.top_p,
                                 max_new_tokens=settings.max_new_tokens)
     k = settings.samples
-    per_problem, lines = [], []
+    per_problem, lines, lengths, truncated = [], [], [], 0
     t0 = time.time()
     n_batch = max(1, settings.batch_size // k)
     every = max(1, -(-len(records) // 10))  # without a bar: a line per ~10% of the problems
@@ -232,6 +232,8 @@ def evaluate(model, tokenizer, benchmark: str, settings: EvalSettings, out_json:
             batch = records[start : start + n_batch]
             prompts = [format_prompt(r["prompt"], tokenizer, template) for r in batch]
             ro = generate(model, tokenizer, prompts, sampling, seed=settings.seed + start, num_samples=k)
+            lengths += [int(n) for n in ro.lengths.tolist()]
+            truncated += int(ro.truncated.sum())
             for i, rec in enumerate(batch):
                 correct = []
                 for j in range(k):
@@ -256,7 +258,8 @@ def evaluate(model, tokenizer, benchmark: str, settings: EvalSettings, out_json:
     tmp.replace(out_samples)
     summary = {**benchmark_meta(bench), "pass@1": sum(per_problem) / max(1, len(per_problem)),
                "problems": len(per_problem), "samples_per_problem": k, "seconds": time.time() - t0,
-               "per_problem": per_problem,
+               "completion_tokens_mean": sum(lengths) / max(1, len(lengths)),
+               "truncated_frac": truncated / max(1, len(lengths)), "per_problem": per_problem,
                "settings": asdict(settings), **(meta or {})}
     write_json(out_json, summary)
     return summary
