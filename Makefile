@@ -32,9 +32,12 @@ run: $(STAMP)
 example-report: run
 	$(BIN)/qerl report --workflow-config results/config/default.yaml --results results --output reports/default
 
-## run the whole test suite
+## run the whole test suite, then its numerics-sensitive tests (-m numerics) again on other CPU kernels: ATen's
+## default (non-vectorized) kernels, MKL and oneDNN held to AVX2 -- no result may depend on this machine's CPU
+NUMERICS_ENV ?= ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=default
 test: $(STAMP)
 	$(BIN)/python -m pytest
+	$(NUMERICS_ENV) $(BIN)/python -m pytest -m numerics
 
 clean:
 	rm -rf results logs .snakemake

@@ -175,9 +175,15 @@ def benchmark_files(config: dict, name: str) -> list[str]:
 
 def eval_targets(config: dict) -> list[str]:
     """``results/eval/...json`` paths: every trained run on its block's benchmarks (default:
-    ``evaluation.benchmarks``) plus the untrained bases of each model on the same benchmarks."""
+    ``evaluation.benchmarks``) plus the untrained bases of each model on the same benchmarks, and the untrained
+    bases ``evaluation.base_models`` names (``{model: [bf16 | nvfp4, ...]}``: bases compared without a training run)
+    on ``evaluation.benchmarks``."""
     ev = config.get("evaluation", {})
     out: dict[str, None] = {}
+    for model, bases in ev.get("base_models", {}).items():
+        for b in ev.get("benchmarks", []):
+            for base in bases:
+                out[f"results/eval/{model}/{base}/untrained/none/seed0/{b}.json"] = None
     for block in config.get("experiments", []):
         benches = block.get("benchmarks", ev.get("benchmarks", []))
         for r in _block_runs(block):

@@ -156,3 +156,65 @@ def lora_policy():
         return model
 
     return make
+
+
+def bf16_ulp(x):
+    """One bf16 ulp at the magnitude of ``x`` (a tensor): bf16 keeps 8 significant bits, so a value in
+    [2^e, 2^(e+1)) is stored to a step of 2^(e-7)."""
+    import torch
+
+    return torch.exp2(torch.floor(torch.log2(x.abs().clamp(min=2.0 ** -100))) - 7)
+
+
+# Two bf16 computations of the same logits that block their sums differently (another batch shape, another
+# instruction set: oneDNN's AMX, AVX512-BF16 and AVX2 kernels each round their own way) differ by a few ulps of
+# the largest logit: each layer's activations are rounded to bf16 (relative 2^-9) on both sides. A greedy token is
+# judged an argmax "within bf16 rounding" when its teacher-forced logit is within NEAR_TIE_ULPS ulps of the row's
+# largest: twice the largest gap measured (4 ulps: tiny Qwen2 / Llama, bf16 and NVFP4 bases, with and without LoRA,
+# engine and reference sampler, 5 prompts x 24 tokens, oneDNN's AVX512-BF16, AVX512 and AVX2 kernels).
+NEAR_TIE_ULPS = 8
+
+
+def greedy_within_rounding(model, r, ref_ids=None, ulps: int = NEAR_TIE_ULPS) -> dict:
+    """The judge of bf16 greedy decoding on a CPU, where no two computations of the same policy may be compared
+    bit for bit across batch shapes: every token of the rollout ``r`` (a :class:`qerl.rollout.RolloutResult`, T = 0)
+    is an argmax of the teacher-forced logits of its own prefix within ``ulps`` bf16 ulps of the row's largest
+    logit; and where a reference's tokens ``ref_ids [N, >= T]`` differ from ``r``'s, they first differ at a
+    near-tie (the reference's token is within the same margin there). Asserts both; returns ``{"rows_equal",
+    "max_gap_ulps"}``."""
+    import torch
+
+    with torch.no_grad():
+        ids = torch.cat([r.prompt_ids, r.completion_ids], 1)
+        attn = torch.cat([r.prompt_mask, r.completion_mask.to(r.prompt_mask.dtype)], 1)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits.float()
+    p, worst, equal = r.prompt_ids.shape[1], 0.0, 0
+    for i in range(r.completion_ids.shape[0]):
+        n = int(r.completion_mask[i].sum())
+        z = logits[i, p - 1: p - 1 + n]  # [n, V]: the logits that chose tokens 0..n-1
+        top = z.max(-1).values
+        unit = bf16_ulp(top)
+        gap = (top - z.gather(1, r.completion_ids[i, :n, None])[:, 0]) / unit
+        worst = max(worst, float(gap.max()) if n else 0.0)
+        assert bool((gap <= ulps).all()), f"row {i}: token {int(gap.argmax())} is {float(gap.max()):.1f} bf16 ulps " \
+                                          f"below the argmax of the teacher-forced logits (margin {ulps})"
+        if ref_ids is None:
+            continue
+        ours, ref = r.completion_ids[i, :n], ref_ids[i, :n]
+        diff = (ours != ref).nonzero()
+        if not len(diff):
+            equal += 1
+            continue
+        j = int(diff[0])
+        assert int(ref[j]) >= 0, f"row {i}: the reference has no token at {j} (it ended), the rollout has one"
+        ref_gap = float((top[j] - z[j, ref[j]]) / unit[j])
+        assert ref_gap <= ulps, f"row {i} parts from the reference at token {j}, where the reference's token is " \
+                                f"{ref_gap:.1f} bf16 ulps below the argmax (not a near-tie; margin {ulps})"
+    return {"rows_equal": equal, "max_gap_ulps": worst}
+
+
+@pytest.fixture
+def greedy_judge():
+    """:func:`greedy_within_rounding` as a fixture."""
+    return greedy_within_rounding

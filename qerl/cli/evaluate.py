@@ -127,23 +127,61 @@ def add_claims(sub) -> None:
                                    "adapter sha256, device, step time, GPU-hours), pass@1 per method with 95% "
                                    "bootstrap intervals over problems and seeds, training curves, and the paper's "
                                    "claims (a)-(d) each marked confirmed, refuted or inconclusive with its numbers.")
-    c.add_argument("--workflow-config", required=True, help="the workflow config (results/config/<name>.yaml)")
+    src = c.add_mutually_exclusive_group(required=True)
+    src.add_argument("--workflow-config", help="the workflow config (results/config/<name>.yaml), read with --results")
+    src.add_argument("--evidence", metavar="DIR",
+                     help="an evidence directory (config.yaml, metrics.jsonl.gz, evaluations.jsonl.gz, e.g. "
+                          "reports/real/evidence/real): the report is rebuilt from it alone")
     c.add_argument("--results", default="results", help="the workflow's results directory (train/, eval/)")
-    c.add_argument("--output", required=True, help="report directory, e.g. reports/real")
+    c.add_argument("--output", help="report directory, e.g. reports/real")
     c.add_argument("--benchmark", default=None, help="benchmark to compare on (default: report.table1's)")
     c.add_argument("--timing", nargs="*", default=[], metavar="METHOD=FILE",
                    help="step times for claim (d) from runs that had the GPU to themselves: METHOD=metrics.jsonl, or "
                         "METHOD=step_alone.csv of an earlier report (workflow runs that shared GPUs do not time fairly)")
+    c.add_argument("--step-table", nargs="*", default=[], type=Path, metavar="CSV",
+                   help="reports/step/<device>.csv tables: claim (d) also at 7B-32B, where the paper makes it (bf16 "
+                        "LoRA / QeRL step time per model and batch)")
+    c.add_argument("--sweep", action="store_true",
+                   help="the runs are a learning-rate sweep (config/real/lr_sweep.yaml): write lr_sweep.csv / .md "
+                        "(pass@1 on the validation benchmark per rate, the chosen rate per method) instead")
+    c.add_argument("--pack", metavar="DIR",
+                   help="instead of a report: add the runs and evaluations under --results (with --workflow-config) "
+                        "to the evidence directory DIR (compressed; a batch at a time, rerunnable)")
     c.set_defaults(func=run_claims)
 
 
 def run_claims(args) -> int:
-    from qerl.stages.claims import build, read_timing
+    import tempfile
+
+    from qerl.stages.claims import ClaimsError, build, read_timing
     from qerl.stages.report import load_workflow_config
 
-    config = load_workflow_config(Path(args.workflow_config))
-    timing = read_timing(args.timing) or None
-    result = build(config, Path(args.results), Path(args.output), args.benchmark, timing)
+    if args.pack:
+        from qerl.stages.evidence import pack
+
+        if not args.workflow_config:
+            raise ClaimsError("--pack DIR needs --workflow-config (the config the runs under --results were made with)")
+        n = pack(Path(args.results), Path(args.workflow_config), Path(args.pack))
+        print(f"{args.pack}: evidence of {n['runs']} runs and {n['evaluations']} evaluations")
+        return 0
+    if not args.output:
+        raise ClaimsError("--output DIR is required (where the report is written)")
+    with tempfile.TemporaryDirectory(prefix="qerl-evidence-") as tmp:
+        if args.evidence:
+            from qerl.stages.evidence import unpack
+
+            config, results = unpack(Path(args.evidence), Path(tmp)), Path(tmp)
+        else:
+            config, results = load_workflow_config(Path(args.workflow_config)), Path(args.results)
+        if args.sweep:
+            from qerl.stages.sweep import build_sweep
+
+            chosen = build_sweep(config, results, Path(args.output), args.benchmark)
+            print("chosen learning rates: " + ", ".join(f"{m} {lr:g}" for m, lr in sorted(chosen.items())))
+            print(f"wrote {args.output}/lr_sweep.csv")
+            return 0
+        timing = read_timing(args.timing) or None
+        result = build(config, results, Path(args.output), args.benchmark, timing, args.step_table or None)
     for c in result["claims"]:
         print(f"{c['verdict']:>12}  {c['claim']}")
     print(f"wrote {args.output}/claims.md ({result['runs']} runs)")

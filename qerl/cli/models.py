@@ -46,7 +46,8 @@ def run_build_tiny(args) -> int:
 def add_quantize(sub) -> None:
     q = sub.add_parser("quantize", help="write an NVFP4 (compressed-tensors) checkpoint",
                        description="Quantize every decoder Linear of a Hugging Face causal LM to NVFP4 "
-                                   "(calibration-free, round-to-nearest) and write a compressed-tensors "
+                                   "(round-to-nearest, or after AWQ's activation-aware scales are folded into the "
+                                   "model: --calibration awq) and write a compressed-tensors "
                                    "'nvfp4-pack-quantized' checkpoint that vLLM, llm-compressor and "
                                    "transformers read. Streams tensor by tensor; writes atomically.")
     q.add_argument("--model", required=True, help="local model directory or hub id (e.g. Qwen/Qwen2.5-7B-Instruct)")
@@ -62,6 +63,21 @@ def add_quantize(sub) -> None:
     q.add_argument("--keep-bf16-last", type=float, default=0, metavar="N|FRACTION",
                    help="leave the last decoder layers in bf16: a count (e.g. 4) or a fraction of the layers (e.g. "
                         "0.15, rounded up); written into the checkpoint's ignore list")
+    q.add_argument("--calibration", choices=["none", "awq"], default="none",
+                   help="none: round-to-nearest; awq: per-input-channel scales searched on --calibration-data and "
+                        "folded into the norms / linears before quantizing (same checkpoint format, no run-time cost)")
+    q.add_argument("--calibration-data", type=Path, default=None, metavar="FILE",
+                   help="AWQ calibration text: a JSONL file (its --calibration-field) or a text file (its lines), "
+                        "e.g. the training prompts config/real/data/gsm8k_train.jsonl")
+    q.add_argument("--calibration-field", default="question", help="the JSONL field holding the text")
+    q.add_argument("--calibration-template", choices=["raw", "chat", "paper"], default="raw",
+                   help="how each text is formatted before tokenizing (chat / paper: the tokenizer's chat template, "
+                        "as training prompts are)")
+    q.add_argument("--calibration-samples", type=int_at_least(1), default=128,
+                   help="calibration rows (the paper: 256)")
+    q.add_argument("--calibration-seq-len", type=int_at_least(1), default=512,
+                   help="tokens per calibration row (the paper: 2048)")
+    q.add_argument("--device", default="auto", help="where the AWQ search runs: auto (CUDA if present), cpu, cuda")
     q.add_argument("--no-progress", action="store_true", help="no progress bar")
     q.set_defaults(func=run_quantize)
     add_tracking(q)
@@ -82,7 +98,12 @@ def run_quantize(args) -> int:
         summary = quantize_checkpoint(args.model, args.output, force=args.force,
                                       max_shard_size=args.max_shard_size, ignore=tuple(args.ignore),
                                       revision=args.revision, progress=not args.no_progress,
-                                      scale_rule=args.scale_rule, keep_bf16_last=args.keep_bf16_last)
+                                      scale_rule=args.scale_rule, keep_bf16_last=args.keep_bf16_last,
+                                      calibration=args.calibration, calibration_data=args.calibration_data,
+                                      calibration_field=args.calibration_field,
+                                      calibration_template=args.calibration_template,
+                                      calibration_samples=args.calibration_samples,
+                                      calibration_seq_len=args.calibration_seq_len, device=args.device)
     if summary.pop("up_to_date"):
         print(f"{args.output}: already quantized from this source; nothing to do")
     print(json.dumps(summary, indent=2))

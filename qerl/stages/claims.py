@@ -12,13 +12,16 @@ For every (method, seed) run of one model / dataset / algorithm / benchmark it r
 - ``claims.md``: the paper's claims (a) accuracy at least bf16 LoRA's, (b) faster reward growth, (c) AQN raises
   entropy early, (d) a faster step, each marked confirmed / refuted / inconclusive with the numbers behind it.
 
-Intervals are percentile bootstraps with a fixed seed (a rerun writes the same files). A claim is *confirmed* or
-*refuted* only when the interval of the difference excludes zero (and for the step time, a gap over 5% in every
-seed pair); otherwise it is *inconclusive* at this scale.
+Intervals are percentile bootstraps with a fixed seed (a rerun writes the same files). The decision rule (written
+into ``claims.md``, :data:`RULE`): an accuracy difference *exceeds* when its 95% interval lies above 0, *matches*
+when it lies above -:data:`MARGIN` (non-inferior within the margin), *falls short* when it lies below -MARGIN, and
+is *inconclusive* otherwise; every other claim is *confirmed* / *refuted* only when its interval excludes 0 (the
+step time: a gap over 5% in every seed pair). A NaN or missing value is an error naming its run, never a verdict.
 """
 from __future__ import annotations
 
 import json
+import math
 import random
 import statistics
 from dataclasses import dataclass, field
@@ -29,6 +32,14 @@ from qerl.workflow_config import base_method, runs, uses_nvfp4
 
 BOOT = 2000
 REFERENCE = "lora"
+MARGIN = 0.02  # non-inferiority margin of an accuracy claim: 2 points of pass@1
+RULE = (f"**Decision rule.** Intervals are 95% percentile bootstraps ({BOOT} resamples, fixed seed) that resample "
+        "seeds and problems together (paired by problem where two methods are compared). An accuracy difference "
+        f"*exceeds* when its interval lies above 0, *matches* when it lies above -{100 * MARGIN:g} points (non-"
+        f"inferior within that margin), *falls short* when it lies below -{100 * MARGIN:g}, and is *inconclusive* "
+        "otherwise; claim (a) is confirmed by *exceeds* or *matches* and refuted by *falls short*. Every other claim "
+        "is confirmed or refuted only when its interval excludes 0 (the step time: a ratio beyond 5% in every seed "
+        "pair). A NaN or missing value stops the report with the run named; it is never a verdict.")
 
 
 class ClaimsError(ValueError):
@@ -65,6 +76,29 @@ def _eval_json(path: Path) -> dict | None:
     return data
 
 
+CHECKED_METRICS = ("reward_mean", "entropy", "rollout_entropy", "accuracy", "rollout_seconds", "train_seconds")
+
+
+def _check_finite(run: str, metrics: list[dict], ev: dict, base_ev: dict | None) -> None:
+    """A NaN / inf (or non-number) where a verdict reads it is an error naming the run, the field and the step."""
+    import math
+
+    def bad(x) -> bool:
+        return not isinstance(x, (int, float)) or isinstance(x, bool) or not math.isfinite(x)
+
+    for m in metrics:
+        for k in CHECKED_METRICS:
+            if k in m and m[k] is not None and bad(m[k]):
+                raise ClaimsError(f"run {run}: metrics.jsonl step {m.get('step', '?')} has {k} = {m[k]!r}; a "
+                                  "non-finite value cannot enter a verdict (rerun or drop the run)")
+    for what, e in (("evaluation", ev), ("untrained base's evaluation", base_ev)):
+        if e is None:
+            continue
+        if bad(e.get("pass@1")) or any(bad(x) for x in e.get("per_problem", [])):
+            raise ClaimsError(f"run {run}: its {what} holds a non-finite or non-numeric score (pass@1 "
+                              f"{e.get('pass@1')!r}); a verdict cannot read it")
+
+
 def collect(config: dict, results: Path, benchmark: str | None = None) -> tuple[list[RunData], dict]:
     """The runs of the config's first (model, dataset, algorithm) with their metrics and evaluations."""
     all_runs = runs(config)
@@ -84,7 +118,9 @@ def collect(config: dict, results: Path, benchmark: str | None = None) -> tuple[
             continue
         base = "nvfp4" if uses_nvfp4(config, r.method) else "bf16"
         base_ev = _eval_json(results / "eval" / f"{r.model}/{base}/untrained/none/seed0" / f"{bench}.json")
-        out.append(RunData(r.method, r.seed, _read_jsonl(mfile), ev, base_ev, ev["per_problem"]))
+        metrics = _read_jsonl(mfile)
+        _check_finite(r.path, metrics, ev, base_ev)
+        out.append(RunData(r.method, r.seed, metrics, ev, base_ev, ev["per_problem"]))
     if not out:
         raise ClaimsError(f"{results}: no run has both metrics.jsonl and a {bench} evaluation (missing: "
                           f"{', '.join(missing[:3])}{' …' if len(missing) > 3 else ''})")
@@ -173,6 +209,17 @@ def boot_steps(a: list[float], b: list[float], seed: int = 0) -> tuple[float, fl
     return diff, _pct(stats, 0.025), _pct(stats, 0.975)
 
 
+def accuracy_verdict(lo: float, hi: float, margin: float = MARGIN) -> str:
+    """An accuracy difference's 95% interval ``[lo, hi]`` (fractions) under :data:`RULE`."""
+    if lo > 0:
+        return "exceeds"
+    if lo > -margin:
+        return "matches"
+    if hi < -margin:
+        return "falls short"
+    return "inconclusive"
+
+
 def _verdict(lo: float, hi: float, positive_is_confirmed: bool = True) -> str:
     if lo > 0:
         return "confirmed" if positive_is_confirmed else "refuted"
@@ -240,6 +287,23 @@ def accuracy_rows(data: list[RunData], config: dict) -> list[list[str]]:
 
 
 # -- claims -----------------------------------------------------------------------------------------------------
+def _pts(m: float, lo: float, hi: float) -> str:
+    return f"{100 * m:+.1f} points [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+
+
+def _gains(ds: list[RunData]) -> list[list[float]]:
+    """Per seed, per problem: trained score minus the untrained base's score on the same problem."""
+    base = ds[0].base_eval["per_problem"]
+    if len(base) != len(ds[0].per_problem):
+        raise ClaimsError(f"{ds[0].method}: its base was evaluated on {len(base)} problems, the run on "
+                          f"{len(ds[0].per_problem)}")
+    return [[a - b for a, b in zip(d.per_problem, base)] for d in ds]
+
+
+def _zeros(xs: list[list[float]]) -> list[list[float]]:
+    return [[0.0] * len(x) for x in xs]
+
+
 def claims(data: list[RunData], config: dict, timing: dict[str, list[dict]] | None = None) -> list[dict]:
     """The paper's four claims checked on these runs: ``{"claim", "verdict", "numbers"}`` each. ``timing``: method ->
     metrics of a run that had its GPU to itself (``--timing``), the step times of claim (d); without it the
@@ -250,20 +314,23 @@ def claims(data: list[RunData], config: dict, timing: dict[str, list[dict]] | No
     qerl, lora = by.get("qerl"), by.get(REFERENCE)
     if not (qerl and lora):
         return [{"claim": c, "verdict": "inconclusive", "numbers": "needs runs of both qerl and lora"}
-                for c in ("(a)", "(b)", "(c)", "(d)")]
-    # (a) accuracy
+                for c in ("(a)", "(b)", "(c1)", "(c2)", "(d)")]
+    # (a) accuracy: non-inferiority within MARGIN on the paired interval; the mechanism (each method's gain over
+    # its own untrained base, paired by problem) beside it
     dm, dlo, dhi = boot_diff([d.per_problem for d in qerl], [d.per_problem for d in lora])
     qm, lm = boot_mean([d.per_problem for d in qerl])[0], boot_mean([d.per_problem for d in lora])[0]
-    # "at least": refuted when the whole interval lies below zero, confirmed when QeRL is at least as accurate
-    verdict = "refuted" if dhi < 0 else ("confirmed" if dm >= 0 else "inconclusive")
+    how = accuracy_verdict(dlo, dhi)
+    verdict = {"exceeds": "confirmed", "matches": "confirmed", "falls short": "refuted"}.get(how, "inconclusive")
     gain = ""
     if qerl[0].base_eval and lora[0].base_eval:
-        gain = (f"; gain over its own untrained base: QeRL {100 * (qm - qerl[0].base_eval['pass@1']):+.1f} "
-                f"(NVFP4 base {100 * qerl[0].base_eval['pass@1']:.1f}), bf16 LoRA "
-                f"{100 * (lm - lora[0].base_eval['pass@1']):+.1f} (bf16 base {100 * lora[0].base_eval['pass@1']:.1f})")
+        gq, gl = _gains(qerl), _gains(lora)
+        g = boot_diff(gq, gl)
+        gain = (f"; gain over its own untrained base (paired by problem): QeRL {_pts(*boot_diff(gq, _zeros(gq)))} "
+                f"(NVFP4 base {100 * qerl[0].base_eval['pass@1']:.1f}), bf16 LoRA {_pts(*boot_diff(gl, _zeros(gl)))} "
+                f"(bf16 base {100 * lora[0].base_eval['pass@1']:.1f}); QeRL's gain minus bf16 LoRA's {_pts(*g)}")
     out.append({"claim": "(a) QeRL reaches at least bf16 LoRA's accuracy", "verdict": verdict,
-                "numbers": f"pass@1 {100 * qm:.1f} vs {100 * lm:.1f}; difference {100 * dm:+.1f} points, 95% interval "
-                           f"[{100 * dlo:+.1f}, {100 * dhi:+.1f}] (problems x seeds){gain}"})
+                "numbers": f"pass@1 {100 * qm:.1f} vs {100 * lm:.1f}; difference {_pts(dm, dlo, dhi)} (problems x "
+                           f"seeds): {how} (margin -{100 * MARGIN:g}){gain}"})
     # (b) reward growth: mean reward of the last 20% of steps minus the first 20%, per seed
     def growth(d):
         r = _series(d, "reward_mean")
@@ -286,29 +353,33 @@ def claims(data: list[RunData], config: dict, timing: dict[str, list[dict]] | No
                 "numbers": f"reward gain, last 20% of steps minus first 20%: QeRL {', '.join(f'{g:+.3f}' for g in gq)} "
                            f"vs bf16 LoRA {', '.join(f'{g:+.3f}' for g in gl)} (per seed); difference {d_b:+.3f}, 95% "
                            f"interval [{lo:+.3f}, {hi:+.3f}] (steps resampled)"})
-    # (c) entropy early: with AQN vs without, on the same base
-    parts, verdicts = [], []
-    for with_, without in (("qerl", "nvfp4_lora"), *[(v, base_method(config, v)) for v in by
-                                                      if v in config.get("variants", {})
-                                                      and config["variants"][v].get("overrides") ==
-                                                      {"aqn": {"enabled": True}}]):
-        if with_ not in by or without not in by:
-            continue
+    # (c) entropy early. Two halves: NVFP4's own rounding noise against bf16 (no AQN), then AQN against none
+    def early_entropy(with_: str, without: str):
+        # judged on the rollout policy's entropy (what AQN changes: the sampling distribution) where the runs
+        # logged it, else on the trainer's recomputation
+        key = "rollout_entropy" if all(_series(d, "rollout_entropy") for d in by[with_] + by[without]) else "entropy"
         a_vals, b_vals = [], []
         for da, db in zip(by[with_], by[without]):
             lo_s, hi_s = early_noise_window(da)
-            a_vals += _series(da, "entropy")[lo_s:hi_s]
-            b_vals += _series(db, "entropy")[lo_s:hi_s]
+            a_vals += _series(da, key)[lo_s:hi_s]
+            b_vals += _series(db, key)[lo_s:hi_s]
         if not a_vals or not b_vals:
-            continue
+            return None
         diff, lo, hi = boot_steps(a_vals, b_vals)
-        verdicts.append(_verdict(lo, hi))
-        parts.append(f"{label(config, with_)} vs {label(config, without)}: entropy {statistics.mean(a_vals):.4f} vs "
-                     f"{statistics.mean(b_vals):.4f} over the first 30% of the noisy steps, difference {diff:+.4f}, "
-                     f"95% interval [{lo:+.4f}, {hi:+.4f}]")
-    verdict = verdicts[0] if verdicts and len(set(verdicts)) == 1 else "inconclusive"
-    out.append({"claim": "(c) AQN raises policy entropy early in training", "verdict": verdict,
-                "numbers": "; ".join(parts) or "no run pair with and without AQN"})
+        what = "rollout-policy entropy" if key == "rollout_entropy" else "entropy (trainer)"
+        return _verdict(lo, hi), (f"{label(config, with_)} vs {label(config, without)}: {what} "
+                                  f"{statistics.mean(a_vals):.4f} vs {statistics.mean(b_vals):.4f} early in training, "
+                                  f"difference {diff:+.4f}, 95% interval [{lo:+.4f}, {hi:+.4f}]")
+
+    halves = (("(c1) NVFP4 rounding raises policy entropy early in training (no AQN)", [("nvfp4_lora", REFERENCE)]),
+              ("(c2) AQN raises policy entropy early in training",
+               [("qerl", "nvfp4_lora"), *[(v, base_method(config, v)) for v in by if v in config.get("variants", {})
+                                          and config["variants"][v].get("overrides") == {"aqn": {"enabled": True}}]]))
+    for claim, pairs in halves:
+        found = [x for w, wo in pairs if w in by and wo in by and (x := early_entropy(w, wo))]
+        verdicts = {v for v, _ in found}
+        out.append({"claim": claim, "verdict": verdicts.pop() if len(verdicts) == 1 else "inconclusive",
+                    "numbers": "; ".join(t for _, t in found) or "no run pair to compare"})
     # (d) step time
     shared = int((config.get("resources") or {}).get("jobs_per_gpu", 1) or 1) > 1
     if timing and "qerl" in timing and REFERENCE in timing:
@@ -333,8 +404,47 @@ def claims(data: list[RunData], config: dict, timing: dict[str, list[dict]] | No
     return out
 
 
+def step_table_claim(paths: list[Path], models: tuple[str, ...] = ("7B", "14B", "32B")) -> dict:
+    """Claim (d) where the paper makes it: bf16 LoRA's step time over QeRL's at 7B-32B, from ``reports/step``
+    tables (``qerl bench step``: one row per model x method x batch x lengths; the last row of a setting counts).
+    Each setting is one timed step after warm-up, so there is no interval: confirmed when every ratio exceeds 1.05,
+    refuted when every one is below 0.95."""
+    import csv
+
+    ratios, parts = [], []
+    for path in paths:
+        if not Path(path).is_file():
+            raise ClaimsError(f"--step-table {path}: not found (a reports/step/<device>.csv of `qerl bench step`)")
+        with open(path, newline="") as f:
+            rows = [r for r in csv.DictReader(f) if r.get("status") == "ok" and r.get("model") in models
+                    and r.get("method") in ("lora", "qerl") and str(r.get("nproc", "1")) == "1"]
+        last: dict[tuple, dict] = {}
+        for r in rows:
+            last[(r["model"], r["batch"], r["prompt_len"], r["gen_len"], r["lengths"], r["method"])] = r
+        for key, r in sorted(last.items(), key=lambda kv: (models.index(kv[0][0]), int(kv[0][1]))):
+            if key[-1] != "qerl" or (*key[:-1], "lora") not in last:
+                continue
+            q, lo = float(r["total_s"]), float(last[(*key[:-1], "lora")]["total_s"])
+            if not (math.isfinite(q) and math.isfinite(lo) and q > 0):
+                raise ClaimsError(f"{path}: {key[0]} batch {key[1]}: a non-finite or zero step time")
+            ratios.append(lo / q)
+            parts.append(f"{key[0]} batch {key[1]} ({key[2]} + {key[3]} tokens, {key[4]}): {lo:.1f} / {q:.1f} s = "
+                         f"{lo / q:.2f}x ({r['device']})")
+    if not ratios:
+        return {"claim": "(d2) the QeRL step is faster than bf16 LoRA's at 7B-32B", "verdict": "inconclusive",
+                "numbers": "no setting with both methods in the step tables"}
+    verdict = ("confirmed" if all(x > 1.05 for x in ratios) else
+               "refuted" if all(x < 0.95 for x in ratios) else "inconclusive")
+    return {"claim": "(d2) the QeRL step is faster than bf16 LoRA's at 7B-32B (where the paper claims it)",
+            "verdict": verdict, "numbers": f"QeRL faster (> 1.05x) in {sum(x > 1.05 for x in ratios)} of {len(ratios)} "
+                                           f"settings, slower (< 0.95x) in {sum(x < 0.95 for x in ratios)}; bf16 LoRA "
+                                           "/ QeRL step time (rollout + log-probs + update), one step after warm-up "
+                                           "each: " + "; ".join(parts)}
+
+
 # -- figures and the report -------------------------------------------------------------------------------------
-PANELS = (("reward_mean", "reward"), ("accuracy", "accuracy (training batch)"), ("entropy", "policy entropy"),
+PANELS = (("reward_mean", "reward"), ("accuracy", "accuracy (training batch)"),
+          ("rollout_entropy|entropy", "policy entropy (rollout, Monte Carlo; else the trainer's)"),
           ("response_len_mean", "response length (tokens)"), ("mismatch_kl", "rollout-vs-trainer KL"),
           ("sigma", "AQN sigma"))
 
@@ -347,8 +457,23 @@ def _moving(xs: list[float], w: int = 9) -> list[float]:
     return out
 
 
+def seed_band(runs_: list[list[float]], boot: int = 400, seed: int = 0) -> tuple[list[float], list[float]]:
+    """Per step, the 2.5% / 97.5% percentiles of the mean over seeds resampled with replacement (``runs_``: one
+    equal-length curve per seed)."""
+    rng = random.Random(seed)
+    k, n = len(runs_), len(runs_[0])
+    means = []
+    for _ in range(boot):
+        pick = [runs_[rng.randrange(k)] for _ in range(k)]
+        means.append([sum(r[i] for r in pick) / k for i in range(n)])
+    lo = [_pct([m[i] for m in means], 0.025) for i in range(n)]
+    hi = [_pct([m[i] for m in means], 0.975) for i in range(n)]
+    return lo, hi
+
+
 def figure(data: list[RunData], config: dict, path: Path, title: str) -> Path:
-    """Six panels of training curves, one line per method (mean over seeds, moving average of 9 steps)."""
+    """Six panels of training curves, one line per method (mean over seeds, moving average of 9 steps) with its
+    95% band over seeds (bootstrap)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -358,12 +483,19 @@ def figure(data: list[RunData], config: dict, path: Path, title: str) -> Path:
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     for ax, (key, name) in zip(axes.flat, PANELS):
         for method, ds in by.items():
-            series = [_series(d, key) for d in ds]
+            keys = key.split("|")  # the first key every run of the method logged
+            k = next((k for k in keys if all(_series(d, k) for d in ds)), keys[-1])
+            series = [_series(d, k) for d in ds]
             n = min(len(x) for x in series)
             if not n:
                 continue
-            mean = [sum(x[i] for x in series) / len(series) for i in range(n)]
-            ax.plot(range(1, n + 1), mean if key == "sigma" else _moving(mean), label=label(config, method))
+            smooth = (lambda xs: xs) if key == "sigma" else _moving
+            runs_ = [smooth(x[:n]) for x in series]
+            mean = [sum(x[i] for x in runs_) / len(runs_) for i in range(n)]
+            (line,) = ax.plot(range(1, n + 1), mean, label=label(config, method))
+            if len(runs_) > 1 and key != "sigma":  # 95% band: seeds resampled (bootstrap over seeds)
+                lo, hi = seed_band(runs_)
+                ax.fill_between(range(1, n + 1), lo, hi, color=line.get_color(), alpha=0.15, linewidth=0)
         ax.set_title(name)
         ax.set_xlabel("step")
         if key == "mismatch_kl":
@@ -423,7 +555,7 @@ def read_timing(specs: list[str]) -> dict[str, list[dict]]:
 
 
 def build(config: dict, results: Path, out: Path, benchmark: str | None = None,
-          timing: dict[str, list[dict]] | None = None) -> dict:
+          timing: dict[str, list[dict]] | None = None, step_tables: list[Path] | None = None) -> dict:
     """Write runs.csv/.md, accuracy.csv/.md, curves.png and claims.md (and step_alone.csv with ``timing``) into
     ``out``; returns the claims."""
     from qerl.workflow_config import write_text_atomic
@@ -432,6 +564,8 @@ def build(config: dict, results: Path, out: Path, benchmark: str | None = None,
     out.mkdir(parents=True, exist_ok=True)
     runs_rows, acc_rows = run_rows(data, meta, config), accuracy_rows(data, config)
     found = claims(data, config, timing)
+    if step_tables:
+        found.append(step_table_claim(step_tables))
     if timing:
         rows = [["method", *TIMING_KEYS]] + [[m, *(str(r.get(k, "")) for k in TIMING_KEYS)]
                                               for m, rs in timing.items() for r in rs]
@@ -447,7 +581,7 @@ def build(config: dict, results: Path, out: Path, benchmark: str | None = None,
             "Generated by `qerl claims` from the workflow's results (metrics.jsonl and evaluation JSON files).", "",
             "| claim (paper) | verdict at this scale | numbers |", "|---|---|---|"]
     text += [f"| {c['claim']} | **{c['verdict']}** | {c['numbers']} |" for c in found]
-    text += ["", "## pass@1 per method (mean over seeds, 95% interval over problems and seeds)", "", _md(acc_rows),
+    text += ["", RULE, "", "## pass@1 per method (mean over seeds, 95% interval over problems and seeds)", "", _md(acc_rows),
              "## Runs", "", _md(runs_rows, skip=("model", "adapter_sha256")), "![training curves](curves.png)", ""]
     if meta["missing"]:
         text += [f"Runs without results (left out): {', '.join(meta['missing'])}", ""]

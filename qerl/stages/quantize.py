@@ -1,7 +1,9 @@
 """``qerl quantize``: a bf16 Hugging Face checkpoint -> a compressed-tensors NVFP4 checkpoint.
 
-Calibration-free round-to-nearest (as the QeRL reference code does; the paper's AWQ is never run
-there). Every decoder ``nn.Linear`` is quantized (q/k/v and gate/up share the minimum global scale,
+Round-to-nearest by default (as the QeRL reference code does; the paper's AWQ is never run there), or after
+AWQ's activation-aware scales are folded into the bf16 model (``calibration="awq"``, :mod:`qerl.quant.awq`: the
+model is held in memory for the search, then quantized from a temporary copy as below). Every decoder
+``nn.Linear`` is quantized (q/k/v and gate/up share the minimum global scale,
 as vLLM requires); embeddings, ``lm_head`` and norms are copied unchanged.
 
 Streaming: the source is read tensor by tensor from its shards and the output is written shard by
@@ -193,6 +195,13 @@ def quantize_checkpoint(
     progress: bool = True,
     scale_rule: str = "max6",
     keep_bf16_last: float = 0,
+    calibration: str = "none",
+    calibration_data: str | Path | None = None,
+    calibration_field: str = "question",
+    calibration_template: str = "raw",
+    calibration_samples: int = 128,
+    calibration_seq_len: int = 512,
+    device: str = "auto",
 ) -> dict:
     """Quantize ``src`` (local dir or hub id) into ``dst``; return the error report summary.
 
@@ -202,9 +211,13 @@ def quantize_checkpoint(
     the checkpoint itself is ordinary NVFP4). ``keep_bf16_last``: the last decoder layers left in bf16 (a count,
     or a fraction of the layers), written into the checkpoint's ignore list
     (:func:`qerl.quant.format.last_layers_pattern`) so compressed-tensors, vLLM and our loader agree.
+    ``calibration``: ``none`` (round-to-nearest) or ``awq`` -- scales searched on ``calibration_samples`` x
+    ``calibration_seq_len`` tokens of ``calibration_data`` (a JSONL file's ``calibration_field``, or a text file's
+    lines, each formatted with ``calibration_template``; the paper calibrates on 256 x 2,048) on ``device``, folded
+    into the norms / linears before quantization (:mod:`qerl.quant.awq`); the layers kept in bf16 are left as
+    they are. The calibration settings and the data's sha256 are part of the manifest (a rerun with other data
+    quantizes again).
     """
-    from tqdm.auto import tqdm
-
     from qerl.models.source import resolve_model_dir
 
     check_patterns(ignore)
@@ -219,6 +232,21 @@ def quantize_checkpoint(
     nvfp4._check_rule(scale_rule)
     settings = {"ignore": list(ignore), "format": "nvfp4-pack-quantized",
                 **({"scale_rule": scale_rule} if scale_rule != "max6" else {})}  # (max6: manifests before the rule)
+    if calibration not in ("none", "awq"):
+        raise CheckpointError(f"calibration {calibration!r}: expected 'none' or 'awq'")
+    if calibration == "awq":
+        if calibration_data is None:
+            raise CheckpointError("calibration 'awq' needs calibration data (--calibration-data FILE: a JSONL of "
+                                  "training prompts or a text file)")
+        from qerl.checkpoint import sha256_file
+
+        if not Path(calibration_data).is_file():
+            raise CheckpointError(f"--calibration-data {calibration_data}: no such file")
+        if calibration_samples < 1 or calibration_seq_len < 1:
+            raise CheckpointError(f"calibration size {calibration_samples} x {calibration_seq_len}: both must be >= 1")
+        settings["calibration"] = {"method": "awq", "data_sha256": sha256_file(Path(calibration_data)),
+                                   "field": calibration_field, "template": calibration_template,
+                                   "samples": calibration_samples, "seq_len": calibration_seq_len}
     fingerprint = source_fingerprint(src)
     if is_nonempty_dir(dst) and not force:
         manifest = dst / MANIFEST
@@ -230,7 +258,57 @@ def quantize_checkpoint(
             f"{dst}: already holds a different model or quantization; refusing to overwrite "
             "(pass --force to replace it)"
         )
-    cfg, index, units = plan(src, ignore)
+    awq_report, smoothed = None, None
+    if calibration == "awq":
+        import tempfile
+
+        layers = int(read_json(src / "config.json").get("num_hidden_layers") or 0)
+        kept = set(range(layers - _kept_count(layers, keep_bf16_last), layers))
+        smoothed = Path(tempfile.mkdtemp(prefix="qerl-awq-", dir=dst.parent if dst.parent.exists() else None))
+        awq_report = _awq_smoothed_copy(src, smoothed, scale_rule, kept, calibration_data, calibration_field,
+                                        calibration_template, calibration_samples, calibration_seq_len, device,
+                                        progress)
+    try:
+        return _write(src if smoothed is None else smoothed, src, dst, force, ignore, max_shard_size, progress,
+                      scale_rule, settings, fingerprint, awq_report)
+    finally:
+        if smoothed is not None:
+            shutil.rmtree(smoothed, ignore_errors=True)
+
+
+def _kept_count(layers: int, keep: float) -> int:
+    import math
+
+    return 0 if not keep else int(keep) if keep >= 1 else math.ceil(keep * layers)
+
+
+def _awq_smoothed_copy(src: Path, out: Path, scale_rule: str, kept: set[int], data, field: str, template: str,
+                       samples: int, seq_len: int, device: str, progress: bool) -> dict:
+    """Load ``src`` in fp32 on ``device``, fold AWQ scales searched on the calibration data into it, and save it
+    (in the source's dtype, with its tokenizer files) to ``out``; returns the per-group search report."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from qerl.quant import awq
+
+    dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    tok = AutoTokenizer.from_pretrained(src)
+    ids = awq.calibration_ids(tok, awq.calibration_texts(data, field), samples, seq_len, template)
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).to(dev).eval()
+    cfg = read_json(src / "config.json")
+    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").removeprefix("torch.")
+    report = awq.smooth(model, ids, scale_rule, skip_layers=kept, progress=progress)
+    model.to(getattr(torch, dtype)).cpu().save_pretrained(out)
+    tok.save_pretrained(out)
+    return report
+
+
+def _write(read_from: Path, src: Path, dst: Path, force: bool, ignore, max_shard_size, progress: bool,
+           scale_rule: str, settings: dict, fingerprint: str, awq_report: dict | None) -> dict:
+    """Quantize the model in ``read_from`` (``src`` itself, or its AWQ-smoothed copy) into ``dst``."""
+    from tqdm.auto import tqdm
+
+    cfg, index, units = plan(read_from, ignore)
+    cfg = read_json(src / "config.json")  # (the smoothed copy's is transformers' rewrite of the same)
     limit = parse_size(max_shard_size)
     shards: list[list[_Unit]] = [[]]
     size = 0
@@ -266,7 +344,12 @@ def quantize_checkpoint(
             if f.is_file() and f.name not in _SKIP_COPY and f.suffix not in (".safetensors", ".bin", ".pt", ".pth"):
                 shutil.copy2(f, tmp / f.name)
         summary = {**_summary(report, total), "scale_rule": scale_rule}
-        write_json(tmp / REPORT, {"summary": summary, "layers": report})
+        if awq_report is not None:
+            gain = [r["loss"] / r["loss_rtn"] for r in awq_report.values() if r["loss_rtn"] > 0]
+            summary["calibration"] = "awq"
+            summary["awq_loss_vs_rtn_mean"] = sum(gain) / len(gain) if gain else 1.0
+        write_json(tmp / REPORT, {"summary": summary, "layers": report,
+                                  **({"awq": awq_report} if awq_report is not None else {})})
         write_json(tmp / MANIFEST, {"source": str(src), "source_fingerprint": fingerprint,
                                     "settings": settings, "shards": names})
     return {"up_to_date": False, **summary}

@@ -136,6 +136,7 @@ def collect_rollouts(policy, tokenizer, stream: PromptStream, cfg, step: int, re
     G, want = a.group_size, cfg.prompts_per_step
     kept, kept_rewards = [], []
     all_rewards, all_correct, all_len, all_trunc = [], [], [], []
+    nll, n_tok = 0.0, 0
     rounds, groups_seen, gen_max, idle, split = 0, 0, 0.0, 0.0, {}
     while True:
         n_prompts = want - sum(len(k.texts) // G for k in kept) if rounds else want
@@ -153,6 +154,8 @@ def collect_rollouts(policy, tokenizer, stream: PromptStream, cfg, step: int, re
         all_correct.append(torch.tensor([s[1] for s in scores]))
         all_len.append(ro.lengths.cpu().float())
         all_trunc.append(ro.truncated.cpu().float())
+        m = ro.completion_mask.bool()
+        nll, n_tok = nll - float(ro.logprobs[m].double().sum()), n_tok + int(m.sum())
         groups_seen += n_prompts
         keep = informative_groups(rewards, G) if a.dynamic_sampling else torch.ones(n_prompts, dtype=torch.bool)
         rows = torch.nonzero(keep.repeat_interleave(G)).flatten()
@@ -171,6 +174,10 @@ def collect_rollouts(policy, tokenizer, stream: PromptStream, cfg, step: int, re
         "response_len_mean": float(torch.cat(all_len).mean()),
         "response_len_max": float(torch.cat(all_len).max()),
         "truncated_frac": float(torch.cat(all_trunc).mean()),
+        # the rollout policy's own entropy, estimated by Monte Carlo: -mean log pi(sampled token) over the generated
+        # tokens of every sample (an unbiased estimate of the sampling distribution's per-token entropy; the
+        # trainer's "entropy" is the exact one of its recomputation on the kept batch)
+        "rollout_entropy": nll / max(1, n_tok),
         "groups_generated": groups_seen,
         "rollout_rounds": rounds,
         "generated_tokens": int(torch.cat(all_len).sum()),

@@ -16,13 +16,19 @@ def tok(tiny_dirs):
     return AutoTokenizer.from_pretrained(tiny_dirs["qwen2"])
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("base, dtype", [("bf16", torch.bfloat16), ("nvfp4", torch.bfloat16), ("bf16", torch.float32)])
-def test_greedy_equals_transformers_generate(tiny_dirs, tok, base, dtype):
+def test_greedy_equals_transformers_generate(tiny_dirs, tok, base, dtype, greedy_judge):
+    """fp32: the same tokens as ``transformers.generate``. bf16: each token an argmax within bf16 rounding, parting
+    from ``generate`` only at a near-tie (CPU bf16 rounding depends on batch shape and instruction set)."""
     model = load_policy(tiny_dirs["qwen2"], base=base, dtype=dtype)
     r = generate(model, tok, PROMPTS, SamplingSettings(temperature=0, max_new_tokens=12))
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     ref = model.generate(**enc, max_new_tokens=12, do_sample=False, eos_token_id=tok.eos_token_id,
                          pad_token_id=tok.pad_token_id)[:, enc.input_ids.shape[1]:]
+    if dtype == torch.bfloat16:
+        greedy_judge(model, r, torch.nn.functional.pad(ref, (0, max(0, 12 - ref.shape[1])), value=-1))
+        return
     for i in range(len(PROMPTS)):
         ours = r.completion_ids[i][r.completion_mask[i].bool()]
         assert ours.tolist() == ref[i][: len(ours)].tolist()

@@ -45,7 +45,7 @@ def rows(out):
     return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
 
 
-REQUIRED = {"reward_mean", "reward_std", "accuracy", "entropy", "kl", "clip_frac", "mismatch_kl",
+REQUIRED = {"reward_mean", "reward_std", "accuracy", "entropy", "rollout_entropy", "kl", "clip_frac", "mismatch_kl",
             "is_ratio_mean", "response_len_mean", "response_len_max", "truncated_frac", "sigma", "lr",
             "rollout_seconds", "train_seconds", "tokens_per_second", "peak_memory_gb", "loss", "grad_norm"}
 
@@ -59,6 +59,10 @@ def test_every_method_trains(method, warm_model, tmp_path):
     assert [r["step"] for r in m] == [1, 2, 3, 4]
     assert REQUIRED <= set(m[0])
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in m)
+    # the rollout policy's entropy (Monte Carlo over the sampled tokens) estimates what the trainer computes
+    # exactly on the same tokens where no noise is drawn (the first two steps: sigma 0)
+    for r in m[:2]:
+        assert r["rollout_entropy"] > 0 and abs(r["rollout_entropy"] - r["entropy"]) < 0.5 * r["entropy"], r
     final = out / "final"
     if method == "full":
         assert (final / "model.safetensors").exists()

@@ -1,10 +1,33 @@
-# NVFP4 calibration-free quantization (compressed-tensors nvfp4-pack-quantized checkpoint).
+# NVFP4 quantization (compressed-tensors nvfp4-pack-quantized checkpoint): round-to-nearest, or AWQ-calibrated
+# (quantize.calibration / models.<name>.calibration: awq, on quantize.calibration_data).
+
+
+def quant_setting(model, key, default):
+    """A model's quantization setting: its own (models.<name>.<key>), else quantize.<key>, else the default."""
+    return config["models"][model].get(key, config.get("quantize", {}).get(key, default))
+
+
+def calibration_args(model):
+    q = config.get("quantize", {})
+    if quant_setting(model, "calibration", "none") != "awq":
+        return "--calibration none"
+    if not q.get("calibration_data"):
+        raise WorkflowError(f"models.{model}: calibration awq needs quantize.calibration_data (a JSONL of training "
+                            "prompts or a text file)")
+    return (f"--calibration awq --calibration-data {q['calibration_data']} "
+            f"--calibration-field {q.get('calibration_field', 'question')} "
+            f"--calibration-template {q.get('calibration_template', 'raw')} "
+            f"--calibration-samples {q.get('calibration_samples', 128)} "
+            f"--calibration-seq-len {q.get('calibration_seq_len', 512)}")
 
 
 rule quantize:
     input:
         model=lambda w: model_marker(w.model),
         mlflow=MLFLOW_MARKER,
+        calibration=lambda w: [config["quantize"]["calibration_data"]]
+        if quant_setting(w.model, "calibration", "none") == "awq" and config.get("quantize", {}).get("calibration_data")
+        else [],
     output:
         config="results/quantize/{model}/config.json",
         report="results/quantize/{model}/quantization_report.json",
@@ -12,7 +35,9 @@ rule quantize:
         src=lambda w: model_path(w.model),
         out=lambda w, output: os.path.dirname(output.config),
         shard=config.get("quantize", {}).get("max_shard_size", "2GB"),
-        rule=lambda w: config["models"][w.model].get("scale_rule", config.get("quantize", {}).get("scale_rule", "max6")),
+        rule=lambda w: quant_setting(w.model, "scale_rule", "max6"),
+        keep=lambda w: quant_setting(w.model, "keep_bf16_last", 0),
+        cal=lambda w: calibration_args(w.model),
         track=lambda w: track("quantize", f"quantize/{w.model}", model=w.model),
     resources:
         mem_mb=resources("quantize", "mem_mb", 4000),
@@ -23,5 +48,5 @@ rule quantize:
         "../envs/qerl.yaml"
     shell:
         "qerl quantize --model {params.src} --output {params.out} --force --max-shard-size {params.shard} "
-        "--scale-rule {params.rule} "
+        "--scale-rule {params.rule} --keep-bf16-last {params.keep} {params.cal} "
         "--no-progress {params.track} > {log} 2>&1"

@@ -1,0 +1,120 @@
+"""The evidence a real-model report is regenerated from: small, compressed, committed under
+``reports/<name>/evidence/<configuration>/`` (the ``results/`` tree it comes from is not committed).
+
+* ``config.yaml`` -- the workflow config the runs were made with (``results/config/<configuration>.yaml``);
+* ``metrics.jsonl.gz`` -- every training step of every run, one JSON object a line, with ``"run"``:
+  ``<model>/<method>/<algo>/<dataset>/seed<k>`` (the run's path under ``results/train``);
+* ``evaluations.jsonl.gz`` -- every evaluation summary, per-problem scores included, with ``"path"``: its path under
+  ``results/eval`` (``<model>/<method>/<algo>/<dataset>/seed<k>/<benchmark>.json``, untrained bases as
+  ``<model>/<base>/untrained/none/seed0/...``).
+
+:func:`pack` writes them from a workflow's ``results/`` and merges into evidence already there (a batch of runs at a
+time: an entry of the same run or path is replaced, the others stay); :func:`unpack` rebuilds the ``results/``
+files ``qerl claims`` reads. The gzip streams carry no timestamp and the lines are sorted, so packing the same
+results twice writes the same bytes.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+CONFIG, METRICS, EVALS = "config.yaml", "metrics.jsonl.gz", "evaluations.jsonl.gz"
+
+
+class EvidenceError(ValueError):
+    """Evidence that cannot be read or written (a missing file, a line that is not JSON, a mismatched config)."""
+
+
+def _read_gz(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    out = []
+    with gzip.open(path, "rt") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise EvidenceError(f"{path}: line {i} is not JSON ({e.msg})") from None
+    return out
+
+
+def _write_gz(path: Path, rows: list[dict]) -> None:
+    """``rows`` as gzipped JSON lines, written to a temporary file and renamed (no timestamp in the stream)."""
+    import os
+
+    data = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode()
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def pack(results: Path, config_file: Path, out: Path) -> dict:
+    """Add the runs and evaluations found under ``results`` (``train/**/metrics.jsonl``, ``eval/**/*.json``) to the
+    evidence in ``out``; ``config_file``: the workflow config they were made with (an existing ``out/config.yaml``
+    must be the same configuration). Returns ``{"runs", "evaluations"}`` counts of what ``out`` now holds."""
+    import yaml
+
+    from qerl.workflow_config import write_text_atomic
+
+    results, out = Path(results), Path(out)
+    config = yaml.safe_load(Path(config_file).read_text())
+    old = out / CONFIG
+    if old.is_file():
+        have = yaml.safe_load(old.read_text()).get("configuration")
+        if have != config.get("configuration"):
+            raise EvidenceError(f"{out}: holds the evidence of configuration {have!r}, not "
+                                f"{config.get('configuration')!r} ({config_file}); pack it into its own directory")
+    out.mkdir(parents=True, exist_ok=True)
+    metrics = {(r["run"], r["step"]): r for r in _read_gz(out / METRICS)}
+    found = sorted((results / "train").glob("**/metrics.jsonl"))
+    for f in found:
+        run = f.parent.relative_to(results / "train").as_posix()
+        metrics = {k: v for k, v in metrics.items() if k[0] != run}  # a run's rows are replaced as a whole
+        for line in f.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                metrics[(run, row["step"])] = {"run": run, **row}
+    evals = {r["path"]: r for r in _read_gz(out / EVALS)}
+    for f in sorted((results / "eval").glob("**/*.json")):
+        summary = json.loads(f.read_text())
+        if "per_problem" in summary:
+            path = f.relative_to(results / "eval").as_posix()
+            evals[path] = {"path": path, **summary}
+    if not found and not evals:
+        raise EvidenceError(f"{results}: no train/**/metrics.jsonl and no eval/**/*.json to pack")
+    _write_gz(out / METRICS, [metrics[k] for k in sorted(metrics)])
+    _write_gz(out / EVALS, [evals[k] for k in sorted(evals)])
+    write_text_atomic(str(out / CONFIG), Path(config_file).read_text())
+    return {"runs": len({k[0] for k in metrics}), "evaluations": len(evals)}
+
+
+def unpack(evidence: Path, dest: Path) -> dict:
+    """Write the ``results/`` tree of ``evidence`` under ``dest`` (``train/<run>/metrics.jsonl``,
+    ``eval/<path>``) and return the workflow config it holds (a dict)."""
+    import yaml
+
+    evidence, dest = Path(evidence), Path(dest)
+    cfg = evidence / CONFIG
+    if not cfg.is_file():
+        raise EvidenceError(f"{evidence}: no {CONFIG} (the workflow config of these runs); is this an evidence "
+                            f"directory written by qerl claims --pack?")
+    rows = _read_gz(evidence / METRICS)
+    evals = _read_gz(evidence / EVALS)
+    if not rows and not evals:
+        raise EvidenceError(f"{evidence}: neither {METRICS} nor {EVALS} holds anything")
+    by_run: dict[str, list[dict]] = {}
+    for r in rows:
+        by_run.setdefault(r["run"], []).append({k: v for k, v in r.items() if k != "run"})
+    for run, steps in by_run.items():
+        f = dest / "train" / run / "metrics.jsonl"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("".join(json.dumps(s) + "\n" for s in sorted(steps, key=lambda s: s["step"])))
+    for e in evals:
+        f = dest / "eval" / e["path"]
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps({k: v for k, v in e.items() if k != "path"}))
+    return yaml.safe_load(cfg.read_text())

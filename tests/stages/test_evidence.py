@@ -1,0 +1,92 @@
+"""Committed evidence (qerl.stages.evidence): packed from a results tree, merged a batch at a time, byte-stable,
+unpacked into what `qerl claims` reads; the committed learning-rate sweep is rebuilt from its evidence alone."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qerl.stages import evidence
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _results(root: Path, runs: dict[str, float]) -> Path:
+    for run, acc in runs.items():
+        t = root / "train" / run
+        t.mkdir(parents=True)
+        t.joinpath("metrics.jsonl").write_text("".join(json.dumps({"step": i, "reward_mean": acc * i}) + "\n"
+                                                       for i in (1, 2, 3)))
+        e = root / "eval" / run
+        e.mkdir(parents=True)
+        e.joinpath("b.json").write_text(json.dumps({"pass@1": acc, "problems": 2, "per_problem": [acc, acc]}))
+    return root
+
+
+def test_pack_merges_batches_is_byte_stable_and_unpacks(tmp_path):
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("configuration: unit\nmodels: {m: {source: tiny}}\n")
+    a = _results(tmp_path / "a", {"m/lora/grpo/d/seed0": 0.5})
+    out = tmp_path / "ev"
+    assert evidence.pack(a, cfg, out) == {"runs": 1, "evaluations": 1}
+    first = {p.name: p.read_bytes() for p in out.iterdir()}
+    evidence.pack(a, cfg, out)  # the same results again: the same bytes (no timestamps, sorted lines)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == first
+    b = _results(tmp_path / "b", {"m/qerl/grpo/d/seed0": 0.25, "m/lora/grpo/d/seed0": 0.75})  # a later batch
+    assert evidence.pack(b, cfg, out) == {"runs": 2, "evaluations": 2}  # lora seed0 replaced, not duplicated
+    config = evidence.unpack(out, tmp_path / "r")
+    assert config["configuration"] == "unit"
+    rows = [json.loads(x) for x in (tmp_path / "r/train/m/lora/grpo/d/seed0/metrics.jsonl").read_text().split("\n")
+            if x]
+    assert [r["reward_mean"] for r in rows] == [0.75, 1.5, 2.25]
+    assert json.loads((tmp_path / "r/eval/m/qerl/grpo/d/seed0/b.json").read_text())["per_problem"] == [0.25, 0.25]
+    other = tmp_path / "other.yaml"
+    other.write_text("configuration: another\nmodels: {m: {source: tiny}}\n")
+    with pytest.raises(evidence.EvidenceError, match="holds the evidence of configuration 'unit', not 'another'"):
+        evidence.pack(b, other, out)
+    with pytest.raises(evidence.EvidenceError, match="no config.yaml"):
+        evidence.unpack(tmp_path / "a", tmp_path / "r2")
+
+
+def test_the_committed_sweep_is_rebuilt_from_its_evidence_alone(tmp_path):
+    """`qerl claims --evidence reports/real/evidence/real-lr-sweep --sweep` writes the committed lr_sweep.csv and
+    lr_sweep.md byte for byte (bootstrap intervals with a fixed seed), and names the rates real.yaml uses."""
+    r = subprocess.run([sys.executable, "-m", "qerl", "claims", "--evidence",
+                        str(ROOT / "reports/real/evidence/real-lr-sweep"), "--sweep", "--output", str(tmp_path)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "chosen learning rates: lora 0.0001, qerl 3e-05" in r.stdout
+    for name in ("lr_sweep.csv", "lr_sweep.md"):
+        assert (tmp_path / name).read_text() == (ROOT / "reports/real" / name).read_text(), name
+    import yaml
+
+    real = yaml.safe_load((ROOT / "config/real/real.yaml").read_text())
+    assert real["method_overrides"]["lora"]["optim"]["lr"] == 1e-4
+    assert real["method_overrides"]["qerl"]["optim"]["lr"] == 3e-5
+
+
+def test_the_sweep_choice_its_tie_rule_and_bad_values(tmp_path):
+    """The rate with the best validation pass@1 per method; a tie goes to the lower rate; a NaN reward or a missing
+    evaluation is an error naming the run, never a ranking."""
+    from qerl.stages.claims import ClaimsError
+    from qerl.stages.sweep import chosen_rates, sweep_rows
+
+    variants = {f"{m}_{lr}": {"method": m, "overrides": {"optim": {"lr": lr}}}
+                for m in ("lora", "qerl") for lr in (1e-5, 1e-4, 3e-4)}
+    config = {"models": {"m": {"source": "tiny"}}, "datasets": {"d": {"task": "synthetic"}}, "variants": variants,
+              "experiments": [{"models": ["m"], "datasets": ["d"], "methods": list(variants), "algorithms": ["grpo"],
+                               "seeds": [0]}], "evaluation": {"benchmarks": ["b"]}, "train": {"optim": {"lr": 1e-3}}}
+    acc = {"lora_1e-05": 0.30, "lora_0.0001": 0.40, "lora_0.0003": 0.40, "qerl_1e-05": 0.35, "qerl_0.0001": 0.20,
+           "qerl_0.0003": 0.0}
+    res = _results(tmp_path / "r", {f"m/{v}/grpo/d/seed0": acc[v] for v in variants})
+    rows = sweep_rows(config, res)
+    assert chosen_rates(rows) == {"lora": 1e-4, "qerl": 1e-5}  # lora: 1e-4 and 3e-4 tie at 40.0 -> the lower
+    assert [r[2] for r in rows[1:4]] == ["1e-05", "0.0001", "0.0003"] and rows[2][-1] == "yes"
+    m = res / "train/m/qerl_0.0001/grpo/d/seed0/metrics.jsonl"
+    m.write_text(m.read_text().replace('"reward_mean": 0.4}', '"reward_mean": NaN}'))
+    with pytest.raises(ClaimsError, match=r"m/qerl_0.0001/grpo/d/seed0 reward_mean at step 2 is nan"):
+        sweep_rows(config, res)
+    (res / "eval/m/qerl_0.0001/grpo/d/seed0/b.json").unlink()
+    with pytest.raises(ClaimsError, match=r"without metrics or a b evaluation: m/qerl_0.0001/grpo/d/seed0"):
+        sweep_rows(config, res)
