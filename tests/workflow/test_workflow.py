@@ -426,6 +426,29 @@ def test_real_config_dag_resolves_offline(tmp_path, tiny_gguf):
     assert "--name gsm8k_val" in sweep.stdout and "gsm8k_test500" not in sweep.stdout
 
 
+def test_bases_overlay_quantizes_six_ways_and_evaluates_bases_only(tmp_path, tiny_gguf):
+    """config/real/bases.yaml: six NVFP4 bases of the one converted model (RTN, four-over-six, + bf16 tail, AWQ on
+    the training prompts, AWQ + four-over-six (+ tail)) and the bf16 reference, evaluated untrained on the validation
+    and test sets; no training run. AWQ without calibration data stops before any job, naming the key."""
+    cfg = _real_config_copy(tmp_path, tiny_gguf["Q8_0"])
+    bases = ("--configfile", *cfg[1:], str(ROOT / "config/real/bases.yaml"))
+    out = snakemake(*bases, "--cores", "2", "--directory", str(tmp_path), "-n", "-p")
+    jobs = _jobs(out.stdout + out.stderr)
+    assert jobs["convert_gguf"] == 1 and jobs["quantize"] == 6 and jobs["evaluate_untrained"] == 14
+    assert "train" not in jobs and "evaluate_trained" not in jobs
+    text = out.stdout
+    assert text.count("--calibration awq --calibration-data config/real/data/gsm8k_train.jsonl "
+                      "--calibration-field question --calibration-template paper --calibration-samples 128 "
+                      "--calibration-seq-len 512") == 3
+    assert "--output results/quantize/q05b-awq-fos-tail --force --max-shard-size 2GB --scale-rule four-over-six " \
+           "--keep-bf16-last 0.15 --calibration awq" in text
+    assert "--model results/models/qwen2.5-coder-0.5b --output results/quantize/q05b-rtn" in text
+    (tmp_path / "nodata.yaml").write_text("quantize: {calibration_data: null}\n")
+    bad = snakemake(*bases, str(tmp_path / "nodata.yaml"), "--cores", "1", "--directory", str(tmp_path), "-n",
+                    check=False)
+    assert bad.returncode != 0 and "calibration" in bad.stdout + bad.stderr
+
+
 def test_a_gguf_model_goes_through_the_workflow(tmp_path, tiny_dirs, gguf_writer):
     """`models.<name>.source: gguf` for real: a tiny Qwen2 written as a Q8_0 GGUF file is converted by the workflow
     and evaluated on config/real's held-out problems; the summary names the GGUF source and its dequantized types."""

@@ -184,3 +184,23 @@ def trained_policy(w):
         return f"--model {final} --base bf16"
     base = f"results/quantize/{w.model}" if method in wc.NVFP4_METHODS else model_path(w.model)
     return f"--model {base} --base {wc.base_of(method)} --adapter {final}"
+
+
+def quant_setting(model, key, default):
+    """A model's quantization setting: its own (models.<name>.<key>), else quantize.<key>, else the default."""
+    return config["models"][model].get(key, config.get("quantize", {}).get(key, default))
+
+
+def calibration_args(model):
+    q = config.get("quantize", {})
+    if quant_setting(model, "calibration", "none") != "awq":
+        return "--calibration none"
+    if not q.get("calibration_data"):
+        raise WorkflowError(f"models.{model}: calibration awq needs quantize.calibration_data (a JSONL of training "
+                            "prompts or a text file)")
+    return (f"--calibration awq --calibration-data {q['calibration_data']} "
+            f"--calibration-field {q.get('calibration_field', 'question')} "
+            f"--calibration-template {q.get('calibration_template', 'raw')} "
+            f"--calibration-samples {q.get('calibration_samples', 128)} "
+            f"--calibration-seq-len {q.get('calibration_seq_len', 512)}")
+

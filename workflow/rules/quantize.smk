@@ -2,25 +2,6 @@
 # (quantize.calibration / models.<name>.calibration: awq, on quantize.calibration_data).
 
 
-def quant_setting(model, key, default):
-    """A model's quantization setting: its own (models.<name>.<key>), else quantize.<key>, else the default."""
-    return config["models"][model].get(key, config.get("quantize", {}).get(key, default))
-
-
-def calibration_args(model):
-    q = config.get("quantize", {})
-    if quant_setting(model, "calibration", "none") != "awq":
-        return "--calibration none"
-    if not q.get("calibration_data"):
-        raise WorkflowError(f"models.{model}: calibration awq needs quantize.calibration_data (a JSONL of training "
-                            "prompts or a text file)")
-    return (f"--calibration awq --calibration-data {q['calibration_data']} "
-            f"--calibration-field {q.get('calibration_field', 'question')} "
-            f"--calibration-template {q.get('calibration_template', 'raw')} "
-            f"--calibration-samples {q.get('calibration_samples', 128)} "
-            f"--calibration-seq-len {q.get('calibration_seq_len', 512)}")
-
-
 rule quantize:
     input:
         model=lambda w: model_marker(w.model),
