@@ -125,8 +125,11 @@ def add_claims(sub) -> None:
                                       "curves, step time, GPU-hours)",
                        description="From a workflow's results: one row per method x seed (pass@1 before / after, "
                                    "adapter sha256, device, step time, GPU-hours), pass@1 per method with 95% "
-                                   "bootstrap intervals over problems and seeds, training curves, and the paper's "
-                                   "claims (a)-(d) each marked confirmed, refuted or inconclusive with its numbers.")
+                                   "bootstrap intervals over problems and seeds, training curves with 95% bands over "
+                                   "seeds, and the paper's claims (a) accuracy, (b) reward growth, (c1)/(c2) entropy, "
+                                   "(d) step time, each marked confirmed, refuted or inconclusive under the decision "
+                                   "rule claims.md states. From --results, or from committed --evidence alone; "
+                                   "--pack writes that evidence, --sweep a learning-rate sweep's table.")
     src = c.add_mutually_exclusive_group(required=True)
     src.add_argument("--workflow-config", help="the workflow config (results/config/<name>.yaml), read with --results")
     src.add_argument("--evidence", metavar="DIR",
