@@ -21,8 +21,9 @@ Groups in a Qwen2 / Llama decoder layer and where ``1 / s`` goes:
   (``v.out_features == o.in_features``), as AWQ does;
 * down (reads ``act(gate) · up``): up's rows.
 
-The layers run one after another on the calibration hidden states (each layer's input is the smoothed, unquantized
-previous layer's output). :func:`smooth` changes the model in place; :func:`reference_fold` is the readable
+The layers run one after another on the calibration hidden states, one forward each: it captures every group's
+input and the layer's output, then the groups are searched and folded (a fold is exact, so folding one group moves
+no other group's input and not the output). :func:`smooth` changes the model in place; :func:`reference_fold` is the readable
 one-group fold the tests check against.
 """
 from __future__ import annotations
@@ -152,17 +153,16 @@ def smooth(model, input_ids: torch.Tensor, scale_rule: str = "max6", skip_layers
     report = {}
     for i, layer in enumerate(tqdm(dec.layers, desc="awq", disable=not progress)):
         groups = layer_groups(layer, f"layers.{i}")
-        if i not in skip_layers:
-            for g in groups:  # each group on the inputs of the layer as smoothed so far
-                xs, _ = _inputs(layer, [g], hidden, kwargs)
-                x = xs[g.name]
-                if x.shape[0] > max_tokens:
-                    x = x[torch.linspace(0, x.shape[0] - 1, max_tokens, device=x.device).long()]
-                s, rep = search_scale(x, [lin.weight for lin in g.linears], scale_rule, grid)
-                reference_fold(g, s)
-                report[g.name] = rep
-        out = layer(hidden, **kwargs)
-        hidden = out[0] if isinstance(out, tuple) else out
+        # One forward gives every group's input and the layer's output: a fold is exact, so folding one group
+        # changes neither another group's input nor what the layer computes (rounding aside).
+        xs, hidden = _inputs(layer, [] if i in skip_layers else groups, hidden, kwargs)
+        for g in groups if i not in skip_layers else []:
+            x = xs[g.name]
+            if x.shape[0] > max_tokens:
+                x = x[torch.linspace(0, x.shape[0] - 1, max_tokens, device=x.device).long()]
+            s, rep = search_scale(x, [lin.weight for lin in g.linears], scale_rule, grid)
+            reference_fold(g, s)
+            report[g.name] = rep
     return report
 
 

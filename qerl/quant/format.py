@@ -88,10 +88,9 @@ def _matches(pattern: str, name: str, class_names: tuple[str, ...]) -> bool:
     return pattern == name or pattern in class_names
 
 
-def last_layers_pattern(num_layers: int, keep: float) -> str | None:
-    """The ``re:`` ignore entry that keeps the last decoder layers in bf16 (the NVFP4 RL recipes of 2026 keep the
-    last ~15%): ``keep`` >= 1 is a count, 0 < ``keep`` < 1 a fraction of ``num_layers`` (rounded up); 0: None.
-    Matches every module of those layers (``model.layers.<i>.…``), as compressed-tensors / vLLM read it."""
+def kept_layers(num_layers: int, keep: float) -> int:
+    """How many last decoder layers ``--keep-bf16-last keep`` leaves in bf16: ``keep`` >= 1 a count, 0 < ``keep``
+    < 1 a fraction of ``num_layers`` (rounded up), 0 none."""
     import math
 
     if keep < 0 or (keep >= 1 and keep != int(keep)):
@@ -99,6 +98,14 @@ def last_layers_pattern(num_layers: int, keep: float) -> str | None:
     n = int(keep) if keep >= 1 or keep == 0 else math.ceil(keep * num_layers)
     if n > num_layers:
         raise ValueError(f"--keep-bf16-last {keep:g}: the model has {num_layers} decoder layers")
+    return n
+
+
+def last_layers_pattern(num_layers: int, keep: float) -> str | None:
+    """The ``re:`` ignore entry that keeps the last decoder layers in bf16 (the NVFP4 RL recipes of 2026 keep the
+    last ~15%): ``keep`` >= 1 is a count, 0 < ``keep`` < 1 a fraction of ``num_layers`` (rounded up); 0: None.
+    Matches every module of those layers (``model.layers.<i>.…``), as compressed-tensors / vLLM read it."""
+    n = kept_layers(num_layers, keep)
     if n == 0:
         return None
     return "re:(.*\\.)?layers\\.(" + "|".join(str(i) for i in range(num_layers - n, num_layers)) + ")\\."

@@ -81,9 +81,10 @@ def pack(results: Path, config_file: Path, out: Path) -> dict:
     evals = {r["path"]: r for r in _read_gz(out / EVALS)}
     for f in sorted((results / "eval").glob("**/*.json")):
         summary = json.loads(f.read_text())
-        if "per_problem" in summary:
-            path = f.relative_to(results / "eval").as_posix()
-            evals[path] = {"path": path, **summary}
+        if "per_problem" not in summary:
+            raise EvidenceError(f"{f}: an evaluation without per-problem scores (an older qerl evaluate); rerun it")
+        path = f.relative_to(results / "eval").as_posix()
+        evals[path] = {"path": path, **summary}
     if not found and not evals:
         raise EvidenceError(f"{results}: no train/**/metrics.jsonl and no eval/**/*.json to pack")
     _write_gz(out / METRICS, [metrics[k] for k in sorted(metrics)])

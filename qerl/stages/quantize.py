@@ -263,7 +263,9 @@ def quantize_checkpoint(
         import tempfile
 
         layers = int(read_json(src / "config.json").get("num_hidden_layers") or 0)
-        kept = set(range(layers - _kept_count(layers, keep_bf16_last), layers))
+        from qerl.quant.format import kept_layers
+
+        kept = set(range(layers - kept_layers(layers, keep_bf16_last), layers))
         smoothed = Path(tempfile.mkdtemp(prefix="qerl-awq-", dir=dst.parent if dst.parent.exists() else None))
         awq_report = _awq_smoothed_copy(src, smoothed, scale_rule, kept, calibration_data, calibration_field,
                                         calibration_template, calibration_samples, calibration_seq_len, device,
@@ -274,12 +276,6 @@ def quantize_checkpoint(
     finally:
         if smoothed is not None:
             shutil.rmtree(smoothed, ignore_errors=True)
-
-
-def _kept_count(layers: int, keep: float) -> int:
-    import math
-
-    return 0 if not keep else int(keep) if keep >= 1 else math.ceil(keep * layers)
 
 
 def _awq_smoothed_copy(src: Path, out: Path, scale_rule: str, kept: set[int], data, field: str, template: str,

@@ -104,8 +104,10 @@ def bases_table(config: dict, results: Path) -> tuple[str, list[list[str]]] | No
         return None
     benches = config.get("evaluation", {}).get("benchmarks", [])
     q = config.get("quantize", {})
-    header = ["model", "base", "scale_rule", "calibration", "keep_bf16_last"] + benches + \
-             [f"{benches[0]} truncated %", f"{benches[0]} tokens"] if benches else []
+    if not benches:
+        return None
+    header = ["model", "base", "scale_rule", "calibration", "keep_bf16_last", *benches,
+              f"{benches[0]} truncated %", f"{benches[0]} tokens"]
     rows = []
     for model, bases in bm.items():
         m = config["models"][model]

@@ -10,22 +10,14 @@ validation split decides; the test set is never read here.
 """
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
 
-from qerl.stages.claims import ClaimsError, _csv_text, _md, _read_jsonl, boot_mean, window_mean
+from qerl.stages.claims import (ClaimsError, _check_finite, _csv_text, _eval_json, _md, _read_jsonl, boot_mean,
+                                window_mean)
 from qerl.workflow_config import base_method, runs, train_config, uses_nvfp4
 
 HEAD = ["method", "variant", "lr", "seed", "steps", "problems", "val_pass1", "ci95_low", "ci95_high", "base_pass1",
         "train_truncated_frac", "val_truncated_frac", "reward_first10", "reward_last10", "chosen"]
-
-
-def _finite(x, what: str) -> float:
-    x = float(x)
-    if not math.isfinite(x):
-        raise ClaimsError(f"{what} is {x}: a run with a non-finite value cannot be ranked")
-    return x
 
 
 def sweep_rows(config: dict, results: Path, benchmark: str | None = None) -> list[list[str]]:
@@ -39,16 +31,17 @@ def sweep_rows(config: dict, results: Path, benchmark: str | None = None) -> lis
         if not mfile.is_file() or not efile.is_file():
             missing.append(r.path)
             continue
-        metrics, ev = _read_jsonl(mfile), json.loads(efile.read_text())
+        metrics, ev = _read_jsonl(mfile), _eval_json(efile)
         base = "nvfp4" if uses_nvfp4(config, r.method) else "bf16"
-        bfile = results / "eval" / f"{r.model}/{base}/untrained/none/seed0/{bench}.json"
-        base_p1 = json.loads(bfile.read_text())["pass@1"] if bfile.is_file() else None
+        base_ev = _eval_json(results / "eval" / f"{r.model}/{base}/untrained/none/seed0/{bench}.json")
+        _check_finite(r.path, metrics, ev, base_ev)
+        base_p1 = base_ev["pass@1"] if base_ev else None
         m, lo, hi = boot_mean([ev["per_problem"]])
-        rew = [_finite(x["reward_mean"], f"{r.path} reward_mean at step {x['step']}") for x in metrics]
+        rew = [float(x["reward_mean"]) for x in metrics]
         trunc = [float(x.get("truncated_frac", 0.0)) for x in metrics]
         lr = train_config(config, r, "sqlite://")["optim"]["lr"]
         rows.append([base_method(config, r.method), r.method, f"{float(lr):g}", str(r.seed), str(len(metrics)),
-                     str(ev["problems"]), f"{100 * _finite(m, f'{efile} pass@1'):.2f}", f"{100 * lo:.2f}",
+                     str(ev["problems"]), f"{100 * m:.2f}", f"{100 * lo:.2f}",
                      f"{100 * hi:.2f}", f"{100 * base_p1:.2f}" if base_p1 is not None else "",
                      f"{sum(trunc) / len(trunc):.4f}", f"{ev['truncated_frac']:.4f}" if "truncated_frac" in ev else "",
                      f"{window_mean(rew, 0, 0.1):.3f}", f"{window_mean(rew, 0.9, 1):.3f}", ""])

@@ -85,7 +85,7 @@ def test_the_sweep_choice_its_tie_rule_and_bad_values(tmp_path):
     assert [r[2] for r in rows[1:4]] == ["1e-05", "0.0001", "0.0003"] and rows[2][-1] == "yes"
     m = res / "train/m/qerl_0.0001/grpo/d/seed0/metrics.jsonl"
     m.write_text(m.read_text().replace('"reward_mean": 0.4}', '"reward_mean": NaN}'))
-    with pytest.raises(ClaimsError, match=r"m/qerl_0.0001/grpo/d/seed0 reward_mean at step 2 is nan"):
+    with pytest.raises(ClaimsError, match=r"run m/qerl_0.0001/grpo/d/seed0: metrics.jsonl step 2 has reward_mean = nan"):
         sweep_rows(config, res)
     (res / "eval/m/qerl_0.0001/grpo/d/seed0/b.json").unlink()
     with pytest.raises(ClaimsError, match=r"without metrics or a b evaluation: m/qerl_0.0001/grpo/d/seed0"):

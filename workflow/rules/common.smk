@@ -191,6 +191,12 @@ def quant_setting(model, key, default):
     return config["models"][model].get(key, config.get("quantize", {}).get(key, default))
 
 
+def calibration_inputs(model):
+    """The calibration file of a model quantized with AWQ (an input of its quantize job), else nothing."""
+    data = config.get("quantize", {}).get("calibration_data")
+    return [data] if data and quant_setting(model, "calibration", "none") == "awq" else []
+
+
 def calibration_args(model):
     q = config.get("quantize", {})
     if quant_setting(model, "calibration", "none") != "awq":

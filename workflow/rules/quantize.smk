@@ -6,9 +6,7 @@ rule quantize:
     input:
         model=lambda w: model_marker(w.model),
         mlflow=MLFLOW_MARKER,
-        calibration=lambda w: [config["quantize"]["calibration_data"]]
-        if quant_setting(w.model, "calibration", "none") == "awq" and config.get("quantize", {}).get("calibration_data")
-        else [],
+        calibration=lambda w: calibration_inputs(w.model),
     output:
         config="results/quantize/{model}/config.json",
         report="results/quantize/{model}/quantization_report.json",
