@@ -173,24 +173,43 @@ def benchmark_files(config: dict, name: str) -> list[str]:
     return [spec["path"]] if spec else []
 
 
+def untrained_bases(config: dict) -> dict[str, list[str]]:
+    """Model -> its untrained bases (``bf16`` / ``nvfp4``) that are evaluated, in config order: each experiment
+    block's ``untrained`` (default ``evaluation.untrained``, default both) for its models, then
+    ``evaluation.base_models``. The one place that decides which untrained evaluations exist."""
+    ev = config.get("evaluation", {})
+    out: dict[str, list[str]] = {}
+    for block in config.get("experiments", []):
+        for model in block["models"]:
+            for base in block.get("untrained", ev.get("untrained", UNTRAINED)):
+                out.setdefault(model, [])
+                if base not in out[model]:
+                    out[model].append(base)
+    for model, bases in ev.get("base_models", {}).items():
+        for base in bases:
+            out.setdefault(model, [])
+            if base not in out[model]:
+                out[model].append(base)
+    return out
+
+
 def eval_targets(config: dict) -> list[str]:
     """``results/eval/...json`` paths: every trained run on its block's benchmarks (default:
-    ``evaluation.benchmarks``) plus the untrained bases of each model on the same benchmarks, and the untrained
-    bases ``evaluation.base_models`` names (``{model: [bf16 | nvfp4, ...]}``: bases compared without a training run)
-    on ``evaluation.benchmarks``."""
+    ``evaluation.benchmarks``) plus the untrained bases of each model (:func:`untrained_bases`) on the benchmarks its
+    runs use (``evaluation.base_models``: on ``evaluation.benchmarks``)."""
     ev = config.get("evaluation", {})
     out: dict[str, None] = {}
-    for model, bases in ev.get("base_models", {}).items():
-        for b in ev.get("benchmarks", []):
+    benches: dict[str, list[str]] = {m: list(ev.get("benchmarks", [])) for m in ev.get("base_models", {})}
+    for block in config.get("experiments", []):
+        for r in _block_runs(block):
+            for b in block.get("benchmarks", ev.get("benchmarks", [])):
+                out[f"results/eval/{r.path}/{b}.json"] = None
+                if b not in benches.setdefault(r.model, []):
+                    benches[r.model].append(b)
+    for model, bases in untrained_bases(config).items():
+        for b in benches.get(model, []):
             for base in bases:
                 out[f"results/eval/{model}/{base}/untrained/none/seed0/{b}.json"] = None
-    for block in config.get("experiments", []):
-        benches = block.get("benchmarks", ev.get("benchmarks", []))
-        for r in _block_runs(block):
-            for b in benches:
-                out[f"results/eval/{r.path}/{b}.json"] = None
-                for base in ev.get("untrained", UNTRAINED):
-                    out[f"results/eval/{r.model}/{base}/untrained/none/seed0/{b}.json"] = None
     return list(out)
 
 

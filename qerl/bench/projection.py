@@ -243,11 +243,11 @@ def _evals(shape: str, benches: list[str], base: str, spec: str, ev: dict, seed:
 
 def paper_projection(config: dict, gpus: int = 8, gpu_gb: float = 80.0, seed: int = 0) -> dict:
     """Every table of a workflow config (``report.table*``): per run the projected hours at the cap and with the
-    assumed lengths, the evaluations (each trained run's, and ``evaluation.untrained`` bases' of each model), the
+    assumed lengths, the evaluations (each trained run's, and each model's untrained bases), the
     table's GPU-hours on one GPU and its wall-clock on ``gpus`` GPUs (runs on one GPU each, longest first; a run
     that does not fit one GPU is spread over all of them, FSDP, at the same GPU-hours)."""
     from qerl.train.config import TrainConfig, from_dict, validate
-    from qerl.workflow_config import runs, train_config
+    from qerl.workflow_config import runs, train_config, untrained_bases
 
     ev = config.get("evaluation", {})
     tables = {}
@@ -283,7 +283,7 @@ def paper_projection(config: dict, gpus: int = 8, gpu_gb: float = 80.0, seed: in
             seen.setdefault(x["run"].split("/")[0], x)
         for model, x in seen.items():
             fam_spec, benches = x["lengths"], x["benchmarks"].split()
-            for base in ev.get("untrained", []):
+            for base in untrained_bases(config).get(model, []):
                 e_cap, e_real = _evals(x["shape"], benches, base, fam_spec, ev, seed)
                 rows.append({"run": f"{model}/untrained {base}", "shape": x["shape"], "method": f"untrained {base}",
                              "steps": 0, "rows": 0, "cap": int(ev.get("max_new_tokens", 4096)), "updates": 0,

@@ -129,7 +129,10 @@ def add_claims(sub) -> None:
                                    "seeds, and the paper's claims (a) accuracy, (b) reward growth, (c1)/(c2) entropy, "
                                    "(d) step time, each marked confirmed, refuted or inconclusive under the decision "
                                    "rule claims.md states. From --results, or from committed --evidence alone; "
-                                   "--pack writes that evidence, --sweep a learning-rate sweep's table.")
+                                   "--pack writes that evidence, --sweep a learning-rate sweep's table. A bases-only "
+                                   "config (experiments: [], evaluation.base_models; config/real/bases.yaml) gives "
+                                   "the bases table instead: bases.csv / .md, the chosen NVFP4 base and its gap to "
+                                   "bf16.")
     src = c.add_mutually_exclusive_group(required=True)
     src.add_argument("--workflow-config", help="the workflow config (results/config/<name>.yaml), read with --results")
     src.add_argument("--evidence", metavar="DIR",
@@ -147,6 +150,9 @@ def add_claims(sub) -> None:
     c.add_argument("--sweep", action="store_true",
                    help="the runs are a learning-rate sweep (config/real/lr_sweep.yaml): write lr_sweep.csv / .md "
                         "(pass@1 on the validation benchmark per rate, the chosen rate per method) instead")
+    c.add_argument("--base-kl", type=Path, metavar="CSV",
+                   help="bases-only config: the CSV of python -m qerl.bench.base_kl (perplexity, KL against bf16), "
+                        "joined to the bases table")
     c.add_argument("--pack", metavar="DIR",
                    help="instead of a report: add the runs and evaluations under --results (with --workflow-config) "
                         "to the evidence directory DIR (compressed; a batch at a time, rerunnable)")
@@ -176,6 +182,17 @@ def run_claims(args) -> int:
             config, results = unpack(Path(args.evidence), Path(tmp)), Path(tmp)
         else:
             config, results = load_workflow_config(Path(args.workflow_config)), Path(args.results)
+        from qerl.stages.bases import build_bases, is_bases_only
+
+        if is_bases_only(config):
+            info = build_bases(config, results, Path(args.output), args.benchmark, args.base_kl)
+            lo, hi = info["gap"][1:]
+            print(f"chosen base: {info['chosen']} (gap to bf16 on {info['reported']}: {100 * info['gap'][0]:+.1f} "
+                  f"points [{100 * lo:+.1f}, {100 * hi:+.1f}])")
+            print(f"wrote {args.output}/bases.csv")
+            return 0
+        if args.base_kl:
+            raise ClaimsError("--base-kl: only for a bases-only config (experiments: [], evaluation.base_models)")
         if args.sweep:
             from qerl.stages.sweep import build_sweep
 

@@ -48,12 +48,24 @@ class ClaimsError(ValueError):
 
 @dataclass
 class RunData:
-    method: str
+    method: str  # the arm: the method (or variant), ``method@model`` when it trained on another model's base
     seed: int
     metrics: list[dict]
     evaluation: dict
     base_eval: dict | None
     per_problem: list[float] = field(default_factory=list)
+    model: str = ""
+
+
+def arm(method: str, model: str, first_model: str) -> str:
+    """A run's arm: its method, or ``method@model`` for a run on another model (e.g. QeRL on another NVFP4 base of
+    the same weights) of the same dataset and algorithm."""
+    return method if model == first_model else f"{method}@{model}"
+
+
+def arm_method(name: str) -> str:
+    """The method (or variant) of an arm."""
+    return name.split("@", 1)[0]
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -100,7 +112,8 @@ def _check_finite(run: str, metrics: list[dict], ev: dict, base_ev: dict | None)
 
 
 def collect(config: dict, results: Path, benchmark: str | None = None) -> tuple[list[RunData], dict]:
-    """The runs of the config's first (model, dataset, algorithm) with their metrics and evaluations."""
+    """The runs of the config's first (dataset, algorithm), with their metrics and evaluations; runs on a model other
+    than the first run's are arms of their own (:func:`arm`)."""
     all_runs = runs(config)
     if not all_runs:
         raise ClaimsError("the workflow config names no runs")
@@ -109,7 +122,7 @@ def collect(config: dict, results: Path, benchmark: str | None = None) -> tuple[
                           or config["evaluation"]["benchmarks"][0])
     out, missing = [], []
     for r in all_runs:
-        if (r.model, r.dataset, r.algo) != (first.model, first.dataset, first.algo):
+        if (r.dataset, r.algo) != (first.dataset, first.algo):
             continue
         mfile = results / "train" / r.path / "metrics.jsonl"
         ev = _eval_json(results / "eval" / r.path / f"{bench}.json")
@@ -120,7 +133,8 @@ def collect(config: dict, results: Path, benchmark: str | None = None) -> tuple[
         base_ev = _eval_json(results / "eval" / f"{r.model}/{base}/untrained/none/seed0" / f"{bench}.json")
         metrics = _read_jsonl(mfile)
         _check_finite(r.path, metrics, ev, base_ev)
-        out.append(RunData(r.method, r.seed, metrics, ev, base_ev, ev["per_problem"]))
+        out.append(RunData(arm(r.method, r.model, first.model), r.seed, metrics, ev, base_ev, ev["per_problem"],
+                           r.model))
     if not out:
         raise ClaimsError(f"{results}: no run has both metrics.jsonl and a {bench} evaluation (missing: "
                           f"{', '.join(missing[:3])}{' …' if len(missing) > 3 else ''})")
@@ -230,7 +244,11 @@ def _verdict(lo: float, hi: float, positive_is_confirmed: bool = True) -> str:
 
 # -- tables -----------------------------------------------------------------------------------------------------
 def label(config: dict, method: str) -> str:
-    """The paper's row label of a method, or ``variant (base label + overrides)``."""
+    """The paper's row label of a method, ``variant (base label + overrides)``, or for an arm on another model
+    ``label (the <model> base)``."""
+    if "@" in method:
+        name, model = method.split("@", 1)
+        return f"{label(config, name)} (the {model} base)"
     if method in config.get("variants", {}):
         over = config["variants"][method].get("overrides", {})
         if over == {"aqn": {"enabled": True}}:
@@ -256,7 +274,7 @@ def run_rows(data: list[RunData], meta: dict, config: dict) -> list[list[str]]:
         if src == "gguf":
             src = f"gguf (dequantized from {ev.get('model_dequantized_from', '?')})"
         kl, ent = _series(d, "mismatch_kl"), _series(d, "entropy")
-        rows.append([meta["model"], src, d.method, label(config, d.method), str(d.seed), str(ev.get("device", "")),
+        rows.append([d.model or meta["model"], src, d.method, label(config, d.method), str(d.seed), str(ev.get("device", "")),
                      str(len(d.metrics)), str(ev["problems"]), str(ev.get("samples_per_problem", "")),
                      f"{100 * d.base_eval['pass@1']:.2f}" if d.base_eval else "",
                      f"{100 * ev['pass@1']:.2f}", str(ev.get("adapter_sha256", "")),
@@ -304,6 +322,28 @@ def _zeros(xs: list[list[float]]) -> list[list[float]]:
     return [[0.0] * len(x) for x in xs]
 
 
+def accuracy_claim(config: dict, name: str, arm_runs: list[RunData], lora: list[RunData]) -> dict:
+    """Claim (a) for one QeRL arm against bf16 LoRA: the paired difference judged by :func:`accuracy_verdict`,
+    and each one's gain over its own untrained base beside it."""
+    dm, dlo, dhi = boot_diff([d.per_problem for d in arm_runs], [d.per_problem for d in lora])
+    qm, lm = boot_mean([d.per_problem for d in arm_runs])[0], boot_mean([d.per_problem for d in lora])[0]
+    how = accuracy_verdict(dlo, dhi)
+    verdict = {"exceeds": "confirmed", "matches": "confirmed", "falls short": "refuted"}.get(how, "inconclusive")
+    gain = ""
+    if arm_runs[0].base_eval and lora[0].base_eval:
+        gq, gl = _gains(arm_runs), _gains(lora)
+        g = boot_diff(gq, gl)
+        gain = (f"; gain over its own untrained base (paired by problem): {label(config, name)} "
+                f"{_pts(*boot_diff(gq, _zeros(gq)))} (NVFP4 base {100 * arm_runs[0].base_eval['pass@1']:.1f}), bf16 "
+                f"LoRA {_pts(*boot_diff(gl, _zeros(gl)))} (bf16 base {100 * lora[0].base_eval['pass@1']:.1f}); the "
+                f"difference of the gains {_pts(*g)}")
+    title = ("(a) QeRL reaches at least bf16 LoRA's accuracy" if name == "qerl" else
+             f"(a) also: {label(config, name)} against bf16 LoRA")
+    return {"claim": title, "verdict": verdict,
+            "numbers": f"pass@1 {100 * qm:.1f} vs {100 * lm:.1f}; difference {_pts(dm, dlo, dhi)} (problems x "
+                       f"seeds): {how} (margin -{100 * MARGIN:g}){gain}"}
+
+
 def claims(data: list[RunData], config: dict, timing: dict[str, list[dict]] | None = None) -> list[dict]:
     """The paper's four claims checked on these runs: ``{"claim", "verdict", "numbers"}`` each. ``timing``: method ->
     metrics of a run that had its GPU to itself (``--timing``), the step times of claim (d); without it the
@@ -316,21 +356,11 @@ def claims(data: list[RunData], config: dict, timing: dict[str, list[dict]] | No
         return [{"claim": c, "verdict": "inconclusive", "numbers": "needs runs of both qerl and lora"}
                 for c in ("(a)", "(b)", "(c1)", "(c2)", "(d)")]
     # (a) accuracy: non-inferiority within MARGIN on the paired interval; the mechanism (each method's gain over
-    # its own untrained base, paired by problem) beside it
-    dm, dlo, dhi = boot_diff([d.per_problem for d in qerl], [d.per_problem for d in lora])
-    qm, lm = boot_mean([d.per_problem for d in qerl])[0], boot_mean([d.per_problem for d in lora])[0]
-    how = accuracy_verdict(dlo, dhi)
-    verdict = {"exceeds": "confirmed", "matches": "confirmed", "falls short": "refuted"}.get(how, "inconclusive")
-    gain = ""
-    if qerl[0].base_eval and lora[0].base_eval:
-        gq, gl = _gains(qerl), _gains(lora)
-        g = boot_diff(gq, gl)
-        gain = (f"; gain over its own untrained base (paired by problem): QeRL {_pts(*boot_diff(gq, _zeros(gq)))} "
-                f"(NVFP4 base {100 * qerl[0].base_eval['pass@1']:.1f}), bf16 LoRA {_pts(*boot_diff(gl, _zeros(gl)))} "
-                f"(bf16 base {100 * lora[0].base_eval['pass@1']:.1f}); QeRL's gain minus bf16 LoRA's {_pts(*g)}")
-    out.append({"claim": "(a) QeRL reaches at least bf16 LoRA's accuracy", "verdict": verdict,
-                "numbers": f"pass@1 {100 * qm:.1f} vs {100 * lm:.1f}; difference {_pts(dm, dlo, dhi)} (problems x "
-                           f"seeds): {how} (margin -{100 * MARGIN:g}){gain}"})
+    # its own untrained base, paired by problem) beside it. Judged for QeRL, then for every other QeRL arm (the
+    # paper's recipe at another rate, QeRL on another base) as a row of its own.
+    qerl_arms = ["qerl"] + [a for a in by if a != "qerl" and base_method(config, arm_method(a)) == "qerl"]
+    for name in qerl_arms:
+        out.append(accuracy_claim(config, name, by[name], lora))
     # (b) reward growth: mean reward of the last 20% of steps minus the first 20%, per seed
     def growth(d):
         r = _series(d, "reward_mean")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from qerl.methods import ROWS, label as row_label
 from qerl.stages.paper_numbers import TABLE1, TABLE2, TABLE2_BENCHMARKS, TABLE2_ROWS
-from qerl.workflow_config import runs
+from qerl.workflow_config import runs, untrained_bases
 
 CURVES = (("reward_mean", "reward"), ("accuracy", "accuracy"), ("entropy", "policy entropy"),
           ("response_len_mean", "response length (tokens)"))
@@ -200,7 +200,7 @@ def figures(config: dict, results: Path, out: Path) -> list[Path]:
         labels, values = [], {b: [] for b in benches}
         models = list(dict.fromkeys(r.model for r in runs(config)))
         for m in models:
-            for base in config.get("evaluation", {}).get("untrained", ["bf16", "nvfp4"]):
+            for base in untrained_bases(config).get(m, []):
                 labels.append(f"{m}\n{base} (untrained)")
                 for b in benches:
                     values[b].append(_eval(results, f"{m}/{base}/untrained/none/seed0", b) or 0.0)

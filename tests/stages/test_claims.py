@@ -18,9 +18,9 @@ CONFIG = {
 }
 
 
-def _write(results, method, seed, acc, reward_slope, entropy, step_s, sigma_on):
-    rng = random.Random(zlib.crc32(f"{method}{seed}".encode()))
-    run = results / "train" / f"m/{method}/grpo/d/seed{seed}"
+def _write(results, method, seed, acc, reward_slope, entropy, step_s, sigma_on, model="m"):
+    rng = random.Random(zlib.crc32(f"{'' if model == 'm' else model}{method}{seed}".encode()))
+    run = results / "train" / f"{model}/{method}/grpo/d/seed{seed}"
     run.mkdir(parents=True)
     lines = []
     for i in range(50):
@@ -30,7 +30,7 @@ def _write(results, method, seed, acc, reward_slope, entropy, step_s, sigma_on):
                                  else 0.0, "rollout_seconds": step_s * 0.7 if i else 20.0,
                                  "train_seconds": step_s * 0.3}))
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    ev = results / "eval" / f"m/{method}/grpo/d/seed{seed}"
+    ev = results / "eval" / f"{model}/{method}/grpo/d/seed{seed}"
     ev.mkdir(parents=True)
     per = [1.0 if rng.random() < acc else 0.0 for _ in range(300)]
     (ev / "b.json").write_text(json.dumps({"pass@1": sum(per) / 300, "problems": 300, "samples_per_problem": 1,
@@ -203,3 +203,41 @@ def test_the_step_claim_at_7b_to_32b_reads_the_step_tables(tmp_path):
     assert c["verdict"] == "inconclusive" and "slower (< 0.95x) in 1" in c["numbers"]
     with pytest.raises(ClaimsError, match="--step-table .*none.csv: not found"):
         step_table_claim([tmp_path / "none.csv"])
+
+
+def test_every_qerl_arm_is_judged_against_lora_also_on_another_base(results, tmp_path):
+    """A QeRL variant (the paper's recipe at another rate) and QeRL trained on another model's NVFP4 base (block
+    ``untrained: [nvfp4]``) are arms of their own: a row in runs/accuracy and an "(a) also" claim each, against
+    their own base's score."""
+    from qerl.stages.claims import build, label
+    from qerl.workflow_config import eval_targets
+
+    cfg = json.loads(json.dumps(CONFIG))
+    cfg["models"]["m-best"] = {"source": "tiny"}
+    cfg["variants"]["qerl_2x"] = {"method": "qerl", "overrides": {"optim": {"lr": 2e-4}}}
+    cfg["experiments"][0]["methods"].append("qerl_2x")
+    cfg["experiments"].append({"models": ["m-best"], "datasets": ["d"], "methods": ["qerl"], "algorithms": ["grpo"],
+                               "seeds": [0, 1], "untrained": ["nvfp4"]})
+    targets = eval_targets(cfg)
+    assert "results/eval/m-best/nvfp4/untrained/none/seed0/b.json" in targets
+    assert "results/eval/m-best/bf16/untrained/none/seed0/b.json" not in targets
+    for seed in (0, 1):
+        _write(results, "qerl_2x", seed, 0.05, 0.0, 0.30, 2.2, True)
+        _write(results, "qerl", seed, 0.40, 0.002, 0.40, 2.2, True, model="m-best")
+    d = results / "eval" / "m-best/nvfp4/untrained/none/seed0"
+    d.mkdir(parents=True)
+    (d / "b.json").write_text(json.dumps({"pass@1": 0.28, "problems": 300, "per_problem": [0.28] * 300}))
+    found = build(cfg, results, tmp_path / "rep")["claims"]
+    a = [c for c in found if c["claim"].startswith("(a)")]
+    assert [c["claim"] for c in a] == ["(a) QeRL reaches at least bf16 LoRA's accuracy",
+                                       "(a) also: qerl_2x (NVFP4 LoRA + AQN (QeRL) variant) against bf16 LoRA",
+                                       "(a) also: NVFP4 LoRA + AQN (QeRL) (the m-best base) against bf16 LoRA"]
+    assert a[1]["verdict"] == "refuted" and "falls short" in a[1]["numbers"]
+    assert a[2]["verdict"] != "refuted" and "(NVFP4 base 28.0)" in a[2]["numbers"]
+    with open(tmp_path / "rep/accuracy.csv") as f:
+        rows = {r["method"]: r for r in csv.DictReader(f)}
+    assert rows["qerl@m-best"]["label"] == label(cfg, "qerl@m-best") == "NVFP4 LoRA + AQN (QeRL) (the m-best base)"
+    assert rows["qerl@m-best"]["base_pass1"] == "28.00" and rows["qerl@m-best"]["seeds"] == "2"
+    with open(tmp_path / "rep/runs.csv") as f:
+        runs_ = [r for r in csv.DictReader(f) if r["method"] == "qerl@m-best"]
+    assert [r["model"] for r in runs_] == ["m-best", "m-best"]

@@ -66,6 +66,51 @@ def test_the_committed_sweep_is_rebuilt_from_its_evidence_alone(tmp_path):
     assert real["method_overrides"]["qerl"]["optim"]["lr"] == 3e-5
 
 
+def test_the_committed_bases_table_is_rebuilt_from_its_evidence_alone(tmp_path):
+    """`qerl claims --evidence reports/real/evidence/real-bases --base-kl ...` (a bases-only config) writes the
+    committed bases.csv / bases.md byte for byte, and its chosen base is the one real.yaml trains QeRL on."""
+    bases = ROOT / "reports/real/bases"
+    r = subprocess.run([sys.executable, "-m", "qerl", "claims", "--evidence",
+                        str(ROOT / "reports/real/evidence/real-bases"), "--output", str(tmp_path), "--base-kl",
+                        str(bases / "base_kl_NVIDIA_H200.csv")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "chosen base: q05b-awq-fos-tail" in r.stdout
+    for name in ("bases.csv", "bases.md"):
+        assert (tmp_path / name).read_text() == (bases / name).read_text(), name
+    import yaml
+
+    real = yaml.safe_load((ROOT / "config/real/real.yaml").read_text())
+    best = [b for b in real["experiments"] if b["models"] == ["q05b-awq-fos-tail"]]
+    assert len(best) == 1 and best[0]["methods"] == ["qerl"] and best[0]["untrained"] == ["nvfp4"]
+    assert len(best[0]["seeds"]) >= 4
+
+
+def test_the_bases_choice_reads_only_the_selection_split(tmp_path):
+    """The chosen base is the best on the first benchmark (validation) whatever the reported one says; a tie goes to
+    the base listed first; a missing evaluation or a second bf16 base is an error naming it."""
+    from qerl.stages.bases import bases_rows
+    from qerl.stages.claims import ClaimsError
+
+    config = {"models": {m: {"source": "tiny"} for m in ("ref", "a", "b", "c")},
+              "experiments": [], "quantize": {"scale_rule": "max6"},
+              "evaluation": {"benchmarks": ["val", "test"],
+                             "base_models": {"ref": ["bf16"], "a": ["nvfp4"], "b": ["nvfp4"], "c": ["nvfp4"]}}}
+    scores = {"ref": (0.5, 0.5), "a": (0.40, 0.10), "b": (0.45, 0.20), "c": (0.45, 0.49)}
+    for model, (val, test) in scores.items():
+        base = "bf16" if model == "ref" else "nvfp4"
+        for bench, p in (("val", val), ("test", test)):
+            f = tmp_path / "eval" / model / base / "untrained/none/seed0" / f"{bench}.json"
+            f.parent.mkdir(parents=True, exist_ok=True)
+            per = [1.0] * int(100 * p) + [0.0] * (100 - int(100 * p))
+            f.write_text(json.dumps({"pass@1": p, "per_problem": per, "problems": 100}))
+    rows, info = bases_rows(config, tmp_path)
+    assert info["chosen"] == "b" and info["selection"] == "val" and info["reported"] == "test"
+    assert [r[0] for r in rows[1:] if r[-1] == "yes"] == ["b"] and rows[2][9] == "-40.00"
+    (tmp_path / "eval/c/nvfp4/untrained/none/seed0/test.json").unlink()
+    with pytest.raises(ClaimsError, match="bases without a val or test evaluation: c/nvfp4/untrained/none/seed0"):
+        bases_rows(config, tmp_path)
+
+
 def test_the_sweep_choice_its_tie_rule_and_bad_values(tmp_path):
     """The rate with the best validation pass@1 per method; a tie goes to the lower rate; a NaN reward or a missing
     evaluation is an error naming the run, never a ranking."""
