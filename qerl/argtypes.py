@@ -47,3 +47,53 @@ def float_in(lo: float, hi: float | None = None, lo_open: bool = False):
 
 
 POSITIVE = int_at_least(1)
+
+
+def finite_number(text: str, what: str) -> float:
+    """``text`` as a finite number, else ``ValueError`` naming ``what`` (``nan``, ``inf`` and ``1e400`` are
+    refused here, not as an OverflowError deep in a computation)."""
+    import math
+
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what}: expected a number, got {text!r}") from None
+    if not math.isfinite(v):
+        raise ValueError(f"{what}: must be a finite number, got {text}")
+    return v
+
+
+def key_values(text: str, ranges: dict[str, tuple[float, float]], what: str) -> dict[str, float]:
+    """``name=number,name=number`` -> dict: every name one of ``ranges`` (the nearest named when not), none given
+    twice, each number finite and within its ``(low, high)``; ``ValueError`` naming ``what`` and the part."""
+    import difflib
+
+    got: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in str(text).split(","))):
+        k, eq, v = part.partition("=")
+        k = k.strip()
+        if not eq or not k:
+            raise ValueError(f"{what}: {part!r} is not name=number")
+        if k not in ranges:
+            near = difflib.get_close_matches(k, list(ranges), n=1)
+            raise ValueError(f"{what}: unknown parameter {k!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
+                             + f"; expected {', '.join(ranges) or 'none'}")
+        if k in got:
+            raise ValueError(f"{what}: {k} is given twice")
+        x = finite_number(v.strip(), f"{what}: {k}")
+        lo, hi = ranges[k]
+        if not lo <= x <= hi:
+            raise ValueError(f"{what}: {k} must be in [{lo:g}, {hi:g}], got {v.strip()}")
+        got[k] = x
+    return got
+
+
+def layer_count_or_fraction(text: str) -> float:
+    """``--keep-bf16-last``: 0, a layer count (1, 2, ...) or a fraction in (0, 1)."""
+    try:
+        v = finite_number(text, "")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a layer count or a fraction in (0, 1), got {text!r}") from None
+    if v < 0 or (v >= 1 and v != int(v)) or v > 10_000:
+        raise argparse.ArgumentTypeError(f"expected 0, a layer count (1, 2, ...) or a fraction in (0, 1), got {text}")
+    return v

@@ -172,20 +172,26 @@ def is_nonempty_dir(path: Path) -> bool:
 
 
 @contextlib.contextmanager
-def atomic_directory(dst: Path, force: bool = False) -> Iterator[Path]:
-    """Yield a temporary directory beside ``dst``; on success it replaces ``dst`` atomically.
+def atomic_directory(dst: Path, force: bool = False, written_by: str = "qerl") -> Iterator[Path]:
+    """Yield a temporary directory beside ``dst``; on success it replaces ``dst`` atomically, with its manifest
+    (:mod:`qerl.owned`: every file written, ``written_by`` the command).
 
     On any exception the temporary directory is removed and ``dst`` is left as it was. An existing
-    ``dst`` is replaced only with ``force`` (callers decide what counts as "the same model"). The
+    ``dst`` is replaced only with ``force`` (callers decide what counts as "the same model"), and only when
+    everything in it is qerl's (:func:`qerl.owned.check_replaceable`, before the block runs). The
     replacement is one exchange of the two directories (Linux ``renameat2(RENAME_EXCHANGE)``), so a
     complete ``dst`` exists at every instant; where the file system cannot exchange (NFS), the old
     directory is moved aside first and :func:`recover_swap` finds the newest complete one after a crash.
     """
+    from qerl import owned
+
     dst = Path(dst)
     if is_nonempty_dir(dst) and not force:
         raise CheckpointError(f"{dst}: already exists and is not empty (use --force to replace)")
-    if dst.exists() and not dst.is_dir():
-        raise CheckpointError(f"{dst}: exists and is not a directory")
+    if dst.is_symlink() or (dst.exists() and not dst.is_dir()):
+        raise CheckpointError(f"{dst}: exists and is not a directory" + (" (a symbolic link)" if dst.is_symlink()
+                                                                          else ""))
+    owned.check_replaceable(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.parent / f".{dst.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
@@ -197,6 +203,7 @@ def atomic_directory(dst: Path, force: bool = False) -> Iterator[Path]:
         if err is not None:
             raise err from None
         raise
+    owned.write(tmp, written_by)
     _sync_tree(tmp)
     fault("written")
     if dst.exists() and fault_point() != "aside" and _exchange(tmp, dst):

@@ -245,6 +245,7 @@ def load_adapter(model, adapter_dir: str | Path, is_trainable: bool = False):
     adapter_dir = Path(adapter_dir)
     if not (adapter_dir / "adapter_config.json").exists():
         raise FileNotFoundError(f"{adapter_dir}: no adapter_config.json (not a PEFT adapter directory)")
+    _check_adapter_files(adapter_dir)
     config = LoraConfig.from_pretrained(str(adapter_dir))
     config._register_custom_module({NVFP4Linear: _lora_linear_cls()})
     _check_base(adapter_dir, model)
@@ -260,6 +261,32 @@ def load_adapter(model, adapter_dir: str | Path, is_trainable: bool = False):
                               f"e.g. {lines[0]})") from None
     _check_all_loaded(adapter_dir, peft_model)
     return make_lean(peft_model)
+
+
+def _check_adapter_files(adapter_dir: Path) -> None:
+    """The adapter's weights are there and whole before PEFT reads them (a missing file would send the local path
+    to the hub; a cut one surfaces as a safetensors traceback): checked against the directory's manifest
+    (:mod:`qerl.owned`) where it has one, else by reading the safetensors header."""
+    from safetensors import safe_open
+
+    from qerl import owned
+    from qerl.checkpoint import CheckpointError
+
+    weights = adapter_dir / "adapter_model.safetensors"
+    if not weights.is_file():
+        if (adapter_dir / "adapter_model.bin").is_file():
+            return
+        raise CheckpointError(f"{adapter_dir}: no adapter_model.safetensors (the adapter's weights); the directory "
+                              "is incomplete")
+    if owned.read(adapter_dir) is not None and (bad := owned.changed(adapter_dir)):
+        raise CheckpointError(f"{adapter_dir}: {', '.join(bad[:3])} no longer match what was written "
+                              "(qerl_files.json): truncated or replaced")
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            f.keys()
+    except Exception as e:  # safetensors' own error types (header too small, invalid JSON, ...)
+        raise CheckpointError(f"{weights}: unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                              "); truncated or empty?") from None
 
 
 #: written beside a saved adapter: the base it was trained on (PEFT records only a path)

@@ -159,28 +159,3 @@ def describe_os_error(e: OSError, output=None) -> str:
     and the plain reason."""
     where = e.filename or (f"writing {output}" if output else "a file")
     return f"{where}: {_reason(e)}"
-
-
-def is_model_dir(path: Path) -> bool:
-    """A Hugging Face model directory: a ``config.json`` naming a ``model_type`` (a training run's config.json does
-    not)."""
-    import json
-
-    cfg = Path(path) / "config.json"
-    try:
-        data = json.loads(cfg.read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
-        return False
-    return isinstance(data, dict) and "model_type" in data
-
-
-def check_force_replaces_a_model(output: Path, force: bool, flag: str = "--output") -> None:
-    """``--force`` replaces a model directory, never a directory of other files (a training run, someone's notes):
-    refused with what is there, before anything is written."""
-    output = Path(output)
-    if not force or not output.is_dir() or not any(output.iterdir()) or is_model_dir(output):
-        return
-    names = sorted(p.name for p in output.iterdir())
-    raise OutputNotWritable(f"{flag} {output}: is not a model directory (it holds {', '.join(names[:3])}"
-                            f"{', …' if len(names) > 3 else ''}); --force replaces a model, never other files: "
-                            "choose another output")

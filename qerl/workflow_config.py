@@ -303,17 +303,15 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import os
 
-    import yaml
-
     p = argparse.ArgumentParser(prog="python -m qerl.workflow_config", description=main.__doc__)
     p.add_argument("verb", choices=["where"], help="what to print")
     p.add_argument("configfiles", nargs="*", default=["config/config.yaml"], help="the workflow's config files")
     p.add_argument("--results", default="results", help="the results directory")
     a = p.parse_args(argv)
-    name = None
-    for path in a.configfiles:
-        with open(path) as f:
-            name = (yaml.safe_load(f) or {}).get("configuration", name)
+    try:
+        name = read_workflow_config(a.configfiles).get("configuration")
+    except ConfigFileError as e:
+        raise SystemExit(str(e)) from None
     if name is None:
         raise SystemExit(f"none of {a.configfiles} sets 'configuration'")
     print(where(name, a.results, os.environ.get("MLFLOW_TRACKING_URI")))
@@ -346,3 +344,78 @@ def unknown_keys(data, schema: dict, root: dict | None = None, path: str = "") -
         elif isinstance(schema.get("additionalProperties"), dict):
             out += unknown_keys(value, schema["additionalProperties"], root, where)
     return out
+
+
+SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
+
+
+class ConfigFileError(ValueError):
+    """A workflow config file that cannot be read as one: one line naming the file and the key."""
+
+
+def read_config_file(path: str | Path, flag: str = "--configfile") -> dict:
+    """One workflow config file, strictly: UTF-8 YAML whose top level is a mapping, no key given twice, no key the
+    schema does not know (the nearest valid key named). Raises :class:`ConfigFileError`."""
+    import yaml
+
+    from qerl.yamlio import DuplicateKeyError, load
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigFileError(f"{flag} {path}: " + ("is a directory, not a YAML file" if path.is_dir()
+                                                    else "file not found"))
+    try:
+        data = load(path.read_text(), str(path))
+    except DuplicateKeyError as e:
+        raise ConfigFileError(f"{flag} {e}") from None
+    except UnicodeDecodeError:
+        raise ConfigFileError(f"{flag} {path}: not a text file (UTF-8 YAML expected)") from None
+    except yaml.YAMLError as e:
+        raise ConfigFileError(f"{flag} {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigFileError(f"{flag} {path}: the top level must be a mapping, got a {type(data).__name__}")
+    bad = unknown_keys(data, schema())
+    if bad:
+        key, near = bad[0]
+        raise ConfigFileError(f"{flag} {path}: unknown key '{key}'" + (f" (did you mean '{near}'?)" if near else "")
+                              + (f"; {len(bad) - 1} more" if len(bad) > 1 else ""))
+    return data
+
+
+def read_workflow_config(paths: list[str | Path] | str | Path, flag: str = "--configfile") -> dict:
+    """The workflow config of ``paths`` (each read by :func:`read_config_file`, later files merged over earlier
+    ones as snakemake merges ``--configfile A B``), checked against the workflow's JSON schema: the one reader of
+    workflow configs for every command (``report``, ``claims``, ``bench cost``, ``fetch``) and the Snakefile."""
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    config: dict = {}
+    for p in paths:
+        config = _merge(config, read_config_file(p, flag))
+    import jsonschema
+
+    err = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema()).iter_errors(config))
+    if err is not None:
+        where = ".".join(str(x) for x in err.absolute_path) or "the top level"
+        what = err.message
+        if err.validator == "not" and isinstance(err.instance, dict) and "anyOf" in err.validator_value:
+            keys = [r["required"][0] for r in err.validator_value["anyOf"] if r["required"][0] in err.instance]
+            what = (f"{', '.join(keys)} {'is' if len(keys) == 1 else 'are'} not read for source "
+                    f"{err.instance.get('source')!r} (it would be silently ignored): remove {'it' if len(keys) == 1 else 'them'}")
+        raise ConfigFileError(f"{flag} {' '.join(map(str, paths))}: {where}: {what}")
+    return config
+
+
+_SCHEMA: dict = {}
+
+
+def schema() -> dict:
+    """The workflow's JSON schema (``workflow/schemas/config.schema.yaml``, read once)."""
+    if not _SCHEMA:
+        import yaml
+
+        if not SCHEMA.is_file():
+            raise ConfigFileError(f"{SCHEMA}: the workflow schema is missing (qerl runs from its repository: "
+                                  "pip install -e .)")
+        _SCHEMA.update(yaml.safe_load(SCHEMA.read_text()))
+    return _SCHEMA

@@ -44,12 +44,19 @@ def warm_model(tmp_path_factory):
     return root / "sft"
 
 
-def write_gguf(model_dir, path, qtype: str = "F32", merge: bool = False):
+def a_weight(name: str) -> bool:
+    return name.endswith("proj.weight")
+
+
+def write_gguf(model_dir, path, qtype: str = "F32", merge: bool = False, block_count: int | None = None,
+               eos: bool = True, scale: float = 1.0):
     """Write the HF Qwen2 / Llama model in ``model_dir`` as a llama.cpp GGUF file at ``path`` with the ``gguf``
     package's writer (tensors as ``qtype``: F32, F16 or Q8_0 for the 2-D weights; norms and biases stay F32), with
     its tokenizer (byte-level BPE) and chat template in the metadata, as llama.cpp's converter lays them out.
     ``merge``: add two BPE merges ("a b", "c d" -> new tokens "ab", "cd" in unused ids), as real files carry
-    merges (transformers 5.17's GGUF reader takes a file without merges, or with one, for something else)."""
+    merges (transformers 5.17's GGUF reader takes a file without merges, or with one, for something else).
+    Bad files for the input checks: ``block_count`` (a header that disagrees with the layers written), ``eos``
+    False (no end-of-sequence id), ``scale`` (the weights multiplied: 1e6 puts them beyond float16's range)."""
     import gguf
     import numpy as np
     from safetensors.torch import load_file
@@ -66,7 +73,7 @@ def write_gguf(model_dir, path, qtype: str = "F32", merge: bool = False):
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
     w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_block_count(cfg.num_hidden_layers)
+    w.add_block_count(cfg.num_hidden_layers if block_count is None else block_count)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
     w.add_rope_freq_base(float(getattr(cfg, "rope_theta", None) or cfg.rope_parameters["rope_theta"]))
@@ -95,7 +102,8 @@ def write_gguf(model_dir, path, qtype: str = "F32", merge: bool = False):
             tokens[i], types[i] = new, gguf.TokenType.NORMAL
         merges = ["a b", "c d"]
     w.add_token_merges(merges)
-    w.add_eos_token_id(tok.eos_token_id)
+    if eos:
+        w.add_eos_token_id(tok.eos_token_id)
     w.add_pad_token_id(tok.pad_token_id)
     w.add_chat_template(tok.chat_template)
     names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
@@ -106,7 +114,7 @@ def write_gguf(model_dir, path, qtype: str = "F32", merge: bool = False):
         base, suffix = hf_name.rsplit(".", 1)
         g = names.get_name(base)
         assert g is not None, hf_name
-        a = t.float().numpy()
+        a = t.float().numpy() * (scale if a_weight(hf_name) else 1.0)
         if arch == gguf.MODEL_ARCH.LLAMA and g.endswith(("attn_q", "attn_k")):  # llama.cpp's rotary layout
             heads = cfg.num_attention_heads if g.endswith("attn_q") else cfg.num_key_value_heads
             a = a.reshape(heads, 2, a.shape[0] // heads // 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)

@@ -366,3 +366,30 @@ def test_dense_base_update_is_the_same_training_forward(quantized_dirs, monkeypa
     assert torch.equal(dense[0], per_call[0])
     assert all(torch.equal(dense[1][n], per_call[1][n]) for n in per_call[1])
     assert all(m.dense is None for m in model.modules() if isinstance(m, NVFP4Linear))
+
+
+def test_a_missing_or_cut_adapter_is_one_line_before_peft_reads_it(tiny_dirs, lora_policy, tmp_path):
+    """A missing weights file would send the local path to the hub (an HTTP traceback), a cut one a safetensors
+    traceback: both are named first, against the adapter's manifest where it has one."""
+    import torch
+
+    from qerl.checkpoint import CheckpointError
+    from qerl.lora import load_adapter, save_adapter
+    from qerl.models import load_policy
+
+    out = save_adapter(lora_policy(tiny_dirs["qwen2"], 0), tmp_path / "adapter")
+    assert (out / "qerl_files.json").is_file()
+    weights = out / "adapter_model.safetensors"
+    data = weights.read_bytes()
+    base = load_policy(tiny_dirs["qwen2"], dtype=torch.float32)
+    weights.write_bytes(data[:100])
+    with pytest.raises(CheckpointError, match="adapter_model.safetensors no longer match what was written"):
+        load_adapter(base, out)
+    (out / "qerl_files.json").unlink()
+    for cut in (data[:100], b""):
+        weights.write_bytes(cut)
+        with pytest.raises(CheckpointError, match="unreadable .*truncated or empty"):
+            load_adapter(base, out)
+    weights.unlink()
+    with pytest.raises(CheckpointError, match="no adapter_model.safetensors"):
+        load_adapter(base, out)

@@ -11,7 +11,7 @@ import json
 import re
 from pathlib import Path
 
-from qerl.workflow_config import write_text_atomic
+from qerl.workflow_config import read_workflow_config, write_text_atomic
 
 
 def markdown(res: dict, source: str) -> str:
@@ -95,8 +95,6 @@ DEFAULT_GPU_GB = 80.0
 
 
 def main(argv=None) -> int:
-    import yaml
-
     from qerl.bench.projection import paper_projection
 
     a = build_parser().parse_args(argv)
@@ -104,7 +102,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"qerl bench cost: --gpus must be >= 1 and --gpu-gb > 0, got {a.gpus} and {a.gpu_gb}")
     if not a.configfile.is_file():
         raise SystemExit(f"qerl bench cost: {a.configfile}: no such config file")
-    config = yaml.safe_load(a.configfile.read_text()) or {}
+    config = read_workflow_config([a.configfile], "--configfile")
     res = paper_projection(config, a.gpus, a.gpu_gb)
     if a.gpu_gb != DEFAULT_GPU_GB:  # the rates are the H100's; the memory is the one asked for: the files say both
         res["device"] = f"{res['device']} rates, {a.gpu_gb:g} GB per GPU"

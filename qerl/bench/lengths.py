@@ -23,6 +23,8 @@ from dataclasses import dataclass
 KINDS = {"fixed": (), "lognormal": ("median", "sigma"), "uniform": ("low", "high")}
 #: the realistic default the reports use: median 300 tokens, ~9% of 1,024-token rollouts truncated at the cap
 REALISTIC = "lognormal:median=300,sigma=0.9"
+# each parameter's range: lengths are token counts (at most a million), sigma a log-scale spread
+RANGES = {"median": (1, 1e6), "sigma": (0, 5), "low": (1, 1e6), "high": (1, 1e6)}
 
 
 @dataclass(frozen=True)
@@ -51,22 +53,14 @@ def parse(spec: str) -> Lengths:
     if kind not in KINDS:
         raise ValueError(f"--lengths {spec!r}: unknown distribution {kind!r} (expected one of {', '.join(KINDS)}, "
                          f"e.g. {REALISTIC})")
-    got: dict[str, float] = {}
-    for part in filter(None, rest.split(",")):
-        k, eq, v = part.partition("=")
-        try:
-            if not eq:
-                raise ValueError
-            got[k.strip()] = float(v)
-        except ValueError:
-            raise ValueError(f"--lengths {spec!r}: {part!r} is not name=number") from None
+    from qerl.argtypes import key_values
+
     want = KINDS[kind]
+    got = key_values(rest, {k: RANGES[k] for k in want}, f"--lengths {spec!r}")
     if set(got) != set(want):
         raise ValueError(f"--lengths {spec!r}: {kind} takes {', '.join(want) or 'no parameters'}, "
                          f"got {', '.join(sorted(got)) or 'none'}")
-    if kind == "lognormal" and not (got["median"] >= 1 and got["sigma"] >= 0):
-        raise ValueError(f"--lengths {spec!r}: needs median >= 1 and sigma >= 0")
-    if kind == "uniform" and not 1 <= got["low"] <= got["high"]:
+    if kind == "uniform" and not got["low"] <= got["high"]:
         raise ValueError(f"--lengths {spec!r}: needs 1 <= low <= high")
     return Lengths(kind, tuple((k, got[k]) for k in want))
 

@@ -33,6 +33,13 @@ def add_tracking(p: argparse.ArgumentParser) -> None:
 def tracked(args, func):
     """Run a verb inside an MLflow run when --mlflow-run-name is given; log its returned metrics."""
     if not getattr(args, "mlflow_run_name", None):
+        given = [f for f, v in (("--mlflow-uri", getattr(args, "mlflow_uri", None)),
+                                ("--mlflow-tag", getattr(args, "mlflow_tag", None)),
+                                ("--mlflow-experiment", getattr(args, "mlflow_experiment", "qerl") != "qerl"))
+                 if v]
+        if given:
+            raise ValueError(f"{given[0]} is given without --mlflow-run-name: nothing would be logged (name the run, "
+                             "or leave the MLflow options out)")
         return func(args)
     import os
 
@@ -45,7 +52,14 @@ def tracked(args, func):
     from qerl.tracking import check_reachable
 
     check_reachable(uri, what="--mlflow-uri")
-    tags = dict(t.split("=", 1) for t in args.mlflow_tag)
+    tags = {}
+    for t in args.mlflow_tag:
+        k, eq, v = t.partition("=")
+        if not eq or not k:
+            raise ValueError(f"--mlflow-tag {t!r}: expected KEY=VALUE")
+        if k in tags:
+            raise ValueError(f"--mlflow-tag {k} is given twice")
+        tags[k] = v
     if os.environ.get("QERL_CONFIG_HASH"):  # the workflow's config hash (workflow/rules/common.smk)
         tags.setdefault("config_hash", os.environ["QERL_CONFIG_HASH"])
     tags.update(command=args.command, git_commit=git_commit())

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from qerl.argtypes import POSITIVE, float_in, int_at_least
+from qerl.argtypes import POSITIVE, float_in, int_at_least, layer_count_or_fraction
 from qerl.cli.common import add_tracking
 
 
@@ -33,10 +33,10 @@ def run_build_tiny(args) -> int:
                     num_hidden_layers=args.layers, num_attention_heads=args.heads,
                     num_key_value_heads=args.kv_heads, tie_word_embeddings=args.tie_embeddings,
                     seed=args.seed)
-    from qerl import outputs
+    from qerl import outputs, owned
 
     outputs.check_parent_writable(args.output, "tiny model")
-    outputs.check_force_replaces_a_model(args.output, args.force)
+    owned.check_force(args.output, args.force)
     with outputs.hold(args.output, "build-tiny"):
         out = save_tiny_model(args.output, spec, max_shard_size=args.max_shard_size, force=args.force)
     print(f"wrote tiny {args.arch} model to {out}")
@@ -60,7 +60,7 @@ def add_quantize(sub) -> None:
     q.add_argument("--scale-rule", choices=["max6", "four-over-six"], default="max6",
                    help="block scales: max6 (the paper's: each block's largest value on 6) or four-over-six (per "
                         "block the max-to-6 or max-to-4 scale with the smaller squared error; ordinary NVFP4)")
-    q.add_argument("--keep-bf16-last", type=float, default=0, metavar="N|FRACTION",
+    q.add_argument("--keep-bf16-last", type=layer_count_or_fraction, default=0, metavar="N|FRACTION",
                    help="leave the last decoder layers in bf16: a count (e.g. 4) or a fraction of the layers (e.g. "
                         "0.15, rounded up); written into the checkpoint's ignore list")
     q.add_argument("--calibration", choices=["none", "awq"], default="none",
@@ -84,7 +84,7 @@ def add_quantize(sub) -> None:
 
 
 def run_quantize(args) -> int:
-    from qerl import outputs
+    from qerl import outputs, owned
     from qerl.checkpoint import parse_size
     from qerl.stages.quantize import REPORT, quantize_checkpoint
 
@@ -93,7 +93,7 @@ def run_quantize(args) -> int:
     if args.output.exists() and not args.output.is_dir():
         raise outputs.OutputNotWritable(f"--output {args.output}: is a file, not a directory")
     outputs.check_parent_writable(args.output, "quantized checkpoint")
-    outputs.check_force_replaces_a_model(args.output, args.force)
+    owned.check_force(args.output, args.force)
     with outputs.hold(args.output, "quantize"):
         summary = quantize_checkpoint(args.model, args.output, force=args.force,
                                       max_shard_size=args.max_shard_size, ignore=tuple(args.ignore),
@@ -125,11 +125,11 @@ def add_export_merged(sub) -> None:
 def run_export_merged(args) -> int:
     from qerl.lora import export_merged
 
-    from qerl import outputs
+    from qerl import outputs, owned
 
     outputs.check_not_input(args.output, {"--base": args.base, "--adapter": args.adapter})
     outputs.check_parent_writable(args.output, "merged model")
-    outputs.check_force_replaces_a_model(args.output, args.force)
+    owned.check_force(args.output, args.force)
     with outputs.hold(args.output, "export-merged"):
         out = export_merged(args.base, args.adapter, args.output, force=args.force)
     print(f"wrote merged bf16 model to {out}")
@@ -159,11 +159,11 @@ def run_sft(args) -> int:
     from qerl.train.sft import sft
 
     records = synthetic_arithmetic(args.size, seed=args.seed, max_operand=args.max_operand)
-    from qerl import outputs
+    from qerl import outputs, owned
 
     outputs.check_not_input(args.output, {"--model": args.model})
     outputs.check_parent_writable(args.output, "warm-started model")
-    outputs.check_force_replaces_a_model(args.output, args.force)
+    owned.check_force(args.output, args.force)
     with outputs.hold(args.output, "sft"):
         stats = sft(args.model, args.output, records, steps=args.steps, lr=args.lr, batch_size=args.batch_size,
                     seed=args.seed, progress=not args.no_progress, force=args.force)
@@ -199,25 +199,10 @@ def add_fetch(sub) -> None:
 
 
 def run_fetch(args) -> dict:
-    import yaml
-
     from qerl import inputs
-    from qerl.workflow_config import _merge
-    from qerl.yamlio import DuplicateKeyError, load
+    from qerl.workflow_config import read_workflow_config
 
-    config: dict = {}
-    for path in args.configfile:
-        if not path.is_file():
-            raise inputs.InputsError(f"--configfile {path}: not found")
-        try:
-            part = load(path.read_text(), str(path)) or {}
-        except (DuplicateKeyError, UnicodeDecodeError, yaml.YAMLError) as e:
-            what = "not a text file" if isinstance(e, UnicodeDecodeError) else str(e).splitlines()[0]
-            raise inputs.InputsError(f"--configfile {path}: {what}") from None
-        if not isinstance(part, dict):
-            raise inputs.InputsError(f"--configfile {path}: the top level must be a mapping, got a "
-                                     f"{type(part).__name__}")
-        config = _merge(config, part)
+    config = read_workflow_config(args.configfile)  # (strict: duplicates, unknown keys, the schema)
     todo = inputs.hub_inputs(config)
     lock_path = args.lock or inputs.default_lock_path(args.configfile[0])
     if args.dry_run:
@@ -269,14 +254,14 @@ def add_from_gguf(sub) -> None:
 
 
 def run_from_gguf(args) -> int:
-    from qerl import outputs
+    from qerl import outputs, owned
     from qerl.models.gguf import convert
 
     outputs.check_not_input(args.output, {"--gguf": args.gguf})
     if args.output.exists() and not args.output.is_dir():
         raise outputs.OutputNotWritable(f"--output {args.output}: is a file, not a directory")
     outputs.check_parent_writable(args.output, "model directory")
-    outputs.check_force_replaces_a_model(args.output, args.force)
+    owned.check_force(args.output, args.force)
     with outputs.hold(args.output, "from-gguf"):
         rec = convert(args.gguf, args.output, dtype=args.dtype, force=args.force)
     types = ", ".join(f"{k} x{v}" for k, v in rec["tensor_types"].items())

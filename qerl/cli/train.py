@@ -124,15 +124,22 @@ def add_plan(sub) -> None:
                     help="also project the run's GPU time on an H100 from the measured rates "
                          "(qerl.bench.projection; needs --shape): every completion at the cap, and completions drawn "
                          "from --lengths")
-    pl.add_argument("--lengths", default="lognormal:median=300,sigma=0.9", metavar="SPEC",
+    pl.add_argument("--lengths", default=None, metavar="SPEC",
                     help="assumed completion lengths for --cost (fixed | lognormal:median=M,sigma=S | "
-                         "uniform:low=A,high=B)")
+                         "uniform:low=A,high=B; default lognormal:median=300,sigma=0.9)")
     pl.set_defaults(func=run_plan)
 
 
 def run_plan(args) -> int:
+    from qerl.bench.lengths import REALISTIC, parse
     from qerl.train.config import load_config
     from qerl.train.plan import plan_config
+
+    if args.lengths is not None and not args.cost:
+        raise ValueError("--lengths: used only with --cost (the projected GPU time); the memory plan takes every "
+                         "completion at rollout.max_new_tokens")
+    args.lengths = args.lengths or REALISTIC
+    parse(args.lengths)  # (a bad spec is one line before any planning)
 
     cfg = load_config(args.config, overrides(args.set))
     run_plan = _run_plan(cfg, args)

@@ -77,8 +77,35 @@ def inspect(path: Path) -> dict:
                         f"({sum(types[b] for b in bad)} tensors); re-export the model as Q8_0, F16 or a K-quant")
     if not reader.tensors:
         raise GGUFError(f"{path}: holds no tensors (a vocabulary-only GGUF file?)")
+    _check_against_tensors(path, reader, arch, field)
     return {"architecture": arch, "name": field("general.name", ""), "tensor_types": dict(sorted(types.items())),
             "tensors": len(reader.tensors), "chat_template": field("tokenizer.chat_template") is not None}
+
+
+def _check_against_tensors(path: Path, reader, arch: str, field) -> None:
+    """The metadata a conversion trusts, checked against the tensors before anything is built: the layer count
+    (a header that claims more layers than the file holds would leave them randomly initialised), the vocabulary
+    (no more tokens than embedding rows) and the end-of-sequence id (without one, generation never stops)."""
+    import re
+
+    blocks = field(f"{arch}.block_count")
+    layers = sorted({int(m.group(1)) for t in reader.tensors if (m := re.match(r"blk\.(\d+)\.", t.name))})
+    if blocks is None:
+        raise GGUFError(f"{path}: no {arch}.block_count in its metadata (how many layers it holds)")
+    if layers != list(range(int(blocks))):
+        have = f"layers {layers[0]}..{layers[-1]}" if layers else "no layer tensors"
+        raise GGUFError(f"{path}: {arch}.block_count is {blocks} but its tensors hold {len(layers)} layer(s) ({have}): "
+                        "the missing layers would be left with random weights; the file is damaged or mislabelled")
+    tokens = field("tokenizer.ggml.tokens")
+    emb = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if tokens is not None and emb is not None and len(tokens) > int(max(emb.shape)):
+        raise GGUFError(f"{path}: {len(tokens)} tokens in its vocabulary but {int(max(emb.shape))} embedding rows")
+    eos = field("tokenizer.ggml.eos_token_id")
+    if eos is None:
+        raise GGUFError(f"{path}: no end-of-sequence token id (tokenizer.ggml.eos_token_id): generation could not "
+                        "stop; add it to the file's metadata (gguf-py's gguf_set_metadata)")
+    if tokens is not None and not 0 <= int(eos) < len(tokens):
+        raise GGUFError(f"{path}: end-of-sequence id {eos} is outside its {len(tokens)}-token vocabulary")
 
 
 def recorded(output: Path) -> dict | None:
@@ -107,16 +134,20 @@ def convert(gguf_path: Path, output: Path, dtype: str = "bfloat16", force: bool 
     old = recorded(output)
     if old is not None and old.get("sha256") == digest and old.get("dtype") == dtype \
             and (output / "config.json").is_file():
-        return {**old, "cached": True}
+        from qerl.owned import changed
+
+        if not (bad := changed(output)) or bad == ["qerl_files.json"]:  # (no manifest: written by an older qerl)
+            return {**old, "cached": True}
+        if not force:
+            raise GGUFError(f"--output {output}: the conversion of this file, but {', '.join(bad[:3])} no longer "
+                            "match what was written (qerl_files.json): pass --force to convert it again")
     if output.exists() and any(output.iterdir()):
         if not force:
             what = "the conversion of another GGUF file" if old else "files that are not a converted model"
             raise GGUFError(f"--output {output}: holds {what}; pass --force to replace a model directory")
-        from qerl.outputs import is_model_dir
+        from qerl.owned import check_replaceable
 
-        if not is_model_dir(output):
-            raise GGUFError(f"--output {output}: is not a model directory (no model config.json); --force replaces a "
-                            "model, never other files: choose another --output")
+        check_replaceable(output)
     if dtype not in ("bfloat16", "float16", "float32"):
         raise GGUFError(f"--dtype {dtype!r}: expected bfloat16, float16 or float32")
 
@@ -136,6 +167,11 @@ def convert(gguf_path: Path, output: Path, dtype: str = "bfloat16", force: bool 
               **info}
     # the weights are plain tensors now; transformers still marks the model "quantized with gguf" (and refuses to
     # save it): drop the marker so the directory is an ordinary checkpoint
+    for name, p in model.state_dict().items():  # float16 holds at most 65504: a larger weight became inf
+        if not torch.isfinite(p).all():
+            raise GGUFError(f"{gguf_path}: {name} has values beyond {dtype}'s range (or NaN) once dequantized "
+                            f"(largest finite magnitude {torch.finfo(getattr(torch, dtype)).max:g}): convert with "
+                            "--dtype bfloat16 or float32")
     model.hf_quantizer = None
     for holder in (model, model.config):
         if hasattr(holder, "quantization_config"):

@@ -20,7 +20,6 @@ step time: a gap over 5% in every seed pair). A NaN or missing value is an error
 """
 from __future__ import annotations
 
-import json
 import math
 import random
 import statistics
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qerl.methods import label as method_label
+from qerl.readers import read_eval_summary, read_jsonl
 from qerl.workflow_config import base_method, runs, uses_nvfp4
 
 BOOT = 2000
@@ -69,20 +69,13 @@ def arm_method(name: str) -> str:
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    rows = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                raise ClaimsError(f"{path}: a line is not JSON (a run cut off mid-write?)") from None
-    return rows
+    return read_jsonl(path, "metrics file", allow_nan=True)
 
 
 def _eval_json(path: Path) -> dict | None:
     if not path.is_file():
         return None
-    data = json.loads(path.read_text())
+    data = read_eval_summary(path)
     if "per_problem" not in data:
         raise ClaimsError(f"{path}: has no per-problem scores (written by an older qerl evaluate); rerun it")
     return data
@@ -132,6 +125,9 @@ def collect(config: dict, results: Path, benchmark: str | None = None) -> tuple[
         base = "nvfp4" if uses_nvfp4(config, r.method) else "bf16"
         base_ev = _eval_json(results / "eval" / f"{r.model}/{base}/untrained/none/seed0" / f"{bench}.json")
         metrics = _read_jsonl(mfile)
+        if len(metrics) < 2:
+            raise ClaimsError(f"run {r.path}: metrics.jsonl holds {len(metrics)} step(s); a run needs at least 2 to "
+                              "be compared (a run cut off at its start? rerun it)")
         _check_finite(r.path, metrics, ev, base_ev)
         out.append(RunData(arm(r.method, r.model, first.model), r.seed, metrics, ev, base_ev, ev["per_problem"],
                            r.model))
@@ -565,11 +561,17 @@ def read_timing(specs: list[str]) -> dict[str, list[dict]]:
     the ``step_alone.csv`` an earlier ``qerl claims`` wrote (its rows of that method)."""
     import csv
 
+    from qerl.methods import NAMES
+
     out: dict[str, list[dict]] = {}
     for spec in specs:
         method, sep, path = spec.partition("=")
         if not sep or not method or not path:
             raise ClaimsError(f"--timing {spec!r}: expected METHOD=FILE (metrics.jsonl or step_alone.csv)")
+        if method not in NAMES:
+            raise ClaimsError(f"--timing {spec}: {method!r} is not a method ({', '.join(NAMES)})")
+        if method in out:
+            raise ClaimsError(f"--timing {spec}: {method} is given twice")
         f = Path(path)
         if not f.is_file():
             raise ClaimsError(f"--timing {spec}: {f} not found")
@@ -581,6 +583,9 @@ def read_timing(specs: list[str]) -> dict[str, list[dict]]:
             out[method] = _read_jsonl(f)
         if len(out[method]) < 2:
             raise ClaimsError(f"--timing {spec}: fewer than 2 steps of {method} in {f}")
+        if bad := [i + 1 for i, r in enumerate(out[method]) if not {"rollout_seconds", "train_seconds"} <= set(r)]:
+            raise ClaimsError(f"--timing {spec}: row {bad[0]} of {f} has no rollout_seconds / train_seconds (the step "
+                              "times claim (d) reads)")
     return out
 
 

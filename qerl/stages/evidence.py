@@ -56,15 +56,13 @@ def pack(results: Path, config_file: Path, out: Path) -> dict:
     """Add the runs and evaluations found under ``results`` (``train/**/metrics.jsonl``, ``eval/**/*.json``) to the
     evidence in ``out``; ``config_file``: the workflow config they were made with (an existing ``out/config.yaml``
     must be the same configuration). Returns ``{"runs", "evaluations"}`` counts of what ``out`` now holds."""
-    import yaml
-
-    from qerl.workflow_config import write_text_atomic
+    from qerl.workflow_config import read_workflow_config, write_text_atomic
 
     results, out = Path(results), Path(out)
-    config = yaml.safe_load(Path(config_file).read_text())
+    config = read_workflow_config([config_file], "--workflow-config")
     old = out / CONFIG
     if old.is_file():
-        have = yaml.safe_load(old.read_text()).get("configuration")
+        have = read_workflow_config([old], "evidence").get("configuration")
         if have != config.get("configuration"):
             raise EvidenceError(f"{out}: holds the evidence of configuration {have!r}, not "
                                 f"{config.get('configuration')!r} ({config_file}); pack it into its own directory")
@@ -96,7 +94,7 @@ def pack(results: Path, config_file: Path, out: Path) -> dict:
 def unpack(evidence: Path, dest: Path) -> dict:
     """Write the ``results/`` tree of ``evidence`` under ``dest`` (``train/<run>/metrics.jsonl``,
     ``eval/<path>``) and return the workflow config it holds (a dict)."""
-    import yaml
+    from qerl.workflow_config import read_workflow_config
 
     evidence, dest = Path(evidence), Path(dest)
     cfg = evidence / CONFIG
@@ -118,4 +116,4 @@ def unpack(evidence: Path, dest: Path) -> dict:
         f = dest / "eval" / e["path"]
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(json.dumps({k: v for k, v in e.items() if k != "path"}))
-    return yaml.safe_load(cfg.read_text())
+    return read_workflow_config([cfg], "--evidence")

@@ -253,6 +253,12 @@ def quantize_checkpoint(
         if manifest.exists():
             old = read_json(manifest)
             if old.get("source_fingerprint") == fingerprint and old.get("settings") == settings:
+                from qerl.owned import changed
+
+                if (bad := changed(dst)) and bad != ["qerl_files.json"]:  # (none: written by an older qerl)
+                    raise CheckpointError(f"{dst}: the quantization of these settings, but {', '.join(bad[:3])} "
+                                          "no longer match what was written (qerl_files.json): pass --force to "
+                                          "write it again")
                 return {"up_to_date": True, **read_json(dst / REPORT)["summary"]}
         raise CheckpointError(
             f"{dst}: already holds a different model or quantization; refusing to overwrite "

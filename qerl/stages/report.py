@@ -6,10 +6,10 @@ Built only from declared files: ``results/train/.../metrics.jsonl`` and ``result
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from qerl.methods import ROWS, label as row_label
+from qerl.readers import number, read_eval_summary, read_json, read_jsonl
 from qerl.stages.paper_numbers import TABLE1, TABLE2, TABLE2_BENCHMARKS, TABLE2_ROWS
 from qerl.workflow_config import runs, untrained_bases
 
@@ -19,7 +19,7 @@ CURVES = (("reward_mean", "reward"), ("accuracy", "accuracy"), ("entropy", "poli
 
 def _eval(results: Path, path: str, bench: str) -> float | None:
     f = results / "eval" / path / f"{bench}.json"
-    return 100 * json.loads(f.read_text())["pass@1"] if f.exists() else None
+    return 100 * read_eval_summary(f)["pass@1"] if f.exists() else None
 
 
 def _mean(xs):
@@ -88,8 +88,9 @@ def runs_table(config: dict, results: Path) -> tuple[str, list[list[str]]]:
     rows = []
     for r in runs(config):
         s = results / "train" / r.path / "summary.json"
-        summ = json.loads(s.read_text()) if s.exists() else {}
-        first, last = summ.get("reward_first"), summ.get("reward_last10pct")
+        summ = read_json(s, "run summary") if s.exists() else {}
+        first, last = (None if summ.get(k) is None else number(summ[k], f"{s}: {k}")
+                       for k in ("reward_first", "reward_last10pct"))
         rows.append([r.model, r.method, r.algo, r.dataset, str(r.seed),
                      "—" if first is None else f"{first:.3f}", "—" if last is None else f"{last:.3f}"] +
                     [_fmt(_eval(results, r.path, b)) for b in benches])
@@ -116,7 +117,7 @@ def bases_table(config: dict, results: Path) -> tuple[str, list[list[str]]] | No
                                                       ("keep_bf16_last", 0))] if base == "nvfp4" else ["—"] * 3
             path = f"{model}/{base}/untrained/none/seed0"
             f = results / "eval" / path / f"{benches[0]}.json"
-            first = json.loads(f.read_text()) if f.exists() else {}
+            first = read_eval_summary(f) if f.exists() else {}
             rows.append([model, base, *(str(x) for x in how)] + [_fmt(_eval(results, path, b)) for b in benches] +
                         [_fmt(100 * first["truncated_frac"]) if "truncated_frac" in first else "—",
                          f"{first['completion_tokens_mean']:.0f}" if "completion_tokens_mean" in first else "—"])
@@ -149,7 +150,7 @@ def _csv(rows: list[list[str]]) -> str:
 
 def _metrics(results: Path, run) -> list[dict]:
     f = results / "train" / run.path / "metrics.jsonl"
-    return [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.exists() else []
+    return read_jsonl(f, "metrics file", allow_nan=True) if f.exists() else []
 
 
 def figures(config: dict, results: Path, out: Path) -> list[Path]:
@@ -229,18 +230,9 @@ class ReportError(ValueError):
 def load_workflow_config(path: Path) -> dict:
     """A workflow config file (the effective one the workflow writes, or ``config/*.yaml``), checked for what a
     report reads."""
-    import yaml
+    from qerl.workflow_config import read_workflow_config
 
-    try:
-        config = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise ReportError(f"--workflow-config {path}: file not found") from None
-    except IsADirectoryError:
-        raise ReportError(f"--workflow-config {path}: is a directory, not a YAML file") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise ReportError(f"--workflow-config {path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(config, dict):
-        raise ReportError(f"--workflow-config {path}: the top level must be a mapping, got a {type(config).__name__}")
+    config = read_workflow_config([path], "--workflow-config")  # (strict: duplicates, unknown keys, the schema)
     bases_only = config.get("experiments") == [] and (config.get("evaluation") or {}).get("base_models")
     for key in ("models",) + (() if bases_only else ("experiments",)):
         if not config.get(key):

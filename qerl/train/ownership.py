@@ -10,6 +10,7 @@ so the newest complete checkpoint is the one resumed. Light: no torch.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,6 +119,21 @@ def foreign_run_files(out: Path) -> list[str]:
     return bad
 
 
+def not_removable(out: Path) -> list[str]:
+    """What ``--overwrite`` must not delete under ``out``: a run file that is a symbolic link (its target is not the
+    run's), and inside ``final/`` / ``checkpoint/`` anything their manifests do not list (:mod:`qerl.owned`)."""
+    from qerl.owned import unlisted
+
+    bad = []
+    for name in RUN_FILES:
+        p = Path(out) / name
+        if p.is_symlink():
+            bad.append(f"{name} (a symbolic link to {os.readlink(p)})")
+        elif p.is_dir():
+            bad += [f"{name}/{x}" for x in unlisted(p)]
+    return bad
+
+
 def recover(out: Path) -> str | None:
     """Finish an interrupted checkpoint replacement in ``out`` (the newest complete checkpoint wins)."""
     def version(p: Path) -> int:
@@ -153,6 +169,9 @@ def prepare(out: Path, mode: str, config: dict | None = None) -> bool:
     ways = ("continue it with --resume (or --auto-resume), start over with --overwrite (its files are deleted), or "
             "set another output_dir")
     if mode == "overwrite":
+        if in_way := not_removable(out):
+            raise OwnershipError(f"--overwrite: output_dir {out} holds {', '.join(in_way[:3])}, which qerl train did "
+                                 "not write; nothing was deleted: move them out or set another output_dir")
         for name in RUN_FILES:
             p = out / name
             if p.is_dir():

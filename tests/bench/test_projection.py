@@ -116,10 +116,19 @@ def test_bench_cost_cli_writes_the_report(tmp_path, capsys):
     assert len(rows) == 20 + 4 + 6 and out["tables"]["table1"]["assumed"]["gpu_hours"] > 0  # + untrained bases
     with pytest.raises(SystemExit, match="no such config file"):
         bench_cost.main(["--configfile", str(tmp_path / "nope.yaml")])
+    from qerl.workflow_config import ConfigFileError
+
     empty = tmp_path / "empty.yaml"
-    empty.write_text("models: {}\n")
-    with pytest.raises(SystemExit, match="no report.table"):
+    empty.write_text("models: {}\n")  # read by the one strict reader: the schema names what is missing
+    with pytest.raises(ConfigFileError, match="empty.yaml: the top level: 'configuration' is a required property"):
         bench_cost.main(["--configfile", str(empty), "--output", str(tmp_path)])
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("configuration: a\nconfiguration: b\n")
+    with pytest.raises(ConfigFileError, match="key 'configuration' is given twice"):
+        bench_cost.main(["--configfile", str(twice), "--output", str(tmp_path)])
+    default = Path(__file__).resolve().parents[2] / "config/config.yaml"  # tiny models: nothing to project
+    with pytest.raises(SystemExit, match="no report.table"):
+        bench_cost.main(["--configfile", str(default), "--output", str(tmp_path)])
 
 
 def test_plan_cost_needs_a_shape_and_a_valid_spec(tmp_path, capsys):

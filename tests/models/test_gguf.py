@@ -62,8 +62,11 @@ def test_outputs_are_replaced_only_when_they_are_models(tiny_gguf, tmp_path):
     other = tmp_path / "notes"
     other.mkdir()
     (other / "thesis.tex").write_text("mine")
+    from qerl.owned import NotOwned
+
     for force in (False, True):
-        with pytest.raises(GGUFError, match="files that are not a converted model|not a model directory"):
+        with pytest.raises((GGUFError, NotOwned), match="files that are not a converted model|thesis.tex, which no "
+                                                        "qerl command wrote there"):
             convert(tiny_gguf["F32"], other, force=force)
     assert (other / "thesis.tex").read_text() == "mine"
 
@@ -104,3 +107,29 @@ def test_cli_from_gguf(tiny_gguf, tmp_path):
     assert r.returncode == 0 and "nothing to do" in r.stdout
     r = run("--gguf", str(tmp_path / "missing.gguf"), "--output", str(tmp_path / "x"))
     assert r.returncode == 2 and "no such GGUF file" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"block_count": 3}, "block_count is 3 but its tensors hold 2 layer(s) (layers 0..1)"),
+    ({"eos": False}, "no end-of-sequence token id"),
+])
+def test_metadata_that_disagrees_with_the_tensors_is_refused(tiny_dirs, gguf_writer, tmp_path, bad, message):
+    """A header claiming more layers than the file holds (transformers would initialise the missing one at random
+    and convert with exit 0), or a file without an end-of-sequence id (train / evaluate crashed later): refused
+    before anything is written."""
+    from qerl.models.gguf import GGUFError, convert
+
+    path = gguf_writer(tiny_dirs["qwen2"], tmp_path / "bad.gguf", "F32", **bad)
+    with pytest.raises(GGUFError) as e:
+        convert(path, tmp_path / "out")
+    assert message in str(e.value) and not (tmp_path / "out").exists()
+
+
+def test_float16_overflow_is_refused(tiny_dirs, gguf_writer, tmp_path):
+    from qerl.models.gguf import GGUFError, convert
+
+    path = gguf_writer(tiny_dirs["qwen2"], tmp_path / "big.gguf", "F32", scale=1e6)
+    with pytest.raises(GGUFError, match="beyond float16's range .*--dtype bfloat16"):
+        convert(path, tmp_path / "out", dtype="float16")
+    assert not (tmp_path / "out").exists()
+    assert convert(path, tmp_path / "out32", dtype="float32")["dtype"] == "float32"

@@ -14,7 +14,7 @@ CONFIG = {
     "variants": {"lora_aqn": {"method": "lora", "overrides": {"aqn": {"enabled": True}}}},
     "experiments": [{"models": ["m"], "datasets": ["d"], "methods": ["lora", "nvfp4_lora", "qerl", "lora_aqn"],
                      "algorithms": ["grpo"], "seeds": [0, 1]}],
-    "evaluation": {"benchmarks": ["b"]}, "resources": {"jobs_per_gpu": 2},
+    "evaluation": {"benchmarks": ["b"]}, "resources": {"jobs_per_gpu": 2}, "train": {},
 }
 
 
@@ -134,7 +134,10 @@ def test_a_matching_method_is_confirmed_and_a_nan_is_an_error_naming_the_run(tmp
     ev.write_text(json.dumps({**json.loads(ev.read_text()), "pass@1": "high"}))
     rows[7]["reward_mean"] = 0.2
     metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(ClaimsError, match=r"run m/lora/grpo/d/seed0: its evaluation holds a non-finite"):
+    from qerl.readers import InputFileError
+
+    with pytest.raises(InputFileError, match=r"m/lora/grpo/d/seed0/b.json: pass@1: expected a finite number, got "
+                                             "'high'"):
         build(CONFIG, res, tmp_path / "rep3")
 
 

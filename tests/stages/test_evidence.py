@@ -24,9 +24,14 @@ def _results(root: Path, runs: dict[str, float]) -> Path:
     return root
 
 
+CFG = ("configuration: {name}\nmodels: {{m: {{source: tiny}}}}\ndatasets: {{d: {{task: synthetic}}}}\ntrain: {{}}\n"
+       "experiments: [{{models: [m], datasets: [d], methods: [lora, qerl], algorithms: [grpo]}}]\n"
+       "evaluation: {{benchmarks: [b]}}\n")
+
+
 def test_pack_merges_batches_is_byte_stable_and_unpacks(tmp_path):
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text("configuration: unit\nmodels: {m: {source: tiny}}\n")
+    cfg.write_text(CFG.format(name="unit"))
     a = _results(tmp_path / "a", {"m/lora/grpo/d/seed0": 0.5})
     out = tmp_path / "ev"
     assert evidence.pack(a, cfg, out) == {"runs": 1, "evaluations": 1}
@@ -42,7 +47,7 @@ def test_pack_merges_batches_is_byte_stable_and_unpacks(tmp_path):
     assert [r["reward_mean"] for r in rows] == [0.75, 1.5, 2.25]
     assert json.loads((tmp_path / "r/eval/m/qerl/grpo/d/seed0/b.json").read_text())["per_problem"] == [0.25, 0.25]
     other = tmp_path / "other.yaml"
-    other.write_text("configuration: another\nmodels: {m: {source: tiny}}\n")
+    other.write_text(CFG.format(name="another"))
     with pytest.raises(evidence.EvidenceError, match="holds the evidence of configuration 'unit', not 'another'"):
         evidence.pack(b, other, out)
     with pytest.raises(evidence.EvidenceError, match="no config.yaml"):

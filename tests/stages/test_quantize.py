@@ -87,10 +87,14 @@ def test_rerun_is_up_to_date_and_other_model_is_refused(tiny_dirs, quantized_dir
     (other / "keep.txt").write_text("user data")
     with pytest.raises(CheckpointError, match="--force"):
         quantize_checkpoint(tiny_dirs["qwen2"], other, progress=False)
-    assert (other / "keep.txt").read_text() == "user data"
+    from qerl.owned import NotOwned
+
+    with pytest.raises(NotOwned, match="holds keep.txt, which no qerl command wrote there"):  # --force neither
+        quantize_checkpoint(tiny_dirs["llama"], other, force=True, progress=False)
+    assert (other / "keep.txt").read_text() == "user data" and sorted(p.name for p in other.iterdir()) == ["keep.txt"]
+    (other / "keep.txt").unlink()
     quantize_checkpoint(tiny_dirs["llama"], other, force=True, progress=False)
     assert json.loads((other / "config.json").read_text())["model_type"] == "llama"
-    assert not (other / "keep.txt").exists()
 
 
 def test_sharded_output_and_index(tiny_dirs, tmp_path):

@@ -14,22 +14,19 @@ from qerl.inputs import benchmark_names
 def _strict_configfiles():
     """Per config file, before the schema's own (long) report: a key given twice (snakemake's YAML reader keeps the
     last, silently) and a key the schema does not know, in one line naming the file, the key's path and the
-    nearest valid key."""
-    from qerl.yamlio import DuplicateKeyError, load
-
-    schema = yaml.safe_load(open(os.path.join(workflow.basedir, "workflow/schemas/config.schema.yaml")))
+    nearest valid key (qerl.workflow_config.read_config_file: the one reader every qerl command uses too)."""
     for f in getattr(workflow, "configfiles", None) or []:
         try:
-            data = load(open(f).read(), str(f))
-        except DuplicateKeyError as e:
-            raise WorkflowError(str(e)) from None
-        except (OSError, UnicodeDecodeError, ValueError):
-            continue  # (snakemake reports unreadable files itself)
-        bad = wc.unknown_keys(data, schema)
-        if bad:
-            key, near = bad[0]
-            raise WorkflowError(f"{f}: unknown key '{key}'" + (f" (did you mean '{near}'?)" if near else "")
-                                + (f"; {len(bad) - 1} more" if len(bad) > 1 else ""))
+            wc.read_config_file(f)
+        except wc.ConfigFileError as e:
+            if "not a text file" in str(e) or "not valid YAML" in str(e):
+                continue  # (snakemake reports unreadable files itself)
+            raise WorkflowError(str(e).removeprefix("--configfile ")) from None
+    try:
+        wc.read_workflow_config(getattr(workflow, "configfiles", None) or [])
+    except wc.ConfigFileError as e:
+        if "not read for source" in str(e):  # (the schema's own report below says the rest, at length)
+            raise WorkflowError(str(e).removeprefix("--configfile ")) from None
 
 
 _strict_configfiles()
