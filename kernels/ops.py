@@ -78,10 +78,27 @@ def _tables(device_name: str, dirs: tuple[Path, ...]) -> dict:
         path = table_path(device_name, d)
         if path.exists():
             try:
-                table.update(json.loads(path.read_text()))
-            except json.JSONDecodeError as e:
+                data = json.loads(path.read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 raise KernelInputError(f"tuned table {path}: not valid JSON ({e}); fix or delete it") from None
+            table.update(_checked_table(path, data))
     return table
+
+
+def _checked_table(path: Path, data) -> dict:
+    """A tuned table's shape: ``{"fwd|bwd:M:N:K": {NAME: int | {NAME: int}}}``; anything else is refused here,
+    naming the file and the entry, instead of failing inside a kernel launch."""
+    if not isinstance(data, dict):
+        raise KernelInputError(f"tuned table {path}: a {type(data).__name__}, not a mapping of shape -> config; "
+                               "fix or delete it")
+    for key, cfg in data.items():
+        parts = key.split(":")
+        if len(parts) != 4 or not all(p.isdigit() for p in parts[1:]) or not isinstance(cfg, dict) or not all(
+                (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, dict) and all(
+                    isinstance(x, int) and not isinstance(x, bool) for x in v.values())) for v in cfg.values()):
+            raise KernelInputError(f"tuned table {path}: entry {key!r}: expected 'KIND:M:N:K' -> {{NAME: integer}}, "
+                                   f"got {json.dumps(cfg)[:80]}; fix or delete it")
+    return data
 
 
 @functools.lru_cache(maxsize=None)

@@ -44,7 +44,7 @@ class HubInput:
 def hub_inputs(config: dict) -> list[HubInput]:
     """The hub models and datasets of a workflow config (each dataset task once)."""
     from qerl.data.tasks import HUB_TASKS
-    from qerl.stages.evaluate import BENCHMARKS
+    from qerl.data.tasks import BENCHMARKS
 
     out: list[HubInput] = []
     for name, m in config.get("models", {}).items():

@@ -97,23 +97,6 @@ def train_config(config: dict, run: Run, tracking_uri: str) -> dict:
     return cfg
 
 
-def check_train_configs(config: dict, source: str, tracking_uri: str = "sqlite:///mlflow.db") -> None:
-    """Validate every run's resolved ``qerl train`` config with ``qerl train``'s own checks, so that a bad
-    value under ``train`` / ``*_overrides`` / ``variants`` stops the workflow before any job runs (a job
-    failing on it would rerun, and snakemake would drop, that run's earlier outputs). Raises
-    :class:`qerl.train.config.ConfigError` naming ``source`` (the config files), the run and the field.
-    Imports torch (the settings dataclasses live beside their modules): call it only where qerl's
-    runtime is installed."""
-    from qerl.train.config import ConfigError, TrainConfig, from_dict, validate
-
-    for run in runs(config):
-        where_ = f"{source}: run {run.path} (train + overrides)"
-        try:
-            validate(from_dict(TrainConfig, train_config(config, run, tracking_uri), "config"))
-        except ConfigError as e:
-            raise ConfigError(f"{where_}: {e}") from None
-
-
 def apply_lock(config: dict) -> dict[tuple[str, str], str]:
     """With ``inputs_lock`` set: every hub model's and hub training set's ``revision`` in ``config`` replaced by its
     locked commit (in place); returns ``{(kind, name): commit}`` (benchmarks' commits go to ``qerl evaluate
@@ -138,7 +121,7 @@ def check_benchmarks(config: dict, root: str = ".") -> None:
     """Each benchmark named is registered or defined under ``evaluation.local_benchmarks`` with an existing file
     (relative paths from ``root``, the workflow's directory); a ValueError names the culprit."""
     from qerl.inputs import benchmark_names
-    from qerl.stages.evaluate import BENCHMARKS
+    from qerl.data.tasks import BENCHMARKS
 
     local = config.get("evaluation", {}).get("local_benchmarks", {}) or {}
     for name in benchmark_names(config):

@@ -80,6 +80,11 @@ def test_no_circles_and_no_arrows_back_up():
                    if a.startswith(("qerl.rollout", "qerl.ops", "qerl.quant", "qerl.models", "qerl.rl"))
                    and b.startswith(("qerl.train", "qerl.stages"))]
     assert below_train == []
+    low = ("qerl.inputs", "qerl.workflow_config", "qerl.methods", "qerl.readers", "qerl.owned", "qerl.outputs",
+           "qerl.argtypes", "qerl.yamlio", "qerl.data")  # read by the Snakefile and every stage: nothing above
+    up_from_low = [(a, b) for a, bs in edges.items() for b in bs if a.startswith(low)
+                   and b.startswith(("qerl.stages", "qerl.train", "qerl.bench", "qerl.cli", "qerl.rollout"))]
+    assert up_from_low == []
 
 
 def test_the_walk_sees_imports_inside_functions(tmp_path):

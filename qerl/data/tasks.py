@@ -33,6 +33,10 @@ class HubSpec:
     max_prompt_chars: int | None = None
 
 
+#: the registered evaluation benchmarks (``qerl evaluate --benchmark NAME``): the synthetic task and hub datasets;
+#: any other benchmark is a local file (``evaluation.local_benchmarks``)
+BENCHMARKS = ("synthetic_test", "gsm8k_test", "math500", "aime24", "aime25", "amc23")
+
 HUB_TASKS: dict[str, HubSpec] = {
     "gsm8k": HubSpec("openai/gsm8k", "main", "train", "question", "answer", "gsm8k"),
     "gsm8k_test": HubSpec("openai/gsm8k", "main", "test", "question", "answer", "gsm8k"),
@@ -97,6 +101,9 @@ def _map_rows(rows, prompt_field: str, answer_field: str, answer_format: str, so
         if not answer.strip():
             raise DataError(f"{source}: row {i}, field {answer_field!r} is empty: an empty gold answer makes an empty "
                             "completion count as correct (the policy would learn to say nothing); fix or drop the row")
+        if not prompt.strip():
+            raise DataError(f"{source}: row {i}, field {prompt_field!r} is empty: a problem without a question (the "
+                            "policy would be trained and scored on its answer alone); fix or drop the row")
         if max_prompt_chars is None or len(prompt) <= max_prompt_chars:
             out.append({"prompt": prompt, "answer": answer})
     return out

@@ -13,7 +13,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-BENCHMARKS = ("synthetic_test", "gsm8k_test", "math500", "aime24", "aime25", "amc23")
+from qerl.data.tasks import BENCHMARKS  # noqa: F401 (the registry lives with the tasks, below every stage)
+
 LOCAL_SUFFIXES = (".jsonl", ".parquet")
 
 

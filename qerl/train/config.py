@@ -20,6 +20,7 @@ from qerl.rewards.registry import RewardSettings
 from qerl.rl.aqn import AQNSettings
 from qerl.rl.losses import ALGORITHMS
 from qerl.rollout.sampling import SamplingSettings
+from qerl.workflow_config import runs, train_config
 
 METHOD_NAMES = NAMES  # (qerl.methods: the registry)
 SHARDING = ("auto", "none", "optimizer", "fsdp")
@@ -373,3 +374,18 @@ def to_dict(cfg) -> dict:
             return [conv(v) for v in x]
         return x
     return conv(cfg)
+
+
+def check_train_configs(config: dict, source: str, tracking_uri: str = "sqlite:///mlflow.db") -> None:
+    """Validate every run's resolved ``qerl train`` config with ``qerl train``'s own checks, so that a bad
+    value under ``train`` / ``*_overrides`` / ``variants`` stops the workflow before any job runs (a job
+    failing on it would rerun, and snakemake would drop, that run's earlier outputs). Raises
+    :class:`ConfigError` naming ``source`` (the config files), the run and the field.
+    Imports torch (the settings dataclasses live beside their modules): call it only where qerl's
+    runtime is installed."""
+    for run in runs(config):
+        where_ = f"{source}: run {run.path} (train + overrides)"
+        try:
+            validate(from_dict(TrainConfig, train_config(config, run, tracking_uri), "config"))
+        except ConfigError as e:
+            raise ConfigError(f"{where_}: {e}") from None

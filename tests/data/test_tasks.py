@@ -71,3 +71,13 @@ def test_load_train_records_dispatch(tmp_path):
         load_train_records(DataConfig(task="local"), 0)
     with pytest.raises(DataError, match="data.task"):
         load_train_records(DataConfig(task="nope"), 0)
+
+
+def test_an_empty_prompt_is_refused_like_an_empty_answer(tmp_path):
+    """A row without a question would be trained on and scored by its answer alone: refused, naming the row."""
+    import json
+
+    f = tmp_path / "d.jsonl"
+    f.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n" + json.dumps({"prompt": "  ", "answer": "3"}))
+    with pytest.raises(DataError, match=r"d.jsonl: row 1, field 'prompt' is empty"):
+        load_local(f)

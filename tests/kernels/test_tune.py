@@ -193,6 +193,12 @@ def test_a_users_own_tables_are_read_over_the_packages(tmp_path, monkeypatch):
         ops._tables.cache_clear()
         with pytest.raises(ops.KernelInputError, match="NVIDIA_H100_80GB_HBM3.json: not valid JSON"):
             ops._tuned(device)
+        for corrupt, words in (([1, 2], "a list, not a mapping"), ({key: {"BT": "64"}}, f"entry '{key}'"),
+                               ({"fwd:64": {"BT": 64}}, "entry 'fwd:64'"), ({key: [64]}, f"entry '{key}'")):
+            ops.table_path(device).write_text(json.dumps(corrupt))  # valid JSON, not a table: named, not a crash
+            ops._tables.cache_clear()
+            with pytest.raises(ops.KernelInputError, match=words):
+                ops._tuned(device)
     finally:
         ops._tables.cache_clear()
         ops._transfer.cache_clear()

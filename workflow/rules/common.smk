@@ -84,7 +84,9 @@ except ValueError as e:
     raise WorkflowError(str(e)) from None
 if not _CONDA:  # every run's qerl-train config checked now (the field named), not inside its job
     try:
-        wc.check_train_configs(config, " + ".join(map(str, workflow.configfiles)) or "config")
+        from qerl.train.config import check_train_configs  # (torch: only where qerl's runtime is installed)
+
+        check_train_configs(config, " + ".join(map(str, workflow.configfiles)) or "config")
     except ValueError as e:
         raise WorkflowError(str(e)) from None
 
