@@ -117,17 +117,38 @@ def apply_lock(config: dict) -> dict[tuple[str, str], str]:
     return commits
 
 
-def check_benchmarks(config: dict, root: str = ".") -> None:
-    """Each benchmark named is registered or defined under ``evaluation.local_benchmarks`` with an existing file
-    (relative paths from ``root``, the workflow's directory); a ValueError names the culprit."""
-    from qerl.inputs import benchmark_names
+def check_names(config: dict) -> None:
+    """Every name the matrix uses is defined: a block's models and datasets, its methods (registered or a variant),
+    ``evaluation.base_models``' models, and each benchmark (registered or under ``evaluation.local_benchmarks``). A
+    ValueError names the culprit and what is defined."""
     from qerl.data.tasks import BENCHMARKS
+    from qerl.inputs import benchmark_names
 
-    local = config.get("evaluation", {}).get("local_benchmarks", {}) or {}
+    for i, block in enumerate(config.get("experiments") or []):
+        for key in ("models", "datasets"):
+            known = config.get(key) or {}
+            if bad := [x for x in block.get(key, []) if x not in known]:
+                raise ValueError(f"config experiments[{i}].{key}: {bad} not defined under '{key}' (known: "
+                                 f"{list(known)})")
+        known = list(METHODS) + list(config.get("variants", {}))
+        if bad := [x for x in block.get("methods", []) if x not in known]:
+            raise ValueError(f"config experiments[{i}].methods: {bad} unknown (methods: {list(METHODS)}; variants: "
+                             f"{list(config.get('variants', {}))})")
+    ev = config.get("evaluation") or {}
+    if bad := [m for m in ev.get("base_models") or {} if m not in (config.get("models") or {})]:
+        raise ValueError(f"config evaluation.base_models: {bad} not defined under 'models'")
+    local = ev.get("local_benchmarks") or {}
     for name in benchmark_names(config):
         if name not in BENCHMARKS and name not in local:
             raise ValueError(f"config evaluation: benchmark {name!r} is neither registered ({', '.join(BENCHMARKS)}) "
                              f"nor defined under evaluation.local_benchmarks (defined: {sorted(local)})")
+
+
+def check_benchmarks(config: dict, root: str = ".") -> None:
+    """Each benchmark named is registered or defined under ``evaluation.local_benchmarks`` with an existing file
+    (relative paths from ``root``, the workflow's directory); a ValueError names the culprit."""
+    check_names(config)
+    local = config.get("evaluation", {}).get("local_benchmarks", {}) or {}
     for name, spec in local.items():
         path = os.path.join(root, spec["path"])
         if not os.path.isfile(path):
@@ -301,9 +322,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
 
 def unknown_keys(data, schema: dict, root: dict | None = None, path: str = "") -> list[tuple[str, str | None]]:
     """``(key path, nearest allowed key or None)`` for every key of ``data`` that ``schema`` (JSON schema: objects
@@ -386,6 +404,10 @@ def read_workflow_config(paths: list[str | Path] | str | Path, flag: str = "--co
             what = (f"{', '.join(keys)} {'is' if len(keys) == 1 else 'are'} not read for source "
                     f"{err.instance.get('source')!r} (it would be silently ignored): remove {'it' if len(keys) == 1 else 'them'}")
         raise ConfigFileError(f"{flag} {' '.join(map(str, paths))}: {where}: {what}")
+    try:
+        check_names(config)
+    except ValueError as e:
+        raise ConfigFileError(f"{flag} {' '.join(map(str, paths))}: {str(e).removeprefix('config ')}") from None
     return config
 
 
@@ -402,3 +424,7 @@ def schema() -> dict:
                                   "pip install -e .)")
         _SCHEMA.update(yaml.safe_load(SCHEMA.read_text()))
     return _SCHEMA
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -78,6 +78,8 @@ def world(tmp_path_factory):
     (root / "dup.yaml").write_text(yaml.safe_dump(json.loads(json.dumps(TRAIN))) + "steps: 100\n")
     hub = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     hub["models"] = {"q": {"source": "hub", "hub_id": "Qwen/Qwen2.5-3B-Instruct", "revision": "main"}}
+    for block in hub["experiments"]:
+        block["models"] = ["q"]
     (root / "hub.yaml").write_text(yaml.safe_dump(hub))
     (root / "other_repo.lock.yaml").write_text(yaml.safe_dump(
         {"models": {"q": {"repo": "someone/else", "revision": "main", "commit": "a" * 40}}, "datasets": {}}))
@@ -351,7 +353,7 @@ CASES = [
     ("report-config-list", ["report", "--workflow-config", R("list.yaml"), "--output", R("rep")], 2,
      ["list.yaml", "must be a mapping"]),
     ("report-config-not-workflow", ["report", "--workflow-config", W("cfg"), "--output", R("rep")], 2,
-     ["train.yaml", "unknown key 'method'"]),
+     ["train.yaml", "unknown key 'algorithm' (did you mean 'algorithm_overrides'?)"]),
     # plan
     ("plan-nproc-zero", ["plan", "--config", W("cfg"), "--nproc", "0"], 2, ["--nproc", "must be >= 1"]),
     ("plan-negative-gpu", ["plan", "--config", W("cfg"), "--gpu-gb", "-5"], 2, ["--gpu-gb", "-5"]),

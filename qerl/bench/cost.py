@@ -11,7 +11,7 @@ import json
 import re
 from pathlib import Path
 
-from qerl.workflow_config import read_workflow_config, write_text_atomic
+from qerl.workflow_config import write_text_atomic
 
 
 def markdown(res: dict, source: str) -> str:
@@ -102,7 +102,9 @@ def main(argv=None) -> int:
         raise SystemExit(f"qerl bench cost: --gpus must be >= 1 and --gpu-gb > 0, got {a.gpus} and {a.gpu_gb}")
     if not a.configfile.is_file():
         raise SystemExit(f"qerl bench cost: {a.configfile}: no such config file")
-    config = read_workflow_config([a.configfile], "--configfile")
+    from qerl.train.config import read_workflow_config_checked  # (torch: the train config's own checks)
+
+    config = read_workflow_config_checked([a.configfile], "--configfile")
     res = paper_projection(config, a.gpus, a.gpu_gb)
     if a.gpu_gb != DEFAULT_GPU_GB:  # the rates are the H100's; the memory is the one asked for: the files say both
         res["device"] = f"{res['device']} rates, {a.gpu_gb:g} GB per GPU"

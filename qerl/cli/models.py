@@ -200,9 +200,9 @@ def add_fetch(sub) -> None:
 
 def run_fetch(args) -> dict:
     from qerl import inputs
-    from qerl.workflow_config import read_workflow_config
+    from qerl.train.config import read_workflow_config_checked
 
-    config = read_workflow_config(args.configfile)  # (strict: duplicates, unknown keys, the schema)
+    config = read_workflow_config_checked(args.configfile)  # (strict: duplicates, unknown keys, the schema)
     todo = inputs.hub_inputs(config)
     lock_path = args.lock or inputs.default_lock_path(args.configfile[0])
     if args.dry_run:

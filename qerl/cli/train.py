@@ -142,9 +142,15 @@ def run_plan(args) -> int:
     parse(args.lengths)  # (a bad spec is one line before any planning)
 
     cfg = load_config(args.config, overrides(args.set))
-    run_plan = _run_plan(cfg, args)
-    res = plan_config(cfg, shape=args.shape, available=None if args.gpu_gb is None else args.gpu_gb * 1e9,
-                      world=args.nproc)
+    resolved = _run_plan(cfg, args)
+    run_plan = None
+    if resolved is not None:  # the plan qerl train would resolve here: its memory verdict is printed as it is
+        cfg, run_plan, memory = resolved
+    if resolved is not None and memory is not None and args.shape is None:
+        res = memory
+    else:
+        res = plan_config(cfg, shape=args.shape, available=None if args.gpu_gb is None else args.gpu_gb * 1e9,
+                          world=args.nproc)
     if run_plan is not None:
         res["run_plan"] = run_plan.lines()
         if not args.json:
@@ -157,7 +163,8 @@ def run_plan(args) -> int:
 
 
 def _run_plan(cfg, args):
-    """What ``qerl train --config`` would resolve on this machine (:mod:`qerl.train.runplan`), for a local model on
+    """``(resolved config, RunPlan, memory plan)``: what ``qerl train --config`` would resolve on this machine
+    (:mod:`qerl.train.runplan`, the same call), for a local model on
     the config's device; None for a hub id (planned after download) or a GPU config on a machine without one (the
     memory plan below still answers for ``--gpu-gb``)."""
     from pathlib import Path
@@ -173,7 +180,7 @@ def _run_plan(cfg, args):
         return None
     if device.type == "cuda" and args.gpu_gb is not None:
         return None  # the plan for another GPU's memory is the estimate below, not this machine's
-    return resolve(cfg, device.type, args.nproc)[1]
+    return resolve(cfg, device.type, args.nproc)
 
 
 def _plan_cost(args, cfg) -> dict:

@@ -56,10 +56,11 @@ def pack(results: Path, config_file: Path, out: Path) -> dict:
     """Add the runs and evaluations found under ``results`` (``train/**/metrics.jsonl``, ``eval/**/*.json``) to the
     evidence in ``out``; ``config_file``: the workflow config they were made with (an existing ``out/config.yaml``
     must be the same configuration). Returns ``{"runs", "evaluations"}`` counts of what ``out`` now holds."""
+    from qerl.train.config import read_workflow_config_checked
     from qerl.workflow_config import read_workflow_config, write_text_atomic
 
     results, out = Path(results), Path(out)
-    config = read_workflow_config([config_file], "--workflow-config")
+    config = read_workflow_config_checked([config_file], "--workflow-config")
     old = out / CONFIG
     if old.is_file():
         have = read_workflow_config([old], "evidence").get("configuration")
@@ -94,7 +95,7 @@ def pack(results: Path, config_file: Path, out: Path) -> dict:
 def unpack(evidence: Path, dest: Path) -> dict:
     """Write the ``results/`` tree of ``evidence`` under ``dest`` (``train/<run>/metrics.jsonl``,
     ``eval/<path>``) and return the workflow config it holds (a dict)."""
-    from qerl.workflow_config import read_workflow_config
+    from qerl.train.config import read_workflow_config_checked
 
     evidence, dest = Path(evidence), Path(dest)
     cfg = evidence / CONFIG
@@ -116,4 +117,4 @@ def unpack(evidence: Path, dest: Path) -> dict:
         f = dest / "eval" / e["path"]
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(json.dumps({k: v for k, v in e.items() if k != "path"}))
-    return read_workflow_config([cfg], "--evidence")
+    return read_workflow_config_checked([cfg], "--evidence")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from qerl.methods import ROWS, label as row_label
-from qerl.readers import number, read_eval_summary, read_json, read_jsonl
+from qerl.readers import InputFileError, number, read_eval_summary, read_json, read_jsonl
 from qerl.stages.paper_numbers import TABLE1, TABLE2, TABLE2_BENCHMARKS, TABLE2_ROWS
 from qerl.workflow_config import runs, untrained_bases
 
@@ -149,8 +149,17 @@ def _csv(rows: list[list[str]]) -> str:
 
 
 def _metrics(results: Path, run) -> list[dict]:
+    """A run's metric rows; a step or a plotted value that is not a number is an error naming the file and the
+    step (NaN stays: a gap in the curve)."""
     f = results / "train" / run.path / "metrics.jsonl"
-    return read_jsonl(f, "metrics file", allow_nan=True) if f.exists() else []
+    rows = read_jsonl(f, "metrics file", allow_nan=True) if f.exists() else []
+    for i, row in enumerate(rows, 1):
+        for key in ("step", "sigma", *(k for k, _ in CURVES)):
+            v = row.get(key)
+            if (v is None and key == "step") or (v is not None and (isinstance(v, bool) or
+                                                                    not isinstance(v, (int, float)))):
+                raise InputFileError(f"{f}: row {i} (step {row.get('step')}): {key} = {v!r} is not a number")
+    return rows
 
 
 def figures(config: dict, results: Path, out: Path) -> list[Path]:
@@ -188,7 +197,7 @@ def figures(config: dict, results: Path, out: Path) -> list[Path]:
     if sig:
         fig, ax = plt.subplots(figsize=(5.5, 3.4))
         for r, m in sig:
-            ax.step([x["step"] for x in m], [x["sigma"] for x in m], where="post", label=r.path)
+            ax.step([x["step"] for x in m], [x.get("sigma", float("nan")) for x in m], where="post", label=r.path)
         ax.set_xlabel("step"), ax.set_ylabel("AQN σ"), ax.set_title("AQN noise schedule")
         ax.grid(alpha=0.3), ax.legend(fontsize=7)
         fig.tight_layout()
@@ -230,9 +239,9 @@ class ReportError(ValueError):
 def load_workflow_config(path: Path) -> dict:
     """A workflow config file (the effective one the workflow writes, or ``config/*.yaml``), checked for what a
     report reads."""
-    from qerl.workflow_config import read_workflow_config
+    from qerl.train.config import read_workflow_config_checked
 
-    config = read_workflow_config([path], "--workflow-config")  # (strict: duplicates, unknown keys, the schema)
+    config = read_workflow_config_checked([path], "--workflow-config")  # (strict: duplicates, unknown keys, the schema)
     bases_only = config.get("experiments") == [] and (config.get("evaluation") or {}).get("base_models")
     for key in ("models",) + (() if bases_only else ("experiments",)):
         if not config.get(key):

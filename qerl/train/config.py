@@ -389,3 +389,19 @@ def check_train_configs(config: dict, source: str, tracking_uri: str = "sqlite:/
             validate(from_dict(TrainConfig, train_config(config, run, tracking_uri), "config"))
         except ConfigError as e:
             raise ConfigError(f"{where_}: {e}") from None
+
+
+def read_workflow_config_checked(paths, flag: str = "--configfile") -> dict:
+    """:func:`qerl.workflow_config.read_workflow_config` (YAML, keys, the schema, names) plus every run's resolved
+    ``qerl train`` config checked by ``qerl train``'s own rules (a typo under ``train`` / ``*_overrides`` /
+    ``variants`` named): what every command that reads a workflow config calls (the Snakefile does the same in two
+    steps)."""
+    from qerl.workflow_config import ConfigFileError, read_workflow_config
+
+    config = read_workflow_config(paths, flag)
+    files = " ".join(map(str, [paths] if isinstance(paths, (str, Path)) else paths))
+    try:
+        check_train_configs(config, f"{flag} {files}")
+    except ConfigError as e:
+        raise ConfigFileError(str(e)) from None
+    return config

@@ -24,7 +24,8 @@ MODES = ("new", "resume", "auto", "overwrite")
 # the checkpoint's run and this one would silently continue one experiment under another's settings
 RESUMABLE_CHANGES = ("steps", "checkpoint_every", "micro_batch_size", "micro_batch_tokens", "device",
                      "gradient_checkpointing", "dense_update", "packed_sequences", "optim.offload", "tracking",
-                     "sharding")  # (a checkpoint another sharding cannot read is refused by load_checkpoint)
+                     "sharding", "rollout.release_cache")  # (a checkpoint another sharding cannot read is refused by
+# load_checkpoint; config.json holds the resolved plan, a rerun's config its `auto`s: these may differ)
 
 
 class OwnershipError(ValueError):

@@ -480,9 +480,11 @@ def resolve_micro_tokens(cfg, s: Shape, world: int = 1, available: float | None 
     return off, None
 
 
-def plan_config(cfg, shape: str | None = None, available: float | None = None, world: int = 1) -> dict:
+def plan_config(cfg, shape: str | None = None, available: float | None = None, world: int = 1,
+                config_path: str | Path | None = None) -> dict:
     """The estimate for a :class:`~qerl.train.config.TrainConfig` (``shape``: a Qwen2.5 size instead of the
-    model's ``config.json``; ``world``: data-parallel processes, each holding ``1/world`` of a step's sequences):
+    model's ``config.json``; ``config_path``: that file where ``model.path`` is a hub id, the downloaded copy's;
+    ``world``: data-parallel processes, each holding ``1/world`` of a step's sequences):
     ``{"estimate", "fits", "available", "advice", "markdown"}`` for one process."""
     import json
     from pathlib import Path
@@ -492,7 +494,7 @@ def plan_config(cfg, shape: str | None = None, available: float | None = None, w
     if shape is not None:
         s = QWEN25[shape]
     else:
-        path = Path(cfg.model.path) / "config.json"
+        path = Path(config_path) if config_path is not None else Path(cfg.model.path) / "config.json"
         if not path.exists():
             raise ConfigError(f"{path}: no config.json to plan from (a local model directory is needed; "
                               "or pass --shape 3B|7B|14B|32B)")
@@ -553,17 +555,21 @@ KEEP_CACHE_FRACTION = 0.85  # release_cache: auto keeps the cache when the plann
 OFFLOAD_FRACTION = 0.9  # optim.offload: auto parks the optimizer states during the rollout above this share
 
 
-def keep_engine_cache(cfg, world: int = 1) -> bool:
+def keep_engine_cache(cfg, world: int = 1, memory: dict | None = None) -> bool:
     """``rollout.release_cache`` resolved for this run: ``false`` -> keep, ``true`` -> release; ``auto`` -> keep
     when the planned peak with the cache kept stays below :data:`KEEP_CACHE_FRACTION` of the GPU (CUDA, a local
-    model with a ``config.json``, a LoRA method), else release (also when the planner cannot tell)."""
+    model with a ``config.json``, a LoRA method), else release (also when the planner cannot tell). ``memory``: the
+    run's memory plan where it was made already (:func:`check_fits`), read instead of planning again."""
     mode = cfg.rollout.release_cache
     if mode in (True, False):
         return not mode
     from pathlib import Path
 
-
-    if not METHODS[cfg.method].lora or not (Path(cfg.model.path) / "config.json").exists():
+    if not METHODS[cfg.method].lora:
+        return False
+    if memory is not None:
+        return not memory["release_cache"]
+    if not (Path(cfg.model.path) / "config.json").exists():
         return False
     return not plan_config(cfg, world=world)["release_cache"]
 
@@ -574,7 +580,7 @@ def check_fits(cfg, hf_config_path, available: float | None = None, world: int =
     Returns the plan (:func:`plan_config`) when it fits."""
     from qerl.train.config import ConfigError
 
-    res = plan_config(cfg, available=available, world=world)
+    res = plan_config(cfg, available=available, world=world, config_path=hf_config_path)
     if not res["fits"]:
         e = res["estimate"]
         parts = ", ".join(f"{k} {v / 1e9:.1f}" for g in ("static", e["peak_phase"]) for k, v in e[g].items() if v > 1e8)

@@ -91,12 +91,10 @@ def resolve(cfg, device: str, world: int = 1, model_dir: str | Path | None = Non
         cfg = resolve_dense_update(cfg, shape, world)
         cfg, said_tokens = resolve_micro_tokens(cfg, shape, world, rows_auto=rows_auto, dense_auto=dense_auto)
         notes += [line for line in (said, said_tokens) if line]
-    memory = None
-    if device == "cuda":
-        memory, said = _memory(cfg, world, config_path)
-        notes += said
     shard = resolve_sharding(cfg, world)
     method = METHODS[cfg.method]
+    # gradient checkpointing first, by the run's one rule (qerl.train.methods.checkpointing_on), so that the memory
+    # check below plans the run that will happen, not an `auto` of its own
     ckpt = cfg.gradient_checkpointing
     if config_path.exists():
         from transformers import AutoConfig
@@ -110,12 +108,20 @@ def resolve(cfg, device: str, world: int = 1, model_dir: str | Path | None = Non
     elif ckpt == "auto" and device != "cuda":
         ckpt = False
     cfg = dataclasses.replace(cfg, gradient_checkpointing=ckpt)
+    memory = None
+    if device == "cuda":
+        memory, said = _memory(cfg, world, config_path)  # (the one call of the memory planner)
+        notes += said
     keep = False
     if device == "cuda" and sharding.strategy(shard).keeps_engine_cache:
         from qerl.train.plan import keep_engine_cache
 
-        keep = keep_engine_cache(cfg, world)
-    plan = RunPlan(device, world, cfg.micro_batch_size, bool(cfg.dense_update), ckpt, shard, keep,
-                   _offload(cfg.optim.offload, device, memory), aqn_enabled(cfg.aqn, method.aqn), tuple(notes),
-                   cfg.micro_batch_tokens)
+        keep = keep_engine_cache(cfg, world, memory if memory is not None else {"release_cache": True})
+    offload = _offload(cfg.optim.offload, device, memory)
+    # every decision written back: config.json, MLflow and the start line hold what the run does, never `auto`
+    cfg = dataclasses.replace(cfg, sharding=shard,
+                              rollout=dataclasses.replace(cfg.rollout, release_cache=not keep),
+                              optim=dataclasses.replace(cfg.optim, offload="rollout" if offload else "none"))
+    plan = RunPlan(device, world, cfg.micro_batch_size, bool(cfg.dense_update), ckpt, shard, keep, offload,
+                   aqn_enabled(cfg.aqn, method.aqn), tuple(notes), cfg.micro_batch_tokens)
     return cfg, plan, memory

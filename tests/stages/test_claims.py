@@ -14,7 +14,8 @@ CONFIG = {
     "variants": {"lora_aqn": {"method": "lora", "overrides": {"aqn": {"enabled": True}}}},
     "experiments": [{"models": ["m"], "datasets": ["d"], "methods": ["lora", "nvfp4_lora", "qerl", "lora_aqn"],
                      "algorithms": ["grpo"], "seeds": [0, 1]}],
-    "evaluation": {"benchmarks": ["b"]}, "resources": {"jobs_per_gpu": 2}, "train": {},
+    "evaluation": {"benchmarks": ["b"], "local_benchmarks": {"b": {"path": "b.jsonl"}}}, "resources": {"jobs_per_gpu": 2},
+    "train": {},
 }
 
 

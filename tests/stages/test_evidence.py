@@ -26,7 +26,7 @@ def _results(root: Path, runs: dict[str, float]) -> Path:
 
 CFG = ("configuration: {name}\nmodels: {{m: {{source: tiny}}}}\ndatasets: {{d: {{task: synthetic}}}}\ntrain: {{}}\n"
        "experiments: [{{models: [m], datasets: [d], methods: [lora, qerl], algorithms: [grpo]}}]\n"
-       "evaluation: {{benchmarks: [b]}}\n")
+       "evaluation: {{benchmarks: [b], local_benchmarks: {{b: {{path: b.jsonl}}}}}}\n")
 
 
 def test_pack_merges_batches_is_byte_stable_and_unpacks(tmp_path):
