@@ -278,7 +278,7 @@ def _check_adapter_files(adapter_dir: Path) -> None:
             return
         raise CheckpointError(f"{adapter_dir}: no adapter_model.safetensors (the adapter's weights); the directory "
                               "is incomplete")
-    if owned.read(adapter_dir) is not None and (bad := owned.changed(adapter_dir)):
+    if bad := owned.modified(adapter_dir):
         raise CheckpointError(f"{adapter_dir}: {', '.join(bad[:3])} no longer match what was written "
                               "(qerl_files.json): truncated or replaced")
     try:

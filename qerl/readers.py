@@ -72,9 +72,14 @@ def read_jsonl(path: Path, what: str = "JSONL file", allow_nan: bool = False) ->
     return rows
 
 
+def is_number(value, finite: bool = True) -> bool:
+    """A JSON number (not a bool), and finite unless ``finite`` is False (NaN allowed: a gap in a curve)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and (not finite or math.isfinite(value))
+
+
 def number(value, where: str, lo: float = -math.inf, hi: float = math.inf) -> float:
     """``value`` as a finite number in ``[lo, hi]``, else :class:`InputFileError` naming ``where``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_number(value):
         raise InputFileError(f"{where}: expected a finite number, got {value!r}")
     if not lo <= value <= hi:
         raise InputFileError(f"{where}: expected a number in [{lo:g}, {hi:g}], got {value!r}")

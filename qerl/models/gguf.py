@@ -134,9 +134,9 @@ def convert(gguf_path: Path, output: Path, dtype: str = "bfloat16", force: bool 
     old = recorded(output)
     if old is not None and old.get("sha256") == digest and old.get("dtype") == dtype \
             and (output / "config.json").is_file():
-        from qerl.owned import changed
+        from qerl.owned import modified
 
-        if not (bad := changed(output)) or bad == ["qerl_files.json"]:  # (no manifest: written by an older qerl)
+        if not (bad := modified(output)):
             return {**old, "cached": True}
         if not force:
             raise GGUFError(f"--output {output}: the conversion of this file, but {', '.join(bad[:3])} no longer "

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qerl.methods import label as method_label
-from qerl.readers import read_eval_summary, read_jsonl
+from qerl.readers import is_number, read_eval_summary, read_jsonl
 from qerl.workflow_config import base_method, runs, uses_nvfp4
 
 BOOT = 2000
@@ -86,20 +86,15 @@ CHECKED_METRICS = ("reward_mean", "entropy", "rollout_entropy", "accuracy", "rol
 
 def _check_finite(run: str, metrics: list[dict], ev: dict, base_ev: dict | None) -> None:
     """A NaN / inf (or non-number) where a verdict reads it is an error naming the run, the field and the step."""
-    import math
-
-    def bad(x) -> bool:
-        return not isinstance(x, (int, float)) or isinstance(x, bool) or not math.isfinite(x)
-
     for m in metrics:
         for k in CHECKED_METRICS:
-            if k in m and m[k] is not None and bad(m[k]):
+            if k in m and m[k] is not None and not is_number(m[k]):
                 raise ClaimsError(f"run {run}: metrics.jsonl step {m.get('step', '?')} has {k} = {m[k]!r}; a "
                                   "non-finite value cannot enter a verdict (rerun or drop the run)")
     for what, e in (("evaluation", ev), ("untrained base's evaluation", base_ev)):
         if e is None:
             continue
-        if bad(e.get("pass@1")) or any(bad(x) for x in e.get("per_problem", [])):
+        if not is_number(e.get("pass@1")) or not all(is_number(x) for x in e.get("per_problem", [])):
             raise ClaimsError(f"run {run}: its {what} holds a non-finite or non-numeric score (pass@1 "
                               f"{e.get('pass@1')!r}); a verdict cannot read it")
 

@@ -253,9 +253,9 @@ def quantize_checkpoint(
         if manifest.exists():
             old = read_json(manifest)
             if old.get("source_fingerprint") == fingerprint and old.get("settings") == settings:
-                from qerl.owned import changed
+                from qerl.owned import modified
 
-                if (bad := changed(dst)) and bad != ["qerl_files.json"]:  # (none: written by an older qerl)
+                if bad := modified(dst):
                     raise CheckpointError(f"{dst}: the quantization of these settings, but {', '.join(bad[:3])} "
                                           "no longer match what was written (qerl_files.json): pass --force to "
                                           "write it again")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from qerl.methods import ROWS, label as row_label
-from qerl.readers import InputFileError, number, read_eval_summary, read_json, read_jsonl
+from qerl.readers import InputFileError, is_number, number, read_eval_summary, read_json, read_jsonl
 from qerl.stages.paper_numbers import TABLE1, TABLE2, TABLE2_BENCHMARKS, TABLE2_ROWS
 from qerl.workflow_config import runs, untrained_bases
 
@@ -156,8 +156,7 @@ def _metrics(results: Path, run) -> list[dict]:
     for i, row in enumerate(rows, 1):
         for key in ("step", "sigma", *(k for k, _ in CURVES)):
             v = row.get(key)
-            if (v is None and key == "step") or (v is not None and (isinstance(v, bool) or
-                                                                    not isinstance(v, (int, float)))):
+            if (v is None and key == "step") or (v is not None and not is_number(v, finite=False)):
                 raise InputFileError(f"{f}: row {i} (step {row.get('step')}): {key} = {v!r} is not a number")
     return rows
 

@@ -116,7 +116,7 @@ def resolve(cfg, device: str, world: int = 1, model_dir: str | Path | None = Non
     if device == "cuda" and sharding.strategy(shard).keeps_engine_cache:
         from qerl.train.plan import keep_engine_cache
 
-        keep = keep_engine_cache(cfg, world, memory if memory is not None else {"release_cache": True})
+        keep = keep_engine_cache(cfg, world, memory)
     offload = _offload(cfg.optim.offload, device, memory)
     # every decision written back: config.json, MLflow and the start line hold what the run does, never `auto`
     cfg = dataclasses.replace(cfg, sharding=shard,
