@@ -28,7 +28,7 @@ from pathlib import Path
 
 from qerl.methods import label as method_label
 from qerl.readers import is_number, read_eval_summary, read_jsonl
-from qerl.workflow_config import base_method, runs, uses_nvfp4
+from qerl.workflow_config import base_method, runs, train_config, uses_nvfp4
 
 BOOT = 2000
 REFERENCE = "lora"
@@ -55,6 +55,7 @@ class RunData:
     base_eval: dict | None
     per_problem: list[float] = field(default_factory=list)
     model: str = ""
+    lr: float | None = None  # the learning rate of the run's resolved training config
 
 
 def arm(method: str, model: str, first_model: str) -> str:
@@ -124,8 +125,9 @@ def collect(config: dict, results: Path, benchmark: str | None = None) -> tuple[
             raise ClaimsError(f"run {r.path}: metrics.jsonl holds {len(metrics)} step(s); a run needs at least 2 to "
                               "be compared (a run cut off at its start? rerun it)")
         _check_finite(r.path, metrics, ev, base_ev)
+        lr = (train_config(config, r, "sqlite://").get("optim") or {}).get("lr")  # None: the trainer's default
         out.append(RunData(arm(r.method, r.model, first.model), r.seed, metrics, ev, base_ev, ev["per_problem"],
-                           r.model))
+                           r.model, float(lr) if lr is not None else None))
     if not out:
         raise ClaimsError(f"{results}: no run has both metrics.jsonl and a {bench} evaluation (missing: "
                           f"{', '.join(missing[:3])}{' …' if len(missing) > 3 else ''})")
@@ -255,18 +257,20 @@ def gpu_hours(d: RunData) -> float:
 
 
 def run_rows(data: list[RunData], meta: dict, config: dict) -> list[list[str]]:
-    head = ["model", "model_source", "method", "label", "seed", "device", "steps", "problems", "samples_per_problem",
-            "pass1_before", "pass1_after", "adapter_sha256", "median_step_s", "gpu_hours", "reward_first10",
-            "reward_last10", "mismatch_kl_mean", "entropy_mean"]
+    head = ["model", "model_source", "method", "label", "seed", "lr", "device", "steps", "truncated_frac", "problems",
+            "samples_per_problem", "pass1_before", "pass1_after", "adapter_sha256", "median_step_s", "gpu_hours",
+            "reward_first10", "reward_last10", "mismatch_kl_mean", "entropy_mean"]
     rows = [head]
     for d in data:
         ev, rew = d.evaluation, _series(d, "reward_mean")
         src = ev.get("model_source") or "hf"
         if src == "gguf":
             src = f"gguf (dequantized from {ev.get('model_dequantized_from', '?')})"
-        kl, ent = _series(d, "mismatch_kl"), _series(d, "entropy")
-        rows.append([d.model or meta["model"], src, d.method, label(config, d.method), str(d.seed), str(ev.get("device", "")),
-                     str(len(d.metrics)), str(ev["problems"]), str(ev.get("samples_per_problem", "")),
+        kl, ent, cut = _series(d, "mismatch_kl"), _series(d, "entropy"), _series(d, "truncated_frac")
+        rows.append([d.model or meta["model"], src, d.method, label(config, d.method), str(d.seed),
+                     f"{d.lr:g}" if d.lr is not None else "", str(ev.get("device", "")), str(len(d.metrics)),
+                     f"{sum(cut) / len(cut):.4f}" if cut else "", str(ev["problems"]),
+                     str(ev.get("samples_per_problem", "")),
                      f"{100 * d.base_eval['pass@1']:.2f}" if d.base_eval else "",
                      f"{100 * ev['pass@1']:.2f}", str(ev.get("adapter_sha256", "")),
                      f"{statistics.median(step_seconds(d)):.3f}" if len(d.metrics) > 1 else "",
@@ -494,13 +498,17 @@ def seed_band(runs_: list[list[float]], boot: int = 400, seed: int = 0) -> tuple
 
 def figure(data: list[RunData], config: dict, path: Path, title: str) -> Path:
     """Six panels of training curves, one line per method (mean over seeds, moving average of 9 steps) with its
-    95% band over seeds (bootstrap)."""
+    95% band over seeds (bootstrap). The plotted numbers go beside it as ``<stem>.csv`` (panel, method, step, mean,
+    band): the figure's data, compared by a regeneration test where pixels could not be."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from qerl.workflow_config import write_text_atomic
+
     by = _by_method(data)
+    data_rows = [["panel", "method", "step", "mean", "band_low", "band_high"]]
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     for ax, (key, name) in zip(axes.flat, PANELS):
         for method, ds in by.items():
@@ -514,9 +522,12 @@ def figure(data: list[RunData], config: dict, path: Path, title: str) -> Path:
             runs_ = [smooth(x[:n]) for x in series]
             mean = [sum(x[i] for x in runs_) / len(runs_) for i in range(n)]
             (line,) = ax.plot(range(1, n + 1), mean, label=label(config, method))
+            lo = hi = [None] * n
             if len(runs_) > 1 and key != "sigma":  # 95% band: seeds resampled (bootstrap over seeds)
                 lo, hi = seed_band(runs_)
                 ax.fill_between(range(1, n + 1), lo, hi, color=line.get_color(), alpha=0.15, linewidth=0)
+            data_rows += [[k, method, str(i + 1), f"{mean[i]:.6g}", "" if lo[i] is None else f"{lo[i]:.6g}",
+                           "" if hi[i] is None else f"{hi[i]:.6g}"] for i in range(n)]
         ax.set_title(name)
         ax.set_xlabel("step")
         if key == "mismatch_kl":
@@ -528,6 +539,7 @@ def figure(data: list[RunData], config: dict, path: Path, title: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    write_text_atomic(str(path.with_suffix(".csv")), _csv_text(data_rows))
     return path
 
 
@@ -612,7 +624,13 @@ def build(config: dict, results: Path, out: Path, benchmark: str | None = None,
             "| claim (paper) | verdict at this scale | numbers |", "|---|---|---|"]
     text += [f"| {c['claim']} | **{c['verdict']}** | {c['numbers']} |" for c in found]
     text += ["", RULE, "", "## pass@1 per method (mean over seeds, 95% interval over problems and seeds)", "", _md(acc_rows),
-             "## Runs", "", _md(runs_rows, skip=("model", "adapter_sha256")), "![training curves](curves.png)", ""]
+             "## Runs", "", _md(runs_rows, skip=("model", "adapter_sha256"))]
+    cut = sorted(float(r[runs_rows[0].index("truncated_frac")]) for r in runs_rows[1:]
+                 if r[runs_rows[0].index("truncated_frac")])
+    if cut:
+        text += [f"Training completions cut at the new-token cap: median {statistics.median(cut):.4f} over runs "
+                 f"(from {cut[0]:.4f} to {cut[-1]:.4f}).", ""]
+    text += ["![training curves](curves.png)", ""]
     if meta["missing"]:
         text += [f"Runs without results (left out): {', '.join(meta['missing'])}", ""]
     write_text_atomic(str(out / "claims.md"), "\n".join(text))

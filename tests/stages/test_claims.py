@@ -15,7 +15,7 @@ CONFIG = {
     "experiments": [{"models": ["m"], "datasets": ["d"], "methods": ["lora", "nvfp4_lora", "qerl", "lora_aqn"],
                      "algorithms": ["grpo"], "seeds": [0, 1]}],
     "evaluation": {"benchmarks": ["b"], "local_benchmarks": {"b": {"path": "b.jsonl"}}}, "resources": {"jobs_per_gpu": 2},
-    "train": {},
+    "train": {"optim": {"lr": 1.0e-4}}, "method_overrides": {"qerl": {"optim": {"lr": 3.0e-5}}},
 }
 
 
@@ -27,7 +27,7 @@ def _write(results, method, seed, acc, reward_slope, entropy, step_s, sigma_on, 
     for i in range(50):
         lines.append(json.dumps({"step": i + 1, "reward_mean": 0.1 + reward_slope * i + rng.uniform(-0.01, 0.01),
                                  "accuracy": 0.1, "entropy": entropy + rng.uniform(-0.005, 0.005),
-                                 "response_len_mean": 100, "mismatch_kl": 1e-4, "sigma": 0.01 if sigma_on and i >= 5
+                                 "response_len_mean": 100, "mismatch_kl": 1e-4, "truncated_frac": 0.02 * (i % 2), "sigma": 0.01 if sigma_on and i >= 5
                                  else 0.0, "rollout_seconds": step_s * 0.7 if i else 20.0,
                                  "train_seconds": step_s * 0.3}))
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
@@ -86,6 +86,12 @@ def test_report_tables_intervals_and_verdicts(results, tmp_path):
     r0 = next(r for r in runs if r["method"] == "lora" and r["seed"] == "0")
     assert r0["pass1_before"] == "30.00" and r0["adapter_sha256"] == "lora0" and r0["steps"] == "50"
     assert r0["median_step_s"] == "2.000"  # the first step (compilation) left out
+    # each run's rate from its resolved training config (a method's override, a variant inheriting its method's) and
+    # the share of its training completions cut at the token cap
+    assert {(r["method"], r["lr"]) for r in runs} == {("lora", "0.0001"), ("lora_aqn", "0.0001"),
+                                                      ("nvfp4_lora", "0.0001"), ("qerl", "3e-05")}
+    assert {r["truncated_frac"] for r in runs} == {"0.0100"}
+    assert "cut at the new-token cap: median 0.0100 over runs" in (out / "claims.md").read_text()
     assert abs(float(r0["gpu_hours"]) - (20.0 + 0.6 + 49 * 2.0 + 36.0) / 3600) < 1e-4
     assert (out / "curves.png").stat().st_size > 10_000 and "| (a) QeRL" in (out / "claims.md").read_text()
     first = (out / "accuracy.csv").read_bytes()

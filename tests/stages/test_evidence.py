@@ -71,6 +71,27 @@ def test_the_committed_sweep_is_rebuilt_from_its_evidence_alone(tmp_path):
     assert real["method_overrides"]["qerl"]["optim"]["lr"] == 3e-5
 
 
+def test_the_committed_matrix_report_is_rebuilt_from_its_evidence_alone(tmp_path):
+    """`qerl claims --evidence reports/real/evidence/real --output DIR` writes the committed runs / accuracy tables
+    and claims.md byte for byte, and the training-curve figure's data (curves.csv); the runs keep the rate the sweep
+    chose for their method and the new-token cap that cuts few completions."""
+    import csv
+
+    real = ROOT / "reports/real"
+    r = subprocess.run([sys.executable, "-m", "qerl", "claims", "--evidence", str(real / "evidence/real"),
+                        "--output", str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for name in ("runs.csv", "runs.md", "accuracy.csv", "accuracy.md", "claims.md", "curves.csv"):
+        assert (tmp_path / name).read_text() == (real / name).read_text(), name
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
+    runs = list(csv.DictReader(open(real / "runs.csv")))
+    rates = {"lora": "0.0001", "qerl": "3e-05", "nvfp4_lora": "3e-05", "qlora": "3e-05", "lora_aqn": "0.0001",
+             "qerl_2x_lora_lr": "0.0002"}
+    assert runs and all(row["lr"] == rates[row["method"]] for row in runs)
+    assert all(int(row["steps"]) >= 200 and int(row["problems"]) >= 500 for row in runs)
+    assert sorted(float(row["truncated_frac"]) for row in runs)[len(runs) // 2] <= 0.05
+
+
 def test_the_committed_bases_table_is_rebuilt_from_its_evidence_alone(tmp_path):
     """`qerl claims --evidence reports/real/evidence/real-bases --base-kl ...` (a bases-only config) writes the
     committed bases.csv / bases.md byte for byte, and its chosen base is the one real.yaml trains QeRL on."""
