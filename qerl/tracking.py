@@ -31,6 +31,7 @@ class NullTracker:
     """Does nothing (tests, or ``tracking.backend: none``)."""
 
     run_id = None
+    resumed = False
 
     def log_params(self, params: dict) -> None: ...
 
@@ -58,8 +59,10 @@ def _retry(fn, *args, attempts: int = 30, **kwargs):
 
 
 class MLflowTracker:
-    """One MLflow run; resumes the same run id when given one. Safe with parallel jobs on one
-    sqlite store (writes retry while the database is locked)."""
+    """One MLflow run; resumes the same run id when given one that this store holds in this experiment (``resumed``),
+    else starts a new run (a checkpoint made under another experiment or store, e.g. a run reused by an ablation
+    overlay that names its configuration differently). Safe with parallel jobs on one sqlite store (writes retry
+    while the database is locked)."""
 
     def __init__(self, experiment: str, run_name: str, tracking_uri: str, run_id: str | None = None,
                  tags: dict | None = None):
@@ -67,7 +70,16 @@ class MLflowTracker:
 
         self._mlflow = mlflow
         mlflow.set_tracking_uri(tracking_uri)
-        _retry(mlflow.set_experiment, experiment)
+        exp = _retry(mlflow.set_experiment, experiment)
+        if run_id is not None:
+            try:
+                if mlflow.tracking.MlflowClient().get_run(run_id).info.experiment_id != exp.experiment_id:
+                    run_id = None
+            except Exception as e:  # not in this store
+                if "locked" in str(e).lower():
+                    raise
+                run_id = None
+        self.resumed = run_id is not None
         run = _retry(mlflow.start_run, run_id=run_id, run_name=None if run_id else run_name, tags=tags or {})
         self.run_id = run.info.run_id
 

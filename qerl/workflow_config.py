@@ -75,8 +75,11 @@ def quantized_dir(model: str) -> str:
     return f"results/quantize/{model}"
 
 
-def train_config(config: dict, run: Run, tracking_uri: str) -> dict:
-    """The resolved ``qerl train`` config (a plain dict) of one run."""
+def train_config(config: dict, run: Run, tracking_uri: str | None = None) -> dict:
+    """The resolved ``qerl train`` config (a plain dict) of one run. Where it is tracked is not part of what it is:
+    without ``tracking_uri`` (the workflow) the store and the experiment are left to ``MLFLOW_TRACKING_URI`` /
+    ``MLFLOW_EXPERIMENT_NAME``, so an overlay that renames the configuration does not change a finished run's
+    config (and does not rerun it)."""
     cfg = _merge(config.get("train", {}), config.get("algorithm_overrides", {}).get(run.algo, {}))
     method = base_method(config, run.method)
     cfg = _merge(cfg, config.get("method_overrides", {}).get(method, {}))
@@ -89,11 +92,12 @@ def train_config(config: dict, run: Run, tracking_uri: str) -> dict:
         "method": method, "seed": run.seed, "output_dir": f"results/{name}", "data": data,
         "model": {"path": path},
         "algorithm": {"name": run.algo},
-        "tracking": {"backend": "mlflow", "tracking_uri": tracking_uri, "run_name": name,
-                     "experiment": config.get("configuration", "default"),
+        "tracking": {"backend": "mlflow", "run_name": name,
                      "tags": {"model": run.model, "method": run.method, "algo": run.algo,
                               "dataset": run.dataset, "seed": str(run.seed), "stage": "train"}},
     })
+    if tracking_uri is not None:
+        cfg["tracking"].update(tracking_uri=tracking_uri, experiment=config.get("configuration", "default"))
     return cfg
 
 

@@ -25,7 +25,8 @@ def overrides(items) -> dict:
 def add_tracking(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("MLflow (optional: log this job as a run)")
     g.add_argument("--mlflow-run-name", help="run name (the workflow uses the output path under results/)")
-    g.add_argument("--mlflow-experiment", default="qerl", help="experiment name")
+    g.add_argument("--mlflow-experiment", default=None,
+                   help="experiment name (default: $MLFLOW_EXPERIMENT_NAME, else qerl)")
     g.add_argument("--mlflow-uri", default=None, help="tracking URI (default: $MLFLOW_TRACKING_URI)")
     g.add_argument("--mlflow-tag", action="append", default=[], metavar="KEY=VALUE", help="a run tag (repeatable)")
 
@@ -35,7 +36,7 @@ def tracked(args, func):
     if not getattr(args, "mlflow_run_name", None):
         given = [f for f, v in (("--mlflow-uri", getattr(args, "mlflow_uri", None)),
                                 ("--mlflow-tag", getattr(args, "mlflow_tag", None)),
-                                ("--mlflow-experiment", getattr(args, "mlflow_experiment", "qerl") != "qerl"))
+                                ("--mlflow-experiment", getattr(args, "mlflow_experiment", None)))
                  if v]
         if given:
             raise ValueError(f"{given[0]} is given without --mlflow-run-name: nothing would be logged (name the run, "
@@ -63,7 +64,8 @@ def tracked(args, func):
     if os.environ.get("QERL_CONFIG_HASH"):  # the workflow's config hash (workflow/rules/common.smk)
         tags.setdefault("config_hash", os.environ["QERL_CONFIG_HASH"])
     tags.update(command=args.command, git_commit=git_commit())
-    tracker = MLflowTracker(args.mlflow_experiment, args.mlflow_run_name, uri, tags=tags)
+    experiment = args.mlflow_experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "qerl"
+    tracker = MLflowTracker(experiment, args.mlflow_run_name, uri, tags=tags)
     try:
         tracker.log_params({k: v for k, v in vars(args).items() if k not in ("func",) and not k.startswith("mlflow")})
         result = func(args) or {}

@@ -161,6 +161,33 @@ def _metrics(results: Path, run) -> list[dict]:
     return rows
 
 
+def aqn_runs(config: dict, results: Path) -> list[tuple]:
+    """(run, metric rows) of every run that trained with AQN on (some step's sigma > 0): QeRL, and any variant or
+    ablation arm that turns AQN on, whatever its method is called."""
+    out = []
+    for r in runs(config):
+        m = _metrics(results, r)
+        if any(is_number(x.get("sigma")) and float(x["sigma"]) > 0 for x in m):
+            out.append((r, m))
+    return out
+
+
+def accuracy_bars(config: dict, results: Path, benches: list[str]) -> tuple[list[str], dict[str, list]]:
+    """The accuracy figure's bars: one label per untrained base and per run, pass@1 (%) per benchmark, ``None``
+    where that evaluation does not exist (the label then says ``not evaluated``)."""
+    labels, values = [], {b: [] for b in benches}
+    for m in dict.fromkeys(r.model for r in runs(config)):
+        cells = [(f"{m}\n{base} (untrained)", f"{m}/{base}/untrained/none/seed0")
+                 for base in untrained_bases(config).get(m, [])]
+        cells += [(f"{m}\n{r.method}/{r.algo}/s{r.seed}", r.path) for r in runs(config) if r.model == m]
+        for text, path in cells:
+            got = {b: _eval(results, path, b) for b in benches}
+            labels.append(text + ("" if all(v is not None for v in got.values()) else "\n(not evaluated)"))
+            for b in benches:
+                values[b].append(got[b])
+    return labels, values
+
+
 def figures(config: dict, results: Path, out: Path) -> list[Path]:
     """Training curves per (model, dataset, algorithm), σ schedule, accuracy bars."""
     import matplotlib
@@ -192,11 +219,12 @@ def figures(config: dict, results: Path, out: Path) -> list[Path]:
         fig.savefig(p, dpi=110)
         plt.close(fig)
         made.append(p)
-    sig = [(r, _metrics(results, r)) for r in runs(config) if r.method == "qerl"]
+    sig = aqn_runs(config, results)
     if sig:
         fig, ax = plt.subplots(figsize=(5.5, 3.4))
         for r, m in sig:
-            ax.step([x["step"] for x in m], [x.get("sigma", float("nan")) for x in m], where="post", label=r.path)
+            ax.step([x["step"] for x in m], [x.get("sigma", float("nan")) for x in m], where="post",
+                    label=f"{r.model} · {r.method} s{r.seed}")
         ax.set_xlabel("step"), ax.set_ylabel("AQN σ"), ax.set_title("AQN noise schedule")
         ax.grid(alpha=0.3), ax.legend(fontsize=7)
         fig.tight_layout()
@@ -206,17 +234,9 @@ def figures(config: dict, results: Path, out: Path) -> list[Path]:
         made.append(p)
     benches = config.get("evaluation", {}).get("benchmarks", [])
     if benches:
-        labels, values = [], {b: [] for b in benches}
-        models = list(dict.fromkeys(r.model for r in runs(config)))
-        for m in models:
-            for base in untrained_bases(config).get(m, []):
-                labels.append(f"{m}\n{base} (untrained)")
-                for b in benches:
-                    values[b].append(_eval(results, f"{m}/{base}/untrained/none/seed0", b) or 0.0)
-            for r in [r for r in runs(config) if r.model == m]:
-                labels.append(f"{m}\n{r.method}/{r.algo}/s{r.seed}")
-                for b in benches:
-                    values[b].append(_eval(results, f"{r.path}", b) or 0.0)
+        labels, values = accuracy_bars(config, results, benches)
+        nan = float("nan")  # a missing evaluation draws no bar (its label says so), never a bar at 0
+        values = {b: [nan if v is None else v for v in vs] for b, vs in values.items()}
         fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(labels)), 3.8))
         w = 0.8 / len(benches)
         for i, b in enumerate(benches):

@@ -116,8 +116,8 @@ class TrackingConfig:
     """backend: 'mlflow' (sqlite store under the output's parent by default) or 'none'."""
 
     backend: str = "mlflow"
-    tracking_uri: str | None = None
-    experiment: str = "qerl"
+    tracking_uri: str | None = None  # else $MLFLOW_TRACKING_URI, else sqlite:///<output's parent>/mlflow.db
+    experiment: str | None = None  # else $MLFLOW_EXPERIMENT_NAME, else "qerl"
     run_name: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -31,8 +32,21 @@ def make_tracker(cfg, out: Path, run_id: str | None = None):
             "git_commit": git_commit(), "device": device,
             "config_hash": hashlib.sha256(json.dumps(conf, sort_keys=True).encode()).hexdigest()[:12],
             **source_tags(cfg.model.path), **cfg.tracking.tags}
-    uri = cfg.tracking.tracking_uri or default_tracking_uri(Path(out).parent)
-    tracker = MLflowTracker(cfg.tracking.experiment, cfg.tracking.run_name or str(out), uri, run_id, tags)
-    if run_id is None:
-        tracker.log_params(flatten(conf))
+    uri = cfg.tracking.tracking_uri or default_tracking_uri(Path(out).parent)  # (else $MLFLOW_TRACKING_URI)
+    experiment = cfg.tracking.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "qerl"
+    tracker = MLflowTracker(experiment, cfg.tracking.run_name or str(out), uri, run_id, tags)
+    if not tracker.resumed:
+        tracker.log_params(run_params(conf, tags))
     return tracker
+
+
+def run_params(conf: dict, tags: dict) -> dict:
+    """The MLflow params of a training run: its resolved config flattened (``optim.lr``, ...), without the tracking
+    settings (where a run is logged is not what it is), without ``aqn.*`` settings when AQN is off (only
+    ``aqn.enabled``), and with ``arm`` (a variant's or an ablation arm's name, its ``method`` tag) beside ``method``
+    (the method it runs)."""
+    params = {k: v for k, v in flatten(conf).items() if not k.startswith("tracking.")}
+    if not (conf.get("aqn") or {}).get("enabled"):
+        params = {k: v for k, v in params.items() if not k.startswith("aqn.") or k == "aqn.enabled"}
+    params["arm"] = tags.get("method", conf.get("method"))
+    return params

@@ -219,7 +219,19 @@ def test_mlflow_tracking(warm_model, tmp_path):
     (run,) = client.search_runs([exp.experiment_id])
     assert run.info.run_name == str(tmp_path / "ml") and run.data.tags["method"] == "qerl"
     assert len(client.get_metric_history(run.info.run_id, "reward_mean")) == 2
-    assert run.data.params["algorithm.name"] == "grpo"
+    assert run.data.params["algorithm.name"] == "grpo" and run.data.params["arm"] == "qerl"
+    assert not any(k.startswith("tracking.") for k in run.data.params)  # where it is logged is not what it is
+
+
+def test_run_params_leave_out_tracking_and_aqn_when_off():
+    from qerl.train.tracking_setup import run_params
+
+    conf = {"method": "lora", "optim": {"lr": 1e-4}, "aqn": {"enabled": False, "sigma_start": 0.01},
+            "tracking": {"experiment": "x", "tracking_uri": "sqlite://"}}
+    assert run_params(conf, {"method": "lora_r8"}) == {"method": "lora", "optim.lr": 1e-4, "aqn.enabled": False,
+                                                       "arm": "lora_r8"}
+    conf["aqn"]["enabled"] = True
+    assert run_params(conf, {})["aqn.sigma_start"] == 0.01 and run_params(conf, {})["arm"] == "lora"
 
 
 @pytest.mark.parametrize("method", ["lora", "qerl"])

@@ -298,6 +298,18 @@ def test_default_workflow_fresh_copy_killed_rerun_and_checked(default_run):
     jobs = _jobs(dry.stdout + dry.stderr)
     assert jobs.get("evaluate_trained", 0) + jobs.get("evaluate_untrained", 0) == 8 and jobs.get("report") == 1
     assert "train" not in jobs and "quantize" not in jobs and "warm_start" not in jobs
+    # 8. an ablation the README's way (an overlay naming another configuration: another MLflow experiment) plans
+    # only its new arms: the finished NVFP4 LoRA run, the warm start, the quantization and the untrained
+    # evaluations are reused (where a job is tracked is not part of what it is)
+    dry = snakemake("--configfile", "config/config.yaml", "config/ablations/aqn_sigma.yaml", "--cores", "2", "-n",
+                    cwd=repo)
+    jobs = _jobs(dry.stdout + dry.stderr)
+    assert jobs.get("train") == 3 and jobs.get("evaluate_trained") == 3 and jobs.get("resolve_train_config") == 3, jobs
+    assert not {"warm_start", "quantize", "evaluate_untrained", "mlflow_init"} & set(jobs), jobs
+    import yaml
+
+    tracking = yaml.safe_load((repo / "results/train/tiny-qwen2/qerl/grpo/synthetic/seed0/train.yaml").read_text())
+    assert not {"tracking_uri", "experiment"} & set(tracking["tracking"])
 
 
 _TIMING = ("seconds", "per_second", "peak_memory", "device")  # keys that measure the machine, not the result

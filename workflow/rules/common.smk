@@ -2,6 +2,7 @@
 import hashlib
 import json
 import shlex
+import subprocess
 import sys
 
 import yaml
@@ -48,7 +49,6 @@ _CONDA = "CONDA" in {m.name for m in workflow.deployment_settings.deployment_met
 _CONFIG_HASH = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
 # (braces doubled twice: the f-string, then snakemake's formatting of every shell command)
 _QERL_FN = "" if _CONDA else f'qerl() {{{{ {shlex.quote(sys.executable)} -m qerl "$@"; }}}}; '
-shell.prefix(f"set -euo pipefail; export QERL_CONFIG_HASH={_CONFIG_HASH}; {_OFFLINE}{_QERL_FN}")
 if not _CONDA and (_missing := wc.missing_dependencies()):
     raise WorkflowError(f"missing dependencies for the workflow's jobs: {', '.join(_missing)} not importable by "
                         f"{sys.executable} (install the project: `make install`, or `pip install -e .`)")
@@ -59,7 +59,13 @@ MODELS = list(config["models"])
 RESULTS = "results"
 REPORT = f"results/reports/{CONFIGURATION}/index.md"
 MLFLOW_URI = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{os.path.abspath('results/mlflow.db')}"
-MLFLOW_MARKER = f"results/mlflow/{CONFIGURATION}.json"
+MLFLOW_MARKER = f"results/mlflow/{CONFIGURATION}.json"  # (written by the onstart handler, workflow/rules/tracking.smk)
+# Where jobs log (the store, the experiment named by the configuration) travels in MLflow's own environment
+# variables, like the config hash: never in params, a resolved train.yaml or a rule's inputs, so that an ablation
+# overlay (another configuration name, another experiment) reruns none of the finished jobs it shares.
+shell.prefix(f"set -euo pipefail; export QERL_CONFIG_HASH={_CONFIG_HASH} "
+             f"MLFLOW_TRACKING_URI={shlex.quote(MLFLOW_URI)} MLFLOW_EXPERIMENT_NAME={shlex.quote(CONFIGURATION)}; "
+             f"{_OFFLINE}{_QERL_FN}")
 EVAL = config["evaluation"]
 
 
@@ -117,7 +123,7 @@ def run_of(w):
 
 
 def train_config_text(w):
-    return yaml.safe_dump(wc.train_config(config, run_of(w), MLFLOW_URI), sort_keys=False)
+    return yaml.safe_dump(wc.train_config(config, run_of(w)), sort_keys=False)  # (tracking: the environment)
 
 
 def input_revisions(tags):
@@ -137,16 +143,17 @@ def input_revisions(tags):
 
 def track(stage, name, **tags):
     """CLI options that log a job as an MLflow run named after its output path (``config_hash`` is added from
-    ``$QERL_CONFIG_HASH``, see above)."""
+    ``$QERL_CONFIG_HASH``; the store and the experiment from ``$MLFLOW_TRACKING_URI`` / ``$MLFLOW_EXPERIMENT_NAME``,
+    see above)."""
     tags = {"stage": stage, **tags, **input_revisions(tags)}
     t = " ".join(f"--mlflow-tag {k}={v}" for k, v in tags.items())
-    return f"--mlflow-uri '{MLFLOW_URI}' --mlflow-experiment {CONFIGURATION} --mlflow-run-name {name} {t}"
+    return f"--mlflow-run-name {name} {t}"
 
 
 def train_inputs(w):
     base = f"results/quantize/{w.model}/config.json" if wc.uses_nvfp4(config, w.method) else model_marker(w.model)
     return {"cfg": f"results/train/{w.model}/{w.method}/{w.algo}/{w.dataset}/seed{w.seed}/train.yaml",
-            "model": base, "mlflow": MLFLOW_MARKER}
+            "model": base}
 
 
 def eval_opts():

@@ -4,7 +4,6 @@
 rule evaluate_trained:
     input:
         summary="results/train/{model}/{method}/{algo}/{dataset}/seed{seed}/summary.json",
-        mlflow=MLFLOW_MARKER,
         bench=lambda w: wc.benchmark_files(config, w.benchmark),
     output:
         "results/eval/{model}/{method}/{algo}/{dataset}/seed{seed}/{benchmark}.json",
@@ -34,7 +33,6 @@ rule evaluate_trained:
 rule evaluate_untrained:
     input:
         model=lambda w: f"results/quantize/{w.model}/config.json" if w.method == "nvfp4" else model_marker(w.model),
-        mlflow=MLFLOW_MARKER,
         bench=lambda w: wc.benchmark_files(config, w.benchmark),
     output:
         "results/eval/{model}/{method}/untrained/none/seed0/{benchmark}.json",

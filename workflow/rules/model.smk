@@ -19,7 +19,6 @@ rule build_tiny_model:
 rule warm_start:
     input:
         base="results/base_models/{model}/config.json",
-        mlflow=MLFLOW_MARKER,
     output:
         "results/models/{model}/config.json",
     wildcard_constraints:

@@ -5,7 +5,6 @@
 rule quantize:
     input:
         model=lambda w: model_marker(w.model),
-        mlflow=MLFLOW_MARKER,
         calibration=lambda w: calibration_inputs(w.model),
     output:
         config="results/quantize/{model}/config.json",

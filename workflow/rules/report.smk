@@ -18,7 +18,6 @@ rule report:
         cfg=f"results/config/{CONFIGURATION}.yaml",
         evals=wc.eval_targets(config),
         train=[f"results/train/{r.path}/summary.json" for r in RUNS],
-        mlflow=MLFLOW_MARKER,
     output:
         REPORT,
     params:
