@@ -172,6 +172,8 @@ def run_claims(args) -> int:
             raise ClaimsError("--pack DIR needs --workflow-config (the config the runs under --results were made with)")
         n = pack(Path(args.results), Path(args.workflow_config), Path(args.pack))
         print(f"{args.pack}: evidence of {n['runs']} runs and {n['evaluations']} evaluations")
+        for run in n.get("unfinished", []):
+            print(f"  left out (no summary.json: training unfinished): {run}")
         return 0
     if not args.output:
         raise ClaimsError("--output DIR is required (where the report is written)")

@@ -55,7 +55,9 @@ def _write_gz(path: Path, rows: list[dict]) -> None:
 def pack(results: Path, config_file: Path, out: Path) -> dict:
     """Add the runs and evaluations found under ``results`` (``train/**/metrics.jsonl``, ``eval/**/*.json``) to the
     evidence in ``out``; ``config_file``: the workflow config they were made with (an existing ``out/config.yaml``
-    must be the same configuration). Returns ``{"runs", "evaluations"}`` counts of what ``out`` now holds."""
+    must be the same configuration). Only finished runs are evidence: a run without its ``summary.json`` (training
+    cut short; it restarts or resumes in a later batch) is left out and named in ``"unfinished"``. Returns
+    ``{"runs", "evaluations"}`` counts of what ``out`` now holds (and ``"unfinished"`` when some were left out)."""
     from qerl.train.config import read_workflow_config_checked
     from qerl.workflow_config import read_workflow_config, write_text_atomic
 
@@ -70,6 +72,9 @@ def pack(results: Path, config_file: Path, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     metrics = {(r["run"], r["step"]): r for r in _read_gz(out / METRICS)}
     found = sorted((results / "train").glob("**/metrics.jsonl"))
+    unfinished = [f.parent.relative_to(results / "train").as_posix() for f in found
+                  if not (f.parent / "summary.json").is_file()]
+    found = [f for f in found if (f.parent / "summary.json").is_file()]
     for f in found:
         run = f.parent.relative_to(results / "train").as_posix()
         metrics = {k: v for k, v in metrics.items() if k[0] != run}  # a run's rows are replaced as a whole
@@ -89,7 +94,8 @@ def pack(results: Path, config_file: Path, out: Path) -> dict:
     _write_gz(out / METRICS, [metrics[k] for k in sorted(metrics)])
     _write_gz(out / EVALS, [evals[k] for k in sorted(evals)])
     write_text_atomic(str(out / CONFIG), Path(config_file).read_text())
-    return {"runs": len({k[0] for k in metrics}), "evaluations": len(evals)}
+    counts = {"runs": len({k[0] for k in metrics}), "evaluations": len(evals)}
+    return {**counts, "unfinished": unfinished} if unfinished else counts
 
 
 def unpack(evidence: Path, dest: Path) -> dict:

@@ -16,6 +16,7 @@ def _results(root: Path, runs: dict[str, float]) -> Path:
     for run, acc in runs.items():
         t = root / "train" / run
         t.mkdir(parents=True)
+        t.joinpath("summary.json").write_text("{}")
         t.joinpath("metrics.jsonl").write_text("".join(json.dumps({"step": i, "reward_mean": acc * i}) + "\n"
                                                        for i in (1, 2, 3)))
         e = root / "eval" / run
@@ -52,6 +53,9 @@ def test_pack_merges_batches_is_byte_stable_and_unpacks(tmp_path):
         evidence.pack(b, other, out)
     with pytest.raises(evidence.EvidenceError, match="no config.yaml"):
         evidence.unpack(tmp_path / "a", tmp_path / "r2")
+    c = _results(tmp_path / "c", {"m/lora/grpo/d/seed1": 0.5})  # a run cut short: metrics, no summary.json
+    (c / "train/m/lora/grpo/d/seed1/summary.json").unlink()
+    assert evidence.pack(c, cfg, out) == {"runs": 2, "evaluations": 3, "unfinished": ["m/lora/grpo/d/seed1"]}
 
 
 def test_the_committed_sweep_is_rebuilt_from_its_evidence_alone(tmp_path):
@@ -86,7 +90,7 @@ def test_the_committed_matrix_report_is_rebuilt_from_its_evidence_alone(tmp_path
     assert (tmp_path / "curves.png").stat().st_size > 10_000
     runs = list(csv.DictReader(open(real / "runs.csv")))
     rates = {"lora": "0.0001", "qerl": "3e-05", "nvfp4_lora": "3e-05", "qlora": "3e-05", "lora_aqn": "0.0001",
-             "qerl_2x_lora_lr": "0.0002"}
+             "qerl_2x_lora_lr": "0.0002", "qerl@q05b-awq-fos-tail": "3e-05"}
     assert runs and all(row["lr"] == rates[row["method"]] for row in runs)
     assert all(int(row["steps"]) >= 200 and int(row["problems"]) >= 500 for row in runs)
     assert sorted(float(row["truncated_frac"]) for row in runs)[len(runs) // 2] <= 0.05
