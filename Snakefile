@@ -45,5 +45,6 @@ rule all:
 
 
 onsuccess:
+    end_invocation_run("FINISHED")  # (workflow/rules/tracking.smk)
     if not os.environ.get("QERL_MAKE"):  # `make run` prints this itself, also when nothing was to be done
         print(wc.where(CONFIGURATION, RESULTS, os.environ.get("MLFLOW_TRACKING_URI")))

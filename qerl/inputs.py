@@ -127,8 +127,12 @@ def read_lock(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise InputsError(f"inputs_lock {path}: not found (write it with `qerl fetch --configfile ...`)")
+    from qerl.yamlio import DuplicateKeyError, load
+
     try:
-        lock = yaml.safe_load(path.read_text()) or {}
+        lock = load(path.read_text(), f"inputs_lock {path}") or {}
+    except DuplicateKeyError as e:  # (yaml.safe_load would keep the last copy without a word)
+        raise InputsError(str(e)) from None
     except UnicodeDecodeError:
         raise InputsError(f"inputs_lock {path}: not a text file (a lock is the YAML `qerl fetch` writes)") from None
     except yaml.YAMLError as e:

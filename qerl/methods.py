@@ -40,6 +40,13 @@ def base_of(name: str) -> str:
     return UNTRAINED[name][0] if name in UNTRAINED else METHODS[name].base
 
 
+def aqn_on(name: str, setting="auto") -> bool:
+    """Whether a run of method ``name`` adds AQN: the ``aqn.enabled`` setting when it is true / false, else
+    (``auto``) the method's own choice (QeRL only)."""
+    flag = str(setting).lower()
+    return METHODS[name].aqn if flag == "auto" else flag == "true"
+
+
 def label(name: str) -> str:
     """The paper's row label of a method or an untrained base."""
     return UNTRAINED[name][1] if name in UNTRAINED else METHODS[name].label

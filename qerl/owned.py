@@ -19,6 +19,7 @@ import fnmatch
 import hashlib
 import json
 import os
+import uuid
 from pathlib import Path
 
 from qerl.outputs import OutputNotWritable
@@ -69,7 +70,9 @@ def write(directory: Path, command: str) -> dict:
         if p.is_file():
             size = p.stat().st_size
             files[rel] = {"bytes": size, **({"sha256": _sha256(p)} if size <= HASHED_UP_TO else {})}
-    manifest = {"written_by": command, "files": dict(sorted(files.items()))}
+    # ``written``: this write's identity (a run trained on the directory records it, and a rerun after the directory
+    # was rewritten, even to files of the same sizes, starts over: qerl.train.ownership)
+    manifest = {"written_by": command, "written": uuid.uuid4().hex, "files": dict(sorted(files.items()))}
     tmp = directory / f".{MANIFEST}.tmp-{os.getpid()}"
     tmp.write_text(json.dumps(manifest, indent=1) + "\n")
     os.replace(tmp, directory / MANIFEST)
@@ -89,6 +92,14 @@ def read(directory: Path) -> dict | None:
     if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
         raise NotOwned(f"{f}: not a qerl manifest (no 'files' mapping)")
     return data
+
+
+def written_id(directory: Path) -> str | None:
+    """The identity of the write that made ``directory`` (its manifest's ``written``), None without one."""
+    try:
+        return (read(directory) or {}).get("written")
+    except NotOwned:
+        return None
 
 
 def _legacy_owned(rel: str, p: Path) -> bool:

@@ -72,6 +72,37 @@ def read_jsonl(path: Path, what: str = "JSONL file", allow_nan: bool = False) ->
     return rows
 
 
+def read_csv(path: Path, what: str = "CSV file", columns: tuple[str, ...] = ()) -> list[dict]:
+    """The rows of a CSV table with a header, as dicts: a file that is not UTF-8 text, has no header, lacks one of
+    ``columns`` or has a row of another width than its header is an :class:`InputFileError` naming the file (and
+    the line)."""
+    import csv
+    import io
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise InputFileError(f"{path}: no such {what}") from None
+    except UnicodeDecodeError:
+        raise InputFileError(f"{path}: not a text file (a {what} expected)") from None
+    table = list(csv.reader(io.StringIO(text)))
+    if not table or not any(table[0]):
+        raise InputFileError(f"{path}: empty, no header row (a {what} expected)")
+    header, rows = table[0], []
+    if missing := [c for c in columns if c not in header]:
+        raise InputFileError(f"{path}: no column {', '.join(map(repr, missing))} (a {what} has {', '.join(columns)};"
+                             f" this one: {', '.join(header[:8])}{', …' if len(header) > 8 else ''})")
+    for i, row in enumerate(table[1:], 2):
+        if not row:
+            continue
+        if len(row) != len(header):
+            raise InputFileError(f"{path}:{i}: {len(row)} fields, the header has {len(header)} (a cut or edited "
+                                 f"{what}?)")
+        rows.append(dict(zip(header, row)))
+    return rows
+
+
 def is_number(value, finite: bool = True) -> bool:
     """A JSON number (not a bool), and finite unless ``finite`` is False (NaN allowed: a gap in a curve)."""
     return not isinstance(value, bool) and isinstance(value, (int, float)) and (not finite or math.isfinite(value))
@@ -84,6 +115,15 @@ def number(value, where: str, lo: float = -math.inf, hi: float = math.inf) -> fl
     if not lo <= value <= hi:
         raise InputFileError(f"{where}: expected a number in [{lo:g}, {hi:g}], got {value!r}")
     return float(value)
+
+
+def cell(text: str, where: str) -> float:
+    """A CSV cell as a finite number, else :class:`InputFileError` naming ``where``."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise InputFileError(f"{where}: expected a number, got {text!r}") from None
+    return number(value, where)
 
 
 def read_eval_summary(path: Path) -> dict:

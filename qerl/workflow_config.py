@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from pathlib import Path
 from dataclasses import dataclass
 
@@ -30,6 +31,22 @@ def base_method(config: dict, method: str) -> str:
 
 def uses_nvfp4(config: dict, method: str) -> bool:
     return base_method(config, method) in NVFP4_METHODS
+
+
+def arm_changes(config: dict, method: str) -> str:
+    """What an arm changes against its base method, flattened (``"aqn.sigma_start 0.01; lora.r 8"``); ``""`` for a
+    base method itself. (``method_overrides`` apply to the base method and its variants alike: not a change.)"""
+    from qerl.tracking import flatten
+
+    over = config.get("variants", {}).get(method, {}).get("overrides") or {}
+    return "; ".join(f"{k} {v}" for k, v in flatten(over).items())
+
+
+def aqn_on(config: dict, run: "Run") -> bool:
+    """Whether ``run`` trains with AQN: its resolved ``aqn.enabled``, or (``auto``) its base method's choice."""
+    from qerl.methods import aqn_on as _aqn_on
+
+    return _aqn_on(base_method(config, run.method), (train_config(config, run).get("aqn") or {}).get("enabled", "auto"))
 
 
 @dataclass(frozen=True)
@@ -358,6 +375,14 @@ class ConfigFileError(ValueError):
     """A workflow config file that cannot be read as one: one line naming the file and the key."""
 
 
+class UnreadableFileError(ConfigFileError):
+    """A config file that is not UTF-8 YAML at all."""
+
+
+class UnreadKeyError(ConfigFileError):
+    """A model entry sets a key its ``source`` does not read (it would be silently ignored)."""
+
+
 def read_config_file(path: str | Path, flag: str = "--configfile") -> dict:
     """One workflow config file, strictly: UTF-8 YAML whose top level is a mapping, no key given twice, no key the
     schema does not know (the nearest valid key named). Raises :class:`ConfigFileError`."""
@@ -374,9 +399,9 @@ def read_config_file(path: str | Path, flag: str = "--configfile") -> dict:
     except DuplicateKeyError as e:
         raise ConfigFileError(f"{flag} {e}") from None
     except UnicodeDecodeError:
-        raise ConfigFileError(f"{flag} {path}: not a text file (UTF-8 YAML expected)") from None
+        raise UnreadableFileError(f"{flag} {path}: not a text file (UTF-8 YAML expected)") from None
     except yaml.YAMLError as e:
-        raise ConfigFileError(f"{flag} {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+        raise UnreadableFileError(f"{flag} {path}: not valid YAML ({str(e).splitlines()[0]})") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -407,12 +432,56 @@ def read_workflow_config(paths: list[str | Path] | str | Path, flag: str = "--co
             keys = [r["required"][0] for r in err.validator_value["anyOf"] if r["required"][0] in err.instance]
             what = (f"{', '.join(keys)} {'is' if len(keys) == 1 else 'are'} not read for source "
                     f"{err.instance.get('source')!r} (it would be silently ignored): remove {'it' if len(keys) == 1 else 'them'}")
-        raise ConfigFileError(f"{flag} {' '.join(map(str, paths))}: {where}: {what}")
+        unread = err.validator == "not" and isinstance(err.instance, dict) and "anyOf" in err.validator_value
+        raise (UnreadKeyError if unread else ConfigFileError)(f"{flag} {' '.join(map(str, paths))}: {where}: {what}")
     try:
+        expand_grids(config)
         check_names(config)
     except ValueError as e:
         raise ConfigFileError(f"{flag} {' '.join(map(str, paths))}: {str(e).removeprefix('config ')}") from None
     return config
+
+
+def expand_grids(config: dict) -> dict:
+    """A variant with a ``grid`` (``{method: qerl, grid: {aqn.sigma_start: [0.01, 0.05]}}``, dotted keys into the
+    train config, beside any ``overrides``) becomes one variant per combination, named after the values
+    (``qerl_sigma-0.01``, ``qerl_sigma-0.05``), and an experiment block naming the grid variant gets all of them.
+    In place (the Snakefile's ``config``; the effective config then holds plain variants); returns ``config``."""
+    import itertools
+
+    variants, made = config.get("variants") or {}, {}
+    if not any("grid" in v for v in variants.values()):
+        return config
+    out = {}
+    for name, v in variants.items():
+        if "grid" not in v:
+            out[name] = v
+            continue
+        keys = list(v["grid"])
+        made[name] = []
+        for values in itertools.product(*(v["grid"][k] for k in keys)):
+            over = copy.deepcopy(v.get("overrides") or {})
+            for key, value in zip(keys, values):
+                *parents, leaf = key.split(".")
+                node = over
+                for part in parents:
+                    node = node.setdefault(part, {})
+                node[leaf] = value
+            arm = name + "".join(f"-{value}" for value in values)
+            if not _NAME.fullmatch(arm):
+                raise ValueError(f"config variants.{name}.grid: the arm name {arm!r} (from its values) is not a name "
+                                 "(letters, digits, '.', '_', '-'); use plain values or separate variants")
+            if arm in variants or arm in out:
+                raise ValueError(f"config variants.{name}.grid: the arm {arm!r} is also defined elsewhere")
+            out[arm] = {"method": v["method"], "overrides": over}
+            made[name].append(arm)
+    config["variants"] = out
+    for block in config.get("experiments", []):
+        block["methods"] = list(dict.fromkeys(a for m in block.get("methods", []) for a in made.get(m, [m])))
+    return config
+
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 _SCHEMA: dict = {}

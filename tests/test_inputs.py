@@ -145,3 +145,15 @@ def test_offline_download_links_the_cached_snapshot_and_names_a_missing_one(tmp_
     with pytest.raises(DataError, match=r"gsm8k \(openai/gsm8k@abc\) is not in this machine's cache and the hub is "
                                         r"off: run `qerl fetch"):
         load_hub("gsm8k", "abc")
+
+
+def test_a_lock_with_a_key_given_twice_is_named(tmp_path):
+    """A lock file is read like every other YAML input: a key given twice is refused, naming the file and lines
+    (yaml.safe_load would keep the last entry without a word)."""
+    entry = "{repo: r/m, revision: main, commit: " + "a" * 40 + "}"
+    lock = tmp_path / "lock.yaml"
+    lock.write_text(f"models:\n  m: {entry}\n  m: {entry}\ndatasets: {{}}\n")
+    with pytest.raises(inputs.InputsError, match=r"lock.yaml: key 'm' is given twice \(lines 2 and 3\)"):
+        inputs.read_lock(lock)
+    lock.write_text(f"models:\n  m: {entry}\ndatasets: {{}}\n")
+    assert inputs.read_lock(lock)["models"]["m"]["commit"] == "a" * 40

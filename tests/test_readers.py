@@ -75,3 +75,26 @@ def test_one_reader_of_workflow_configs(tmp_path):
     merged = read_workflow_config([base, tmp_path / "ok.yaml"]) if (tmp_path / "ok.yaml").write_text(
         yaml.safe_dump({"train": {"steps": 3}})) else None
     assert merged["train"]["steps"] == 3 and merged["models"] == yaml.safe_load(base.read_text())["models"]
+
+
+def test_read_csv_names_a_missing_column_a_ragged_row_and_a_bad_cell(tmp_path):
+    from qerl.readers import InputFileError, cell, read_csv
+
+    f = tmp_path / "t.csv"
+    f.write_text("method,total_s\nqerl,1.5\n")
+    assert read_csv(f, "step table", ("method", "total_s")) == [{"method": "qerl", "total_s": "1.5"}]
+    with pytest.raises(InputFileError, match=r"t.csv: no column 'batch' \(a step table has method, batch"):
+        read_csv(f, "step table", ("method", "batch"))
+    f.write_text("method,total_s\nqerl,1.5,9\n")
+    with pytest.raises(InputFileError, match=r"t.csv:2: 3 fields, the header has 2"):
+        read_csv(f)
+    f.write_text("")
+    with pytest.raises(InputFileError, match="empty, no header"):
+        read_csv(f)
+    f.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(InputFileError, match="not a text file"):
+        read_csv(f)
+    assert cell("2.5", "x") == 2.5
+    for bad in ("fast", "nan", "inf", ""):
+        with pytest.raises(InputFileError, match="x: expected"):
+            cell(bad, "x")

@@ -71,20 +71,48 @@ def run_bench(args) -> int:
 
 
 def add_mlflow_init(sub) -> None:
-    mi = sub.add_parser("mlflow-init", help="create the MLflow store and experiment before parallel jobs",
+    mi = sub.add_parser("mlflow-init", help="workflow helper: the MLflow store and the run of one invocation",
                         description="Create the MLflow tracking store (schema) and experiment once, so that "
-                                    "parallel jobs only append runs.")
+                                    "parallel jobs only append runs; with --parent-run, also start the run of this "
+                                    "workflow invocation (the jobs' runs nest under it) and print its id. "
+                                    "--end RUN_ID closes such a run instead.")
     mi.add_argument("--tracking-uri", required=True, help="MLflow tracking URI (e.g. sqlite:///results/mlflow.db)")
-    mi.add_argument("--experiment", required=True, help="experiment name")
-    mi.add_argument("--output", required=True, help="marker JSON written on success")
+    mi.add_argument("--experiment", help="experiment name (with --output / --parent-run)")
+    mi.add_argument("--output", help="marker JSON written on success (tracking URI, experiment, ids)")
+    mi.add_argument("--parent-run", metavar="NAME", help="start the invocation's run, named NAME")
+    mi.add_argument("--config", type=Path, help="with --parent-run: the effective workflow config (an artifact)")
+    mi.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                    help="with --parent-run: a param of the invocation's run (repeatable)")
+    mi.add_argument("--end", metavar="RUN_ID", help="close the invocation's run RUN_ID")
+    mi.add_argument("--status", default="FINISHED", choices=("FINISHED", "FAILED", "KILLED"), help="with --end")
+    mi.add_argument("--artifacts", type=Path, help="with --end: a report directory whose figures and tables "
+                                                   "(*.png, *.csv, *.md) the run keeps under report/")
     mi.set_defaults(func=run_mlflow_init)
 
 
 def run_mlflow_init(args) -> dict:
-    from qerl.tracking import init_store
+    from qerl.tracking import end_parent, init_store, start_parent
 
+    if args.end:
+        files = sorted(p for p in args.artifacts.glob("*") if p.suffix in (".png", ".csv", ".md")) \
+            if args.artifacts and args.artifacts.is_dir() else []
+        end_parent(args.tracking_uri, args.end, args.status, files)
+        return {}
+    if not (args.experiment and args.output):
+        raise ValueError("mlflow-init: --experiment and --output are needed (or --end RUN_ID)")
     exp = init_store(args.tracking_uri, args.experiment)
+    marker = {"tracking_uri": args.tracking_uri, "experiment": args.experiment, "experiment_id": exp}
+    if args.parent_run:
+        params = {}
+        for item in args.param:
+            k, eq, v = item.partition("=")
+            if not eq or not k:
+                raise ValueError(f"--param {item!r}: expected KEY=VALUE")
+            params[k] = v
+        marker["parent_run_id"] = start_parent(args.tracking_uri, args.experiment, args.parent_run, params,
+                                               {"configuration": args.experiment},
+                                               [args.config] if args.config else [])
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps({"tracking_uri": args.tracking_uri, "experiment": args.experiment,
-                                             "experiment_id": exp}) + "\n")
+    Path(args.output).write_text(json.dumps(marker) + "\n")
+    print(json.dumps(marker))
     return {}

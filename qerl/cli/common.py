@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def overrides(items) -> dict:
@@ -29,6 +30,32 @@ def add_tracking(p: argparse.ArgumentParser) -> None:
                    help="experiment name (default: $MLFLOW_EXPERIMENT_NAME, else qerl)")
     g.add_argument("--mlflow-uri", default=None, help="tracking URI (default: $MLFLOW_TRACKING_URI)")
     g.add_argument("--mlflow-tag", action="append", default=[], metavar="KEY=VALUE", help="a run tag (repeatable)")
+
+
+def trained_run_id(args) -> str | None:
+    """The MLflow run that trained what a command reads: ``--adapter`` (LoRA methods) or ``--model`` (a full
+    fine-tune's ``final/``), when its run directory's ``summary.json`` names one. An evaluation of it is nested under
+    that run and logs its pass@1 there."""
+    from qerl.readers import read_json
+
+    for path in (getattr(args, "adapter", None), getattr(args, "model", None)):
+        summary = Path(path).parent / "summary.json" if path else None
+        if summary is not None and summary.is_file():
+            return read_json(summary, "run summary").get("mlflow_run_id")
+    return None
+
+
+#: What each tracked command logs as artifacts, from its arguments: its small result files (never weights).
+ARTIFACTS = {
+    "evaluate": lambda a: [Path(a.output)],
+    "quantize": lambda a: [Path(a.output) / "quantization_report.json"],
+    "report": lambda a: sorted(p for p in Path(a.output).glob("*") if p.suffix in (".md", ".csv", ".png")),
+}
+
+
+def artifacts_of(args) -> list[Path]:
+    pick = ARTIFACTS.get(getattr(args, "command", None))
+    return [p for p in pick(args) if p.is_file()] if pick else []
 
 
 def tracked(args, func):
@@ -65,11 +92,21 @@ def tracked(args, func):
         tags.setdefault("config_hash", os.environ["QERL_CONFIG_HASH"])
     tags.update(command=args.command, git_commit=git_commit())
     experiment = args.mlflow_experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "qerl"
-    tracker = MLflowTracker(experiment, args.mlflow_run_name, uri, tags=tags)
+    trained = trained_run_id(args)
+    if trained:
+        tags["qerl.train_run_id"] = trained
+    tracker = MLflowTracker(experiment, args.mlflow_run_name, uri, tags=tags, parent_run_id=trained)
     try:
         tracker.log_params({k: v for k, v in vars(args).items() if k not in ("func",) and not k.startswith("mlflow")})
         result = func(args) or {}
         tracker.log_metrics(result, step=0)
+        for path in artifacts_of(args):
+            tracker.log_artifact(path)
+        if trained and "pass_at_1" in result:
+            from qerl.tracking import log_to_run
+
+            bench = getattr(args, "name", None) or Path(args.benchmark).stem
+            log_to_run(uri, trained, {f"pass_at_1/{bench}": result["pass_at_1"]})
         tracker.close("FINISHED")
     except BaseException:
         tracker.close("FAILED")

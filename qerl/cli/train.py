@@ -22,6 +22,10 @@ def add_train(sub) -> None:
     how.add_argument("--auto-resume", action="store_true",
                      help="resume if output_dir has a checkpoint, start if it holds no run, else refuse (never "
                           "restarts over logged steps; what the workflow uses)")
+    how.add_argument("--rerun", action="store_true",
+                     help="what a workflow job does: continue output_dir's checkpoint when it is of this very run (a "
+                          "killed job), else start over as --overwrite does (a changed config, a run stopped before "
+                          "its first checkpoint), saying why")
     how.add_argument("--overwrite", action="store_true",
                      help="delete the run in output_dir (metrics, checkpoint, final/, summary) and start over")
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -38,7 +42,8 @@ def add_train(sub) -> None:
 
 
 def _train_mode(args) -> str:
-    return "resume" if args.resume else "auto" if args.auto_resume else "overwrite" if args.overwrite else "new"
+    return ("resume" if args.resume else "auto" if args.auto_resume else "rerun" if args.rerun else
+            "overwrite" if args.overwrite else "new")
 
 
 def run_train(args) -> int:
@@ -56,15 +61,15 @@ def run_train(args) -> int:
     out = Path(cfg.output_dir)
     launching = (args.nproc > 1 or args.nnodes > 1 or args.dry_run) and "WORLD_SIZE" not in os.environ
     if not launching and os.environ.get("RANK", "0") != "0":  # a rank of a run started by torchrun itself
-        return _train_rank(args, cfg, args.resume or (args.auto_resume and ownership.status(out).checkpoint_step
-                                                      is not None))
+        return _train_rank(args, cfg, args.resume or ((args.auto_resume or args.rerun) and
+                                                      ownership.status(out).checkpoint_step is not None))
     if not launching and outputs.held_by_parent(out):  # rank 0 of our own launcher (it holds the lock)
         return _train_rank(args, cfg, args.resume)
     resolve_device(cfg.device)  # (a device this machine lacks is named now)
     if launching:
         _check_launch(args, cfg)
     if args.dry_run:
-        return _launch(args, cfg, resume=args.resume or args.auto_resume)
+        return _launch(args, cfg, resume=args.resume or args.auto_resume or args.rerun)
     outputs.check_dir_writable(out, "output_dir")
     with outputs.hold(out, "train"):
         resume = ownership.prepare(out, _train_mode(args), to_dict(cfg))
@@ -94,7 +99,7 @@ def _launch(args, cfg, resume: bool) -> int:
     from qerl.train.launch import launch, strip_launch_args
 
     train_args = [a for a in strip_launch_args(args.argv[args.argv.index("train") + 1:])
-                  if a not in ("--resume", "--auto-resume", "--overwrite")]
+                  if a not in ("--resume", "--auto-resume", "--rerun", "--overwrite")]
     return launch(args.nproc, args.nnodes, train_args + (["--resume"] if resume else []), args.dry_run)
 
 

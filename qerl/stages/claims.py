@@ -434,15 +434,16 @@ def step_table_claim(paths: list[Path], models: tuple[str, ...] = ("7B", "14B", 
     tables (``qerl bench step``: one row per model x method x batch x lengths; the last row of a setting counts).
     Each setting is one timed step after warm-up, so there is no interval: confirmed when every ratio exceeds 1.05,
     refuted when every one is below 0.95."""
-    import csv
+    from qerl.readers import read_csv
 
     ratios, parts = [], []
     for path in paths:
         if not Path(path).is_file():
             raise ClaimsError(f"--step-table {path}: not found (a reports/step/<device>.csv of `qerl bench step`)")
-        with open(path, newline="") as f:
-            rows = [r for r in csv.DictReader(f) if r.get("status") == "ok" and r.get("model") in models
-                    and r.get("method") in ("lora", "qerl") and str(r.get("nproc", "1")) == "1"]
+        table = read_csv(path, "step table (qerl bench step)",
+                         ("status", "model", "method", "batch", "prompt_len", "gen_len", "lengths", "total_s"))
+        rows = [r for r in table if r.get("status") == "ok" and r.get("model") in models
+                and r.get("method") in ("lora", "qerl") and str(r.get("nproc", "1")) == "1"]
         last: dict[tuple, dict] = {}
         for r in rows:
             last[(r["model"], r["batch"], r["prompt_len"], r["gen_len"], r["lengths"], r["method"])] = r
@@ -566,8 +567,6 @@ TIMING_KEYS = ("step", "rollout_seconds", "rollout_gen_seconds", "generated_toke
 def read_timing(specs: list[str]) -> dict[str, list[dict]]:
     """``METHOD=FILE`` pairs -> method -> metrics rows: a ``metrics.jsonl`` of a run that had its GPU to itself, or
     the ``step_alone.csv`` an earlier ``qerl claims`` wrote (its rows of that method)."""
-    import csv
-
     from qerl.methods import NAMES
 
     out: dict[str, list[dict]] = {}
@@ -583,9 +582,12 @@ def read_timing(specs: list[str]) -> dict[str, list[dict]]:
         if not f.is_file():
             raise ClaimsError(f"--timing {spec}: {f} not found")
         if f.suffix == ".csv":
-            with open(f, newline="") as fh:
-                rows = [r for r in csv.DictReader(fh) if r.get("method") == method]
-            out[method] = [{k: float(v) for k, v in r.items() if k != "method" and v != ""} for r in rows]
+            from qerl.readers import cell, read_csv
+
+            rows = [(i, r) for i, r in enumerate(read_csv(f, "step-time table", ("method",)), 2)
+                    if r["method"] == method]
+            out[method] = [{k: cell(v, f"--timing {spec}: {f}:{i}: {k}") for k, v in r.items()
+                            if k != "method" and v != ""} for i, r in rows]
         else:
             out[method] = _read_jsonl(f)
         if len(out[method]) < 2:

@@ -9,17 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from qerl.methods import ROWS, label as row_label
-from qerl.readers import InputFileError, is_number, number, read_eval_summary, read_json, read_jsonl
+from qerl.readers import number, read_eval_summary, read_json
 from qerl.stages.paper_numbers import TABLE1, TABLE2, TABLE2_BENCHMARKS, TABLE2_ROWS
-from qerl.workflow_config import runs, untrained_bases
-
-CURVES = (("reward_mean", "reward"), ("accuracy", "accuracy"), ("entropy", "policy entropy"),
-          ("response_len_mean", "response length (tokens)"))
-
-
-def _eval(results: Path, path: str, bench: str) -> float | None:
-    f = results / "eval" / path / f"{bench}.json"
-    return 100 * read_eval_summary(f)["pass@1"] if f.exists() else None
+from qerl.stages.report_figures import figures, pass1 as _eval, planned_files
+from qerl.workflow_config import arm_changes, base_method, runs
 
 
 def _mean(xs):
@@ -81,17 +74,19 @@ def table2(config: dict, results: Path) -> tuple[str, list[list[str]]] | None:
 
 
 def runs_table(config: dict, results: Path) -> tuple[str, list[list[str]]]:
-    """Every run of the matrix (variants/ablations included): reward at the start and the end of
-    training and pass@1 per benchmark."""
+    """Every run of the matrix (variants/ablations included): what its arm changes against its base method, reward
+    at the start and the end of training and pass@1 per benchmark."""
     benches = config.get("evaluation", {}).get("benchmarks", [])
-    header = ["model", "method", "algorithm", "dataset", "seed", "reward first", "reward last 10%"] + benches
+    header = ["model", "method", "base method", "changes", "algorithm", "dataset", "seed", "reward first",
+              "reward last 10%"] + benches
     rows = []
     for r in runs(config):
         s = results / "train" / r.path / "summary.json"
         summ = read_json(s, "run summary") if s.exists() else {}
         first, last = (None if summ.get(k) is None else number(summ[k], f"{s}: {k}")
                        for k in ("reward_first", "reward_last10pct"))
-        rows.append([r.model, r.method, r.algo, r.dataset, str(r.seed),
+        rows.append([r.model, r.method, base_method(config, r.method), arm_changes(config, r.method) or "—",
+                     r.algo, r.dataset, str(r.seed),
                      "—" if first is None else f"{first:.3f}", "—" if last is None else f"{last:.3f}"] +
                     [_fmt(_eval(results, r.path, b)) for b in benches])
     return "All runs (pass@1 in %)", [header] + rows
@@ -124,14 +119,6 @@ def bases_table(config: dict, results: Path) -> tuple[str, list[list[str]]] | No
     return "Untrained bases (pass@1 in %)", [header] + rows
 
 
-def _smooth(ys: list[float], alpha: float = 0.3) -> list[float]:
-    out, acc = [], None
-    for y in ys:
-        acc = y if acc is None or y != y else alpha * y + (1 - alpha) * acc
-        out.append(acc)
-    return out
-
-
 def _markdown(title: str, rows: list[list[str]]) -> str:
     head, *body = rows
     lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -146,109 +133,6 @@ def _csv(rows: list[list[str]]) -> str:
     buf = io.StringIO()
     csv.writer(buf).writerows(rows)
     return buf.getvalue()
-
-
-def _metrics(results: Path, run) -> list[dict]:
-    """A run's metric rows; a step or a plotted value that is not a number is an error naming the file and the
-    step (NaN stays: a gap in the curve)."""
-    f = results / "train" / run.path / "metrics.jsonl"
-    rows = read_jsonl(f, "metrics file", allow_nan=True) if f.exists() else []
-    for i, row in enumerate(rows, 1):
-        for key in ("step", "sigma", *(k for k, _ in CURVES)):
-            v = row.get(key)
-            if (v is None and key == "step") or (v is not None and not is_number(v, finite=False)):
-                raise InputFileError(f"{f}: row {i} (step {row.get('step')}): {key} = {v!r} is not a number")
-    return rows
-
-
-def aqn_runs(config: dict, results: Path) -> list[tuple]:
-    """(run, metric rows) of every run that trained with AQN on (some step's sigma > 0): QeRL, and any variant or
-    ablation arm that turns AQN on, whatever its method is called."""
-    out = []
-    for r in runs(config):
-        m = _metrics(results, r)
-        if any(is_number(x.get("sigma")) and float(x["sigma"]) > 0 for x in m):
-            out.append((r, m))
-    return out
-
-
-def accuracy_bars(config: dict, results: Path, benches: list[str]) -> tuple[list[str], dict[str, list]]:
-    """The accuracy figure's bars: one label per untrained base and per run, pass@1 (%) per benchmark, ``None``
-    where that evaluation does not exist (the label then says ``not evaluated``)."""
-    labels, values = [], {b: [] for b in benches}
-    for m in dict.fromkeys(r.model for r in runs(config)):
-        cells = [(f"{m}\n{base} (untrained)", f"{m}/{base}/untrained/none/seed0")
-                 for base in untrained_bases(config).get(m, [])]
-        cells += [(f"{m}\n{r.method}/{r.algo}/s{r.seed}", r.path) for r in runs(config) if r.model == m]
-        for text, path in cells:
-            got = {b: _eval(results, path, b) for b in benches}
-            labels.append(text + ("" if all(v is not None for v in got.values()) else "\n(not evaluated)"))
-            for b in benches:
-                values[b].append(got[b])
-    return labels, values
-
-
-def figures(config: dict, results: Path, out: Path) -> list[Path]:
-    """Training curves per (model, dataset, algorithm), σ schedule, accuracy bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    made = []
-    groups: dict[tuple, list] = {}
-    for r in runs(config):
-        groups.setdefault((r.model, r.dataset, r.algo), []).append(r)
-    for (model, dataset, algo), rs in groups.items():
-        fig, axes = plt.subplots(1, len(CURVES), figsize=(4.2 * len(CURVES), 3.4))
-        for ax, (key, label) in zip(axes, CURVES):
-            for i, r in enumerate(rs):
-                m = _metrics(results, r)
-                if m:
-                    xs, ys = [x["step"] for x in m], [x.get(key, float("nan")) for x in m]
-                    color = f"C{i % 10}"
-                    ax.plot(xs, ys, color=color, lw=0.8, alpha=0.3)
-                    ax.plot(xs, _smooth(ys), color=color, lw=1.6, label=f"{r.method} s{r.seed}")
-            ax.set_xlabel("step")
-            ax.set_title(label)
-            ax.grid(alpha=0.3)
-        axes[0].legend(fontsize=8)
-        fig.suptitle(f"{model} · {dataset} · {algo.upper()}  (faint: per step; bold: EMA 0.3)")
-        fig.tight_layout()
-        p = out / f"curves_{model}_{dataset}_{algo}.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        made.append(p)
-    sig = aqn_runs(config, results)
-    if sig:
-        fig, ax = plt.subplots(figsize=(5.5, 3.4))
-        for r, m in sig:
-            ax.step([x["step"] for x in m], [x.get("sigma", float("nan")) for x in m], where="post",
-                    label=f"{r.model} · {r.method} s{r.seed}")
-        ax.set_xlabel("step"), ax.set_ylabel("AQN σ"), ax.set_title("AQN noise schedule")
-        ax.grid(alpha=0.3), ax.legend(fontsize=7)
-        fig.tight_layout()
-        p = out / "aqn_sigma.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        made.append(p)
-    benches = config.get("evaluation", {}).get("benchmarks", [])
-    if benches:
-        labels, values = accuracy_bars(config, results, benches)
-        nan = float("nan")  # a missing evaluation draws no bar (its label says so), never a bar at 0
-        values = {b: [nan if v is None else v for v in vs] for b, vs in values.items()}
-        fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(labels)), 3.8))
-        w = 0.8 / len(benches)
-        for i, b in enumerate(benches):
-            ax.bar([x + i * w for x in range(len(labels))], values[b], width=w, label=b)
-        ax.set_xticks([x + w * (len(benches) - 1) / 2 for x in range(len(labels))], labels, fontsize=7, rotation=30, ha="right")
-        ax.set_ylabel("pass@1 (%)"), ax.set_title("Evaluation"), ax.legend(fontsize=8), ax.grid(axis="y", alpha=0.3)
-        fig.tight_layout()
-        p = out / "accuracy.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        made.append(p)
-    return made
 
 
 class ReportError(ValueError):
@@ -326,8 +210,14 @@ def build_report(config: dict, results: Path, out: Path) -> Path:
         (out / f"{tag}.csv").write_text(_csv(rows))
         parts += [_markdown(title, rows), f"[{tag}.csv]({tag}.csv)", ""]
     parts += ["## Figures", ""]
-    for p in figures(config, results, out):
-        parts += [f"![{p.stem}]({p.name})", ""]
+    made = figures(config, results, out)
+    planned = [f.name for f in planned_files(config)]  # (the workflow declares them as the report rule's outputs)
+    stray, missing = {p.name for p in made} - set(planned), [n for n in planned if not (out / n).is_file()]
+    if stray or missing:
+        raise ReportError(f"{out}: the report's files differ from its plan (written, not planned: {sorted(stray)}; "
+                          f"planned, not written: {missing}); a defect of qerl.stages.report_figures.planned_files")
+    for p in made:
+        parts += [f"![{p.stem}]({p.name})" if p.suffix == ".png" else f"[{p.name}]({p.name})", ""]
     idx = out / "index.md"
     idx.write_text("\n".join(parts))
     return idx

@@ -112,6 +112,10 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
     metrics_path = out / "metrics.jsonl"
     if d.main:  # (after the checkpoint loaded: a resume that fails changes nothing)
         write_json(out / "config.json", to_dict(cfg))
+        if state.step == 0:
+            from qerl.train.ownership import record_inputs
+
+            record_inputs(out, to_dict(cfg))
         _truncate_metrics(metrics_path, state.step)
 
     # tracker (rank 0)
@@ -173,7 +177,15 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
         weights = shards.final_weights(policy, d)
         if d.main:
             _save_final(out, policy, tokenizer, method, weights)
-            _write_summary(out, metrics_path, cfg)
+            _write_summary(out, metrics_path, cfg, tracker.run_id)
+            if tracker.run_id is not None:
+                from qerl.train.tracking_setup import log_run_files
+
+                try:  # (the run's files are written: a store that refuses artifacts does not fail the run)
+                    log_run_files(tracker, out)
+                except Exception as e:
+                    print(f"MLflow: the run's files could not be logged as artifacts ({type(e).__name__}: {e})",
+                          flush=True)
         tracker.close("FINISHED")
     except KeyboardInterrupt:
         tracker.close("KILLED")
@@ -242,8 +254,9 @@ def _oom_error(cfg: TrainConfig, step: int, phase: str, device, out: Path, batch
         "gradient_checkpointing: true (`qerl plan --config ...` estimates it), then rerun with --resume.")
 
 
-def _write_summary(out: Path, metrics_path: Path, cfg: TrainConfig) -> None:
-    """``summary.json``: written last, so its presence means the run completed."""
+def _write_summary(out: Path, metrics_path: Path, cfg: TrainConfig, run_id: str | None = None) -> None:
+    """``summary.json``: written last, so its presence means the run completed. ``mlflow_run_id``: the run that
+    logged it (an evaluation of its adapters is nested under that run and logs its pass@1 there)."""
     from qerl.checkpoint import write_json
 
     rows = [json.loads(x) for x in metrics_path.read_text().splitlines() if x.strip()]
@@ -253,6 +266,7 @@ def _write_summary(out: Path, metrics_path: Path, cfg: TrainConfig) -> None:
         "reward_first": rows[0]["reward_mean"] if rows else None,
         "reward_last10pct": sum(r["reward_mean"] for r in tail) / len(tail) if rows else None,
         "final": str(out / "final"),
+        **({"mlflow_run_id": run_id} if run_id else {}),
     })
 
 

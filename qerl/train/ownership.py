@@ -2,9 +2,10 @@
 
 A directory that holds a started or finished run (metric rows, a checkpoint, ``final/``, ``summary.json``) is
 never overwritten by a retyped command: a plain ``qerl train`` refuses and says what is there; ``--resume``
-continues from the checkpoint; ``--auto-resume`` (what the workflow passes) resumes when there is a checkpoint and
-refuses — never restarts from step 0 — a run that has metrics but none; ``--overwrite`` removes the run's files and
-starts over. A checkpoint replacement a crash interrupted is finished first (:func:`qerl.checkpoint.recover_swap`),
+continues from the checkpoint; ``--auto-resume`` resumes when there is a checkpoint and refuses — never restarts from
+step 0 — a run that has metrics but none; ``--rerun`` (what the workflow passes: Snakemake reruns a job whose inputs
+changed, and its output is then to be replaced) continues a checkpoint of this very run (a killed job) and otherwise
+starts over as ``--overwrite`` does, saying why; ``--overwrite`` removes the run's files and starts over. A checkpoint replacement a crash interrupted is finished first (:func:`qerl.checkpoint.recover_swap`),
 so the newest complete checkpoint is the one resumed. Light: no torch.
 """
 from __future__ import annotations
@@ -18,8 +19,10 @@ from pathlib import Path
 from qerl.checkpoint import CheckpointError, recover_swap
 
 CHECKPOINT = "checkpoint"
-RUN_FILES = ("metrics.jsonl", "summary.json", "config.json", "final", CHECKPOINT)
-MODES = ("new", "resume", "auto", "overwrite")
+RUN_FILES = ("metrics.jsonl", "summary.json", "config.json", "inputs.json", "final", CHECKPOINT)
+#: ``inputs.json``: the identity of the base model directory the run started from (:func:`record_inputs`)
+INPUTS = "inputs.json"
+MODES = ("new", "resume", "auto", "rerun", "overwrite")
 # settings a resumed run may change (how long, how often, where it runs and logs); any other difference between
 # the checkpoint's run and this one would silently continue one experiment under another's settings
 RESUMABLE_CHANGES = ("steps", "checkpoint_every", "micro_batch_size", "micro_batch_tokens", "device",
@@ -169,6 +172,13 @@ def prepare(out: Path, mode: str, config: dict | None = None) -> bool:
     st = status(out) if out.is_dir() else RunStatus(0, 0, None, False, False)
     ways = ("continue it with --resume (or --auto-resume), start over with --overwrite (its files are deleted), or "
             "set another output_dir")
+    if mode == "rerun":
+        why = _rerun_reason(out, st, config)
+        if why is None:
+            return st.checkpoint_step is not None
+        print(f"qerl train --rerun: {out} {why}: starting over (the run's files are replaced; nothing else in the "
+              "directory is touched)", flush=True)
+        mode = "overwrite"
     if mode == "overwrite":
         if in_way := not_removable(out):
             raise OwnershipError(f"--overwrite: output_dir {out} holds {', '.join(in_way[:3])}, which qerl train did "
@@ -201,6 +211,49 @@ def prepare(out: Path, mode: str, config: dict | None = None) -> bool:
                                  "nothing and rewrite its final/ under a config that disagrees with its summary; use "
                                  f"steps >= {st.last_step} to train it further, or set another output_dir")
     return True
+
+
+def base_written(config: dict) -> str | None:
+    """The identity of the base model directory ``config`` trains on (its manifest's write id), None for a hub id
+    or a directory without a manifest."""
+    from qerl.owned import written_id
+
+    path = Path(str((config.get("model") or {}).get("path", "")))
+    return written_id(path) if path.is_dir() else None
+
+
+def record_inputs(out: Path, config: dict) -> None:
+    """Write ``inputs.json`` (the base model's write id) when a run starts from step 0."""
+    from qerl.checkpoint import write_json
+
+    write_json(Path(out) / INPUTS, {"model": base_written(config)})
+
+
+def _rerun_reason(out: Path, st: "RunStatus", config: dict | None) -> str | None:
+    """Why a workflow job's rerun (``--rerun``) cannot continue what ``out`` holds (``None``: it can: nothing there,
+    or a checkpoint of this very run, e.g. a killed job)."""
+    if st.empty:
+        return None
+    if st.checkpoint_step is None:
+        return f"holds {st.describe()} but no checkpoint (stopped before its first)"
+    if config is not None:
+        try:
+            _check_same_run(out, config)
+        except OwnershipError as e:
+            return "holds a run with other settings (" + str(e).split("(", 1)[1].split(")", 1)[0] + ")"
+        steps = int(config.get("steps") or 0)
+        if st.finished and steps < st.last_step:
+            return f"holds {st.describe()}, more steps than steps={steps}"
+        rec = out / INPUTS
+        if rec.is_file():
+            try:
+                was = json.loads(rec.read_text()).get("model")
+            except (ValueError, AttributeError):
+                was = None
+            now = base_written(config)
+            if was and now and was != now:
+                return f"holds a run of an earlier version of its base model {config['model']['path']} (rewritten since)"
+    return None
 
 
 def _check_not_foreign(out: Path) -> None:

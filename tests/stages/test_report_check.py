@@ -37,7 +37,7 @@ def test_the_example_equals_itself_and_states_a_tolerance_for_every_number(fresh
     ("table1.csv", '"bf16, untrained",36.1', '"bf16, untrained",41.0', "> tolerance 4.5"),  # an untrained row's own
     ("table1.csv", "NVFP4 LoRA,", "NVFP4 LoRA (v2),", "rows"),  # a changed label
     ("table1.csv", "method,tiny-qwen2 (ours),paper", "method,tiny-qwen2 (ours),ours2", "columns"),
-    ("runs.csv", "tiny-qwen2,qerl,dapo", "tiny-qwen2,qerl,grpo", "row 'tiny-qwen2 / qerl / dapo / synthetic', algorithm: 'grpo' (fresh) != 'dapo'"),  # a changed cell
+    ("runs.csv", "qerl,—,dapo", "qerl,—,grpo", "row 'tiny-qwen2 / qerl / qerl / — / dapo / synthetic', algorithm: 'grpo' (fresh) != 'dapo'"),  # a changed cell
     ("runs.csv", "synthetic,0,0.281,0.383", "synthetic,1,0.281,0.383", "seed"),  # integers: exact
     ("index.md", "## Figures", "## Plots", "index.md: differs beyond its numbers"),
     ("table1.md", "| NF4 LoRA (QLoRA) |", "| QLoRA |", "table1.md"),

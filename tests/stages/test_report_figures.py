@@ -2,7 +2,8 @@
 arm or a variant, whatever its method is called), and a missing evaluation is a labelled gap, never a bar at 0."""
 import json
 
-from qerl.stages.report import accuracy_bars, aqn_runs, figures
+from qerl.workflow_config import runs
+from qerl.stages.report_figures import accuracy_bars, aqn_runs, arm_rows, figures, planned_files
 
 CONFIG = {
     "configuration": "unit", "models": {"m": {"source": "tiny"}}, "datasets": {"d": {"task": "synthetic"}},
@@ -39,3 +40,40 @@ def test_aqn_runs_and_missing_evaluations(tmp_path):
     out.mkdir()
     made = {p.name for p in figures(CONFIG, res, out)}
     assert {"aqn_sigma.png", "accuracy.png"} <= made and (out / "aqn_sigma.png").stat().st_size > 5_000
+
+
+def test_arms_side_by_side_changes_and_intervals_over_seeds(tmp_path):
+    """Each arm's row says what it changes against its base method; pass@1 is the mean over the evaluated seeds with
+    a 95% Student-t interval (t = 12.706 for 2 seeds), none from one seed, empty when none is evaluated; the report
+    writes exactly the files planned_files names (the workflow's declared outputs)."""
+    cfg = {**CONFIG, "experiments": [{**CONFIG["experiments"][0], "seeds": [0, 1]}]}
+    res = tmp_path / "results"
+    for seed, acc in ((0, 0.25), (1, 0.35)):
+        for method, a in (("qerl", acc), ("sigma_hi", None), ("lora", 0.5 if seed == 0 else None)):
+            run = res / "train" / f"m/{method}/grpo/d/seed{seed}"
+            run.mkdir(parents=True)
+            run.joinpath("metrics.jsonl").write_text("".join(json.dumps({"step": i, "reward_mean": 0.1 * i + seed})
+                                                             + "\n" for i in range(1, 11)))
+            if a is not None:
+                ev = res / "eval" / f"m/{method}/grpo/d/seed{seed}"
+                ev.mkdir(parents=True)
+                ev.joinpath("b.json").write_text(json.dumps({"pass@1": a, "problems": 2, "per_problem": [a, a]}))
+    rows = {r[0]: r for r in arm_rows(cfg, res, runs(cfg), "b")}
+    assert rows["arm"][2] == "changes"
+    assert rows["sigma_hi"][1:3] == ["qerl", "aqn.sigma_start 0.05"] and rows["qerl"][2] == "—"
+    assert rows["lora_aqn"][2] == "aqn.enabled True" and rows["lora_aqn"][3:5] == ["0", "0"]
+    assert rows["qerl"][3:5] == ["2", "2"] and rows["qerl"][6] == "30.00"
+    half = 12.706 * (50 ** 0.5) / (2 ** 0.5)  # sd of (25, 35) is sqrt(50)
+    assert abs(float(rows["qerl"][7]) - (30 - half)) < 0.01 and abs(float(rows["qerl"][8]) - (30 + half)) < 0.01
+    assert rows["lora"][4:] == ["1", "1.500", "50.00", "", ""]  # last-10% reward over both seeds; one evaluated: no interval
+    assert rows["sigma_hi"][6:] == ["", "", ""]  # trained, never evaluated: missing, not 0
+    from qerl.stages.report import build_report
+
+    out = tmp_path / "report"
+    build_report(cfg, res, out)
+    planned = {f.name for f in planned_files(cfg)}
+    assert {"arms_m_d_grpo.png", "arms_m_d_grpo.csv", "curves_m_d_grpo.png", "aqn_sigma.png", "runs.csv"} <= planned
+    assert all((out / n).is_file() for n in planned)
+    runs_csv = (out / "runs.csv").read_text().splitlines()
+    assert runs_csv[0].startswith("model,method,base method,changes,") and "sigma_hi,qerl,aqn.sigma_start 0.05" in \
+        "\n".join(runs_csv)

@@ -153,6 +153,41 @@ def test_refuse_overwrite_and_extend_a_finished_run(warm_model, tmp_path):
     assert json.loads((out / "summary.json").read_text())["steps"] == 1
 
 
+def test_rerun_continues_its_own_run_and_replaces_one_of_other_settings(warm_model, tmp_path):
+    """``--rerun`` (the workflow's): a finished run of the same config is continued (nothing retrained, the metrics
+    kept byte for byte); a changed config (Snakemake reruns the job because its train.yaml changed) starts over,
+    says why, and touches nothing the run did not write; logged steps without a checkpoint start over too."""
+    from qerl.train import ownership
+
+    cfg = config(tmp_path, warm_model, "run", steps=2)
+    out = tmp_path / "run"
+    assert qerl("train", "--config", cfg, "--no-progress").returncode == 0
+    before = (out / "metrics.jsonl").read_bytes()
+    (out / "notes.txt").write_text("mine")
+    same = qerl("train", "--config", cfg, "--no-progress", "--rerun")
+    assert same.returncode == 0 and "starting over" not in same.stdout and (out / "metrics.jsonl").read_bytes() == before
+    changed = qerl("train", "--config", cfg, "--no-progress", "--rerun", "--set", "optim.lr=0.001")
+    assert changed.returncode == 0, changed.stderr[-2000:]
+    assert "holds a run with other settings (optim.lr: 0.003 -> 0.001)" in changed.stdout
+    assert "starting over" in changed.stdout and (out / "notes.txt").read_text() == "mine"
+    assert [x["step"] for x in rows(out)] == [1, 2] and (out / "metrics.jsonl").read_bytes() != before
+    assert json.loads((out / "config.json").read_text())["optim"]["lr"] == 0.001
+    manifest = warm_model / "qerl_files.json"  # the base rewritten (a rerun warm start: the same file sizes)
+    assert manifest.is_file()  # (sft writes one, as every qerl model writer does)
+    saved = manifest.read_text()
+    assert json.loads((out / "inputs.json").read_text())["model"] == json.loads(saved)["written"]
+    manifest.write_text(json.dumps({**json.loads(saved), "written": "f" * 32}))
+    try:
+        again = qerl("train", "--config", cfg, "--no-progress", "--rerun", "--set", "optim.lr=0.001")
+    finally:
+        manifest.write_text(saved)
+    assert again.returncode == 0 and "an earlier version of its base model" in again.stdout
+    cut = tmp_path / "cut"  # killed before its first checkpoint: metrics, no checkpoint
+    cut.mkdir()
+    (cut / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.5}) + "\n")
+    assert ownership.prepare(cut, "rerun") is False and not (cut / "metrics.jsonl").exists()
+
+
 def test_library_call_cannot_restart_over_a_run(warm_model, tmp_path):
     from qerl.tracking import NullTracker
     from qerl.train.config import load_config

@@ -219,8 +219,11 @@ def test_mlflow_tracking(warm_model, tmp_path):
     (run,) = client.search_runs([exp.experiment_id])
     assert run.info.run_name == str(tmp_path / "ml") and run.data.tags["method"] == "qerl"
     assert len(client.get_metric_history(run.info.run_id, "reward_mean")) == 2
-    assert run.data.params["algorithm.name"] == "grpo" and run.data.params["arm"] == "qerl"
+    assert run.data.params["algorithm.name"] == "grpo" and run.data.params["method"] == "qerl" and run.data.params["base_method"] == "qerl"
     assert not any(k.startswith("tracking.") for k in run.data.params)  # where it is logged is not what it is
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"config.json", "summary.json", "metrics.jsonl",
+                                                                        "curves.png"}
+    assert json.loads((tmp_path / "ml" / "summary.json").read_text())["mlflow_run_id"] == run.info.run_id
 
 
 def test_run_params_leave_out_tracking_and_aqn_when_off():
@@ -228,10 +231,14 @@ def test_run_params_leave_out_tracking_and_aqn_when_off():
 
     conf = {"method": "lora", "optim": {"lr": 1e-4}, "aqn": {"enabled": False, "sigma_start": 0.01},
             "tracking": {"experiment": "x", "tracking_uri": "sqlite://"}}
-    assert run_params(conf, {"method": "lora_r8"}) == {"method": "lora", "optim.lr": 1e-4, "aqn.enabled": False,
-                                                       "arm": "lora_r8"}
+    assert run_params(conf, {"method": "lora_r8"}) == {"method": "lora_r8", "optim.lr": 1e-4, "aqn.enabled": False,
+                                                       "variant": "lora_r8", "base_method": "lora"}
+    conf["aqn"]["enabled"] = "auto"  # lora's own choice: off
+    assert run_params(conf, {})["aqn.enabled"] is False and "aqn.sigma_start" not in run_params(conf, {})
     conf["aqn"]["enabled"] = True
-    assert run_params(conf, {})["aqn.sigma_start"] == 0.01 and run_params(conf, {})["arm"] == "lora"
+    assert run_params(conf, {})["aqn.sigma_start"] == 0.01 and run_params(conf, {})["method"] == "lora"
+    assert run_params(conf, {})["variant"] == "" and run_params({**conf, "method": "qerl", "aqn": {
+        "enabled": "auto", "sigma_start": 0.02}}, {})["aqn.sigma_start"] == 0.02  # qerl's auto: on
 
 
 @pytest.mark.parametrize("method", ["lora", "qerl"])

@@ -66,7 +66,7 @@ def test_multi_gpu_training_launches_through_torchrun(tmp_path):
     args = ("--configfile", str(ROOT / "config/paper.yaml"), str(edit), "--cores", "4", "--directory", str(tmp_path),
             "-n", "-p", "--forcerun", "train")
     shells = [ln for ln in snakemake(*args).stdout.splitlines() if "qerl train --config" in ln]
-    assert shells and all("--auto-resume --no-progress --nproc 8 >" in ln for ln in shells)
+    assert shells and all("--rerun --no-progress --nproc 8 >" in ln for ln in shells)
     from qerl import workflow_config as wc
     import yaml as _yaml
 
@@ -284,6 +284,27 @@ def test_default_workflow_fresh_copy_killed_rerun_and_checked(default_run):
     assert len(client.get_metric_history(train_run.info.run_id, "reward_mean")) == 40
     summary = json.loads((repo / "results/eval/tiny-qwen2/qerl/grpo/synthetic/seed0/synthetic_test.json").read_text())
     assert summary["problems"] == 200 and summary["samples_per_problem"] == 4
+    # ... as a study: each invocation a run with the jobs' runs nested under it, each evaluation nested under the
+    # training run it evaluated and its pass@1 on that run too, artifacts under results/, no stray 'Default'
+    assert [e.name for e in client.search_experiments()] == ["default"]
+    assert exp.artifact_location == (repo / "results/mlartifacts/default").resolve().as_uri()
+    invocations = [r for r in runs if r.info.run_name == "workflow/default"]
+    assert invocations and all(r.data.params["configuration"] == "default" for r in invocations)
+    assert {r.info.status for r in invocations} <= {"FINISHED", "KILLED"}  # (the killed one: closed by the next)
+    by_id = {r.info.run_id: r for r in runs}
+    assert by_id[train_run.data.tags["mlflow.parentRunId"]].info.run_name == "workflow/default"
+    ev = next(r for r in runs if r.info.run_name == "eval/tiny-qwen2/qerl/grpo/synthetic/seed0/synthetic_test")
+    assert ev.data.tags["mlflow.parentRunId"] == train_run.info.run_id
+    assert train_run.data.metrics["pass_at_1/synthetic_test"] == summary["pass@1"]
+    assert {a.path for a in client.list_artifacts(train_run.info.run_id)} >= {"config.json", "train.yaml",
+                                                                             "summary.json", "metrics.jsonl", "curves.png"}
+    assert train_run.data.params["method"] == "qerl" and train_run.data.params["base_method"] == "qerl"
+    last = max((r for r in invocations if r.info.status == "FINISHED"), key=lambda r: r.info.start_time)
+    assert "accuracy.png" in {a.path.split("/")[-1] for a in client.list_artifacts(last.info.run_id, "report")}
+    # ... and `snakemake --report` carries the report's tables and figures, captioned
+    snakemake("--report", "report.html", cwd=repo)
+    html = (repo / "report.html").read_text(errors="replace")
+    assert "arms_tiny-qwen2_synthetic_grpo.png" in html and "runs.csv" in html and "side by side" in html
     # 6. a second `make run` does nothing; a broken config stops before any job and loses nothing
     before = _outputs(repo)
     again = make_run(repo)
@@ -298,18 +319,35 @@ def test_default_workflow_fresh_copy_killed_rerun_and_checked(default_run):
     jobs = _jobs(dry.stdout + dry.stderr)
     assert jobs.get("evaluate_trained", 0) + jobs.get("evaluate_untrained", 0) == 8 and jobs.get("report") == 1
     assert "train" not in jobs and "quantize" not in jobs and "warm_start" not in jobs
-    # 8. an ablation the README's way (an overlay naming another configuration: another MLflow experiment) plans
-    # only its new arms: the finished NVFP4 LoRA run, the warm start, the quantization and the untrained
-    # evaluations are reused (where a job is tracked is not part of what it is)
-    dry = snakemake("--configfile", "config/config.yaml", "config/ablations/aqn_sigma.yaml", "--cores", "2", "-n",
-                    cwd=repo)
+    # 8. an ablation the README's way: an overlay with two new arms (another configuration, so another MLflow
+    # experiment) plans only their jobs (the qerl baseline, the warm start, the quantization and the untrained
+    # evaluations are reused: where a job is tracked is not part of what it is), then runs to its report
+    (repo / "ablation.yaml").write_text(
+        "configuration: two-arms\n"
+        "variants:\n  qerl_s2e-2: {method: qerl, overrides: {aqn: {sigma_start: 0.02}}}\n"
+        "  qerl_r8: {method: qerl, overrides: {lora: {r: 8}}}\n"
+        "experiments:\n  - {models: [tiny-qwen2], datasets: [synthetic], methods: [qerl, qerl_s2e-2, qerl_r8], "
+        "algorithms: [grpo]}\n")
+    overlay = ("--configfile", "config/config.yaml", "ablation.yaml", "--cores", "2")
+    dry = snakemake(*overlay, "-n", cwd=repo)
     jobs = _jobs(dry.stdout + dry.stderr)
-    assert jobs.get("train") == 3 and jobs.get("evaluate_trained") == 3 and jobs.get("resolve_train_config") == 3, jobs
-    assert not {"warm_start", "quantize", "evaluate_untrained", "mlflow_init"} & set(jobs), jobs
+    jobs.pop("total", None)
+    assert jobs == {"resolve_train_config": 2, "train": 2, "evaluate_trained": 2, "effective_config": 1, "report": 1,
+                    "all": 1}, jobs
+    assert len((dry.stdout + dry.stderr).splitlines()) < 200  # its reasons stay short
     import yaml
 
     tracking = yaml.safe_load((repo / "results/train/tiny-qwen2/qerl/grpo/synthetic/seed0/train.yaml").read_text())
     assert not {"tracking_uri", "experiment"} & set(tracking["tracking"])
+    snakemake(*overlay, cwd=repo)
+    arms = (repo / "results/reports/two-arms/arms_tiny-qwen2_synthetic_grpo.csv").read_text()
+    assert "qerl_s2e-2,qerl,aqn.sigma_start 0.02," in arms and "qerl_r8,qerl,lora.r 8," in arms
+    assert (repo / "results/reports/two-arms/arms_tiny-qwen2_synthetic_grpo.png").stat().st_size > 10_000
+    arm_runs = client.search_runs([client.get_experiment_by_name("two-arms").experiment_id],
+                                  "tags.stage = 'train'")
+    assert sorted(r.data.params["method"] for r in arm_runs) == ["qerl_r8", "qerl_s2e-2"]
+    assert all(r.data.params["base_method"] == "qerl" and "pass_at_1/synthetic_test" in r.data.metrics
+               for r in arm_runs)
 
 
 _TIMING = ("seconds", "per_second", "peak_memory", "device")  # keys that measure the machine, not the result

@@ -19,19 +19,24 @@ def _strict_configfiles():
     for f in getattr(workflow, "configfiles", None) or []:
         try:
             wc.read_config_file(f)
+        except wc.UnreadableFileError:
+            continue  # (snakemake reports unreadable files itself)
         except wc.ConfigFileError as e:
-            if "not a text file" in str(e) or "not valid YAML" in str(e):
-                continue  # (snakemake reports unreadable files itself)
             raise WorkflowError(str(e).removeprefix("--configfile ")) from None
     try:
         wc.read_workflow_config(getattr(workflow, "configfiles", None) or [])
-    except wc.ConfigFileError as e:
-        if "not read for source" in str(e):  # (the schema's own report below says the rest, at length)
-            raise WorkflowError(str(e).removeprefix("--configfile ")) from None
+    except wc.UnreadKeyError as e:  # (other schema errors: snakemake's own report below says them, at length)
+        raise WorkflowError(str(e).removeprefix("--configfile ")) from None
+    except wc.ConfigFileError:
+        pass
 
 
 _strict_configfiles()
 validate(config, os.path.join(workflow.basedir, "workflow/schemas/config.schema.yaml"))
+try:
+    wc.expand_grids(config)  # a variant's `grid` -> one variant per combination (the effective config holds those)
+except ValueError as e:
+    raise WorkflowError(str(e)) from None
 # `inputs_lock` (qerl fetch): hub models / training sets at the locked commits (in the config from here on), the
 # benchmarks' commits passed to `qerl evaluate --revision`, and every job with the hub off
 try:

@@ -1,5 +1,10 @@
 # Report: paper-shaped tables (Markdown + CSV), figures and index.md under results/reports/<configuration>/
-# (`make example-report` copies the default's into the committed reports/default/).
+# (`make example-report` copies the default's into the committed reports/default/). Each table and figure is an
+# output marked with report(), captioned from workflow/report/, so `snakemake --report report.html` carries them;
+# the files follow from the config alone (qerl.stages.report_figures.planned_files).
+from qerl.stages.report_figures import planned_files
+
+report: "../report/workflow.rst"
 
 
 rule effective_config:
@@ -19,9 +24,11 @@ rule report:
         evals=wc.eval_targets(config),
         train=[f"results/train/{r.path}/summary.json" for r in RUNS],
     output:
-        REPORT,
+        index=REPORT,
+        files=[report(os.path.join(os.path.dirname(REPORT), f.name), caption=f"../report/{f.caption}.rst",
+                      category=f.category, labels={"file": f.name}) for f in planned_files(config)],
     params:
-        out=lambda w, output: os.path.dirname(output[0]),
+        out=lambda w, output: os.path.dirname(output.index),
         track=track("report", f"report/{CONFIGURATION}"),
         results=lambda w, input: os.path.dirname(os.path.dirname(input.cfg)),
     log:

@@ -31,5 +31,6 @@ rule train:
     conda:
         "../envs/qerl.yaml"
     shell:
-        # --auto-resume: a job killed mid-run continues from its last checkpoint when rerun
-        "QERL_CLAIM_GPUS={resources.gpu} qerl train --config {input.cfg} --auto-resume --no-progress{params.launch} > {log} 2>&1"
+        # --rerun: a job killed mid-run continues from its last checkpoint; one Snakemake reruns because its config
+        # changed starts over, replacing its own run (qerl.train.ownership)
+        "QERL_CLAIM_GPUS={resources.gpu} qerl train --config {input.cfg} --rerun --no-progress{params.launch} > {log} 2>&1"
