@@ -3,6 +3,7 @@ end-to-end run of the embedded default that is killed mid-way and rerun (only un
 redone), then checked: tables, figures and MLflow runs."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -33,6 +34,14 @@ def snakemake(*args, cwd=ROOT, check=True, popen=False):
 def test_lint_is_clean():
     out = snakemake("--lint")
     assert "Congratulations" in out.stdout + out.stderr
+
+
+def _finished(log: str) -> dict[str, int]:
+    """Jobs a snakemake run finished, per rule (its "Finished jobid: N (Rule: R)" lines)."""
+    out: dict[str, int] = {}
+    for rule in re.findall(r"Finished jobid: \d+ \(Rule: (\w+)\)", log):
+        out[rule] = out.get(rule, 0) + 1
+    return out
 
 
 def _jobs(dry_output: str) -> dict[str, int]:
@@ -238,7 +247,7 @@ def default_run(tmp_path_factory):
 @pytest.mark.numerics
 def test_default_workflow_fresh_copy_killed_rerun_and_checked(default_run):
     """A killed default workflow resumes with only its unfinished work; the report, its figures, the committed
-    example (checked to what a run can promise on another CPU), MLflow, a no-op rerun, a bad config, an edit."""
+    example (checked to what a run can promise on another CPU)."""
     from qerl.stages import report_check
 
     repo, finished, out = default_run
@@ -265,6 +274,13 @@ def test_default_workflow_fresh_copy_killed_rerun_and_checked(default_run):
     problems = report_check.compare(rep, ROOT / "reports/default")
     assert not problems, "reports/default differs from a fresh run's (`make example-report` and commit it):\n" + \
         "\n".join(problems)
+
+
+def test_default_workflow_tracking_reruns_and_an_ablation(default_run):
+    """On the finished default run (not repeated on other CPU kernels: nothing here is numerics): MLflow as a study,
+    `snakemake --report`, a no-op rerun, a bad config, an edit, an ablation overlay that reuses finished work, and
+    every rule rerunning over its own output."""
+    repo, _, _ = default_run
     # 5. MLflow: one run per job (sft, quantize, 6 train, 8 eval, report), all finished, named by path
     import mlflow
 
@@ -348,6 +364,14 @@ def test_default_workflow_fresh_copy_killed_rerun_and_checked(default_run):
     assert sorted(r.data.params["method"] for r in arm_runs) == ["qerl_r8", "qerl_s2e-2"]
     assert all(r.data.params["base_method"] == "qerl" and "pass_at_1/synthetic_test" in r.data.metrics
                for r in arm_runs)
+    # 9. a job Snakemake reruns replaces its own earlier output, no manual delete: the untrained evaluations and the
+    # report, then the warm start and the quantization (model directories Snakemake has partly deleted first; a
+    # training job rerun after its config or base changed starts over: tests/train/test_ownership.py)
+    rerun = snakemake("--forcerun", "evaluate_untrained", "report", "--cores", "2", cwd=repo)
+    assert _finished(rerun.stdout + rerun.stderr) == {"evaluate_untrained": 2, "report": 1, "all": 1}
+    rerun = snakemake("--forcerun", "warm_start", "quantize", "--until", "quantize", "--cores", "2", cwd=repo)
+    assert _finished(rerun.stdout + rerun.stderr) == {"warm_start": 1, "quantize": 1}
+    assert json.loads((repo / "results/quantize/tiny-qwen2/qerl_files.json").read_text())["files"]
 
 
 _TIMING = ("seconds", "per_second", "peak_memory", "device")  # keys that measure the machine, not the result
