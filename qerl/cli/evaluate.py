@@ -142,8 +142,9 @@ def add_claims(sub) -> None:
     c.add_argument("--output", help="report directory, e.g. reports/real")
     c.add_argument("--benchmark", default=None, help="benchmark to compare on (default: report.table1's)")
     c.add_argument("--timing", nargs="*", default=[], metavar="METHOD=FILE",
-                   help="step times for claim (d) from runs that had the GPU to themselves: METHOD=metrics.jsonl, or "
-                        "METHOD=step_alone.csv of an earlier report (workflow runs that shared GPUs do not time fairly)")
+                   help="step times for claim (d) from runs that had the GPU to themselves: METHOD=metrics.jsonl, one "
+                        "per timed run (3 or more a method give an interval), or METHOD=step_alone.csv of an earlier "
+                        "report (workflow runs that shared GPUs do not time fairly)")
     c.add_argument("--step-table", nargs="*", default=[], type=Path, metavar="CSV",
                    help="reports/step/<device>.csv tables: claim (d) also at 7B-32B, where the paper makes it (bf16 "
                         "LoRA / QeRL step time per model and batch)")

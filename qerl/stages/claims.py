@@ -182,6 +182,18 @@ def boot_diff(a: list[list[float]], b: list[list[float]], seed: int = 0) -> tupl
     return diff(range(n_s), range(n_p)), _pct(stats, 0.025), _pct(stats, 0.975)
 
 
+def boot_ratio(num: list[float], den: list[float], seed: int = 0) -> tuple[float, float, float]:
+    """mean(``num``) / mean(``den``) (two independent sets of runs) and its 95% percentile interval, resampling
+    each set's runs."""
+    rng = random.Random(seed)
+
+    def ratio(a, b):
+        return (sum(a) / len(a)) / (sum(b) / len(b))
+
+    stats = [ratio([rng.choice(num) for _ in num], [rng.choice(den) for _ in den]) for _ in range(BOOT)]
+    return ratio(num, den), _pct(stats, 0.025), _pct(stats, 0.975)
+
+
 def _series(d: RunData, key: str) -> list[float]:
     return [float(m[key]) for m in d.metrics if key in m and m[key] is not None]
 
@@ -339,7 +351,7 @@ def accuracy_claim(config: dict, name: str, arm_runs: list[RunData], lora: list[
                        f"seeds): {how} (margin -{100 * MARGIN:g}){gain}"}
 
 
-def claims(data: list[RunData], config: dict, timing: dict[str, list[dict]] | None = None) -> list[dict]:
+def claims(data: list[RunData], config: dict, timing: dict[str, list[list[dict]]] | None = None) -> list[dict]:
     """The paper's four claims checked on these runs: ``{"claim", "verdict", "numbers"}`` each. ``timing``: method ->
     metrics of a run that had its GPU to itself (``--timing``), the step times of claim (d); without it the
     workflow runs' own step times are used, and when those runs shared GPUs (``resources.jobs_per_gpu`` > 1) the
@@ -407,25 +419,34 @@ def claims(data: list[RunData], config: dict, timing: dict[str, list[dict]] | No
                     "numbers": "; ".join(t for _, t in found) or "no run pair to compare"})
     # (d) step time
     shared = int((config.get("resources") or {}).get("jobs_per_gpu", 1) or 1) > 1
+    interval = None
     if timing and "qerl" in timing and REFERENCE in timing:
-        mq = [statistics.median(step_seconds(RunData("qerl", 0, timing["qerl"], {}, None)))]
-        ml = [statistics.median(step_seconds(RunData(REFERENCE, 0, timing[REFERENCE], {}, None)))]
-        how = f"runs alone on the GPU ({len(timing['qerl'])} steps each, --timing)"
+        mq = [statistics.median(step_seconds(RunData("qerl", 0, rows, {}, None))) for rows in timing["qerl"]]
+        ml = [statistics.median(step_seconds(RunData(REFERENCE, 0, rows, {}, None))) for rows in timing[REFERENCE]]
+        how = (f"runs alone on the GPU ({len(mq)} QeRL and {len(ml)} bf16 LoRA run(s), --timing)")
+        if len(mq) >= 2 and len(ml) >= 2:
+            interval = boot_ratio(ml, mq)
     else:
         mq = [statistics.median(step_seconds(d)) for d in qerl]
         ml = [statistics.median(step_seconds(d)) for d in lora]
         how = ("the workflow's runs, which shared GPUs (resources.jobs_per_gpu "
                f"{config['resources']['jobs_per_gpu']}): not a fair timing" if shared else "the workflow's runs")
-    ratios = [b / a for a, b in zip(mq, ml)]
-    verdict = ("confirmed" if all(r > 1.05 for r in ratios) else
-               "refuted" if all(r < 0.95 for r in ratios) else "inconclusive")
+    if interval is not None:  # runs timed alone, >= 2 a method: the interval of the ratio of the mean medians
+        ratio, lo, hi = interval
+        verdict = "confirmed" if lo > 1.05 else "refuted" if hi < 0.95 else "inconclusive"
+        shown = f"{ratio:.2f}x, 95% interval [{lo:.2f}, {hi:.2f}] (runs resampled)"
+    else:
+        ratios = [b / a for a, b in zip(mq, ml)]
+        verdict = ("confirmed" if all(r > 1.05 for r in ratios) else
+                   "refuted" if all(r < 0.95 for r in ratios) else "inconclusive")
+        shown = ", ".join(f"{r:.2f}x" for r in ratios)
     if shared and not timing:
         verdict = "inconclusive"
     devices = sorted({str(d.evaluation.get("device", "?")) for d in data})
     out.append({"claim": "(d) the QeRL step is faster than bf16 LoRA's", "verdict": verdict,
                 "numbers": f"median step (rollout + update, step 1 left out) QeRL {', '.join(f'{x:.2f}' for x in mq)} s "
                            f"vs bf16 LoRA {', '.join(f'{x:.2f}' for x in ml)} s: bf16 LoRA / QeRL = "
-                           f"{', '.join(f'{r:.2f}x' for r in ratios)}; {how} ({', '.join(devices)})"})
+                           f"{shown}; {how} ({', '.join(devices)})"})
     return out
 
 
@@ -564,42 +585,52 @@ TIMING_KEYS = ("step", "rollout_seconds", "rollout_gen_seconds", "generated_toke
                "rollout_capture_seconds", "rollout_prefill_seconds", "peak_memory_gb")
 
 
-def read_timing(specs: list[str]) -> dict[str, list[dict]]:
-    """``METHOD=FILE`` pairs -> method -> metrics rows: a ``metrics.jsonl`` of a run that had its GPU to itself, or
-    the ``step_alone.csv`` an earlier ``qerl claims`` wrote (its rows of that method)."""
+def read_timing(specs: list[str]) -> dict[str, list[list[dict]]]:
+    """``METHOD=FILE`` pairs -> method -> its timed runs, each a list of metrics rows: a ``metrics.jsonl`` of a run
+    that had its GPU to itself (give several per method, one file each, for an interval), or the
+    ``step_alone.csv`` an earlier ``qerl claims`` wrote (its runs of that method, by its ``run`` column)."""
     from qerl.methods import NAMES
 
-    out: dict[str, list[dict]] = {}
+    out: dict[str, list[list[dict]]] = {}
+    seen: set[tuple[str, Path]] = set()
     for spec in specs:
         method, sep, path = spec.partition("=")
         if not sep or not method or not path:
             raise ClaimsError(f"--timing {spec!r}: expected METHOD=FILE (metrics.jsonl or step_alone.csv)")
         if method not in NAMES:
             raise ClaimsError(f"--timing {spec}: {method!r} is not a method ({', '.join(NAMES)})")
-        if method in out:
-            raise ClaimsError(f"--timing {spec}: {method} is given twice")
         f = Path(path)
+        if (method, f.resolve()) in seen:
+            raise ClaimsError(f"--timing {spec}: the same file is given twice for {method} (one file per timed run)")
+        seen.add((method, f.resolve()))
         if not f.is_file():
             raise ClaimsError(f"--timing {spec}: {f} not found")
         if f.suffix == ".csv":
             from qerl.readers import cell, read_csv
 
-            rows = [(i, r) for i, r in enumerate(read_csv(f, "step-time table", ("method",)), 2)
-                    if r["method"] == method]
-            out[method] = [{k: cell(v, f"--timing {spec}: {f}:{i}: {k}") for k, v in r.items()
-                            if k != "method" and v != ""} for i, r in rows]
+            by_run: dict[str, list[dict]] = {}
+            for i, r in enumerate(read_csv(f, "step-time table", ("method",)), 2):
+                if r["method"] == method:
+                    by_run.setdefault(r.get("run", "0"), []).append(
+                        {k: cell(v, f"--timing {spec}: {f}:{i}: {k}") for k, v in r.items()
+                         if k not in ("method", "run") and v != ""})
+            runs = list(by_run.values())
         else:
-            out[method] = _read_jsonl(f)
-        if len(out[method]) < 2:
-            raise ClaimsError(f"--timing {spec}: fewer than 2 steps of {method} in {f}")
-        if bad := [i + 1 for i, r in enumerate(out[method]) if not {"rollout_seconds", "train_seconds"} <= set(r)]:
-            raise ClaimsError(f"--timing {spec}: row {bad[0]} of {f} has no rollout_seconds / train_seconds (the step "
-                              "times claim (d) reads)")
+            runs = [_read_jsonl(f)]
+        if not runs:
+            raise ClaimsError(f"--timing {spec}: no steps of {method} in {f}")
+        for rows in runs:
+            if len(rows) < 2:
+                raise ClaimsError(f"--timing {spec}: fewer than 2 steps of {method} in {f}")
+            if bad := [i + 1 for i, r in enumerate(rows) if not {"rollout_seconds", "train_seconds"} <= set(r)]:
+                raise ClaimsError(f"--timing {spec}: row {bad[0]} of {f} has no rollout_seconds / train_seconds (the "
+                                  "step times claim (d) reads)")
+        out.setdefault(method, []).extend(runs)
     return out
 
 
 def build(config: dict, results: Path, out: Path, benchmark: str | None = None,
-          timing: dict[str, list[dict]] | None = None, step_tables: list[Path] | None = None) -> dict:
+          timing: dict[str, list[list[dict]]] | None = None, step_tables: list[Path] | None = None) -> dict:
     """Write runs.csv/.md, accuracy.csv/.md, curves.png and claims.md (and step_alone.csv with ``timing``) into
     ``out``; returns the claims."""
     from qerl.workflow_config import write_text_atomic
@@ -611,8 +642,9 @@ def build(config: dict, results: Path, out: Path, benchmark: str | None = None,
     if step_tables:
         found.append(step_table_claim(step_tables))
     if timing:
-        rows = [["method", *TIMING_KEYS]] + [[m, *(str(r.get(k, "")) for k in TIMING_KEYS)]
-                                              for m, rs in timing.items() for r in rs]
+        rows = [["method", "run", *TIMING_KEYS]] + [[m, str(i), *(str(r.get(k, "")) for k in TIMING_KEYS)]
+                                                     for m, runs in timing.items() for i, rs in enumerate(runs)
+                                                     for r in rs]
         write_text_atomic(str(out / "step_alone.csv"), _csv_text(rows))
     write_text_atomic(str(out / "runs.csv"), _csv_text(runs_rows))
     write_text_atomic(str(out / "runs.md"), _md(runs_rows, skip=("model", "adapter_sha256")))

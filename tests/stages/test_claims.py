@@ -149,23 +149,34 @@ def test_a_matching_method_is_confirmed_and_a_nan_is_an_error_naming_the_run(tmp
 
 
 def test_timing_from_runs_alone_decides_the_step_claim(results, tmp_path):
+    """One timed run a method: the ratio of the medians decides; three a method: the 95% interval of the ratio of the
+    mean medians (runs resampled) decides, and step_alone.csv gives the same runs back."""
     from qerl.stages.claims import ClaimsError, build, read_timing
 
     alone = tmp_path / "alone"
     for method, s in (("lora", 2.0), ("qerl", 1.5)):
-        (alone / method).mkdir(parents=True)
-        (alone / method / "metrics.jsonl").write_text("".join(
-            json.dumps({"step": i, "rollout_seconds": s * 0.7, "train_seconds": s * 0.3, "sigma": 0}) + "\n"
-            for i in range(1, 11)))
-    timing = read_timing([f"{m}={alone / m / 'metrics.jsonl'}" for m in ("lora", "qerl")])
+        for k, jitter in enumerate((0.0, 0.05, -0.05)):
+            (alone / f"{method}{k}").mkdir(parents=True)
+            (alone / f"{method}{k}" / "metrics.jsonl").write_text("".join(json.dumps(
+                {"step": i, "rollout_seconds": (s + jitter) * 0.7, "train_seconds": (s + jitter) * 0.3, "sigma": 0})
+                + "\n" for i in range(1, 11)))
+    timing = read_timing([f"{m}={alone / (m + '0') / 'metrics.jsonl'}" for m in ("lora", "qerl")])
     got = build(CONFIG, results, tmp_path / "rep", timing=timing)
     d = next(c for c in got["claims"] if c["claim"].startswith("(d)"))
     assert d["verdict"] == "confirmed" and "1.33x" in d["numbers"] and "alone" in d["numbers"]
-    again = read_timing([f"{m}={tmp_path / 'rep' / 'step_alone.csv'}" for m in ("lora", "qerl")])
-    assert [r["rollout_seconds"] for r in again["qerl"]] == [r["rollout_seconds"] for r in timing["qerl"]]
-    for bad, want in (("qerl", "expected METHOD=FILE"), (f"qerl={tmp_path / 'none.jsonl'}", "not found")):
+    three = read_timing([f"{m}={alone / (m + str(k)) / 'metrics.jsonl'}" for m in ("lora", "qerl") for k in range(3)])
+    assert [len(three[m]) for m in ("lora", "qerl")] == [3, 3]
+    got = build(CONFIG, results, tmp_path / "rep3", timing=three)
+    d = next(c for c in got["claims"] if c["claim"].startswith("(d)"))
+    lo, hi = (float(x) for x in d["numbers"].split("95% interval [")[1].split("]")[0].split(", "))
+    assert d["verdict"] == "confirmed" and "1.33x" in d["numbers"] and 1.05 < lo < 1.33 < hi < 1.45
+    again = read_timing([f"{m}={tmp_path / 'rep3' / 'step_alone.csv'}" for m in ("lora", "qerl")])
+    assert [[r["rollout_seconds"] for r in run] for run in again["qerl"]] == \
+        [[r["rollout_seconds"] for r in run] for run in three["qerl"]]
+    for bad, want in (("qerl", "expected METHOD=FILE"), (f"qerl={tmp_path / 'none.jsonl'}", "not found"),
+                      (f"qerl={alone / 'qerl0/metrics.jsonl'} qerl={alone / 'qerl0/metrics.jsonl'}", "given twice")):
         with pytest.raises(ClaimsError, match=want):
-            read_timing([bad])
+            read_timing(bad.split())
 
 
 def test_missing_results_are_named(results, tmp_path):
