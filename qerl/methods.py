@@ -40,11 +40,15 @@ def base_of(name: str) -> str:
     return UNTRAINED[name][0] if name in UNTRAINED else METHODS[name].base
 
 
-def aqn_on(name: str, setting="auto") -> bool:
-    """Whether a run of method ``name`` adds AQN: the ``aqn.enabled`` setting when it is true / false, else
-    (``auto``) the method's own choice (QeRL only)."""
+def resolve_aqn(setting, method_aqn: bool) -> bool:
+    """The one rule for ``aqn.enabled``: true / false as set, ``auto`` the method's own choice ``method_aqn``."""
     flag = str(setting).lower()
-    return METHODS[name].aqn if flag == "auto" else flag == "true"
+    return method_aqn if flag == "auto" else flag == "true"
+
+
+def aqn_on(name: str, setting="auto") -> bool:
+    """Whether a run of method ``name`` adds AQN (:func:`resolve_aqn` with the method's choice: QeRL only)."""
+    return resolve_aqn(setting, METHODS[name].aqn)
 
 
 def label(name: str) -> str:

@@ -41,15 +41,18 @@ def loads(text: str, source: str, allow_nan: bool = False):
         raise InputFileError(f"{source}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
 
 
-def read_json(path: Path, what: str = "JSON file"):
-    path = Path(path)
+def read_text(path: Path, what: str) -> str:
+    """The UTF-8 text of ``path``; a missing or non-text file is an :class:`InputFileError` naming it and ``what``."""
     try:
-        text = path.read_text()
+        return Path(path).read_text()
     except FileNotFoundError:
         raise InputFileError(f"{path}: no such {what}") from None
     except UnicodeDecodeError:
         raise InputFileError(f"{path}: not a text file (a {what} expected)") from None
-    return loads(text, str(path))
+
+
+def read_json(path: Path, what: str = "JSON file"):
+    return loads(read_text(path, what), str(path))
 
 
 def read_jsonl(path: Path, what: str = "JSONL file", allow_nan: bool = False) -> list[dict]:
@@ -57,10 +60,7 @@ def read_jsonl(path: Path, what: str = "JSONL file", allow_nan: bool = False) ->
     NaN / Infinity are read as floats (a training metric may be one; the reader that judges a field names the run
     and the step)."""
     path = Path(path)
-    try:
-        lines = path.read_text().splitlines()
-    except UnicodeDecodeError:
-        raise InputFileError(f"{path}: not a text file (a {what} expected)") from None
+    lines = read_text(path, what).splitlines()
     rows = []
     for i, line in enumerate(lines, 1):
         if not line.strip():
@@ -80,13 +80,7 @@ def read_csv(path: Path, what: str = "CSV file", columns: tuple[str, ...] = ()) 
     import io
 
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise InputFileError(f"{path}: no such {what}") from None
-    except UnicodeDecodeError:
-        raise InputFileError(f"{path}: not a text file (a {what} expected)") from None
-    table = list(csv.reader(io.StringIO(text)))
+    table = list(csv.reader(io.StringIO(read_text(path, what))))
     if not table or not any(table[0]):
         raise InputFileError(f"{path}: empty, no header row (a {what} expected)")
     header, rows = table[0], []

@@ -103,12 +103,9 @@ def run_mlflow_init(args) -> dict:
     exp = init_store(args.tracking_uri, args.experiment)
     marker = {"tracking_uri": args.tracking_uri, "experiment": args.experiment, "experiment_id": exp}
     if args.parent_run:
-        params = {}
-        for item in args.param:
-            k, eq, v = item.partition("=")
-            if not eq or not k:
-                raise ValueError(f"--param {item!r}: expected KEY=VALUE")
-            params[k] = v
+        from qerl.cli.common import key_value_options
+
+        params = key_value_options(args.param, "--param")
         marker["parent_run_id"] = start_parent(args.tracking_uri, args.experiment, args.parent_run, params,
                                                {"configuration": args.experiment},
                                                [args.config] if args.config else [])

@@ -32,6 +32,19 @@ def add_tracking(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mlflow-tag", action="append", default=[], metavar="KEY=VALUE", help="a run tag (repeatable)")
 
 
+def key_value_options(items: list[str], flag: str) -> dict[str, str]:
+    """Repeated ``FLAG KEY=VALUE`` options -> dict; a malformed or repeated key is a ``ValueError`` naming it."""
+    out: dict[str, str] = {}
+    for item in items:
+        k, eq, v = item.partition("=")
+        if not eq or not k:
+            raise ValueError(f"{flag} {item!r}: expected KEY=VALUE")
+        if k in out:
+            raise ValueError(f"{flag} {k} is given twice")
+        out[k] = v
+    return out
+
+
 def trained_run_id(args) -> str | None:
     """The MLflow run that trained what a command reads: ``--adapter`` (LoRA methods) or ``--model`` (a full
     fine-tune's ``final/``), when its run directory's ``summary.json`` names one. An evaluation of it is nested under
@@ -80,14 +93,7 @@ def tracked(args, func):
     from qerl.tracking import check_reachable
 
     check_reachable(uri, what="--mlflow-uri")
-    tags = {}
-    for t in args.mlflow_tag:
-        k, eq, v = t.partition("=")
-        if not eq or not k:
-            raise ValueError(f"--mlflow-tag {t!r}: expected KEY=VALUE")
-        if k in tags:
-            raise ValueError(f"--mlflow-tag {k} is given twice")
-        tags[k] = v
+    tags = key_value_options(args.mlflow_tag, "--mlflow-tag")
     if os.environ.get("QERL_CONFIG_HASH"):  # the workflow's config hash (workflow/rules/common.smk)
         tags.setdefault("config_hash", os.environ["QERL_CONFIG_HASH"])
     tags.update(command=args.command, git_commit=git_commit())

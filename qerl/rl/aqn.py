@@ -71,8 +71,9 @@ class AQNSettings:
 
 def enabled(settings: AQNSettings, method_aqn: bool) -> bool:
     """Whether a run adds AQN: ``settings.enabled`` when set, else the method's own choice ``method_aqn``."""
-    flag = str(settings.enabled).lower()
-    return method_aqn if flag == "auto" else flag == "true"  # (qerl.methods.aqn_on: the same rule, by method name)
+    from qerl.methods import resolve_aqn
+
+    return resolve_aqn(settings.enabled, method_aqn)
 
 
 def stage_of(step: int, total_steps: int, stages: int) -> int:

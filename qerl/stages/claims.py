@@ -125,7 +125,7 @@ def collect(config: dict, results: Path, benchmark: str | None = None) -> tuple[
             raise ClaimsError(f"run {r.path}: metrics.jsonl holds {len(metrics)} step(s); a run needs at least 2 to "
                               "be compared (a run cut off at its start? rerun it)")
         _check_finite(r.path, metrics, ev, base_ev)
-        lr = (train_config(config, r, "sqlite://").get("optim") or {}).get("lr")  # None: the trainer's default
+        lr = (train_config(config, r).get("optim") or {}).get("lr")  # None: the trainer's default
         out.append(RunData(arm(r.method, r.model, first.model), r.seed, metrics, ev, base_ev, ev["per_problem"],
                            r.model, float(lr) if lr is not None else None))
     if not out:

@@ -159,10 +159,6 @@ def load_workflow_config(path: Path) -> dict:
     return config
 
 
-REPORT_FILES = ("index.md", "runs.md", "runs.csv", "table1.md", "table1.csv", "table2.md", "table2.csv", "bases.md",
-                "bases.csv")
-
-
 def check_report_dir(out: Path) -> None:
     """``out`` is empty, missing, or an earlier report (its ``runs.md``): a report never writes among other files."""
     if out.is_dir() and any(out.iterdir()) and not (out / "runs.md").exists():

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qerl.readers import InputFileError, is_number, read_eval_summary, read_jsonl
-from qerl.workflow_config import aqn_on, arm_changes, runs, untrained_bases
+from qerl.workflow_config import aqn_on, arm_changes, base_method, runs, untrained_bases
 
 CURVES = (("reward_mean", "reward"), ("accuracy", "accuracy"), ("entropy", "policy entropy"),
           ("response_len_mean", "response length (tokens)"))
@@ -151,14 +151,13 @@ def arm_rows(config: dict, results: Path, rs: list, bench: str | None) -> list[l
                 lasts.append(sum(tail) / len(tail))
         accs = [a for a in (pass1(results, r.path, bench) for r in members) if a is not None] if bench else []
         m, lo, hi = mean_interval(accs)
-        from qerl.workflow_config import base_method
-
         rows.append([arm, base_method(config, arm), arm_changes(config, arm) or "—", str(len(lasts)),
                      str(len(accs)), fmt(mean_interval(lasts)[0], 3), fmt(m), fmt(lo), fmt(hi)])
     return rows
 
 
-def _arms_figure(plt, config, results, model, dataset, algo, rs, bench):
+def _arms_figure(plt, config, results, model, dataset, algo, rs, bench, rows):
+    """``rows``: :func:`arm_rows` of ``rs`` (the CSV beside the figure), without its header."""
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [3, 2]})
     arms = _arms(rs)
     for i, (arm, members) in enumerate(arms.items()):
@@ -176,7 +175,6 @@ def _arms_figure(plt, config, results, model, dataset, algo, rs, bench):
                             [max(c) if c else float("nan") for c in cols], color=f"C{i % 10}", alpha=0.15)
     ax.set_xlabel("step"), ax.set_ylabel("reward (EMA 0.3)"), ax.grid(alpha=0.3), ax.legend(fontsize=7)
     ax.set_title("reward: mean over seeds (band: their range)")
-    rows = arm_rows(config, results, rs, bench)[1:]
     labels = [r[0] + ("" if r[6] else "\n(not evaluated)") for r in rows]
     nan = float("nan")
     means = [float(r[6]) if r[6] else nan for r in rows]
@@ -231,10 +229,11 @@ def figures(config: dict, results: Path, out: Path) -> list[Path]:
         made.append(_save(plt, fig, out / f"curves_{tag}.png"))
         if len(arms) > 1:
             bench = benches[0] if benches else None
+            rows = arm_rows(config, results, rs, bench)
             with open(out / f"arms_{tag}.csv", "w", newline="") as f:
-                csv.writer(f).writerows(arm_rows(config, results, rs, bench))
+                csv.writer(f).writerows(rows)
             made.append(out / f"arms_{tag}.csv")
-            made.append(_save(plt, _arms_figure(plt, config, results, model, dataset, algo, rs, bench),
+            made.append(_save(plt, _arms_figure(plt, config, results, model, dataset, algo, rs, bench, rows[1:]),
                               out / f"arms_{tag}.png"))
     sig = aqn_runs(config, results)
     if sig:

@@ -111,11 +111,12 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
         print("optimizer states parked in host memory during each rollout (optim.offload)", flush=True)
     metrics_path = out / "metrics.jsonl"
     if d.main:  # (after the checkpoint loaded: a resume that fails changes nothing)
-        write_json(out / "config.json", to_dict(cfg))
+        resolved = to_dict(cfg)
+        write_json(out / "config.json", resolved)
         if state.step == 0:
             from qerl.train.ownership import record_inputs
 
-            record_inputs(out, to_dict(cfg))
+            record_inputs(out, resolved)
         _truncate_metrics(metrics_path, state.step)
 
     # tracker (rank 0)

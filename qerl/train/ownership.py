@@ -237,18 +237,18 @@ def _rerun_reason(out: Path, st: "RunStatus", config: dict | None) -> str | None
     if st.checkpoint_step is None:
         return f"holds {st.describe()} but no checkpoint (stopped before its first)"
     if config is not None:
-        try:
-            _check_same_run(out, config)
-        except OwnershipError as e:
-            return "holds a run with other settings (" + str(e).split("(", 1)[1].split(")", 1)[0] + ")"
+        if shown := _changed_settings(out, config):
+            return f"holds a run with other settings ({shown})"
         steps = int(config.get("steps") or 0)
         if st.finished and steps < st.last_step:
             return f"holds {st.describe()}, more steps than steps={steps}"
         rec = out / INPUTS
         if rec.is_file():
+            from qerl.readers import InputFileError, read_json
+
             try:
-                was = json.loads(rec.read_text()).get("model")
-            except (ValueError, AttributeError):
+                was = read_json(rec, "run inputs record").get("model")
+            except (InputFileError, AttributeError):  # (unreadable: the base cannot be compared, as without one)
                 was = None
             now = base_written(config)
             if was and now and was != now:
@@ -288,21 +288,28 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def _check_same_run(out: Path, config: dict) -> None:
+def _changed_settings(out: Path, config: dict) -> str | None:
+    """The settings (``key: saved -> now``, at most 4 shown) in which ``config`` differs from the run ``out``'s
+    ``config.json`` beyond what a resume may change; ``None`` when none differ (or there is no readable one)."""
     saved_path = out / "config.json"
     if not saved_path.exists():
-        return
+        return None
     try:
         saved = _flat(json.loads(saved_path.read_text()))
     except json.JSONDecodeError:
-        return
+        return None
     mine = _flat(config)
     diff = sorted(k for k in set(saved) | set(mine)
                   if saved.get(k) != mine.get(k) and not any(k == c or k.startswith(c + ".") for c in RESUMABLE_CHANGES)
                   and k != "output_dir")
-    if diff:
-        shown = ", ".join(f"{k}: {saved.get(k)!r} -> {mine.get(k)!r}" for k in diff[:4])
+    if not diff:
+        return None
+    return ", ".join(f"{k}: {saved.get(k)!r} -> {mine.get(k)!r}" for k in diff[:4]) + (", …" if len(diff) > 4 else "")
+
+
+def _check_same_run(out: Path, config: dict) -> None:
+    if shown := _changed_settings(out, config):
         raise OwnershipError(
-            f"{out / CHECKPOINT} belongs to a run with other settings ({shown}{', …' if len(diff) > 4 else ''}): "
+            f"{out / CHECKPOINT} belongs to a run with other settings ({shown}): "
             f"resuming would continue that run under these; use its settings, start over with --overwrite (in the "
             f"workflow: remove {out}), or set another output_dir")
