@@ -210,8 +210,9 @@ def _lora_linear_cls():
 
         def merge(self, *args, **kwargs):
             raise RuntimeError(
-                "cannot merge LoRA into an NVFP4 base in place (the packed base stays frozen and "
-                "bit-identical); use qerl.lora.export_merged to write a merged bf16 model"
+                "cannot merge LoRA into an NVFP4 base in place (the packed base stays frozen and bit-identical): "
+                "save the adapter, then `qerl export-merged --base BASE --adapter ADAPTER --output DIR` writes the "
+                "merged bf16 model (or qerl.lora.export_merged)"
             )
 
     return LoraNVFP4Linear

@@ -1,0 +1,177 @@
+"""qerl in the Hugging Face stack: ``from_pretrained(quantization_config=QerlNVFP4Config())`` (a packed checkpoint
+and quantize-on-load, both bit-equal to qerl's own loader / ``qerl quantize``), ``save_pretrained`` writing the
+compressed-tensors checkpoint, ``get_peft_model`` with a plain ``LoraConfig`` giving qerl's fused NVFP4 LoRA layer,
+and TRL's ``GRPOTrainer`` training two steps with ``qerl.hf.rollout_func`` and ``AQNCallback``."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
+def _same_state(a: dict, b: dict) -> list[str]:
+    assert set(a) == set(b), (set(a) ^ set(b))
+    return [k for k in a if not torch.equal(_bytes(a[k]), _bytes(b[k]))]
+
+
+def test_packed_checkpoint_loads_packed_and_equal_to_qerls_loader(quantized_dirs):
+    from transformers import AutoModelForCausalLM
+
+    from qerl.hf import QerlNVFP4Config
+    from qerl.models import load_policy
+    from qerl.models.nvfp4_linear import NVFP4Linear
+
+    for arch, d in quantized_dirs.items():
+        model = AutoModelForCausalLM.from_pretrained(d, quantization_config=QerlNVFP4Config())
+        layers = [m for m in model.modules() if isinstance(m, NVFP4Linear)]
+        assert len(layers) == 7 * model.config.num_hidden_layers, arch
+        assert all(not hasattr(m, "weight") for m in layers)  # no dense copy of a quantized weight
+        assert model.is_quantized and model.hf_quantizer.is_trainable
+        assert not _same_state(model.state_dict(), load_policy(d, base="nvfp4").state_dict()), arch
+    if importlib.util.find_spec("compressed_tensors"):  # without our config: transformers' own loader, untouched
+        plain = AutoModelForCausalLM.from_pretrained(d)
+        assert type(plain.hf_quantizer).__name__ == "CompressedTensorsHfQuantizer"
+
+
+def test_quantize_on_load_equals_qerl_quantize_and_saves_the_checkpoint(tiny_dirs, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from qerl.hf import QerlNVFP4Config
+    from qerl.models import load_policy
+    from qerl.stages.quantize import quantize_checkpoint
+
+    src = tiny_dirs["qwen2"]
+    for rule, keep in (("max6", 0), ("four-over-six", 1)):
+        ref_dir = quantize_checkpoint(src, tmp_path / f"ref-{rule}", scale_rule=rule, keep_bf16_last=keep,
+                                      progress=False) and tmp_path / f"ref-{rule}"
+        model = AutoModelForCausalLM.from_pretrained(
+            src, quantization_config=QerlNVFP4Config(scale_rule=rule, keep_bf16_last=keep))
+        ref = load_policy(ref_dir, base="nvfp4")
+        assert not _same_state(model.state_dict(), ref.state_dict()), rule  # fused global scales included
+        saved = tmp_path / f"saved-{rule}"
+        model.save_pretrained(saved)
+        qc = json.loads((saved / "config.json").read_text())["quantization_config"]
+        assert qc == json.loads((ref_dir / "config.json").read_text())["quantization_config"]
+        x = torch.randint(3, 250, (2, 9))
+        with torch.no_grad():
+            assert torch.equal(load_policy(saved, base="nvfp4")(x).logits, model(x).logits)
+
+
+def test_bad_config_values_are_named():
+    from qerl.hf import QerlNVFP4Config
+
+    with pytest.raises(ValueError, match="scale_rule 'max5'"):
+        QerlNVFP4Config(scale_rule="max5")
+    with pytest.raises(ValueError, match="keep-bf16-last 1.5"):
+        QerlNVFP4Config(keep_bf16_last=1.5)
+    with pytest.raises(ValueError, match="not a valid regular expression"):
+        QerlNVFP4Config(ignore=["re:(("])
+
+
+def test_plain_lora_config_gets_the_fused_layer_and_adapters_load_on_bf16(quantized_dirs, tmp_path):
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from qerl.hf import QerlNVFP4Config
+    from qerl.models import load_policy
+
+    d = quantized_dirs["qwen2"]
+    model = AutoModelForCausalLM.from_pretrained(d, quantization_config=QerlNVFP4Config(), dtype=torch.float32)
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                                  init_lora_weights=False))
+    wrapped = {type(m).__name__ for n, m in peft_model.named_modules() if n.endswith("_proj")}
+    assert wrapped == {"LoraNVFP4Linear"}  # all seven projections of every layer, none left out
+    assert "lm_head" not in str(peft_model.peft_config["default"].target_modules)
+    with pytest.raises(RuntimeError, match="qerl export-merged"):
+        peft_model.merge_and_unload()
+    peft_model.save_pretrained(tmp_path / "adapter")
+    bf16 = PeftModel.from_pretrained(load_policy(d, base="bf16", dtype=torch.float32), tmp_path / "adapter")
+    x = torch.randint(3, 250, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(bf16(x).logits, peft_model(x).logits, rtol=1e-5, atol=1e-5)
+
+
+def _trl_setup(quantized_dirs, tmp_path, **aqn):
+    from datasets import Dataset
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    from trl import GRPOConfig, GRPOTrainer
+
+    import qerl.hf
+    from qerl.models.tiny import build_tokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(quantized_dirs["qwen2"], dtype=torch.float32,
+                                                 quantization_config=qerl.hf.QerlNVFP4Config())
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    dataset = Dataset.from_dict({"prompt": ["1+1=", "2+3=", "4+4=", "5+1="]})
+
+    def reward(completions, **kwargs):  # longer answers pay: any learning signal will do here
+        return [len(c) / 10 for c in completions]
+
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=8, max_steps=2, learning_rate=1e-2, report_to=[], use_cpu=True,
+                      bf16=False, logging_steps=1, save_strategy="no", temperature=1.0, seed=0)
+    callback = qerl.hf.AQNCallback(stages=1, **aqn)
+    rollouts = []
+    base = qerl.hf.rollout_func(seed=3)
+
+    def spy(prompts, trainer):
+        out = base(prompts, trainer)
+        rollouts.append((list(prompts), out))
+        return out
+
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
+                          processing_class=build_tokenizer(), rollout_func=spy, callbacks=[callback])
+    return trainer, model, callback, rollouts, base
+
+
+def test_grpo_trainer_trains_on_qerl_rollouts(quantized_dirs, tmp_path):
+    pytest.importorskip("trl")
+    from peft import PeftModel
+
+    from qerl.models import load_policy
+
+    trainer, model, callback, rollouts, base = _trl_setup(quantized_dirs, tmp_path)
+    before = {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
+    trainer.train()
+    changed = [k for k, v in model.named_parameters() if v.requires_grad and not torch.equal(before[k], v)]
+    assert len(changed) == len(before) > 0  # every adapter moved
+    assert len(rollouts) == 2 and all(len(out["completion_ids"]) == 4 for _, out in rollouts)
+    assert callback.history == [(0, 0.0), (1, 0.01)] and callback.rollouts == 2  # stage 0 clean, then σ_start
+    assert trainer.state.log_history[1]["aqn/sigma"] == 0.01
+
+    # the engine's log-probs are TRL's own recomputation of the same sequences (no noise: σ = 0)
+    callback.sigma = 0.0
+    prompts = rollouts[0][0]
+    out = base(prompts, trainer)
+    rows = [torch.tensor(p + c) for p, c in zip(out["prompt_ids"], out["completion_ids"])]
+    assert len({len(p) for p in out["prompt_ids"]}) == 1 and len({len(c) for c in out["completion_ids"]}) == 1
+    ids = torch.stack(rows)
+    T = len(out["completion_ids"][0])
+    with torch.no_grad():
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, torch.ones_like(ids), T, batch_size=4)
+    torch.testing.assert_close(logps, torch.tensor(out["logprobs"]), rtol=0, atol=1e-5)
+
+    # the trained adapter, saved, loads in PEFT on the bf16 base
+    model.save_pretrained(tmp_path / "adapter")
+    loaded = PeftModel.from_pretrained(load_policy(quantized_dirs["qwen2"], base="bf16", dtype=torch.float32),
+                                       tmp_path / "adapter")
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_aqn_on_rollouts_without_qerl_rollouts_is_an_error(quantized_dirs, tmp_path):
+    pytest.importorskip("trl")
+    trainer, *_ = _trl_setup(quantized_dirs, tmp_path)
+    trainer.rollout_func = None  # TRL's own generate: AQN on rollouts would silently do nothing
+    with pytest.raises(RuntimeError, match="rollout_func=qerl.hf.rollout_func"):
+        trainer.train()
