@@ -28,8 +28,11 @@ def add_bench(sub) -> None:
                                     "the update's per-token log-probs, fused blocks against torch's composite "
                                     "(reports/logprobs/<device>.csv / .md). `qerl bench layout [--models ...] [--ms ...]` "
                                     "times NVFP4 calls on tile-contiguous against row-major weights "
-                                    "(reports/layout/<device>.csv / .md).")
-    bk.add_argument("what", choices=["kernels", "host", "logprobs", "layout", "rollout", "step", "rehearsal", "cost"],
+                                    "(reports/layout/<device>.csv / .md). `qerl bench hf [--models 7B] [--batch 8]` "
+                                    "times one GRPO step of TRL's GRPOTrainer on bf16 + LoRA, the same on qerl's "
+                                    "NVFP4 base with qerl.hf.rollout_func, and qerl train's own (reports/hf/<device>.csv "
+                                    "/ .md).")
+    bk.add_argument("what", choices=["kernels", "host", "logprobs", "layout", "rollout", "step", "rehearsal", "cost", "hf"],
                     help="which benchmark")
     bk.add_argument("rest", nargs=argparse.REMAINDER,
                     help="options of the benchmark (see `qerl bench kernels|rollout|step|rehearsal|cost --help`)")
@@ -37,6 +40,10 @@ def add_bench(sub) -> None:
 
 
 def run_bench(args) -> int:
+    if args.what == "hf":
+        from qerl.bench import hf as bench_hf
+
+        return bench_hf.main(args.rest)
     if args.what == "host":
         from qerl.bench import host as bench_host
 
