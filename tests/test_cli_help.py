@@ -4,14 +4,15 @@ import argparse
 import pytest
 
 from qerl.cli import build_parser
-from qerl.bench import kernels as bench_kernels, rollout as bench_rollout, step as bench_step
+from qerl.bench import hf as bench_hf, kernels as bench_kernels, rollout as bench_rollout, step as bench_step
 
 
 def _commands():
     root = build_parser()
     sub = next(a for a in root._actions if isinstance(a, argparse._SubParsersAction))
     yield from sub.choices.items()
-    for name, mod in (("bench kernels", bench_kernels), ("bench rollout", bench_rollout), ("bench step", bench_step)):
+    for name, mod in (("bench kernels", bench_kernels), ("bench rollout", bench_rollout), ("bench step", bench_step),
+                      ("bench hf", bench_hf)):
         yield name, mod.build_parser()
 
 

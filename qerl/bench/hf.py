@@ -160,8 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=HelpFormatter)
     p.add_argument("--output", default="reports/hf", help="directory of the <device>.csv / .md")
     p.add_argument("--models", nargs="+", default=["7B"], type=model_arg, metavar="MODEL", help=MODELS_HELP)
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
-                   help="which steps (qerl: needs a CUDA GPU)")
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS, metavar="STEP",
+                   help="steps to time, of trl-bf16 trl-qerl qerl (the last on a CUDA GPU only)")
     p.add_argument("--batch", type=int, default=8, help="sequences a step")
     p.add_argument("--generations", type=int, default=8, help="samples a prompt (TRL's num_generations)")
     p.add_argument("--prompt-len", type=int, default=256, help="prompt tokens")
