@@ -152,6 +152,7 @@ def test_grpo_trainer_trains_on_qerl_rollouts(quantized_dirs, tmp_path):
     # the engine's log-probs are TRL's own recomputation of the same sequences (no noise: σ = 0)
     callback.sigma = 0.0
     prompts = rollouts[0][0]
+    out_seed = base.seed + base.calls
     out = base(prompts, trainer)
     rows = [torch.tensor(p + c) for p, c in zip(out["prompt_ids"], out["completion_ids"])]
     assert len({len(p) for p in out["prompt_ids"]}) == 1 and len({len(c) for c in out["completion_ids"]}) == 1
@@ -160,6 +161,17 @@ def test_grpo_trainer_trains_on_qerl_rollouts(quantized_dirs, tmp_path):
     with torch.no_grad():
         logps, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, torch.ones_like(ids), T, batch_size=4)
     torch.testing.assert_close(logps, torch.tensor(out["logprobs"]), rtol=0, atol=1e-5)
+
+    # a rollout reproduces from its seed, and AQN's draw reaches it (σ > 0 moves the sampling policy's log-probs)
+    import qerl.hf
+
+    again = qerl.hf.rollout_func(seed=out_seed)(prompts, trainer)
+    assert again == out
+    callback.sigma = 0.5
+    noisy = qerl.hf.rollout_func(seed=out_seed)(prompts, trainer)
+    assert noisy["logprobs"] != out["logprobs"]
+    assert all(z is None for z in callback.aqn.current().values())  # the draw ends with the rollout
+    callback.sigma = 0.0
 
     # the trained adapter, saved, loads in PEFT on the bf16 base
     model.save_pretrained(tmp_path / "adapter")
