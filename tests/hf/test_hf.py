@@ -187,3 +187,21 @@ def test_aqn_on_rollouts_without_qerl_rollouts_is_an_error(quantized_dirs, tmp_p
     trainer.rollout_func = None  # TRL's own generate: AQN on rollouts would silently do nothing
     with pytest.raises(RuntimeError, match="rollout_func=qerl.hf.rollout_func"):
         trainer.train()
+
+
+def test_a_7b_model_loads_in_under_6_gb():
+    """The module tree QerlNVFP4Config loads a Qwen2.5-7B checkpoint into (built on the meta device): 4.5 bits a
+    quantized weight, bf16 embeddings / lm_head / norms, no dense copy of any quantized Linear."""
+    from transformers import Qwen2ForCausalLM
+
+    from qerl.hf import QerlNVFP4Config, QerlNVFP4HfQuantizer
+    from qerl.models.random import qwen_config
+
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(qwen_config("7B")).to(torch.bfloat16)
+    QerlNVFP4HfQuantizer(QerlNVFP4Config(), pre_quantized=True)._process_model_before_weight_loading(
+        model, dtype=torch.bfloat16)
+    sizes = {k: t.numel() * t.element_size() for k, t in model.state_dict().items()}
+    assert not [k for k in sizes if k.endswith("_proj.weight")]
+    total = sum(sizes.values())
+    assert 5.5e9 < total <= 6e9, total  # 3.7 GB of packed projections + 2.2 GB of bf16 embeddings and lm_head
