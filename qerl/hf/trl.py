@@ -34,8 +34,8 @@ def _prompt_texts(tokenizer, prompts: list) -> list[str]:
 class _Rollout:
     """The callable :func:`rollout_func` returns (``(prompts, trainer) -> dict``)."""
 
-    def __init__(self, engine: str, seed: int, max_new_tokens: int | None):
-        self.engine, self.seed, self.max_new_tokens = engine, seed, max_new_tokens
+    def __init__(self, engine: str, seed: int, max_new_tokens: int | None, release_cache: bool):
+        self.engine, self.seed, self.max_new_tokens, self.release_cache = engine, seed, max_new_tokens, release_cache
         self.calls = 0
 
     def settings(self, args):
@@ -66,6 +66,10 @@ class _Rollout:
                 ro = generate(model, tokenizer, texts, settings, seed=seed, num_samples=1, first_row=rank * n)
         finally:
             model.train(was_training)
+            if self.release_cache and next(model.parameters()).device.type == "cuda":
+                from qerl.rollout.engine import release_engine
+
+                release_engine(model)  # the KV cache and graphs go: TRL's update gets that memory
         if noise is not None and isinstance(getattr(trainer, "_metrics", None), dict):  # TRL logs it with its own
             trainer._metrics["train" if was_training else "eval"]["aqn/sigma"].append(noise.sigma)
         prompt_ids, completion_ids, logprobs = [], [], []
@@ -85,19 +89,21 @@ class _nothing:
         return False
 
 
-def rollout_func(engine: str = "auto", seed: int = 0, max_new_tokens: int | None = None):
+def rollout_func(engine: str = "auto", seed: int = 0, max_new_tokens: int | None = None, release_cache: bool = True):
     """TRL ``GRPOTrainer``'s ``rollout_func`` on qerl's rollout engine (see the module docstring).
 
     Sampling follows the trainer's ``GRPOConfig``: ``temperature``, ``top_p``, ``top_k`` and
     ``max_completion_length`` (``max_new_tokens`` overrides the last). ``engine``: ``auto`` (the engine on CUDA
     for models it runs, the reference sampler otherwise), ``engine`` or ``reference`` (:mod:`qerl.rollout`).
     ``seed``: the first call's; each later call draws with the next seed, and a row's draw depends only on its
-    seed and its global row index (:func:`qerl.rollout.sampling.row_seeds`), so a run reproduces."""
+    seed and its global row index (:func:`qerl.rollout.sampling.row_seeds`), so a run reproduces.
+    ``release_cache``: free the engine's KV cache and CUDA graphs after each rollout (as ``qerl train`` does by
+    default), so the update has that memory; ``False`` keeps them for the next rollout (no re-capture)."""
     from qerl.rollout.sampling import ENGINES
 
     if engine not in ENGINES:
         raise ValueError(f"rollout_func: engine {engine!r}, expected one of {list(ENGINES)}")
-    return _Rollout(engine, int(seed), max_new_tokens)
+    return _Rollout(engine, int(seed), max_new_tokens, bool(release_cache))
 
 
 class AQNCallback(TrainerCallback):
