@@ -37,6 +37,11 @@ def test_packed_checkpoint_loads_packed_and_equal_to_qerls_loader(quantized_dirs
         assert all(not hasattr(m, "weight") for m in layers)  # no dense copy of a quantized weight
         assert model.is_quantized and model.hf_quantizer.is_trainable
         assert not _same_state(model.state_dict(), load_policy(d, base="nvfp4").state_dict()), arch
+    dense = model.dequantize()  # transformers' own call: the bf16 model of the same weights
+    assert not [m for m in dense.modules() if isinstance(m, NVFP4Linear)] and not dense.is_quantized
+    x = torch.randint(3, 250, (2, 9))
+    with torch.no_grad():
+        assert torch.equal(dense(x).logits, load_policy(d, base="bf16")(x).logits)
     if importlib.util.find_spec("compressed_tensors"):  # without our config: transformers' own loader, untouched
         plain = AutoModelForCausalLM.from_pretrained(d)
         assert type(plain.hf_quantizer).__name__ == "CompressedTensorsHfQuantizer"
