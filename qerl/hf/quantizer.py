@@ -65,7 +65,6 @@ class QerlNVFP4Config(QuantizationConfigMixin):
         self.ignore = list(ignore) if ignore is not None else ["lm_head"]
         qformat.check_patterns(self.ignore, "QerlNVFP4Config ignore")
         self.targets = list(targets) if targets is not None else ["Linear"]
-        self.pre_quantized_from: str | None = None  # set when a checkpoint's own quantization_config is taken over
 
     def to_dict(self) -> dict[str, Any]:
         """The checkpoint's ``quantization_config`` (the compressed-tensors NVFP4A16 block): what
@@ -134,9 +133,9 @@ class QerlNVFP4HfQuantizer(HfQuantizer):
         if cfg.keep_bf16_last and not self.pre_quantized:
             layers = int(getattr(model.config.get_text_config(), "num_hidden_layers", 0) or 0)
             extra = qformat.last_layers_pattern(layers, cfg.keep_bf16_last)
-            if extra:
+            if extra and extra not in ignore:
                 ignore.append(extra)
-                cfg.ignore = ignore  # what the saved checkpoint's ignore list says
+                cfg.ignore = ignore  # what the saved checkpoint's ignore list says (a config used again: once)
         return [n for n, m in model.named_modules() if isinstance(m, nn.Linear)
                 and qformat.is_target(n, [c.__name__ for c in type(m).__mro__], cfg.targets, ignore)]
 
@@ -231,7 +230,6 @@ def _take_over_compressed_tensors(original):
             parsed = qformat.parse_quantization_config(quantization_config, "config.json")
             cfg = quantization_config_from_args
             cfg.ignore, cfg.targets = list(parsed["ignore"]), list(parsed["targets"])
-            cfg.pre_quantized_from = qformat.QUANT_METHOD
             return cfg
         return original.__func__(cls, quantization_config, quantization_config_from_args)
 

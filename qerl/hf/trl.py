@@ -12,6 +12,8 @@ each drawn token, the quantity TRL recomputes as its ``old_per_token_logps``.
 """
 from __future__ import annotations
 
+import contextlib
+
 from transformers import TrainerCallback
 
 from qerl.rl.aqn import AQN, AQNSettings, sigma_at
@@ -62,7 +64,7 @@ class _Rollout:
         was_training = model.training
         model.eval()
         try:
-            with torch.no_grad(), (noise.rollout(seed) if noise is not None else _nothing()):
+            with torch.no_grad(), (noise.rollout(seed) if noise is not None else contextlib.nullcontext()):
                 ro = generate(model, tokenizer, texts, settings, seed=seed, num_samples=1, first_row=rank * n)
         finally:
             model.train(was_training)
@@ -79,14 +81,6 @@ class _Rollout:
             completion_ids.append(ro.completion_ids[i][keep].tolist())
             logprobs.append(ro.logprobs[i][keep].float().tolist())
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def rollout_func(engine: str = "auto", seed: int = 0, max_new_tokens: int | None = None, release_cache: bool = True):
@@ -150,5 +144,5 @@ class AQNCallback(TrainerCallback):
         """The context a qerl rollout samples in: this step's draw active (σ = 0: none)."""
         self.rollouts += 1
         if self.aqn is None or self.settings.apply_to != "rollout":
-            return _nothing()
+            return contextlib.nullcontext()
         return self.aqn.noise(self.sigma, self.seed + 7919 * seed + 1)
