@@ -18,18 +18,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from pathlib import Path
 
 import torch
 
+from qerl.bench.step import _sync_time  # (CUDA-synchronised wall clock)
+
 VARIANTS = ("trl-bf16", "trl-qerl", "qerl")
-
-
-def _sync() -> float:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return time.perf_counter()
 
 
 def word_tokenizer(vocab: int):
@@ -55,10 +50,10 @@ def _step_timer():
         def on_step_begin(self, args, state, control, **kwargs):
             if torch.cuda.is_available():
                 torch.cuda.reset_peak_memory_stats()
-            self._t0 = _sync()
+            self._t0 = _sync_time()
 
         def on_step_end(self, args, state, control, **kwargs):
-            dt = _sync() - self._t0
+            dt = _sync_time() - self._t0
             peak = round(torch.cuda.max_memory_allocated() / 1e9, 2) if torch.cuda.is_available() else ""
             self.steps.append((dt, peak))
 

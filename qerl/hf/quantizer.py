@@ -190,32 +190,30 @@ class QerlNVFP4HfQuantizer(HfQuantizer):
 
 def _fused_global_scales(model, targets: list[str], checkpoint_files: list[str], scale_rule: str
                          ) -> dict[str, torch.Tensor]:
-    """``{linear: global scale}``: one pass over the checkpoint's weights (one tensor in memory at a time); fused
-    groups (q/k/v, gate/up) share their members' smallest scale, as ``qerl quantize`` writes them."""
-    from safetensors import safe_open
+    """``{linear: global scale}``: one pass over the checkpoint's weights (:class:`qerl.checkpoint.TensorIndex`, one
+    tensor in memory at a time); fused groups (q/k/v, gate/up) share :func:`qerl.quant.nvfp4.fused_global_scale`,
+    as ``qerl quantize`` writes them."""
+    from pathlib import Path
 
+    from qerl.checkpoint import TensorIndex
     from qerl.models.arch import fused_groups
 
-    where = {}
-    for f in checkpoint_files:
-        if not str(f).endswith(".safetensors"):
-            raise ValueError(f"QerlNVFP4Config: quantizing on load reads safetensors checkpoints; got {f}")
-        with safe_open(str(f), framework="pt") as h:
-            for k in h.keys():
-                where[k] = f
-    prefix = getattr(model, "base_model_prefix", "")
+    dirs = {Path(f).parent for f in checkpoint_files}
+    if len(dirs) != 1:
+        raise ValueError(f"QerlNVFP4Config: quantizing on load reads one checkpoint directory; got {sorted(dirs)}")
+    index = TensorIndex(dirs.pop())
+    prefix = f"{getattr(model, 'base_model_prefix', '')}."
 
-    def scale_of(name: str) -> torch.Tensor:
-        for key in (f"{name}.weight", f"{name.removeprefix(prefix + '.')}.weight"):
-            if key in where:
-                with safe_open(str(where[key]), framework="pt") as h:
-                    return nvfp4.global_scale(h.get_tensor(key), scale_rule)
-        raise ValueError(f"QerlNVFP4Config: the checkpoint has no {name}.weight")
+    def weight(name: str) -> torch.Tensor:
+        key = next((k for k in (f"{name}.weight", f"{name.removeprefix(prefix)}.weight") if k in index), None)
+        if key is None:
+            raise ValueError(f"QerlNVFP4Config: {index.model_dir} has no {name}.weight")
+        return index.get(key)
 
     out = {}
     for group in fused_groups(model.config.model_type, targets):
-        gs = torch.stack([scale_of(n) for n in group]).amin(0)
-        out.update({n: gs for n in group})
+        gs = nvfp4.fused_global_scale((weight(n) for n in group), scale_rule)
+        out.update(dict.fromkeys(group, gs))
     return out
 
 

@@ -46,7 +46,7 @@ class _Rollout:
         return SamplingSettings(temperature=float(args.temperature), top_p=float(args.top_p or 1.0),
                                 top_k=int(args.top_k or 0),
                                 max_new_tokens=int(self.max_new_tokens or args.max_completion_length),
-                                engine=self.engine, release_cache=False)
+                                engine=self.engine, release_cache=self.release_cache)
 
     def __call__(self, prompts: list, trainer) -> dict:
         import torch
@@ -68,7 +68,7 @@ class _Rollout:
                 ro = generate(model, tokenizer, texts, settings, seed=seed, num_samples=1, first_row=rank * n)
         finally:
             model.train(was_training)
-            if self.release_cache and next(model.parameters()).device.type == "cuda":
+            if settings.release_cache is True and next(model.parameters()).device.type == "cuda":
                 from qerl.rollout.engine import release_engine
 
                 release_engine(model)  # the KV cache and graphs go: TRL's update gets that memory

@@ -169,7 +169,7 @@ def _quantize_unit(unit: _Unit, index: TensorIndex, report: dict, scale_rule: st
     if unit.passthrough:
         return {unit.passthrough: index.get(unit.passthrough)}
     # The fused global scale needs every member's amax first; read them one at a time.
-    gs = torch.stack([nvfp4.global_scale(index.get(f"{n}.weight"), scale_rule) for n in unit.linears]).amin(0)
+    gs = nvfp4.fused_global_scale((index.get(f"{n}.weight") for n in unit.linears), scale_rule)
     out = {}
     for n in unit.linears:
         w = index.get(f"{n}.weight")
