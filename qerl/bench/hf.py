@@ -192,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
                            "mean_completion": "", "warmup_steps": a.warmup, "note": str(e).splitlines()[0]}
                 rows.append(row)
                 print(f"{model} {variant}: {row['status']} {row['step_s']} s", flush=True)
+                stem = write(rows, Path(a.output), device)  # after every step: a cut-short run keeps what it timed
                 if cuda:
                     torch.cuda.empty_cache()
-    print(write(rows, Path(a.output), device).with_suffix(".md"))
+    print(stem.with_suffix(".md"))
     return 0
