@@ -28,7 +28,7 @@ def generate(model, tokenizer, prompts: list[str], settings: SamplingSettings, s
     from qerl.rollout.engine import EngineUnsupported, engine_for
 
     try:
-        eng = engine_for(model, tokenizer)
+        eng = engine_for(model, tokenizer, nf4=settings.nf4_weights)
     except EngineUnsupported as e:
         if mode == "engine":
             raise

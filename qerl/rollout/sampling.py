@@ -31,7 +31,11 @@ class SamplingSettings:
     ``reference``. release_cache (training): ``true`` frees the engine's KV cache and graphs after each rollout
     so the update has that memory (they are captured again at the next rollout, ~0.2–0.7 s); ``false`` keeps
     them; ``auto`` keeps them when the memory planner says the update fits beside them
-    (:func:`qerl.train.plan.keep_engine_cache`)."""
+    (:func:`qerl.train.plan.keep_engine_cache`). nf4_weights (a QLoRA base in the engine): ``eager`` runs each
+    bitsandbytes NF4 projection through its own forward (dequantized on every call, no CUDA graphs: ~18x the
+    rollout time of a bf16 base at 0.5B, reports/step); ``dense`` dequantizes the frozen base once, by
+    bitsandbytes' own dequantization, and runs it like a bf16 base (CUDA graphs, fused q/k/v and gate/up) — the
+    values the eager path multiplies by, for the memory of a bf16 copy of the base beside the NF4 one."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -40,6 +44,7 @@ class SamplingSettings:
     stop: tuple[str, ...] = ()
     engine: str = "auto"
     release_cache: bool | str = "auto"
+    nf4_weights: str = "eager"
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -52,6 +57,8 @@ class SamplingSettings:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.nf4_weights not in ("eager", "dense"):
+            raise ValueError(f"nf4_weights must be eager or dense, got {self.nf4_weights!r}")
         if self.release_cache not in (True, False, "auto"):
             raise ValueError(f"release_cache must be true, false or auto, got {self.release_cache!r}")
 

@@ -81,6 +81,7 @@ class EvalSettings:
     seed: int = 0
     synthetic_size: int = 200
     synthetic_max_operand: int = 9
+    nf4_weights: str = "eager"  # an NF4 (QLoRA) base in the engine: eager | dense (SamplingSettings.nf4_weights)
 
 
 def benchmark_source(benchmark) -> str:
@@ -221,7 +222,7 @@ def evaluate(model, tokenizer, benchmark: str, settings: EvalSettings, out_json:
     records, kind, template = benchmark_records(bench, settings)
     reward = build_reward(RewardSettings(correctness=kind))
     sampling = SamplingSettings(temperature=settings.temperature, top_p=settings.top_p,
-                                max_new_tokens=settings.max_new_tokens)
+                                max_new_tokens=settings.max_new_tokens, nf4_weights=settings.nf4_weights)
     k = settings.samples
     per_problem, lines, lengths, truncated = [], [], [], 0
     t0 = time.time()

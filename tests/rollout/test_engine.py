@@ -342,6 +342,39 @@ def test_nf4_base_runs_through_bitsandbytes(tiny_dirs, tok):
     torch.testing.assert_close(r.logprobs, ref.logprobs, rtol=0, atol=1e-5)
 
 
+def test_nf4_base_dequantized_once_runs_dense_and_equals_the_eager_modules(tiny_dirs, tok):
+    """``nf4_weights: dense``: the engine dequantizes the NF4 base once (bitsandbytes' own dequantization), runs it
+    as fused dense projections (CUDA-graph-able) and samples what the eager module path samples: the same greedy
+    and seeded tokens, log-probs within fp32 rounding; the modules keep their packed weights; switching the mode
+    makes a new engine; a bad mode is a clear error."""
+    import bitsandbytes.functional as bnbf
+
+    from qerl.rollout.engine import cached_engine
+    from qerl.rollout.engine.model_view import view_model
+
+    model = _lora(load_policy(tiny_dirs["qwen2"], base="nf4", dtype=torch.float32))
+    q = model.get_base_model().model.layers[0].self_attn.q_proj.base_layer
+    packed = q.weight.data.clone()
+    view = view_model(model, fuse_siblings=True, nf4="dense")
+    lay = view.layers[0]
+    assert lay.qkv.kind == lay.gate_up.kind == lay.down.kind == "dense" and lay.qkv.bias is not None
+    torch.testing.assert_close(lay.qkv.weight[:q.out_features], bnbf.dequantize_4bit(q.weight.data, q.weight.quant_state),
+                               rtol=0, atol=0)
+    assert view.graphable and torch.equal(q.weight.data, packed)
+    for temperature in (0.0, 1.0):
+        eager = generate(model, tok, PROMPTS, SamplingSettings(temperature=temperature, max_new_tokens=12,
+                                                               engine="engine"), seed=3, num_samples=2)
+        assert cached_engine(model).nf4 == "eager"
+        dense = generate(model, tok, PROMPTS, SamplingSettings(temperature=temperature, max_new_tokens=12,
+                                                               engine="engine", nf4_weights="dense"),
+                         seed=3, num_samples=2)
+        assert cached_engine(model).nf4 == "dense"
+        assert torch.equal(dense.completion_ids, eager.completion_ids)
+        torch.testing.assert_close(dense.logprobs, eager.logprobs, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="nf4_weights must be eager or dense, got 'fast'"):
+        SamplingSettings(nf4_weights="fast")
+
+
 @pytest.mark.parametrize("engine", ["reference", "engine"])
 def test_split_rollout_draws_the_same_rows(tiny_dirs, tok, engine):
     """A rollout split into calls (as ranks split a step's prompts) with ``first_row`` = each call's global row

@@ -491,6 +491,7 @@ def test_real_config_dag_resolves_offline(tmp_path, tiny_gguf):
     assert f"qerl from-gguf --gguf {tiny_gguf['Q8_0']} --output results/models/qwen2.5-coder-0.5b" in out.stdout
     assert "--benchmark config/real/data/gsm8k_test500.jsonl --name gsm8k_test500" in out.stdout
     assert "gsm8k_val" not in out.stdout
+    assert out.stdout.count("--nf4-weights dense") == 31  # QLoRA's NF4 base dequantized once in every evaluation
     from qerl.workflow_config import Run, train_config
 
     config = yaml.safe_load((ROOT / "config/real/real.yaml").read_text())
@@ -498,6 +499,8 @@ def test_real_config_dag_resolves_offline(tmp_path, tiny_gguf):
            for m in ("lora", "lora_aqn", "nvfp4_lora", "qerl", "qlora", "qerl_2x_lora_lr")}
     assert lrs == {"lora": 1e-4, "lora_aqn": 1e-4, "nvfp4_lora": 3e-5, "qerl": 3e-5, "qlora": 3e-5,
                    "qerl_2x_lora_lr": 2e-4}
+    qlora = train_config(config, Run("qwen2.5-coder-0.5b", "qlora", "grpo", "gsm8k_real", 0), "sqlite://")
+    assert qlora["rollout"]["nf4_weights"] == "dense"
     sweep = snakemake(*cfg, str(ROOT / "config/real/lr_sweep.yaml"), "--cores", "2", "--directory", str(tmp_path),
                       "-n", "-p")
     jobs = _jobs(sweep.stdout + sweep.stderr)

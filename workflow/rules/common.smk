@@ -169,6 +169,8 @@ def eval_opts():
             f"--template {e.get('template', 'paper')}"]
     if e.get("limit"):
         opts.append(f"--limit {e['limit']}")
+    if e.get("nf4_weights", "eager") != "eager":
+        opts.append(f"--nf4-weights {e['nf4_weights']}")
     return " ".join(opts)
 
 

@@ -15,9 +15,10 @@ _ENGINES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> 
 
 
 def engine_for(model, tokenizer, **kwargs) -> RolloutEngine:
-    """The engine of ``model`` (kwargs only apply when it is created; a new tokenizer makes a new engine)."""
+    """The engine of ``model`` (kwargs only apply when it is created; a new tokenizer, or another ``nf4`` mode,
+    makes a new engine)."""
     eng = _ENGINES.get(model)
-    if eng is None or eng.tokenizer is not tokenizer:
+    if eng is None or eng.tokenizer is not tokenizer or eng.nf4 != kwargs.get("nf4", eng.nf4):
         eng = RolloutEngine(model, tokenizer, **kwargs)
         _ENGINES[model] = eng
     return eng

@@ -179,7 +179,22 @@ def _active(mod: nn.Module) -> nn.Module:
     return mod
 
 
-def _proj(mod: nn.Module, where: str) -> Proj:
+NF4_MODES = ("eager", "dense")
+
+
+@torch.no_grad()
+def dequantize_nf4(mod: nn.Module) -> torch.Tensor:
+    """The frozen weight of a bitsandbytes ``Linear4bit`` as a plain ``[N, K]`` tensor of its compute dtype, by
+    bitsandbytes' own dequantization — the values its forward multiplies by for more than one input row (the
+    one-row GEMV path rounds differently). An engine-owned copy: the module keeps its packed weight."""
+    import bitsandbytes.functional as bnbf
+
+    w = mod.weight
+    dtype = getattr(mod, "compute_dtype", None) or w.quant_state.dtype
+    return bnbf.dequantize_4bit(w.data, w.quant_state).to(dtype)
+
+
+def _proj(mod: nn.Module, where: str, nf4: str = "eager") -> Proj:
     lora = None
     if hasattr(mod, "base_layer") and hasattr(mod, "lora_A"):
         lora, mod = mod, mod.base_layer
@@ -196,6 +211,8 @@ def _proj(mod: nn.Module, where: str) -> Proj:
                     gscale=mod.weight_global_scale, loras=[lora], rows=[n])
     if type(mod) is nn.Linear:
         return Proj("dense", mod, weight=mod.weight, bias=mod.bias, loras=[lora], rows=[n])
+    if type(mod).__name__ == "Linear4bit" and nf4 == "dense":
+        return Proj("dense", None, weight=dequantize_nf4(mod), bias=mod.bias, loras=[lora], rows=[n])
     if type(mod).__name__ in ("Linear4bit", "Linear8bitLt"):
         return Proj("module", mod, loras=[lora], rows=[n])
     raise EngineUnsupported(f"{where}: module type {type(mod).__name__} is not supported by the engine")
@@ -240,6 +257,10 @@ def fuse(ps: list[Proj]) -> Proj | None:
     rows = [p.rows[0] for p in ps]
     N = sum(rows)
     out = Proj(ps[0].kind, None, loras=[p.loras[0] for p in ps], rows=rows)
+    if any(m is None for m in mods):  # engine-owned dense weights (a dequantized NF4 base): stacked, no module views
+        out.weight = torch.cat([p.weight for p in ps])
+        out.bias = None if ps[0].bias is None else torch.cat([p.bias.detach() for p in ps])
+        return out
     if ps[0].bias is not None:
         b = ps[0].bias
         out.bias = _rehome(mods, "bias", torch.empty(N, dtype=b.dtype, device=b.device))
@@ -307,9 +328,14 @@ def check_head_dim(head_dim: int, device: torch.device) -> None:
                                 "of two >= 16")
 
 
-def view_model(model: nn.Module, fuse_siblings: bool = False) -> ModelView:
+def view_model(model: nn.Module, fuse_siblings: bool = False, nf4: str = "eager") -> ModelView:
     """The engine's view of ``model`` (see module docstring); raises :class:`EngineUnsupported` naming the
-    part it cannot run. ``fuse_siblings``: q/k/v and gate/up as one projection each (:func:`fuse`)."""
+    part it cannot run. ``fuse_siblings``: q/k/v and gate/up as one projection each (:func:`fuse`). ``nf4``: an
+    NF4 (bitsandbytes ``Linear4bit``) base runs through its modules (``eager``: dequantized on every call, no CUDA
+    graphs) or as dense weights dequantized once here (``dense``, :func:`dequantize_nf4`: an engine-owned copy of
+    the frozen base in its compute dtype, which CUDA graphs and sibling fusion then take like a bf16 base)."""
+    if nf4 not in NF4_MODES:
+        raise ValueError(f"nf4 must be one of {NF4_MODES}, got {nf4!r}")
     lm = _unwrap_causal_lm(model)
     cfg = getattr(lm, "config", None)
     arch = getattr(cfg, "model_type", None)
@@ -332,7 +358,7 @@ def view_model(model: nn.Module, fuse_siblings: bool = False) -> ModelView:
     for i, layer in enumerate(base.layers):
         at, mlp = layer.self_attn, layer.mlp
         where = f"model.layers.{i}"
-        ps = {n: _proj(getattr(at if n in ("q", "k", "v", "o") else mlp, f"{n}_proj"), f"{where}.{n}_proj")
+        ps = {n: _proj(getattr(at if n in ("q", "k", "v", "o") else mlp, f"{n}_proj"), f"{where}.{n}_proj", nf4)
               for n in ("q", "k", "v", "o", "gate", "up", "down")}
         lay = Layer(_norm(layer.input_layernorm, f"{where}.input_layernorm"),
                     _norm(layer.post_attention_layernorm, f"{where}.post_attention_layernorm"), **ps)

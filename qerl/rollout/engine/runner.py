@@ -120,17 +120,21 @@ class RolloutEngine:
     (``last_stats["prefill_rows"]``: the rows actually prefilled). ``weight_layout``: ``auto`` | ``rows`` | ``tiled``
     (default :data:`WEIGHT_LAYOUT`; ``tiled``: each ``generate`` reorders the NVFP4 weights in place into the
     tile-contiguous layout and back, ``last_stats["layout_s"]``; ``auto``: on CUDA the projections whose decode
-    config stays as tuned on tiled weights, :func:`qerl_kernels.ops.tiled_keeps`; rows elsewhere)."""
+    config stays as tuned on tiled weights, :func:`qerl_kernels.ops.tiled_keeps`; rows elsewhere). ``nf4``: an NF4
+    (bitsandbytes) base run ``eager`` through its modules or ``dense`` from weights dequantized once
+    (:func:`~qerl.rollout.engine.model_view.view_model`; ``SamplingSettings.nf4_weights``)."""
 
     def __init__(self, model, tokenizer, attention: str = "auto", graphs: bool | None = None,
                  check_every: int = 16, max_slots: int | None = None, fuse: bool = True, compile: bool | None = None,
-                 sampler: str = "auto", share_prompts: bool = True, weight_layout: str | None = None):
+                 sampler: str = "auto", share_prompts: bool = True, weight_layout: str | None = None,
+                 nf4: str = "eager"):
         self.tokenizer = tokenizer  # (the model object is not kept: the registry of qerl.rollout.engine keys it weakly)
         layout = WEIGHT_LAYOUT[0] if weight_layout is None else weight_layout
         if layout not in ("auto", "rows", "tiled"):
             raise ValueError(f"weight_layout must be auto, rows or tiled, got {layout!r}")
         self.context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-        self.view = view_model(model, fuse_siblings=fuse)
+        self.nf4 = nf4
+        self.view = view_model(model, fuse_siblings=fuse, nf4=nf4)
         self.device = self.view.device
         cuda = self.device.type == "cuda"
         self.weight_layout = "rows" if layout == "auto" and not cuda else layout
