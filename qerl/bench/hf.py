@@ -142,7 +142,9 @@ def write(rows: list[dict], out: Path, device: str) -> Path:
         lines.append(f"| {r['model']} | {r['variant']} | {r['batch']} | {r['prompt_len']} | {r['gen_len']} | "
                      f"{r['step_s']} | {r['tokens_per_s']} | {r['peak_gb']} | {vs_b} | {vs_q} | {r['status']} |")
     lines += ["", "`vs trl-bf16`: how many times faster than TRL's default (goal for `trl-qerl`: >= 5x); `vs qerl`: "
-              "step time over `qerl train`'s (goal for `trl-qerl`: <= 1.15)."]
+              "step time over `qerl train`'s (goal for `trl-qerl`: <= 1.15). Peak memory: the TRL rows checkpoint "
+              "activations (GRPOConfig's default `gradient_checkpointing=True`); `qerl train`'s "
+              "`gradient_checkpointing: auto` keeps them when the card has room."]
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return stem
 
