@@ -5,7 +5,8 @@ the seven projections, ``modules_to_save`` norms), on an NVFP4 (:class:`NVFP4Lin
 (``nn.Linear``) or NF4 (bitsandbytes) base — and returns, per decoder layer, its norms and projections as
 references to the *same* tensors the trainer updates: packed NVFP4 buffers, dense weights, LoRA ``A``/``B``
 parameters, norm weights. Nothing is copied here; the engine keeps only activation-dtype copies of the
-(small) LoRA adapters, refreshed before every rollout (:meth:`Proj.sync`).
+(small) LoRA adapters, refreshed before every rollout (:meth:`Proj.sync`) — and, when asked (``nf4="dense"``), a
+once-dequantized copy of a frozen NF4 base (:func:`dequantize_nf4`), which trades its memory for CUDA graphs.
 """
 from __future__ import annotations
 
