@@ -44,7 +44,7 @@ def add_evaluate(sub) -> None:
                    help="prompt template for hub benchmarks")
     v.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
                    help="compute dtype of the model")
-    v.add_argument("--nf4-weights", default="eager", choices=["eager", "dense"],
+    v.add_argument("--nf4-weights", default="eager", choices=["eager", "dense"],  # (qerl.rollout.sampling.NF4_WEIGHTS)
                    help="an NF4 (QLoRA) base in the rollout engine: eager (its bitsandbytes modules, dequantized on "
                         "every call) or dense (dequantized once, run like a bf16 base: the same values, ~18x faster "
                         "at 0.5B, for a bf16 copy of the base in memory)")

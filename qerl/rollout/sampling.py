@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 ENGINES = ("auto", "engine", "reference")
+NF4_WEIGHTS = ("eager", "dense")  # how the engine runs an NF4 (QLoRA) base: SamplingSettings.nf4_weights
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,8 @@ class SamplingSettings:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
-        if self.nf4_weights not in ("eager", "dense"):
-            raise ValueError(f"nf4_weights must be eager or dense, got {self.nf4_weights!r}")
+        if self.nf4_weights not in NF4_WEIGHTS:
+            raise ValueError(f"nf4_weights must be one of {NF4_WEIGHTS}, got {self.nf4_weights!r}")
         if self.release_cache not in (True, False, "auto"):
             raise ValueError(f"release_cache must be true, false or auto, got {self.release_cache!r}")
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qerl.models.nvfp4_linear import NVFP4Linear
+from qerl.rollout.sampling import NF4_WEIGHTS
 
 ARCHITECTURES = ("qwen2", "llama")
 
@@ -180,22 +181,18 @@ def _active(mod: nn.Module) -> nn.Module:
     return mod
 
 
-NF4_MODES = ("eager", "dense")
-
-
 @torch.no_grad()
-def dequantize_nf4(mod: nn.Module) -> torch.Tensor:
-    """The frozen weight of a bitsandbytes ``Linear4bit`` as a plain ``[N, K]`` tensor of its compute dtype, by
-    bitsandbytes' own dequantization — the values its forward multiplies by for more than one input row (the
-    one-row GEMV path rounds differently). An engine-owned copy: the module keeps its packed weight."""
+def dequantize_nf4(mod: nn.Module, dtype: torch.dtype) -> torch.Tensor:
+    """The frozen weight of a bitsandbytes ``Linear4bit`` as a plain ``[N, K]`` tensor of ``dtype`` (the
+    activations'), by bitsandbytes' own dequantization — with the module's compute dtype equal to ``dtype``, the
+    values its forward multiplies by for more than one input row (its one-row GEMV path rounds differently). An
+    engine-owned copy: the module keeps its packed weight."""
     import bitsandbytes.functional as bnbf
 
-    w = mod.weight
-    dtype = getattr(mod, "compute_dtype", None) or w.quant_state.dtype
-    return bnbf.dequantize_4bit(w.data, w.quant_state).to(dtype)
+    return bnbf.dequantize_4bit(mod.weight.data, mod.weight.quant_state).to(dtype)
 
 
-def _proj(mod: nn.Module, where: str, nf4: str = "eager") -> Proj:
+def _proj(mod: nn.Module, where: str, nf4: str = "eager", dtype: torch.dtype | None = None) -> Proj:
     lora = None
     if hasattr(mod, "base_layer") and hasattr(mod, "lora_A"):
         lora, mod = mod, mod.base_layer
@@ -213,7 +210,7 @@ def _proj(mod: nn.Module, where: str, nf4: str = "eager") -> Proj:
     if type(mod) is nn.Linear:
         return Proj("dense", mod, weight=mod.weight, bias=mod.bias, loras=[lora], rows=[n])
     if type(mod).__name__ == "Linear4bit" and nf4 == "dense":
-        return Proj("dense", None, weight=dequantize_nf4(mod), bias=mod.bias, loras=[lora], rows=[n])
+        return Proj("dense", None, weight=dequantize_nf4(mod, dtype), bias=mod.bias, loras=[lora], rows=[n])
     if type(mod).__name__ in ("Linear4bit", "Linear8bitLt"):
         return Proj("module", mod, loras=[lora], rows=[n])
     raise EngineUnsupported(f"{where}: module type {type(mod).__name__} is not supported by the engine")
@@ -335,8 +332,8 @@ def view_model(model: nn.Module, fuse_siblings: bool = False, nf4: str = "eager"
     NF4 (bitsandbytes ``Linear4bit``) base runs through its modules (``eager``: dequantized on every call, no CUDA
     graphs) or as dense weights dequantized once here (``dense``, :func:`dequantize_nf4`: an engine-owned copy of
     the frozen base in its compute dtype, which CUDA graphs and sibling fusion then take like a bf16 base)."""
-    if nf4 not in NF4_MODES:
-        raise ValueError(f"nf4 must be one of {NF4_MODES}, got {nf4!r}")
+    if nf4 not in NF4_WEIGHTS:
+        raise ValueError(f"nf4 must be one of {NF4_WEIGHTS}, got {nf4!r}")
     lm = _unwrap_causal_lm(model)
     cfg = getattr(lm, "config", None)
     arch = getattr(cfg, "model_type", None)
@@ -359,7 +356,8 @@ def view_model(model: nn.Module, fuse_siblings: bool = False, nf4: str = "eager"
     for i, layer in enumerate(base.layers):
         at, mlp = layer.self_attn, layer.mlp
         where = f"model.layers.{i}"
-        ps = {n: _proj(getattr(at if n in ("q", "k", "v", "o") else mlp, f"{n}_proj"), f"{where}.{n}_proj", nf4)
+        ps = {n: _proj(getattr(at if n in ("q", "k", "v", "o") else mlp, f"{n}_proj"), f"{where}.{n}_proj", nf4,
+                       base.embed_tokens.weight.dtype)
               for n in ("q", "k", "v", "o", "gate", "up", "down")}
         lay = Layer(_norm(layer.input_layernorm, f"{where}.input_layernorm"),
                     _norm(layer.post_attention_layernorm, f"{where}.post_attention_layernorm"), **ps)
