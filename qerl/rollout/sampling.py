@@ -34,7 +34,8 @@ class SamplingSettings:
     them; ``auto`` keeps them when the memory planner says the update fits beside them
     (:func:`qerl.train.plan.keep_engine_cache`). nf4_weights (a QLoRA base in the engine): ``eager`` runs each
     bitsandbytes NF4 projection through its own forward (dequantized on every call, no CUDA graphs: ~18x the
-    rollout time of a bf16 base at 0.5B, reports/step); ``dense`` dequantizes the frozen base once, by
+    rollout time of a bf16 base at 0.5B on an H200,
+    reports/step/evidence/0.5B_b64_g768_qlora_eager_nf4_vs_lora_NVIDIA_H200.csv); ``dense`` dequantizes the frozen base once, by
     bitsandbytes' own dequantization, and runs it like a bf16 base (CUDA graphs, fused q/k/v and gate/up) — the
     values the eager path multiplies by, for the memory of a bf16 copy of the base beside the NF4 one."""
 
