@@ -2,7 +2,8 @@
 (no torch: the Snakefile imports it).
 
 A method is (base format, LoRA?, AQN?): the five rows the paper compares. The untrained bases (``bf16``,
-``nvfp4``) are evaluated beside them; :data:`ROWS` is the order of the paper's tables.
+``nvfp4``, and ``nf4`` where QLoRA is compared) are evaluated beside them; :data:`ROWS` is the order of the paper's
+tables.
 """
 from __future__ import annotations
 
@@ -28,7 +29,10 @@ METHODS = {m.name: m for m in (
 )}
 NAMES = tuple(METHODS)
 #: The untrained bases evaluated beside the trained methods: name -> (base format, the paper's row label).
-UNTRAINED = {"bf16": ("bf16", "bf16, untrained"), "nvfp4": ("nvfp4", "NVFP4, untrained")}
+UNTRAINED = {"bf16": ("bf16", "bf16, untrained"), "nvfp4": ("nvfp4", "NVFP4, untrained"),
+             "nf4": ("nf4", "NF4, untrained")}
+#: The untrained bases a workflow evaluates when its config names none (``nf4`` only on request: QLoRA's base).
+DEFAULT_UNTRAINED = ("bf16", "nvfp4")
 #: Methods trained on the NVFP4 checkpoint (the workflow quantizes their model first).
 NVFP4_METHODS = tuple(n for n, m in METHODS.items() if m.base == "nvfp4")
 #: Every row of the paper's tables, in their order.

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from dataclasses import dataclass
 
-from qerl.methods import NAMES as METHODS, NVFP4_METHODS, UNTRAINED as _UNTRAINED, base_of  # noqa: F401 (the registry)
+from qerl.methods import DEFAULT_UNTRAINED, NAMES as METHODS, NVFP4_METHODS, UNTRAINED as _UNTRAINED, base_of  # noqa: F401 (the registry)
 
 ALGORITHMS = ("grpo", "dapo", "dr_grpo")
 UNTRAINED = tuple(_UNTRAINED)
@@ -199,14 +199,14 @@ def benchmark_files(config: dict, name: str) -> list[str]:
 
 
 def untrained_bases(config: dict) -> dict[str, list[str]]:
-    """Model -> its untrained bases (``bf16`` / ``nvfp4``) that are evaluated, in config order: each experiment
-    block's ``untrained`` (default ``evaluation.untrained``, default both) for its models, then
+    """Model -> its untrained bases (``bf16`` / ``nvfp4`` / ``nf4``) that are evaluated, in config order: each
+    experiment block's ``untrained`` (default ``evaluation.untrained``, default bf16 and nvfp4) for its models, then
     ``evaluation.base_models``. The one place that decides which untrained evaluations exist."""
     ev = config.get("evaluation", {})
     out: dict[str, list[str]] = {}
     for block in config.get("experiments", []):
         for model in block["models"]:
-            for base in block.get("untrained", ev.get("untrained", UNTRAINED)):
+            for base in block.get("untrained", ev.get("untrained", DEFAULT_UNTRAINED)):
                 out.setdefault(model, [])
                 if base not in out[model]:
                     out[model].append(base)

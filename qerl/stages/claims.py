@@ -26,9 +26,9 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qerl.methods import label as method_label
+from qerl.methods import base_of, label as method_label
 from qerl.readers import is_number, read_eval_summary, read_jsonl
-from qerl.workflow_config import base_method, runs, train_config, uses_nvfp4
+from qerl.workflow_config import base_method, runs, train_config
 
 BOOT = 2000
 REFERENCE = "lora"
@@ -118,7 +118,7 @@ def collect(config: dict, results: Path, benchmark: str | None = None) -> tuple[
         if not mfile.is_file() or ev is None:
             missing.append(r.path)
             continue
-        base = "nvfp4" if uses_nvfp4(config, r.method) else "bf16"
+        base = base_of(base_method(config, r.method))  # QLoRA: its NF4 base, when evaluated
         base_ev = _eval_json(results / "eval" / f"{r.model}/{base}/untrained/none/seed0" / f"{bench}.json")
         metrics = _read_jsonl(mfile)
         if len(metrics) < 2:

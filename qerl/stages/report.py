@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qerl.methods import ROWS, label as row_label
+from qerl.methods import ROWS, UNTRAINED, label as row_label
 from qerl.readers import number, read_eval_summary, read_json
 from qerl.stages.paper_numbers import TABLE1, TABLE2, TABLE2_BENCHMARKS, TABLE2_ROWS
 from qerl.stages.report_figures import figures, pass1 as _eval, planned_files
@@ -25,7 +25,7 @@ def _fmt(x) -> str:
 
 
 def _score(config, results, model, method, algo, dataset, bench):
-    if method in ("bf16", "nvfp4"):
+    if method in UNTRAINED:
         return _eval(results, f"{model}/{method}/untrained/none/seed0", bench)
     seeds = [r.seed for r in runs(config) if (r.model, r.method, r.algo, r.dataset) == (model, method, algo, dataset)]
     return _mean([_eval(results, f"{model}/{method}/{algo}/{dataset}/seed{s}", bench) for s in seeds])
@@ -41,12 +41,14 @@ def table1(config: dict, results: Path) -> tuple[str, list[list[str]]]:
         header += [f"{m} (ours)", f"{col} (paper)" if col else "paper"]
     rows = []
     for method in ROWS:
-        row = [row_label(method)]
+        row, cells = [row_label(method)], []
         for m in models:
             ds = dataset or next((r.dataset for r in runs(config) if r.model == m and r.algo == algo), None)
             col = config["models"][m].get("paper_column")
-            row += [_fmt(_score(config, results, m, method, algo, ds, bench)), _fmt(TABLE1[row_label(method)].get(col))]
-        rows.append(row)
+            cells += [_score(config, results, m, method, algo, ds, bench), TABLE1.get(row_label(method), {}).get(col)]
+        if method in UNTRAINED and all(x is None for x in cells):
+            continue  # an untrained base neither evaluated here nor in the paper (NF4: only beside QLoRA)
+        rows.append(row + [_fmt(x) for x in cells])
     title = f"Table 1 — {bench} pass@1 (%) after {algo.upper()} on {dataset or 'the training set'}"
     return title, [header] + rows
 

@@ -262,3 +262,33 @@ def test_every_qerl_arm_is_judged_against_lora_also_on_another_base(results, tmp
     with open(tmp_path / "rep/runs.csv") as f:
         runs_ = [r for r in csv.DictReader(f) if r["method"] == "qerl@m-best"]
     assert [r["model"] for r in runs_] == ["m-best", "m-best"]
+
+
+def test_qlora_is_measured_from_its_own_nf4_base_never_the_bf16_one(results, tmp_path):
+    """QLoRA's untrained base is the bitsandbytes NF4 model (``evaluation.untrained: [..., nf4]``): the workflow
+    evaluates it, and runs / accuracy take QLoRA's "before" from it. Until it is evaluated the cell is empty, not
+    bf16's score."""
+    from qerl.stages.claims import build
+    from qerl.workflow_config import eval_targets
+
+    cfg = json.loads(json.dumps(CONFIG))
+    cfg["experiments"][0]["methods"].append("qlora")
+    for seed in (0, 1):
+        _write(results, "qlora", seed, 0.33, 0.002, 0.30, 2.5, False)
+    assert "results/eval/m/nf4/untrained/none/seed0/b.json" not in eval_targets(cfg)  # default: bf16 and nvfp4
+
+    def before():
+        build(cfg, results, tmp_path / "rep")
+        with open(tmp_path / "rep/runs.csv") as f:
+            rows = [r for r in csv.DictReader(f) if r["method"] == "qlora"]
+        with open(tmp_path / "rep/accuracy.csv") as f:
+            acc = next(r for r in csv.DictReader(f) if r["method"] == "qlora")
+        return [r["pass1_before"] for r in rows], acc["base_pass1"]
+
+    assert before() == (["", ""], "")
+    cfg["evaluation"]["untrained"] = ["bf16", "nvfp4", "nf4"]
+    assert "results/eval/m/nf4/untrained/none/seed0/b.json" in eval_targets(cfg)
+    d = results / "eval" / "m/nf4/untrained/none/seed0"
+    d.mkdir(parents=True)
+    (d / "b.json").write_text(json.dumps({"pass@1": 0.27, "problems": 300, "per_problem": [0.27] * 300}))
+    assert before() == (["27.00", "27.00"], "27.00")

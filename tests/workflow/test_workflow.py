@@ -474,7 +474,8 @@ def _real_config_copy(tmp_path, gguf_path):
 def test_real_config_dag_resolves_offline(tmp_path, tiny_gguf):
     """config/real: the GGUF is converted once and quantized twice (round-to-nearest, and the best base of
     reports/real/bases with AWQ on the training prompts); 6 arms x 4 seeds plus QeRL on the best base x 4 seeds are
-    trained and evaluated with the untrained bases (bf16, both NVFP4 bases) on the 500 held-out test problems, each
+    trained and evaluated with the untrained bases (bf16, both NVFP4 bases, and QLoRA's NF4 base, quantized on load)
+    on the 500 held-out test problems, each
     arm at the rate the sweep chose (QeRL / NVFP4 LoRA / QLoRA 3e-5, bf16 LoRA and its AQN variant 1e-4, the
     paper's recipe 2e-4); the sweep overlay trains 8 rates of two methods and evaluates them on the validation split
     only."""
@@ -484,14 +485,15 @@ def test_real_config_dag_resolves_offline(tmp_path, tiny_gguf):
     out = snakemake(*cfg, "--cores", "2", "--directory", str(tmp_path), "-n", "-p")
     jobs = _jobs(out.stdout + out.stderr)
     assert jobs["convert_gguf"] == 1 and jobs["quantize"] == 2 and jobs["train"] == 28
-    assert jobs["evaluate_trained"] == 28 and jobs["evaluate_untrained"] == 3
+    assert jobs["evaluate_trained"] == 28 and jobs["evaluate_untrained"] == 4
+    assert "qerl evaluate --model results/models/qwen2.5-coder-0.5b --base nf4 " in out.stdout
     assert "--output results/quantize/q05b-awq-fos-tail --force --max-shard-size 2GB --scale-rule four-over-six " \
            "--keep-bf16-last 0.15 --calibration awq --calibration-data config/real/data/gsm8k_train.jsonl" in out.stdout
     assert "results/eval/q05b-awq-fos-tail/bf16/" not in out.stdout
     assert f"qerl from-gguf --gguf {tiny_gguf['Q8_0']} --output results/models/qwen2.5-coder-0.5b" in out.stdout
     assert "--benchmark config/real/data/gsm8k_test500.jsonl --name gsm8k_test500" in out.stdout
     assert "gsm8k_val" not in out.stdout
-    assert out.stdout.count("--nf4-weights dense") == 31  # QLoRA's NF4 base dequantized once in every evaluation
+    assert out.stdout.count("--nf4-weights dense") == 32  # QLoRA's NF4 base dequantized once in every evaluation
     from qerl.workflow_config import Run, train_config
 
     config = yaml.safe_load((ROOT / "config/real/real.yaml").read_text())

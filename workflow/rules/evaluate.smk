@@ -1,4 +1,5 @@
-# Evaluation: every trained policy (as trained: adapter on its base) and the untrained bf16/NVFP4 bases.
+# Evaluation: every trained policy (as trained: adapter on its base) and the untrained bases (bf16, NVFP4, and NF4
+# quantized on load by bitsandbytes where a config asks for QLoRA's base).
 
 
 rule evaluate_trained:
@@ -37,7 +38,7 @@ rule evaluate_untrained:
     output:
         "results/eval/{model}/{method}/untrained/none/seed0/{benchmark}.json",
     wildcard_constraints:
-        method="bf16|nvfp4",
+        method="|".join(wc.UNTRAINED),
     params:
         src=lambda w, input: os.path.dirname(input.model),
         bench=lambda w: wc.benchmark_args(config, w.benchmark, LOCKED),
