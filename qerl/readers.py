@@ -5,6 +5,7 @@ workflow configs :func:`qerl.workflow_config.read_workflow_config`.) Light: no t
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from pathlib import Path
@@ -42,12 +43,17 @@ def loads(text: str, source: str, allow_nan: bool = False):
 
 
 def read_text(path: Path, what: str) -> str:
-    """The UTF-8 text of ``path``; a missing or non-text file is an :class:`InputFileError` naming it and ``what``."""
+    """The UTF-8 text of ``path`` (gzip-compressed when its name ends in ``.gz``: the committed evidence); a missing
+    or non-text file is an :class:`InputFileError` naming it and ``what``."""
+    path = Path(path)
     try:
-        return Path(path).read_text()
+        if path.suffix == ".gz":
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                return f.read()
+        return path.read_text()
     except FileNotFoundError:
         raise InputFileError(f"{path}: no such {what}") from None
-    except UnicodeDecodeError:
+    except (UnicodeDecodeError, gzip.BadGzipFile, EOFError):
         raise InputFileError(f"{path}: not a text file (a {what} expected)") from None
 
 

@@ -98,3 +98,19 @@ def test_read_csv_names_a_missing_column_a_ragged_row_and_a_bad_cell(tmp_path):
     for bad in ("fast", "nan", "inf", ""):
         with pytest.raises(InputFileError, match="x: expected"):
             cell(bad, "x")
+
+
+def test_gzipped_files_read_like_plain_ones_and_a_broken_one_is_named(tmp_path):
+    """Committed evidence is gzipped (``*.jsonl.gz``): read as its text, with the same line-numbered errors; a file
+    named .gz that is not gzip is refused naming it."""
+    import gzip
+
+    f = tmp_path / "m.metrics.jsonl.gz"
+    f.write_bytes(gzip.compress(b'{"step": 1}\n\n{"step": 2}\n'))
+    assert read_jsonl(f) == [{"step": 1}, {"step": 2}]
+    f.write_bytes(gzip.compress(b'{"step": 1}\n{"step": 1, "step": 2}\n'))
+    with pytest.raises(InputFileError, match=r"m.metrics.jsonl.gz:2: key 'step' is given twice"):
+        read_jsonl(f)
+    f.write_bytes(b'{"step": 1}\n')
+    with pytest.raises(InputFileError, match="m.metrics.jsonl.gz: not a text file"):
+        read_jsonl(f, "metrics file")

@@ -76,16 +76,23 @@ def test_the_committed_sweep_is_rebuilt_from_its_evidence_alone(tmp_path):
 
 
 def test_the_committed_matrix_report_is_rebuilt_from_its_evidence_alone(tmp_path):
-    """`qerl claims --evidence reports/real/evidence/real --output DIR` writes the committed runs / accuracy tables
-    and claims.md byte for byte, and the training-curve figure's data (curves.csv); the runs keep the rate the sweep
+    """`qerl claims --evidence reports/real/evidence/real --output DIR` (with the runs timed alone and the step
+    tables, as reports/real/README.md gives it) writes the committed runs / accuracy tables, claims.md and
+    step_alone.csv byte for byte, and the training-curve figure's data (curves.csv); the runs keep the rate the sweep
     chose for their method and the new-token cap that cuts few completions."""
     import csv
 
     real = ROOT / "reports/real"
+    timed = real / "evidence/timing"  # claim (d): the runs timed alone, as reports/real/README.md's command
     r = subprocess.run([sys.executable, "-m", "qerl", "claims", "--evidence", str(real / "evidence/real"),
-                        "--output", str(tmp_path)], capture_output=True, text=True)
+                        "--output", str(tmp_path), "--timing",
+                        *(f"{m}={timed}/{m}_seed{s}.metrics.jsonl.gz" for m, s in
+                          (("lora", 0), ("lora", 1), ("qerl", 0), ("qerl", 2))),
+                        "--step-table", *(str(ROOT / f"reports/step/{d}.csv") for d in ("NVIDIA_H100_80GB_HBM3",
+                                                                                       "NVIDIA_H200"))],
+                       capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
-    for name in ("runs.csv", "runs.md", "accuracy.csv", "accuracy.md", "claims.md", "curves.csv"):
+    for name in ("runs.csv", "runs.md", "accuracy.csv", "accuracy.md", "claims.md", "curves.csv", "step_alone.csv"):
         assert (tmp_path / name).read_text() == (real / name).read_text(), name
     assert (tmp_path / "curves.png").stat().st_size > 10_000
     runs = list(csv.DictReader(open(real / "runs.csv")))
