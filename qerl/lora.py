@@ -178,14 +178,14 @@ def _lora_linear_cls():
                         return qerl.ops.nvfp4_lora_train(
                             x, base.weight_packed, base.weight_scale, base.weight_global_scale, base.bias, a, b,
                             scaling, casts=self._cast(self.active_adapters[0], a, b, x.dtype),
-                            dense=dense if dense is not None and dense.dtype == x.dtype else None)
+                            dense=dense if dense is not None and dense.dtype == x.dtype else None, tiled=base.tiled)
                     return self.base_layer(x) + lean_lora_delta(x, *lean)  # base through the seam, dropout
                 return super().forward(x, *args, **kwargs)
             base = self.get_base_layer()
             a, b, s = fused
             bias = None if base.bias is None else base.bias.to(x.dtype)
             return qerl.ops.nvfp4_lora_linear(x, base.weight_packed, base.weight_scale, base.weight_global_scale, bias,
-                                     a, b, s)
+                                              a, b, s, tiled=base.tiled)
 
         def _fused_adapter(self, x: torch.Tensor):
             """``(A, B, scaling)`` of the one active adapter when the fused call computes exactly what

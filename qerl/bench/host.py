@@ -11,7 +11,8 @@ synchronisation, per call — the larger of its host time and its GPU time. The 
 
 Rows: projection shape (N, K) x M x call — ``fwd`` (``qerl_kernels.ops.nvfp4_matmul``), ``fwd_lora`` (with a
 rank-32 adapter, ``lora_a=``), ``bwd`` (``nvfp4_matmul_t``), ``seam`` (``qerl.ops.nvfp4_linear``, what
-``NVFP4Linear.forward`` calls), and the cuBLAS counterparts; ``path`` is the kernel route the call takes
+``NVFP4Linear.forward`` calls), ``seam_tiled`` (the same on weights in the tile-contiguous layout, ``tiled=True``:
+an ``NVFP4Linear`` re-laid at load; shapes with whole tiles), and the cuBLAS counterparts; ``path`` is the kernel route the call takes
 (``ops.route_of``). The target (issue 45): at most 40 µs of host time per NVFP4 call at any M.
 """
 from __future__ import annotations
@@ -93,6 +94,11 @@ def bench_shape(model: str, proj: str, N: int, K: int, ms, rank: int = 32, direc
     w = nvfp4.dequantize(p, s, g, torch.bfloat16)
     la = torch.randn(rank, K, device="cuda", dtype=torch.bfloat16) * 0.01
     lb = torch.randn(N, rank, device="cuda", dtype=torch.bfloat16) * 0.01
+    tp = ts = None
+    if N % 64 == 0 and K % 128 == 0 and hasattr(ops, "tiled_config"):  # (an A/B's baseline kernels may predate it)
+        from qerl_kernels.layout import tile
+
+        tp, ts = tile(p, s)
     rows = []
     for M in ms:
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
@@ -110,6 +116,9 @@ def bench_shape(model: str, proj: str, N: int, K: int, ms, rank: int = 32, direc
             "bwd": (lambda: ops.nvfp4_matmul_t(dy, p, s, g), lambda: dy @ w, bwd),
             "seam": (lambda: nvfp4_linear(x, p, s, g), lambda: F.linear(x, w), fwd),
         }
+        if tp is not None:  # the public op on weights kept in the engine's tile-contiguous layout (NVFP4Linear tiled)
+            calls["seam_tiled"] = (lambda: nvfp4_linear(x, tp, ts, g, tiled=True), lambda: F.linear(x, w),
+                                   ops.route_of("fwd", x, tp, ts, tiled=True)[:2])
         with torch.no_grad():
             for call, (ours, cublas, (path, cfg)) in calls.items():
                 # the direct launches (qerl_kernels.launch) must give Triton's own launches' result, bit for bit
@@ -240,14 +249,14 @@ def main(argv: list[str] | None = None) -> int:
                 else:  # Triton's own path first (its compiles warm both), then the direct launches
                     off = bench_shape(model, proj, N, K, a.ms, direct=False)
                     rows += with_comparison(bench_shape(model, proj, N, K, a.ms, direct=True), off)
-                done = ", ".join(f"{r['call']}@{r['M']} {r['host_us']}" for r in rows[-4 * len(a.ms):])
+                done = ", ".join(f"{r['call']}@{r['M']} {r['host_us']}" for r in rows[-5 * len(a.ms):])
                 print(f"{model} {proj}: {done}", flush=True)
     profile = ""
     if not a.no_profile:
         from qerl.quant import nvfp4
         from qerl_kernels import ops
 
-        worst = max((r for r in rows if r["call"] != "seam"), key=lambda r: r["host_us"])
+        worst = max((r for r in rows if not r["call"].startswith("seam")), key=lambda r: r["host_us"])
         p, s, g = nvfp4.quantize(torch.randn(worst["N"], worst["K"], device="cuda", dtype=torch.bfloat16) * 0.02)
         x = torch.randn(worst["M"], worst["K"] if worst["call"] != "bwd" else worst["N"], device="cuda",
                         dtype=torch.bfloat16)

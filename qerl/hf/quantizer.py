@@ -38,6 +38,7 @@ from qerl.quant import nvfp4
 
 QUANT_METHOD = "qerl_nvfp4"
 SCALE_RULES = ("max6", "four-over-six")
+WEIGHT_LAYOUTS = ("rows", "tiled", "auto")
 
 
 @register_quantization_config(QUANT_METHOD)
@@ -52,13 +53,23 @@ class QerlNVFP4Config(QuantizationConfigMixin):
         ignore: module names, class names or ``re:`` patterns never quantized (compressed-tensors' ``ignore``);
             ``lm_head`` by default.
         targets: what is quantized (compressed-tensors' ``targets``), ``["Linear"]`` by default.
+        weight_layout: how the loaded layers keep their packed weights in memory: ``rows`` (the checkpoint's
+            row-major layout, the default), ``tiled`` (re-laid once at load into the tile-contiguous layout the
+            rollout engine decodes from, :meth:`qerl.models.nvfp4_linear.NVFP4Linear.set_layout`; every layer with
+            whole 64-row tiles and 128-wide K steps) or ``auto`` (``tiled`` for the layers on a CUDA device, where the
+            kernels read it, ``rows`` elsewhere). The kernels route each call by its M either way; ``save_pretrained``
+            writes row-major. Not saved in the checkpoint.
     """
 
     def __init__(self, scale_rule: str = "max6", keep_bf16_last: float = 0, ignore: list[str] | None = None,
-                 targets: list[str] | None = None, **kwargs):
+                 targets: list[str] | None = None, weight_layout: str = "rows", **kwargs):
         self.quant_method = QUANT_METHOD
         if scale_rule not in SCALE_RULES:
             raise ValueError(f"QerlNVFP4Config: scale_rule {scale_rule!r}, expected one of {list(SCALE_RULES)}")
+        if weight_layout not in WEIGHT_LAYOUTS:
+            raise ValueError(f"QerlNVFP4Config: weight_layout {weight_layout!r}, expected one of "
+                             f"{list(WEIGHT_LAYOUTS)}")
+        self.weight_layout = weight_layout
         qformat.kept_layers(10**6, keep_bf16_last)  # the value's own checks (a count or a fraction)
         self.scale_rule = scale_rule
         self.keep_bf16_last = keep_bf16_last
@@ -75,7 +86,7 @@ class QerlNVFP4Config(QuantizationConfigMixin):
 
     def __repr__(self):
         return (f"QerlNVFP4Config(scale_rule={self.scale_rule!r}, keep_bf16_last={self.keep_bf16_last!r}, "
-                f"ignore={self.ignore!r}, targets={self.targets!r})")
+                f"ignore={self.ignore!r}, targets={self.targets!r}, weight_layout={self.weight_layout!r})")
 
     def to_json_string(self, use_diff: bool = True) -> str:
         import json
@@ -175,6 +186,12 @@ class QerlNVFP4HfQuantizer(HfQuantizer):
         if left:
             raise ValueError(f"QerlNVFP4Config: {len(left)} quantized layer(s) got no weights from the checkpoint, "
                              f"e.g. {left[:3]}")
+        layout = getattr(self.quantization_config, "weight_layout", "rows")
+        if layout != "rows":
+            for name in self.targets_found:
+                mod = model.get_submodule(name)
+                if mod.can_tile() and (layout == "tiled" or mod.weight_packed.is_cuda):
+                    mod.set_layout(True)
         return model
 
     def _dequantize(self, model, dtype=None):

@@ -5,6 +5,11 @@ Buffers (not parameters, so no optimizer ever sees them): ``weight_packed`` uint
 optional ``bias`` ``[N]``. The names match the compressed-tensors checkpoint, so
 ``state_dict()`` of a quantized model is exactly the on-disk format. ``forward`` goes through the
 single seam :func:`qerl.ops.linear.nvfp4_linear` (reference on CPU, Triton kernels on CUDA).
+
+Layout: the buffers hold the checkpoint's row-major bytes, or (:meth:`NVFP4Linear.set_layout`, ``tiled``) the same
+bytes in the tile-contiguous layout the rollout engine decodes from (:mod:`qerl_kernels.layout`), re-laid once in
+place; every op then reads them as they lie (``tiled=True``) and the kernels route each call by M. ``state_dict()``
+still gives the row-major format (copies), and ``load_state_dict`` takes it and keeps the module's layout.
 """
 from __future__ import annotations
 
@@ -15,6 +20,11 @@ from torch import nn
 
 from qerl.ops import nvfp4_linear
 from qerl.quant import nvfp4
+
+
+#: How many times any NVFP4Linear changed layout in this process (:meth:`NVFP4Linear.set_layout`): a rollout engine
+#: built before a change reads stale views and graphs, so :func:`qerl.rollout.engine.engine_for` builds a new one.
+LAYOUT_CHANGES = [0]
 
 
 class NVFP4Linear(nn.Module):
@@ -36,6 +46,7 @@ class NVFP4Linear(nn.Module):
         else:
             self.bias = None
         self.dense = None  # dequant(W) while a dense_base block keeps it (never saved: not a buffer)
+        self.tiled = False  # weight_packed / weight_scale in the tile-contiguous layout (set_layout)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, global_scale: torch.Tensor | None = None) -> "NVFP4Linear":
@@ -48,7 +59,8 @@ class NVFP4Linear(nn.Module):
         return mod
 
     def load_packed(self, packed, scale, global_scale, bias=None) -> None:
-        """Install packed tensors (validated against this layer's shape)."""
+        """Install packed tensors, row-major as a checkpoint holds them (validated against this layer's shape); a
+        tiled module re-lays them (:meth:`set_layout`)."""
         nvfp4.check_packed(packed, scale, "NVFP4Linear")
         want = (self.out_features, self.in_features // 2)
         if tuple(packed.shape) != want:
@@ -58,6 +70,48 @@ class NVFP4Linear(nn.Module):
         self.weight_global_scale = global_scale.reshape(1).to(torch.float32)
         if bias is not None:
             self.bias = bias
+        if self.tiled:
+            self.tiled = False
+            self.set_layout(True)
+
+    def can_tile(self) -> bool:
+        """Whether the weight has whole 64-row tiles and 128-wide K steps (:mod:`qerl_kernels.layout`)."""
+        return self.out_features % 64 == 0 and self.in_features % 128 == 0
+
+    @torch.no_grad()
+    def set_layout(self, tiled: bool) -> bool:
+        """Re-lay ``weight_packed`` / ``weight_scale`` **in place** into the tile-contiguous layout (``tiled``) or back
+        to row-major: the same tensors (views into them, e.g. the rollout engine's fused q/k/v, stay valid), the
+        same bytes reordered. Returns whether the layout changed. Raises unless :meth:`can_tile` when tiling."""
+        if tiled == self.tiled:
+            return False
+        if tiled and not self.can_tile():
+            raise nvfp4.NVFP4Error(f"NVFP4Linear [{self.out_features}, {self.in_features}]: the tiled layout needs "
+                                   "out_features % 64 == 0 and in_features % 128 == 0")
+        from qerl_kernels import layout
+
+        packed, scale = (layout.tile if tiled else layout.untile)(self.weight_packed, self.weight_scale)
+        self.weight_packed.copy_(packed)
+        self.weight_scale.copy_(scale)
+        self.tiled = tiled
+        LAYOUT_CHANGES[0] += 1
+        return True
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self.tiled:  # the checkpoint's row-major format, whatever the layout in memory
+            from qerl_kernels.layout import untile
+
+            rows = untile(self.weight_packed, self.weight_scale)
+            destination[prefix + "weight_packed"], destination[prefix + "weight_scale"] = rows
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        tiled = self.tiled
+        if tiled:  # row-major bytes come in: take them row-major, then re-lay
+            self.set_layout(False)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        if tiled:
+            self.set_layout(True)
 
     @property
     def qweight(self) -> torch.Tensor:
@@ -66,14 +120,18 @@ class NVFP4Linear(nn.Module):
 
     def dequantized_weight(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """The dense ``[N, K]`` weight (a temporary: never stored on the module)."""
-        return nvfp4.dequantize(self.weight_packed, self.weight_scale, self.weight_global_scale, dtype)
+        from qerl.ops.linear import rows_of
+
+        return nvfp4.dequantize(*rows_of(self.weight_packed, self.weight_scale, self.tiled), self.weight_global_scale,
+                                dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(x.dtype)
-        return nvfp4_linear(x, self.weight_packed, self.weight_scale, self.weight_global_scale, bias)
+        return nvfp4_linear(x, self.weight_packed, self.weight_scale, self.weight_global_scale, bias, tiled=self.tiled)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, format=nvfp4"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"format=nvfp4{', layout=tiled' if self.tiled else ''}")
 
 
 def replace_linears(model: nn.Module, names: list[str], dtype: torch.dtype) -> None:
@@ -117,7 +175,8 @@ def dense_base(model: nn.Module, dtype: torch.dtype | None = None, enabled: bool
         if enabled else []
     try:
         for m in layers:
-            m.dense = dense_weight(m.weight_packed, m.weight_scale, m.weight_global_scale, dtype or m.compute_dtype)
+            m.dense = dense_weight(m.weight_packed, m.weight_scale, m.weight_global_scale, dtype or m.compute_dtype,
+                                   m.tiled)
         yield sum(m.dense.numel() * m.dense.element_size() for m in layers)
     finally:
         for m in layers:

@@ -11,6 +11,13 @@ recomputes the dequantized weight instead of saving it, so no bf16 copy of W out
 branch ``s · (x · Aᵀ) · Bᵀ`` (``lora_a [R, K]``, ``lora_b [N, R]``) the way PEFT computes it; without
 autograd (rollouts, evaluation) a backend may run it in the same launch as the base product.
 
+Layout: ``tiled=True`` (keyword of every op here) says ``packed`` / ``scale`` are in the tile-contiguous layout the
+rollout engine decodes from (:mod:`qerl_kernels.layout`: the same bytes, each 64-row tile's 128-wide K steps one
+after another); the kernels then read it directly and route each call by M as on row-major weights
+(:func:`qerl_kernels.ops.tiled_config`: the decode kernels that cannot read tiles step to the warpgroup-MMA or tile
+kernels), every other path computes on a row-major copy (:func:`rows_of`). A module that keeps its weights tiled:
+:meth:`qerl.models.nvfp4_linear.NVFP4Linear.set_layout`.
+
 Backends: the pure-torch reference below (dequantize, then ``F.linear``) is the readable
 definition and the CPU path. On CPU the dequantized weight is cached per packed weight (:func:`dequantized_weight`:
 LRU, ``QERL_CPU_WEIGHT_CACHE_MB``, default 4096, 0 = off; valid while the packed tensors are the same objects,
@@ -114,10 +121,11 @@ def dequantized_weight(packed, scale, global_scale, dtype) -> torch.Tensor:
     return w
 
 
-def dense_weight(packed, scale, global_scale, dtype) -> torch.Tensor:
+def dense_weight(packed, scale, global_scale, dtype, tiled: bool = False) -> torch.Tensor:
     """``dequant(W)`` ``[N, K]`` in ``dtype``, kept by the caller: on CUDA with the kernels, one pass of
     ``qerl_kernels.nvfp4_dequant`` (bit-exact with the reference, ~copy bandwidth), else
-    :func:`qerl.quant.nvfp4.dequantize`."""
+    :func:`qerl.quant.nvfp4.dequantize`. ``tiled``: the weight in the tile-contiguous layout (untiled first)."""
+    packed, scale = rows_of(packed, scale, tiled)
     if packed.is_cuda and dtype in (torch.bfloat16, torch.float16) and not use_reference():
         try:
             from qerl_kernels.nvfp4_dequant import dequantize_into
@@ -150,24 +158,21 @@ def reference_lora_forward(x, packed, scale, global_scale, bias, lora_a, lora_b,
     return (base + F.linear(F.linear(xl, lora_a), lora_b) * lora_scale).to(x.dtype)
 
 
-def nvfp4_tiled_linear(x, packed, scale, global_scale, bias=None, lora_a=None, lora_b=None, lora_scale: float = 0.0):
-    """:func:`nvfp4_linear` (``lora_a`` None) or :func:`nvfp4_lora_linear` without autograd — the rollout engine's
-    calls — on a weight in the tile-contiguous layout (:mod:`qerl_kernels.layout`, ``weight_layout="tiled"`` of the
-    engine): the kernels with ``tiled=True`` where the kernel backend takes the call, else the reference on a
-    row-major copy."""
-    backend = select_backend(x, packed)
-    if backend is not None and backend.name == "triton-nvfp4":
-        from qerl_kernels.ops import nvfp4_matmul
-
-        if lora_a is None:
-            return nvfp4_matmul(x, packed, scale, global_scale, bias, tiled=True)
-        return nvfp4_matmul(x, packed, scale, global_scale, bias, None, lora_b, lora_scale, lora_a=lora_a, tiled=True)
+def rows_of(packed: torch.Tensor, scale: torch.Tensor, tiled: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(packed, scale)`` in the checkpoint's row-major layout: as they are, or (``tiled``) untiled copies
+    (:func:`qerl_kernels.layout.untile`) — the reference and any backend but the kernels compute on these."""
+    if not tiled:
+        return packed, scale
     from qerl_kernels.layout import untile
 
-    p, s = untile(packed, scale)
-    if lora_a is None:
-        return reference_forward(x, p, s, global_scale, bias)
-    return reference_lora_forward(x, p, s, global_scale, bias, lora_a, lora_b, lora_scale)
+    return untile(packed, scale)
+
+
+def _tiled_backend(x: torch.Tensor, packed: torch.Tensor) -> Backend | None:
+    """The backend that takes this call on tiled weights as they lie (the kernels, ``tiled=True``), or None: the
+    caller computes on a row-major copy (:func:`rows_of`)."""
+    backend = select_backend(x, packed)
+    return backend if backend is not None and backend.name == "triton-nvfp4" else None
 
 
 def _maybe_register_kernels() -> None:
@@ -192,13 +197,16 @@ def kernel_backend() -> Backend:
     bf16/fp16 activations); each call's path (MMV / GEMV / tile / DQ) comes from their tuned tables."""
     from qerl_kernels.ops import nvfp4_matmul, nvfp4_matmul_t, supports
 
-    return Backend(
-        "triton-nvfp4", supports, lambda x, p, s, g, b: nvfp4_matmul(x, p, s, g, b),
-        lambda dy, p, s, g: nvfp4_matmul_t(dy, p, s, g),
-        lambda x, p, s, g, b, la, lb, sc: nvfp4_matmul(x, p, s, g, b, None, lb, sc, lora_a=la),
-        forward_xa=lambda x, p, s, g, b, xa, lb, sc: nvfp4_matmul(x, p, s, g, b, xa, lb, sc),
-        forward_lora_xa=lambda x, p, s, g, b, la, xa, lb, sc: nvfp4_matmul(x, p, s, g, b, xa, lb, sc, lora_a=la),
-        backward_input_lora=lambda dy, p, s, g, dyb, la, sc: nvfp4_matmul_t(dy, p, s, g, dyb, la, sc),
+    return Backend(  # (each takes tiled=True for weights in the tile-contiguous layout: module docstring)
+        "triton-nvfp4", supports, lambda x, p, s, g, b, tiled=False: nvfp4_matmul(x, p, s, g, b, tiled=tiled),
+        lambda dy, p, s, g, tiled=False: nvfp4_matmul_t(dy, p, s, g, tiled=tiled),
+        lambda x, p, s, g, b, la, lb, sc, tiled=False: nvfp4_matmul(x, p, s, g, b, None, lb, sc, lora_a=la,
+                                                                     tiled=tiled),
+        forward_xa=lambda x, p, s, g, b, xa, lb, sc, tiled=False: nvfp4_matmul(x, p, s, g, b, xa, lb, sc, tiled=tiled),
+        forward_lora_xa=lambda x, p, s, g, b, la, xa, lb, sc, tiled=False: nvfp4_matmul(
+            x, p, s, g, b, xa, lb, sc, lora_a=la, tiled=tiled),
+        backward_input_lora=lambda dy, p, s, g, dyb, la, sc, tiled=False: nvfp4_matmul_t(dy, p, s, g, dyb, la, sc,
+                                                                                         tiled=tiled),
     )
 
 
@@ -216,13 +224,15 @@ def select_backend(x: torch.Tensor, packed: torch.Tensor) -> Backend | None:
 
 class _NVFP4LinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, packed, scale, global_scale, bias):
+    def forward(ctx, x, packed, scale, global_scale, bias, tiled=False):
         backend = select_backend(x, packed)
         fwd = backend.forward if backend else reference_forward
         ctx.save_for_backward(packed, scale, global_scale)
         ctx.backend = backend
         ctx.x_dtype = x.dtype
-        return fwd(x, packed, scale, global_scale, bias)
+        ctx.tiled = tiled  # (only with the kernels: every other path was handed row-major weights)
+        return fwd(x, packed, scale, global_scale, bias, tiled=True) if tiled else fwd(x, packed, scale,
+                                                                                        global_scale, bias)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -230,11 +240,13 @@ class _NVFP4LinearFn(torch.autograd.Function):
         grad_x = None
         if ctx.needs_input_grad[0]:
             bwd = ctx.backend.backward_input if ctx.backend else reference_backward_input
-            grad_x = bwd(grad_out.contiguous(), packed, scale, global_scale).to(ctx.x_dtype)
+            dy = grad_out.contiguous()
+            grad_x = (bwd(dy, packed, scale, global_scale, tiled=True) if ctx.tiled
+                      else bwd(dy, packed, scale, global_scale)).to(ctx.x_dtype)
         grad_bias = None
         if ctx.needs_input_grad[4]:  # a bias is frozen in every method, but stay correct if not
             grad_bias = grad_out.reshape(-1, grad_out.shape[-1]).sum(0)
-        return grad_x, None, None, None, grad_bias
+        return grad_x, None, None, None, grad_bias, None
 
 
 def nvfp4_linear(
@@ -243,17 +255,25 @@ def nvfp4_linear(
     scale: torch.Tensor,
     global_scale: torch.Tensor,
     bias: torch.Tensor | None = None,
+    *,
+    tiled: bool = False,
 ) -> torch.Tensor:
-    """``y = x · dequant(W)ᵀ + bias`` on an NVFP4 weight (see module docstring for shapes)."""
+    """``y = x · dequant(W)ᵀ + bias`` on an NVFP4 weight (see module docstring for shapes; ``tiled``: the weight in
+    the tile-contiguous layout)."""
     if x.shape[-1] != packed.shape[1] * 2:
         raise ValueError(
             f"nvfp4_linear: input has K = {x.shape[-1]} features but the packed weight "
             f"{tuple(packed.shape)} holds K = {packed.shape[1] * 2}"
         )
+    if tiled and _tiled_backend(x, packed) is None:
+        packed, scale = rows_of(packed, scale, True)
+        tiled = False
     if not torch.is_grad_enabled() or not (x.requires_grad or (bias is not None and bias.requires_grad)):
         backend = select_backend(x, packed)  # nothing to differentiate: skip the autograd node (host time)
+        if tiled:
+            return backend.forward(x, packed, scale, global_scale, bias, tiled=True)
         return (backend.forward if backend else reference_forward)(x, packed, scale, global_scale, bias)
-    return _NVFP4LinearFn.apply(x, packed, scale, global_scale, bias)
+    return _NVFP4LinearFn.apply(x, packed, scale, global_scale, bias, tiled)
 
 
 def nvfp4_lora_linear(
@@ -265,8 +285,11 @@ def nvfp4_lora_linear(
     lora_a: torch.Tensor,
     lora_b: torch.Tensor,
     lora_scale: float,
+    *,
+    tiled: bool = False,
 ) -> torch.Tensor:
-    """``y = x · dequant(W)ᵀ + bias + s · (x · Aᵀ) · Bᵀ`` (``lora_a [R, K]``, ``lora_b [N, R]``).
+    """``y = x · dequant(W)ᵀ + bias + s · (x · Aᵀ) · Bᵀ`` (``lora_a [R, K]``, ``lora_b [N, R]``; ``tiled``: the
+    weight in the tile-contiguous layout).
 
     With autograd recording (training) it is the composition PEFT runs — the base through
     :func:`nvfp4_linear`, the LoRA branch as two ``F.linear`` — so every gradient is the usual one.
@@ -279,8 +302,13 @@ def nvfp4_lora_linear(
             f"nvfp4_lora_linear: input K = {x.shape[-1]}, packed weight {tuple(packed.shape)}, lora_a "
             f"{tuple(lora_a.shape)}, lora_b {tuple(lora_b.shape)}: expected lora_a [R, K] and lora_b [N, R]")
     if torch.is_grad_enabled() and (x.requires_grad or lora_a.requires_grad or lora_b.requires_grad):
-        base = nvfp4_linear(x, packed, scale, global_scale, bias)
+        base = nvfp4_linear(x, packed, scale, global_scale, bias, tiled=tiled)
         return (base + F.linear(F.linear(x.to(lora_a.dtype), lora_a), lora_b) * lora_scale).to(x.dtype)
+    if tiled:
+        backend = _tiled_backend(x, packed)
+        if backend is not None:
+            return backend.forward_lora(x, packed, scale, global_scale, bias, lora_a, lora_b, lora_scale, tiled=True)
+        packed, scale = rows_of(packed, scale, True)
     backend = select_backend(x, packed)
     if backend is None or backend.forward_lora is None:
         return reference_lora_forward(x, packed, scale, global_scale, bias, lora_a, lora_b, lora_scale)

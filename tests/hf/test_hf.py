@@ -71,8 +71,41 @@ def test_quantize_on_load_equals_qerl_quantize_and_saves_the_checkpoint(tiny_dir
             assert torch.equal(load_policy(saved, base="nvfp4")(x).logits, model(x).logits)
 
 
+def test_weight_layout_tiled_relays_at_load_and_saves_the_row_major_checkpoint(tmp_path):
+    """``QerlNVFP4Config(weight_layout="tiled")``: every layer with whole tiles keeps its weights in the engine's
+    tile-contiguous layout from load on; the model computes what the row-major one does, its state_dict and its
+    saved checkpoint are the row-major format. ``auto`` tiles on CUDA only (rows here)."""
+    from transformers import AutoModelForCausalLM
+
+    from qerl.hf import QerlNVFP4Config
+    from qerl.models.nvfp4_linear import NVFP4Linear
+    from qerl.models.tiny import TinySpec, save_tiny_model
+    from qerl.stages.quantize import quantize_checkpoint
+
+    src = save_tiny_model(tmp_path / "t", TinySpec(hidden_size=128, intermediate_size=256, seed=2))
+    quantize_checkpoint(src, tmp_path / "q", progress=False)
+    rows = AutoModelForCausalLM.from_pretrained(tmp_path / "q", quantization_config=QerlNVFP4Config())
+    tiled = AutoModelForCausalLM.from_pretrained(tmp_path / "q", quantization_config=QerlNVFP4Config(
+        weight_layout="tiled"))
+    auto = AutoModelForCausalLM.from_pretrained(tmp_path / "q", quantization_config=QerlNVFP4Config(
+        weight_layout="auto"))
+    layers = [m for m in tiled.modules() if isinstance(m, NVFP4Linear)]
+    assert layers and all(m.tiled for m in layers)
+    assert not any(m.tiled for m in auto.modules() if isinstance(m, NVFP4Linear))  # CPU: the checkpoint's layout
+    assert not _same_state(tiled.state_dict(), rows.state_dict())
+    x = torch.randint(3, 250, (2, 9))
+    with torch.no_grad():
+        assert torch.equal(tiled(x).logits, rows(x).logits)
+    tiled.save_pretrained(tmp_path / "saved")
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "saved", quantization_config=QerlNVFP4Config())
+    assert not _same_state(again.state_dict(), rows.state_dict())
+
+
 def test_bad_config_values_are_named():
     from qerl.hf import QerlNVFP4Config
+
+    with pytest.raises(ValueError, match=r"weight_layout 'blocked', expected one of \['rows', 'tiled', 'auto'\]"):
+        QerlNVFP4Config(weight_layout="blocked")
 
     with pytest.raises(ValueError, match="scale_rule 'max5'"):
         QerlNVFP4Config(scale_rule="max5")

@@ -15,11 +15,15 @@ _ENGINES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> 
 
 
 def engine_for(model, tokenizer, **kwargs) -> RolloutEngine:
-    """The engine of ``model`` (kwargs only apply when it is created; a new tokenizer, or another ``nf4`` mode,
-    makes a new engine)."""
+    """The engine of ``model`` (kwargs only apply when it is created; a new tokenizer, another ``nf4`` mode, or an
+    NVFP4 layer re-laid since, :meth:`qerl.models.nvfp4_linear.NVFP4Linear.set_layout`, makes a new engine)."""
+    from qerl.models.nvfp4_linear import LAYOUT_CHANGES
+
     eng = _ENGINES.get(model)
-    if eng is None or eng.tokenizer is not tokenizer or eng.nf4 != kwargs.get("nf4", eng.nf4):
+    if eng is None or eng.tokenizer is not tokenizer or eng.nf4 != kwargs.get("nf4", eng.nf4) or \
+            getattr(eng, "layout_changes", 0) != LAYOUT_CHANGES[0]:
         eng = RolloutEngine(model, tokenizer, **kwargs)
+        eng.layout_changes = LAYOUT_CHANGES[0]
         _ENGINES[model] = eng
     return eng
 

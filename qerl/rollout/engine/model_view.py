@@ -57,6 +57,7 @@ class Proj:
     b: torch.Tensor | None = None
     lora_scale: float = 0.0
     tiled: bool = False  # packed / scale in the tile-contiguous layout now (set_weight_layout)
+    home: bool = False  # the layout the modules keep them in (NVFP4Linear.tiled), restore_weight_layout's target
 
     def sync(self, dtype: torch.dtype) -> None:
         """Copy the parts' active adapters into the engine's buffers (zeros where adapters are disabled)."""
@@ -95,15 +96,13 @@ class Proj:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         from qerl.ops import nvfp4_linear, nvfp4_lora_linear
-        from qerl.ops.linear import nvfp4_tiled_linear
 
         bias = None if self.bias is None else self.bias.to(x.dtype)
         if self.kind == "nvfp4":
-            if self.tiled:
-                return nvfp4_tiled_linear(x, self.packed, self.scale, self.gscale, bias, self.a, self.b, self.lora_scale)
             if self.a is None:
-                return nvfp4_linear(x, self.packed, self.scale, self.gscale, bias)
-            return nvfp4_lora_linear(x, self.packed, self.scale, self.gscale, bias, self.a, self.b, self.lora_scale)
+                return nvfp4_linear(x, self.packed, self.scale, self.gscale, bias, tiled=self.tiled)
+            return nvfp4_lora_linear(x, self.packed, self.scale, self.gscale, bias, self.a, self.b, self.lora_scale,
+                                     tiled=self.tiled)
         y = F.linear(x, self.weight, bias) if self.kind == "dense" else self.module(x)
         if self.a is None:
             return y
@@ -206,7 +205,7 @@ def _proj(mod: nn.Module, where: str, nf4: str = "eager", dtype: torch.dtype | N
     n = mod.out_features
     if isinstance(mod, NVFP4Linear):
         return Proj("nvfp4", mod, bias=mod.bias, packed=mod.weight_packed, scale=mod.weight_scale,
-                    gscale=mod.weight_global_scale, loras=[lora], rows=[n])
+                    gscale=mod.weight_global_scale, loras=[lora], rows=[n], tiled=mod.tiled, home=mod.tiled)
     if type(mod) is nn.Linear:
         return Proj("dense", mod, weight=mod.weight, bias=mod.bias, loras=[lora], rows=[n])
     if type(mod).__name__ == "Linear4bit" and nf4 == "dense":
@@ -224,7 +223,8 @@ def _fusable(ps: list[Proj]) -> bool:
         return False
     if p0.kind == "dense":
         return all(not p.weight.requires_grad and p.weight.dtype == p0.weight.dtype for p in ps)
-    return all(p.packed.shape[1] == p0.packed.shape[1] and torch.equal(p.gscale, p0.gscale) for p in ps)
+    return all(p.packed.shape[1] == p0.packed.shape[1] and torch.equal(p.gscale, p0.gscale) and p.tiled == p0.tiled
+               for p in ps)  # (tiled parts have whole 64-row tiles: stacked, they are the fused weight's tiles)
 
 
 def _rehome(mods: list[nn.Module], name: str, fused: torch.Tensor) -> torch.Tensor:
@@ -269,6 +269,7 @@ def fuse(ps: list[Proj]) -> Proj | None:
         out.scale = _rehome(mods, "weight_scale", torch.empty(N, p0.scale.shape[1], dtype=p0.scale.dtype,
                                                              device=p0.scale.device))
         out.gscale = p0.gscale
+        out.tiled = out.home = p0.tiled
     else:
         w = ps[0].weight
         out.weight = _rehome(mods, "weight", torch.empty(N, w.shape[1], dtype=w.dtype, device=w.device))
@@ -286,14 +287,29 @@ def set_weight_layout(view: "ModelView", tiled: bool, keep=None) -> int:
     """Put the packed weights and scales of ``view``'s NVFP4 projections into the tile-contiguous layout
     (:mod:`qerl_kernels.layout`; ``tiled``) or back to row-major, **in place** — the modules' views, the fused
     buffers and the CUDA graphs' addresses stay — skipping projections without whole 64-row tiles and 128-wide K
-    steps, and (tiling) those for which ``keep(N, K)`` is false. Between the two calls the modules' own forward
-    must not run (it reads row-major): the engine switches around its generation only. Returns how many
-    projections changed layout."""
+    steps, and (tiling) those for which ``keep(N, K)`` is false. Until :func:`restore_weight_layout` the modules'
+    own forward must not run (it reads the layout its module keeps, ``NVFP4Linear.tiled``): the engine switches
+    around its generation only. Returns how many projections changed layout."""
+    return _relay(view, lambda p: tiled, keep)
+
+
+@torch.no_grad()
+def restore_weight_layout(view: "ModelView") -> int:
+    """Every NVFP4 projection of ``view`` back in the layout its modules keep (row-major, or tiled for an
+    ``NVFP4Linear`` re-laid at load, :meth:`~qerl.models.nvfp4_linear.NVFP4Linear.set_layout`), in place. Returns
+    how many changed."""
+    return _relay(view, lambda p: p.home)
+
+
+def _relay(view: "ModelView", want, keep=None) -> int:
     from qerl_kernels import layout
 
     n = 0
     for p in view.projs:
-        if p.kind != "nvfp4" or p.tiled == tiled:
+        if p.kind != "nvfp4":
+            continue
+        tiled = want(p)
+        if p.tiled == tiled:
             continue
         N, kb = p.packed.shape
         if N % layout.ROWS or kb % layout.STEP or not (p.packed.is_contiguous() and p.scale.is_contiguous()):

@@ -30,7 +30,7 @@ import time
 import torch
 
 from qerl.rollout.engine import forward as fw
-from qerl.rollout.engine.model_view import EngineUnsupported, set_weight_layout, view_model
+from qerl.rollout.engine.model_view import EngineUnsupported, restore_weight_layout, set_weight_layout, view_model
 from qerl.rl.aqn import active_noise
 from qerl.rollout.sampler import Rollout, encode_prompts
 from qerl.rollout.sampling import SamplingSettings, row_budget, row_seeds, sample
@@ -346,7 +346,8 @@ class RolloutEngine:
     def weights_in_layout(self, rows: int = 8):
         """Inside: the NVFP4 weights in the engine's ``weight_layout`` — with ``tiled`` (``auto``: the projections
         whose forward of ``rows`` rows, the decode batch, keeps its tuned config on tiled weights), reordered in
-        place into the tile-contiguous layout on entry and back on exit, whatever happens inside
+        place into the tile-contiguous layout on entry and back to the modules' own layout on exit, whatever happens
+        inside
         (:func:`~qerl.rollout.engine.model_view.set_weight_layout`; the time goes to ``last_stats["layout_s"]``).
         The model's own forward must not run inside."""
         if self.weight_layout == "rows":
@@ -365,7 +366,7 @@ class RolloutEngine:
             yield
         finally:
             t1 = self._clock()
-            set_weight_layout(self.view, False)
+            restore_weight_layout(self.view)
             spent += self._clock() - t1
             if timing is not None and moved:  # (none moved: a bf16 model, or no whole tiles)
                 timing["layout_s"] = timing.get("layout_s", 0.0) + spent
