@@ -23,11 +23,16 @@ STEP = 64  # packed bytes per row and 128-wide K step
 SSTEP = 8  # scale bytes per row and K step
 
 
+def tileable(N: int, K: int) -> bool:
+    """Whether an ``[N, K]`` weight has whole 64-row tiles and 128-wide K steps (the layout's one condition)."""
+    return N % ROWS == 0 and K % (2 * STEP) == 0
+
+
 def _check(packed: torch.Tensor, scale: torch.Tensor) -> tuple[int, int]:
     if packed.dtype != torch.uint8 or packed.ndim != 2:
         raise ValueError(f"layout: packed must be 2-D uint8 [N, K/2], got {packed.dtype} {tuple(packed.shape)}")
     N, kb = packed.shape
-    if N % ROWS or kb % STEP:
+    if not tileable(N, 2 * kb):
         raise ValueError(f"layout: the tiled layout needs N % {ROWS} == 0 and K % 128 == 0, got N={N}, K={2 * kb}")
     if tuple(scale.shape) != (N, kb // 8):
         raise ValueError(f"layout: scale must be [N, K/16] = [{N}, {kb // 8}], got {tuple(scale.shape)}")

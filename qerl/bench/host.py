@@ -95,10 +95,11 @@ def bench_shape(model: str, proj: str, N: int, K: int, ms, rank: int = 32, direc
     la = torch.randn(rank, K, device="cuda", dtype=torch.bfloat16) * 0.01
     lb = torch.randn(N, rank, device="cuda", dtype=torch.bfloat16) * 0.01
     tp = ts = None
-    if N % 64 == 0 and K % 128 == 0 and hasattr(ops, "tiled_config"):  # (an A/B's baseline kernels may predate it)
-        from qerl_kernels.layout import tile
+    if hasattr(ops, "tiled_config"):  # (an A/B's baseline kernels may predate it)
+        from qerl_kernels import layout
 
-        tp, ts = tile(p, s)
+        if layout.tileable(N, K):
+            tp, ts = layout.tile(p, s)
     rows = []
     for M in ms:
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
@@ -244,12 +245,13 @@ def main(argv: list[str] | None = None) -> int:
     for model in a.models:
         for proj, (N, K) in projections(model).items():
             if proj in a.projs:
+                start = len(rows)
                 if a.no_direct or a.no_compare:
                     rows += bench_shape(model, proj, N, K, a.ms, direct=not a.no_direct)
                 else:  # Triton's own path first (its compiles warm both), then the direct launches
                     off = bench_shape(model, proj, N, K, a.ms, direct=False)
                     rows += with_comparison(bench_shape(model, proj, N, K, a.ms, direct=True), off)
-                done = ", ".join(f"{r['call']}@{r['M']} {r['host_us']}" for r in rows[-5 * len(a.ms):])
+                done = ", ".join(f"{r['call']}@{r['M']} {r['host_us']}" for r in rows[start:])
                 print(f"{model} {proj}: {done}", flush=True)
     profile = ""
     if not a.no_profile:

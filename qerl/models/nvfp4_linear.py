@@ -76,7 +76,9 @@ class NVFP4Linear(nn.Module):
 
     def can_tile(self) -> bool:
         """Whether the weight has whole 64-row tiles and 128-wide K steps (:mod:`qerl_kernels.layout`)."""
-        return self.out_features % 64 == 0 and self.in_features % 128 == 0
+        from qerl_kernels.layout import tileable
+
+        return tileable(self.out_features, self.in_features)
 
     @torch.no_grad()
     def set_layout(self, tiled: bool) -> bool:
@@ -106,8 +108,10 @@ class NVFP4Linear(nn.Module):
             destination[prefix + "weight_packed"], destination[prefix + "weight_scale"] = rows
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        tiled = self.tiled
-        if tiled:  # row-major bytes come in: take them row-major, then re-lay
+        # row-major bytes come in: take them row-major, then re-lay (a state dict without them, e.g. PEFT loading
+        # adapters into the whole model, leaves the layer as it is)
+        tiled = self.tiled and any(prefix + k in state_dict for k in ("weight_packed", "weight_scale"))
+        if tiled:
             self.set_layout(False)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         if tiled:

@@ -61,6 +61,7 @@ class Backend:
 
 
 _BACKENDS: list[Backend] = []
+KERNELS = "triton-nvfp4"  # the name of the qerl_kernels backend (:func:`kernel_backend`)
 
 
 def register_backend(backend: Backend) -> None:
@@ -172,7 +173,7 @@ def _tiled_backend(x: torch.Tensor, packed: torch.Tensor) -> Backend | None:
     """The backend that takes this call on tiled weights as they lie (the kernels, ``tiled=True``), or None: the
     caller computes on a row-major copy (:func:`rows_of`)."""
     backend = select_backend(x, packed)
-    return backend if backend is not None and backend.name == "triton-nvfp4" else None
+    return backend if backend is not None and backend.name == KERNELS else None
 
 
 def _maybe_register_kernels() -> None:
@@ -185,7 +186,7 @@ def _maybe_register_kernels() -> None:
     * ``reference`` / ``off``: never (``QERL_FORCE_REFERENCE=1`` also forces it, for debugging)."""
     mode = os.environ.get("QERL_KERNELS", "auto").lower()
     if mode in ("triton", "auto"):
-        if not any(b.name == "triton-nvfp4" for b in _BACKENDS):
+        if not any(b.name == KERNELS for b in _BACKENDS):
             register_backend(kernel_backend())
     elif mode not in ("reference", "off"):
         raise ValueError(f"QERL_KERNELS={mode!r}: expected auto, triton, reference or off")
@@ -198,7 +199,7 @@ def kernel_backend() -> Backend:
     from qerl_kernels.ops import nvfp4_matmul, nvfp4_matmul_t, supports
 
     return Backend(  # (each takes tiled=True for weights in the tile-contiguous layout: module docstring)
-        "triton-nvfp4", supports, lambda x, p, s, g, b, tiled=False: nvfp4_matmul(x, p, s, g, b, tiled=tiled),
+        KERNELS, supports, lambda x, p, s, g, b, tiled=False: nvfp4_matmul(x, p, s, g, b, tiled=tiled),
         lambda dy, p, s, g, tiled=False: nvfp4_matmul_t(dy, p, s, g, tiled=tiled),
         lambda x, p, s, g, b, la, lb, sc, tiled=False: nvfp4_matmul(x, p, s, g, b, None, lb, sc, lora_a=la,
                                                                      tiled=tiled),
@@ -265,11 +266,12 @@ def nvfp4_linear(
             f"nvfp4_linear: input has K = {x.shape[-1]} features but the packed weight "
             f"{tuple(packed.shape)} holds K = {packed.shape[1] * 2}"
         )
-    if tiled and _tiled_backend(x, packed) is None:
+    no_grad = not torch.is_grad_enabled() or not (x.requires_grad or (bias is not None and bias.requires_grad))
+    backend = select_backend(x, packed) if no_grad or tiled else None  # (the autograd node looks it up itself)
+    if tiled and (backend is None or backend.name != KERNELS):  # only the kernels read tiles as they lie
         packed, scale = rows_of(packed, scale, True)
         tiled = False
-    if not torch.is_grad_enabled() or not (x.requires_grad or (bias is not None and bias.requires_grad)):
-        backend = select_backend(x, packed)  # nothing to differentiate: skip the autograd node (host time)
+    if no_grad:  # nothing to differentiate: skip the autograd node (host time)
         if tiled:
             return backend.forward(x, packed, scale, global_scale, bias, tiled=True)
         return (backend.forward if backend else reference_forward)(x, packed, scale, global_scale, bias)

@@ -51,6 +51,11 @@ def test_a_tiled_layer_computes_what_the_row_major_one_does_and_saves_row_major(
     other.set_layout(True)
     other.load_state_dict(want)  # a row-major checkpoint into a tiled layer: stays tiled, computes the same
     assert other.tiled and torch.equal(other.weight_packed, tiled.weight_packed)
+    from qerl.models.nvfp4_linear import LAYOUT_CHANGES
+
+    changes = LAYOUT_CHANGES[0]  # a state dict without the packed tensors (PEFT loading adapters): nothing re-laid
+    other.load_state_dict({}, strict=False)
+    assert LAYOUT_CHANGES[0] == changes and other.tiled
     assert torch.equal(other(x.detach()), y.detach())
     assert tiled.set_layout(False) and torch.equal(tiled.weight_packed, rows.weight_packed)
     assert torch.equal(tiled.weight_scale.view(torch.uint8), rows.weight_scale.view(torch.uint8))

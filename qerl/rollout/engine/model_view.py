@@ -312,7 +312,7 @@ def _relay(view: "ModelView", want, keep=None) -> int:
         if p.tiled == tiled:
             continue
         N, kb = p.packed.shape
-        if N % layout.ROWS or kb % layout.STEP or not (p.packed.is_contiguous() and p.scale.is_contiguous()):
+        if not layout.tileable(N, 2 * kb) or not (p.packed.is_contiguous() and p.scale.is_contiguous()):
             continue
         if tiled and keep is not None and not keep(N, 2 * kb):
             continue
