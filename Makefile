@@ -33,11 +33,15 @@ example-report: run
 	$(BIN)/qerl report --workflow-config results/config/default.yaml --results results --output reports/default
 
 ## run the whole test suite, then its numerics-sensitive tests (-m numerics) again on other CPU kernels: ATen's
-## default (non-vectorized) kernels, MKL and oneDNN held to AVX2 -- no result may depend on this machine's CPU
+## default (non-vectorized) kernels, MKL and oneDNN held to AVX2 -- no result may depend on this machine's CPU.
+## TEST_WORKERS pytest-xdist processes of one thread each (2: the 2-core CI machine; the tests sharing the default
+## workflow's run are one xdist_group, so that run is made once); TEST_WORKERS=0 runs in this process.
 NUMERICS_ENV ?= ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=default
+TEST_WORKERS ?= 2
+PYTEST := $(if $(filter 0,$(TEST_WORKERS)),$(BIN)/python -m pytest,OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup)
 test: $(STAMP)
-	$(BIN)/python -m pytest
-	$(NUMERICS_ENV) $(BIN)/python -m pytest -m numerics
+	$(PYTEST)
+	$(NUMERICS_ENV) $(PYTEST) -m numerics
 
 clean:
 	rm -rf results logs .snakemake

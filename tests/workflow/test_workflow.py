@@ -245,6 +245,7 @@ def default_run(tmp_path_factory):
 
 
 @pytest.mark.numerics
+@pytest.mark.xdist_group("default_run")  # one worker makes the default run once for all three (make test)
 def test_default_workflow_fresh_copy_killed_rerun_and_checked(default_run):
     """A killed default workflow resumes with only its unfinished work; the report, its figures, the committed
     example (checked to what a run can promise on another CPU)."""
@@ -276,6 +277,7 @@ def test_default_workflow_fresh_copy_killed_rerun_and_checked(default_run):
         "\n".join(problems)
 
 
+@pytest.mark.xdist_group("default_run")  # one worker makes the default run once for all three (make test)
 def test_default_workflow_tracking_reruns_and_an_ablation(default_run):
     """On the finished default run (not repeated on other CPU kernels: nothing here is numerics): MLflow as a study,
     `snakemake --report`, a no-op rerun, a bad config, an edit, an ablation overlay that reuses finished work, and
@@ -393,6 +395,7 @@ def _result_view(results: Path, run: str, untrained: str) -> dict[str, object]:
     return view
 
 
+@pytest.mark.xdist_group("default_run")  # one worker makes the default run once for all three (make test)
 def test_two_fresh_runs_on_one_machine_are_byte_equal(default_run, tmp_path):
     """Determinism: a second fresh copy runs one chain of the default workflow (warm start, quantize, QeRL seed 0
     trained and evaluated, the NVFP4 base evaluated) and writes the same bytes as the first run, which was killed
