@@ -1,9 +1,9 @@
 """Tile-contiguous against row-major NVFP4 weights: ``qerl bench layout`` (GPU; writes ``<output>/<device>.csv / .md``).
 
 For each projection of the chosen Qwen2.5 shapes and each token count M, the same forward call is timed twice in
-one process:
+one process, beside cuBLAS:
 - on row-major weights, through the config the tables route;
-- on tiled copies of the same weights (:func:`qerl_kernels.layout.tile`; ``ops.nvfp4_matmul(..., tiled=True)``,
+- on tiled copies of the same weights (:func:`qerl_kernels.layout.tile`; ``nvfp4_linear(..., tiled=True)``,
   routed by :func:`qerl_kernels.ops.tiled_config`).
 
 Both go through the public op (:func:`qerl.ops.nvfp4_linear`, no autograd: what a module's forward calls) and run
