@@ -269,7 +269,8 @@ def gpu_hours(d: RunData) -> float:
 
 
 def run_rows(data: list[RunData], meta: dict, config: dict) -> list[list[str]]:
-    head = ["model", "model_source", "method", "label", "seed", "lr", "device", "steps", "truncated_frac", "problems",
+    head = ["model", "model_source", "method", "label", "seed", "lr", "device", "steps", "skipped_updates",
+            "truncated_frac", "problems",
             "samples_per_problem", "pass1_before", "pass1_after", "adapter_sha256", "median_step_s", "gpu_hours",
             "reward_first10", "reward_last10", "mismatch_kl_mean", "entropy_mean"]
     rows = [head]
@@ -281,6 +282,7 @@ def run_rows(data: list[RunData], meta: dict, config: dict) -> list[list[str]]:
         kl, ent, cut = _series(d, "mismatch_kl"), _series(d, "entropy"), _series(d, "truncated_frac")
         rows.append([d.model or meta["model"], src, d.method, label(config, d.method), str(d.seed),
                      f"{d.lr:g}" if d.lr is not None else "", str(ev.get("device", "")), str(len(d.metrics)),
+                     str(int(sum(_series(d, "skipped_updates")))),
                      f"{sum(cut) / len(cut):.4f}" if cut else "", str(ev["problems"]),
                      str(ev.get("samples_per_problem", "")),
                      f"{100 * d.base_eval['pass@1']:.2f}" if d.base_eval else "",

@@ -105,6 +105,10 @@ class OptimConfig:
     warmup_steps: int = 0
     min_lr_ratio: float = 0.0
     grad_clip: float = 1.0
+    # updates whose gradient norm is not finite (inf / nan) that a run may skip: the optimizer step is not taken and
+    # the gradients are dropped (what verl, the paper's reference trainer, does with every one), each counted in the
+    # step's metrics (``skipped_updates``); one more stops the run. 0: the first stops it.
+    skip_nonfinite: int = 0
     eight_bit: str | bool = "auto"  # YAML true / false are taken as 'true' / 'false'
     # the optimizer states in host memory while the rollout runs (qerl.train.offload): none | rollout | auto
     # (rollout when the memory planner says the run fits only so; e.g. 32B full over 8 GPUs)
@@ -260,7 +264,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
                            ("beta1", 0 <= o.beta1 < 1, "in [0, 1)"), ("beta2", 0 <= o.beta2 < 1, "in [0, 1)"),
                            ("warmup_steps", o.warmup_steps >= 0, ">= 0"),
                            ("min_lr_ratio", 0 <= o.min_lr_ratio <= 1, "in [0, 1]"),
-                           ("grad_clip", o.grad_clip > 0, "> 0")):
+                           ("grad_clip", o.grad_clip > 0, "> 0"),
+                           ("skip_nonfinite", o.skip_nonfinite >= 0, ">= 0")):
         if not ok:
             raise ConfigError(f"config.optim.{name}: must be {want}, got {getattr(o, name)}")
     if a.max_refill_rounds < 0:

@@ -151,13 +151,14 @@ def _train(cfg: TrainConfig, resume: bool, tracker, progress: bool, out: Path, d
             if parking is not None:
                 parking.restore()
             try:
-                info = _update(policy, scorer, batch, rewards, cfg, aqn, sigma, step, optimizer, d,
-                               shards) if batch else {}
+                info = _update(policy, scorer, batch, rewards, cfg, aqn, sigma, step, optimizer, d, shards,
+                               may_skip=cfg.optim.skip_nonfinite - state.skipped_updates) if batch else {}
             except torch.cuda.OutOfMemoryError as e:
                 optimizer.zero_grad(set_to_none=True)
                 raise _oom_error(cfg, step, "update", device, out, batch, e) from None
             scheduler.step()
             state.step, state.data_pos = step + 1, stream.pos
+            state.skipped_updates += info.get("skipped_updates", 0)
             metrics = {"step": step + 1, **stats, **info, "sigma": sigma, "lr": scheduler.get_last_lr()[0],
                        "rollout_seconds": t_roll, "train_seconds": time.time() - t1,
                        **({"offload_seconds": parking.seconds, "offload_gb": parked / 1e9} if parking else {}),

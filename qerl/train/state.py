@@ -29,6 +29,7 @@ class TrainState:
     data_pos: int = 0  # prompts consumed from the data stream
     run_id: str | None = None
     world_size: int = 1  # processes of the run that wrote it (a resume must use as many)
+    skipped_updates: int = 0  # updates dropped for a non-finite gradient norm so far (optim.skip_nonfinite)
 
 
 def _trainable_state(model) -> dict[str, torch.Tensor]:

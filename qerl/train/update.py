@@ -219,7 +219,7 @@ def logprobs_global(policy, batch, T: float, micro: list, d: dist.Dist, what: st
 
 def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: int, optimizer,
                   d: dist.Dist = dist.Dist(), shards: sharding.Replicated = sharding.Replicated(),
-                  phase=_no_phase) -> dict:
+                  phase=_no_phase, may_skip: int = 0) -> dict:
     """Advantages, old/ref log-probs, ``μ = cfg.algorithm.updates_per_batch`` optimizer steps over micro-batches
     of ``batch`` (a :class:`~qerl.rollout.Rollout` of ``n`` rows, the same on every rank) scored by ``rewards
     [n]``. ``scorer``: :class:`LogprobModule` of ``policy`` (DDP-wrapped under torchrun: one gradient all-reduce
@@ -228,7 +228,10 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
     ``algorithm.old_logprob_pass`` off) the old log-probs are the update's forward detached — ``ρ = exp(log π_θ -
     sg(log π_θ)) = 1``, ``∇ρ = ∇ log π_θ``: the loss and gradient of the two-pass update without its no-grad pass
     — and the mismatch statistics and TIS weights come from them. Returns the loss diagnostics summed over ranks,
-    the gradient norm and the rollout / trainer mismatch statistics."""
+    the gradient norm (of the last update; None where it was not finite) and the rollout / trainer mismatch
+    statistics. ``may_skip``: how many updates whose gradient norm is not finite may be dropped (no optimizer step)
+    instead of stopping the run with :class:`TrainingError` (what is left of ``optim.skip_nonfinite``); the dropped
+    ones are counted in ``skipped_updates``."""
     a = cfg.algorithm
     T = cfg.rollout.temperature
     settings = LossSettings(a.name, a.clip_low, a.clip_high, a.kl_coef, cfg.rollout.max_new_tokens)
@@ -280,6 +283,7 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
             dev = batch.completion_ids.device
             on_dev = [m.to(dev) if torch.is_tensor(m) else m for m, _ in micro]
             diag = Diagnostics()
+            skipped = 0  # updates of this step dropped for a non-finite gradient norm
             own_old = []  # one pass: this rank's (rows, detached log-probs) of its real micro-batches
             for update in range(a.updates_per_batch):
                 total, losses = 0.0, []
@@ -301,7 +305,7 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
                                                      None if ref_logp is None else ref_logp[md], w_m, ent, sync=False)
                             if not loss.requires_grad:
                                 raise TrainingError(
-                                    f"step {step}: the update's loss does not depend on any trainable parameter (a "
+                                    f"step {step + 1}: the update's loss does not depend on any trainable parameter (a "
                                     "forward-only kernel or a detach inside the policy's forward?); no optimizer step "
                                     "was taken, the last checkpoint is intact")
                             (loss * (w * d.world)).backward()  # DDP averages over ranks: x world = the one-process sum
@@ -312,20 +316,29 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
                     values = torch.stack(losses).tolist() if losses else []  # (the loop's one wait for the GPU)
                     bad = [(k, v) for k, v in enumerate(values) if not math.isfinite(v)]
                     if bad:  # before the optimizer step: nothing applied
-                        raise TrainingError(f"step {step}: loss is {bad[0][1]} (micro-batch {bad[0][0] + 1} of "
+                        raise TrainingError(f"step {step + 1}: loss is {bad[0][1]} (micro-batch {bad[0][0] + 1} of "
                                             f"{len(micro)}); stopping (the last checkpoint is intact)")
                     total = float(total)
                 params = [p for p in policy.parameters() if p.requires_grad]
                 if any(p.grad is None for p in params):  # a path cut inside the forward: those would never train
                     cut = [n for n, p in policy.named_parameters() if p.requires_grad and p.grad is None]
                     raise TrainingError(
-                        f"step {step}: {len(cut)} of {len(params)} trainable parameters got no gradient (e.g. "
+                        f"step {step + 1}: {len(cut)} of {len(params)} trainable parameters got no gradient (e.g. "
                         f"{', '.join(cut[:3])}): a forward-only kernel or a detach inside the policy's forward; "
                         "no optimizer step was taken, the last checkpoint is intact")
-                grad_norm = shards.clip(policy, params, cfg.optim.grad_clip, d.world)
-                if not torch.isfinite(grad_norm):
-                    raise TrainingError(f"step {step}: gradient norm is {float(grad_norm)}; stopping")
-                optimizer.step()
+                grad_norm = shards.clip(policy, params, cfg.optim.grad_clip, d.world)  # (global: every rank agrees)
+                if torch.isfinite(grad_norm):
+                    optimizer.step()
+                elif skipped < may_skip:  # dropped, as verl drops it (optim.skip_nonfinite)
+                    skipped += 1
+                    if d.main:
+                        print(f"step {step + 1}: gradient norm is {float(grad_norm)}; this update is skipped (no "
+                              f"optimizer step; {may_skip - skipped} more may be, optim.skip_nonfinite)", flush=True)
+                else:
+                    raise TrainingError(
+                        f"step {step + 1}: gradient norm is {float(grad_norm)}; stopping (optim.skip_nonfinite = "
+                        f"{cfg.optim.skip_nonfinite}: {cfg.optim.skip_nonfinite - may_skip + skipped} update(s) of this run "
+                        f"skipped already; the last checkpoint is intact)")
                 optimizer.zero_grad(set_to_none=True)
             set_training(policy, mods, False)
     if one_pass:  # the rollout / trainer mismatch over the whole batch, from the update's own log-probs
@@ -335,4 +348,5 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
             part = torch.cat([p for p in parts if p is not None]).to(batch.logprobs.device)
         mismatch = mismatch_stats(part, batch.logprobs, mask)
     summed = diag.result(d, total, f"combining the loss diagnostics of step {step + 1}")
-    return {**summed, "grad_norm": float(grad_norm), **mismatch}
+    norm = float(grad_norm)
+    return {**summed, "grad_norm": norm if math.isfinite(norm) else None, "skipped_updates": skipped, **mismatch}

@@ -29,7 +29,8 @@ def _write(results, method, seed, acc, reward_slope, entropy, step_s, sigma_on, 
                                  "accuracy": 0.1, "entropy": entropy + rng.uniform(-0.005, 0.005),
                                  "response_len_mean": 100, "mismatch_kl": 1e-4, "truncated_frac": 0.02 * (i % 2), "sigma": 0.01 if sigma_on and i >= 5
                                  else 0.0, "rollout_seconds": step_s * 0.7 if i else 20.0,
-                                 "train_seconds": step_s * 0.3}))
+                                 "train_seconds": step_s * 0.3,
+                                 "skipped_updates": int(method == "qerl" and seed == 1 and i == 6)}))
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     ev = results / "eval" / f"{model}/{method}/grpo/d/seed{seed}"
     ev.mkdir(parents=True)
@@ -91,6 +92,8 @@ def test_report_tables_intervals_and_verdicts(results, tmp_path):
     assert {(r["method"], r["lr"]) for r in runs} == {("lora", "0.0001"), ("lora_aqn", "0.0001"),
                                                       ("nvfp4_lora", "0.0001"), ("qerl", "3e-05")}
     assert {r["truncated_frac"] for r in runs} == {"0.0100"}
+    assert [(r["method"], r["seed"]) for r in runs if r["skipped_updates"] != "0"] == [("qerl", "1")]
+    assert next(r for r in runs if r["skipped_updates"] != "0")["skipped_updates"] == "1"
     assert "cut at the new-token cap: median 0.0100 over runs" in (out / "claims.md").read_text()
     assert abs(float(r0["gpu_hours"]) - (20.0 + 0.6 + 49 * 2.0 + 36.0) / 3600) < 1e-4
     assert (out / "curves.png").stat().st_size > 10_000 and "| (a) QeRL" in (out / "claims.md").read_text()

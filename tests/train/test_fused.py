@@ -177,9 +177,9 @@ def test_update_check_passes_the_eager_functions_and_flags_forward_only_ones():
     assert not cut["ok"] and cut["n_missing"] == cut["trainable"]
 
 
-@pytest.mark.parametrize("ew, match", [(_DetachedGate, r"step 0: 8 of 28 trainable parameters got no gradient \(e\.g\. "
+@pytest.mark.parametrize("ew, match", [(_DetachedGate, r"step 1: 8 of 28 trainable parameters got no gradient \(e\.g\. "
                                                       r".*gate_proj.*\): a forward-only kernel"),
-                                       (_Detaching, "step 0: the update's loss does not depend on any trainable")])
+                                       (_Detaching, "step 1: the update's loss does not depend on any trainable")])
 def test_update_stops_with_a_clear_error_when_the_forward_cuts_the_gradient(tiny_dirs, monkeypatch, ew, match):
     """The trainer's update phase refuses to step when its forward cuts gradients (the defect of 298c7b2: the
     update's norms and gate through forward-only launches): every trainable parameter must get a gradient, and the

@@ -163,6 +163,55 @@ def test_nan_loss_stops_before_the_optimizer_step(warm_model, tmp_path, monkeypa
     assert (out / "checkpoint" / "trainer_state.json").read_text() == state
 
 
+class _NanGradient(torch.autograd.Function):
+    """The identity forward, a NaN gradient backward: a finite loss whose gradient norm is not finite."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * float("nan")
+
+
+def test_nonfinite_gradient_is_skipped_up_to_optim_skip_nonfinite(warm_model, tmp_path, monkeypatch):
+    """A finite loss whose gradient norm is nan: by default the run stops, naming the step (1-based, as the metrics
+    rows), the checkpoint intact. With ``optim.skip_nonfinite: 1`` the update is dropped as verl drops it — no
+    optimizer step, the trained weights as they were —, counted in the row (``skipped_updates``, ``grad_norm`` null:
+    the row stays strict JSON) and in the checkpoint, so that a resumed run's next one stops it."""
+    from safetensors.torch import load_file
+
+    from qerl.rl import losses
+    from qerl.train import update
+    from qerl.train.steps import TrainingError
+
+    out = tmp_path / "nangrad"
+    train(make_cfg(warm_model, out, steps=2), tracker=NullTracker(), progress=False)
+    ck = out / "checkpoint"
+    state, weights = (ck / "trainer_state.json").read_text(), load_file(ck / "trainable.safetensors")
+    monkeypatch.setattr(update, "policy_loss",
+                        lambda *a, **k: (lambda loss, info: (_NanGradient.apply(loss), info))(*losses.policy_loss(*a, **k)))
+    with pytest.raises(TrainingError, match=r"step 3: gradient norm is nan; stopping \(optim.skip_nonfinite = 0: 0 "):
+        train(make_cfg(warm_model, out, steps=4), resume=True, tracker=NullTracker(), progress=False)
+    assert (ck / "trainer_state.json").read_text() == state
+
+    train(make_cfg(warm_model, out, steps=3, **{"optim.skip_nonfinite": 1}), resume=True, tracker=NullTracker(),
+          progress=False)
+    last = rows(out)[-1]
+    assert last["step"] == 3 and last["skipped_updates"] == 1 and last["grad_norm"] is None
+    assert [r["skipped_updates"] for r in rows(out)[:2]] == [0, 0]
+    assert json.loads((ck / "trainer_state.json").read_text())["skipped_updates"] == 1
+    after = load_file(ck / "trainable.safetensors")
+    assert after.keys() == weights.keys() and all(torch.equal(after[n], weights[n]) for n in weights)
+    with pytest.raises(TrainingError, match=r"step 4: gradient norm is nan; stopping \(optim.skip_nonfinite = 1: 1 "
+                                            r"update\(s\) of this run skipped already"):
+        train(make_cfg(warm_model, out, steps=4, **{"optim.skip_nonfinite": 1}), resume=True, tracker=NullTracker(),
+              progress=False)
+    with pytest.raises(Exception, match=r"config.optim.skip_nonfinite: must be >= 0, got -1"):
+        make_cfg(warm_model, out, **{"optim.skip_nonfinite": -1})
+
+
 def _cli(cfg_path, *extra):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, "-m", "qerl", "train", "--config", str(cfg_path), "--no-progress", *extra],
