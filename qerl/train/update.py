@@ -217,6 +217,16 @@ def logprobs_global(policy, batch, T: float, micro: list, d: dist.Dist, what: st
     return torch.cat([p for p in parts if p is not None]).to(batch.logprobs.device)
 
 
+def nonfinite_grads(policy, shown: int = 3) -> str:
+    """Which trainable parameters hold a non-finite gradient on this process (their count and the first ``shown``
+    names, model order): where a non-finite gradient norm came from, for its message."""
+    bad = [n for n, p in policy.named_parameters()
+           if p.grad is not None and not bool(torch.isfinite(getattr(p.grad, "_local_tensor", p.grad)).all())]
+    if not bad:
+        return "no gradient on this process is non-finite"
+    return f"non-finite in {len(bad)} parameter(s) on this process, first {', '.join(bad[:shown])}"
+
+
 def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: int, optimizer,
                   d: dist.Dist = dist.Dist(), shards: sharding.Replicated = sharding.Replicated(),
                   phase=_no_phase, may_skip: int = 0) -> dict:
@@ -332,11 +342,13 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
                 elif skipped < may_skip:  # dropped, as verl drops it (optim.skip_nonfinite)
                     skipped += 1
                     if d.main:
-                        print(f"step {step + 1}: gradient norm is {float(grad_norm)}; this update is skipped (no "
-                              f"optimizer step; {may_skip - skipped} more may be, optim.skip_nonfinite)", flush=True)
+                        print(f"step {step + 1}: gradient norm is {float(grad_norm)} ({nonfinite_grads(policy)}); "
+                              f"this update is skipped (no optimizer step; {may_skip - skipped} more may be, "
+                              "optim.skip_nonfinite)", flush=True)
                 else:
                     raise TrainingError(
-                        f"step {step + 1}: gradient norm is {float(grad_norm)}; stopping (optim.skip_nonfinite = "
+                        f"step {step + 1}: gradient norm is {float(grad_norm)} ({nonfinite_grads(policy)}); stopping "
+                        f"(optim.skip_nonfinite = "
                         f"{cfg.optim.skip_nonfinite}: {cfg.optim.skip_nonfinite - may_skip + skipped} update(s) of this run "
                         f"skipped already; the last checkpoint is intact)")
                 optimizer.zero_grad(set_to_none=True)
