@@ -56,8 +56,9 @@ class QerlNVFP4Config(QuantizationConfigMixin):
         weight_layout: how the loaded layers keep their packed weights in memory: ``rows`` (the checkpoint's
             row-major layout, the default), ``tiled`` (re-laid once at load into the tile-contiguous layout the
             rollout engine decodes from, :meth:`qerl.models.nvfp4_linear.NVFP4Linear.set_layout`; every layer with
-            whole 64-row tiles and 128-wide K steps) or ``auto`` (``tiled`` for the layers on a CUDA device, where the
-            kernels read it, ``rows`` elsewhere). The kernels route each call by its M either way; ``save_pretrained``
+            whole 64-row tiles and 128-wide K steps) or ``auto`` (``tiled`` for the layers on a CUDA device whose
+            one-row decode keeps its kernel on tiles, ``rows`` elsewhere: :func:`tiles_on_load`). The kernels route
+            each call by its M either way; ``save_pretrained``
             writes row-major. Not saved in the checkpoint.
     """
 
@@ -92,6 +93,25 @@ class QerlNVFP4Config(QuantizationConfigMixin):
         import json
 
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+
+def tiles_on_load(mod, layout: str) -> bool:
+    """Whether a loaded :class:`~qerl.models.nvfp4_linear.NVFP4Linear` is re-laid into the tile-contiguous layout:
+    ``tiled``: every layer with whole tiles; ``auto``: those on a CUDA device whose one-row forward (``generate``'s
+    decode step of one sequence) keeps its tuned kernel config on tiled weights (``qerl_kernels.ops.tiled_keeps``,
+    the engine's rule). Where it would not, the row-major route is the decode kernel, which cannot read tiles, and
+    the tiled route measured 0.83-0.93x of it (reports/layout, H200: 14B gate/up, 32B down); every other call
+    measured 1.00-1.32x."""
+    if layout == "rows" or not mod.can_tile():
+        return False
+    if layout == "tiled":
+        return True
+    w = mod.weight_packed
+    if not w.is_cuda:
+        return False
+    from qerl_kernels.ops import tiled_keeps
+
+    return tiled_keeps(1, mod.out_features, mod.in_features, w.device)
 
 
 class _QuantizeOnLoad(ConversionOps):
@@ -190,7 +210,7 @@ class QerlNVFP4HfQuantizer(HfQuantizer):
         if layout != "rows":
             for name in self.targets_found:
                 mod = model.get_submodule(name)
-                if mod.can_tile() and (layout == "tiled" or mod.weight_packed.is_cuda):
+                if tiles_on_load(mod, layout):
                     mod.set_layout(True)
         return model
 

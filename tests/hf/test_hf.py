@@ -101,6 +101,33 @@ def test_weight_layout_tiled_relays_at_load_and_saves_the_row_major_checkpoint(t
     assert not _same_state(again.state_dict(), rows.state_dict())
 
 
+def test_auto_layout_tiles_cuda_layers_whose_decode_keeps_its_kernel(monkeypatch):
+    """``weight_layout="auto"`` (:func:`qerl.hf.quantizer.tiles_on_load`): a CUDA layer is tiled when its one-row
+    forward keeps its tuned config on tiles (``qerl_kernels.ops.tiled_keeps(1, N, K, device)``, asked with the
+    layer's own shape and device), else it stays row-major; CPU layers and layers without whole tiles never are;
+    ``tiled`` tiles every layer with whole tiles, ``rows`` none."""
+    from types import SimpleNamespace
+
+    import qerl_kernels.ops as kops
+    from qerl.hf.quantizer import tiles_on_load
+
+    asked = []
+    monkeypatch.setattr(kops, "tiled_keeps", lambda M, N, K, device: asked.append((M, N, K, device)) or N != 128)
+
+    def layer(n, k, cuda=True, whole=True):
+        w = SimpleNamespace(is_cuda=cuda, device=f"cuda:{int(cuda)}" if cuda else "cpu")
+        return SimpleNamespace(out_features=n, in_features=k, weight_packed=w, can_tile=lambda: whole)
+
+    assert tiles_on_load(layer(256, 512), "auto") and asked == [(1, 256, 512, "cuda:1")]
+    assert not tiles_on_load(layer(128, 512), "auto")  # its decode would leave its tuned kernel
+    assert not tiles_on_load(layer(256, 512, cuda=False), "auto") and not tiles_on_load(layer(256, 512, whole=False),
+                                                                                         "auto")
+    assert len(asked) == 2  # (neither a CPU layer nor one without whole tiles asks)
+    assert tiles_on_load(layer(128, 512, cuda=False), "tiled") and not tiles_on_load(layer(128, 512, whole=False),
+                                                                                      "tiled")
+    assert not tiles_on_load(layer(256, 512), "rows")
+
+
 def test_bad_config_values_are_named():
     from qerl.hf import QerlNVFP4Config
 
