@@ -61,23 +61,31 @@ def _step_timer():
 
 
 def trl_step(model_name: str, variant: str, batch: int, prompt_len: int, gen_len: int, generations: int,
-             warmup: int, out_dir: Path, device: str) -> dict:
-    """Build the ``variant``'s policy, train ``warmup + 1`` GRPO steps with TRL, return the last step's row."""
+             warmup: int, out_dir: Path, device: str, weight_layout: str = "rows") -> dict:
+    """Build the ``variant``'s policy, train ``warmup + 1`` GRPO steps with TRL, return the last step's row.
+    ``weight_layout``: ``QerlNVFP4Config``'s, applied to ``trl-qerl``'s NVFP4 layers as ``from_pretrained`` applies it
+    (:func:`qerl.hf.quantizer.tiles_on_load`)."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from datasets import Dataset
     from peft import LoraConfig, get_peft_model
     from trl import GRPOConfig, GRPOTrainer
 
     import qerl.hf
+    from qerl.hf.quantizer import tiles_on_load
+    from qerl.models.nvfp4_linear import NVFP4Linear
     from qerl.models.random import build, prompts
 
     cuda = device == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
     lm = build(model_name, "bf16" if variant == "trl-bf16" else "nvfp4", device=device, dtype=dtype)
+    tiled = ""
     if variant == "trl-qerl":  # what from_pretrained(..., quantization_config=QerlNVFP4Config()) hands over
-        quantizer = qerl.hf.QerlNVFP4HfQuantizer(qerl.hf.QerlNVFP4Config(), pre_quantized=True)
+        quantizer = qerl.hf.QerlNVFP4HfQuantizer(qerl.hf.QerlNVFP4Config(weight_layout=weight_layout),
+                                                 pre_quantized=True)
         lm.hf_quantizer, lm.is_quantized, lm.quantization_method = quantizer, True, qerl.hf.quantizer.QUANT_METHOD
         lm.config.quantization_config = quantizer.quantization_config
+        layers = [m for m in lm.modules() if isinstance(m, NVFP4Linear)]
+        tiled = f"{sum(m.set_layout(True) for m in layers if tiles_on_load(m, weight_layout))} of {len(layers)}"
     policy = get_peft_model(lm, LoraConfig(r=32, lora_alpha=32, target_modules=[
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
     vocab = lm.config.vocab_size
@@ -106,7 +114,8 @@ def trl_step(model_name: str, variant: str, batch: int, prompt_len: int, gen_len
     return {"model": model_name, "variant": variant, "batch": batch, "prompt_len": prompt_len, "gen_len": gen_len,
             "status": "ok", "step_s": round(step_s, 3), "peak_gb": peak,
             "tokens_per_s": round(batch * gen_len / step_s, 1),
-            "mean_completion": lengths, "warmup_steps": warmup, "note": ""}
+            "mean_completion": lengths, "warmup_steps": warmup,
+            "weight_layout": weight_layout if variant == "trl-qerl" else "", "tiled_layers": tiled, "note": ""}
 
 
 def qerl_step(model_name: str, batch: int, prompt_len: int, gen_len: int, device_name: str) -> dict:
@@ -141,6 +150,8 @@ def write(rows: list[dict], out: Path, device: str) -> Path:
         vs_q = f"{r['step_s'] / own['step_s']:.2f}" if ok and own else ""
         lines.append(f"| {r['model']} | {r['variant']} | {r['batch']} | {r['prompt_len']} | {r['gen_len']} | "
                      f"{r['step_s']} | {r['tokens_per_s']} | {r['peak_gb']} | {vs_b} | {vs_q} | {r['status']} |")
+    lines += [f"\n`trl-qerl`'s NVFP4 layers: `weight_layout=\"{r['weight_layout']}\"`, {r['tiled_layers']} re-laid tiled "
+              "(`qerl.hf.quantizer.tiles_on_load`)." for r in rows if r.get("weight_layout")]
     lines += ["", "`vs trl-bf16`: how many times faster than TRL's default (goal for `trl-qerl`: >= 5x); `vs qerl`: "
               "step time over `qerl train`'s (goal for `trl-qerl`: <= 1.15). Peak memory: the TRL rows checkpoint "
               "activations (GRPOConfig's default `gradient_checkpointing=True`); `qerl train`'s "
@@ -164,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-len", type=int, default=256, help="prompt tokens")
     p.add_argument("--gen-len", type=int, default=1024, help="sampled tokens a sequence")
     p.add_argument("--warmup", type=int, default=1, help="TRL steps before the measured one")
+    p.add_argument("--weight-layout", default="rows", choices=("rows", "tiled", "auto"),
+                   help="QerlNVFP4Config(weight_layout=...) of the trl-qerl step's NVFP4 layers")
     return p
 
 
@@ -187,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                         row = qerl_step(model, a.batch, a.prompt_len, a.gen_len, device)
                     else:
                         row = trl_step(model, variant, a.batch, a.prompt_len, a.gen_len, a.generations, a.warmup,
-                                       Path(tmp) / variant, "cuda" if cuda else "cpu")
+                                       Path(tmp) / variant, "cuda" if cuda else "cpu", a.weight_layout)
                 except torch.cuda.OutOfMemoryError as e:
                     row = {"model": model, "variant": variant, "batch": a.batch, "prompt_len": a.prompt_len,
                            "gen_len": a.gen_len, "status": "oom", "step_s": "", "peak_gb": "", "tokens_per_s": "",

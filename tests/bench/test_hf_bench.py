@@ -21,6 +21,29 @@ def test_trl_steps_write_rows(tiny_dirs, tmp_path):
     assert "| trl-qerl | 4 | 6 | 5 |" in md and "vs trl-bf16" in md
 
 
+def test_trl_qerl_step_on_tiled_weights(tiny_dirs, tmp_path):
+    """``--weight-layout tiled``: the trl-qerl step's NVFP4 layers with whole tiles are re-laid as ``from_pretrained``
+    re-lays them (here on the CPU, which computes on row-major copies), and the row says how many."""
+    pytest.importorskip("trl")
+    from qerl.bench import hf
+    from qerl_kernels.layout import tileable
+
+    out = tmp_path / "hf"
+    assert hf.main(["--models", str(tiny_dirs["qwen2"]), "--variants", "trl-qerl", "--batch", "4", "--generations",
+                    "4", "--prompt-len", "6", "--gen-len", "5", "--output", str(out), "--weight-layout", "tiled"]) == 0
+    (row,) = list(csv.DictReader(open(out / "cpu.csv")))
+    import json
+
+    spec = json.loads((tiny_dirs["qwen2"] / "config.json").read_text())
+    h, i = spec["hidden_size"], spec["intermediate_size"]
+    kv = spec["num_key_value_heads"] * h // spec["num_attention_heads"]
+    shapes = [(h, h), (kv, h), (kv, h), (h, h), (i, h), (i, h), (h, i)]  # q, k, v, o, gate, up, down: [N, K]
+    n = spec["num_hidden_layers"]
+    want = f"{n * sum(tileable(*s) for s in shapes)} of {n * len(shapes)}"
+    assert row["status"] == "ok" and row["weight_layout"] == "tiled" and row["tiled_layers"] == want
+    assert f'`weight_layout="tiled"`, {want} re-laid tiled' in (out / "cpu.md").read_text()
+
+
 def test_qerl_variant_and_bad_batch_are_named(tiny_dirs, tmp_path, monkeypatch):
     import torch
 
