@@ -217,14 +217,15 @@ def logprobs_global(policy, batch, T: float, micro: list, d: dist.Dist, what: st
     return torch.cat([p for p in parts if p is not None]).to(batch.logprobs.device)
 
 
-def nonfinite_grads(policy, shown: int = 3) -> str:
-    """Which trainable parameters hold a non-finite gradient on this process (their count and the first ``shown``
-    names, model order): where a non-finite gradient norm came from, for its message."""
+def nonfinite_grads(policy) -> str:
+    """Which trainable parameters hold a non-finite gradient on this process: their count and the first and last in
+    model order, for a non-finite gradient norm's message. A nan born in one layer's backward reaches every layer below
+    it and none above, so the last one named is the layer nearest the loss where it appeared."""
     bad = [n for n, p in policy.named_parameters()
            if p.grad is not None and not bool(torch.isfinite(getattr(p.grad, "_local_tensor", p.grad)).all())]
     if not bad:
         return "no gradient on this process is non-finite"
-    return f"non-finite in {len(bad)} parameter(s) on this process, first {', '.join(bad[:shown])}"
+    return f"non-finite in {len(bad)} parameter(s) on this process, from {bad[0]} to {bad[-1]}"
 
 
 def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: int, optimizer,
