@@ -349,10 +349,9 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
                 else:
                     raise TrainingError(
                         f"step {step + 1}: gradient norm is {float(grad_norm)} ({nonfinite_grads(policy)}); stopping "
-                        f"(optim.skip_nonfinite = "
-                        f"{cfg.optim.skip_nonfinite}: {cfg.optim.skip_nonfinite - may_skip + skipped} update(s) of "
-                        "this run "
-                        f"skipped already; the last checkpoint is intact)")
+                        f"(optim.skip_nonfinite = {cfg.optim.skip_nonfinite}: "
+                        f"{cfg.optim.skip_nonfinite - may_skip + skipped} update(s) of this run skipped already; "
+                        "the last checkpoint is intact)")
                 optimizer.zero_grad(set_to_none=True)
             set_training(policy, mods, False)
     if one_pass:  # the rollout / trainer mismatch over the whole batch, from the update's own log-probs
