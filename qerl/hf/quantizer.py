@@ -101,7 +101,7 @@ def tiles_on_load(mod, layout: str) -> bool:
     decode step of one sequence) keeps its tuned kernel config on tiled weights (``qerl_kernels.ops.tiled_keeps``,
     the engine's rule). Where it would not, the row-major route is the decode kernel, which cannot read tiles, and
     the tiled route measured 0.83-0.93x of it (reports/layout, H200: 14B gate/up, 32B down); every other call
-    measured 1.00-1.32x."""
+    measured 0.999-1.32x."""
     if layout == "rows" or not mod.can_tile():
         return False
     if layout == "tiled":
