@@ -64,14 +64,14 @@ def trl_step(model_name: str, variant: str, batch: int, prompt_len: int, gen_len
              warmup: int, out_dir: Path, device: str, weight_layout: str = "rows") -> dict:
     """Build the ``variant``'s policy, train ``warmup + 1`` GRPO steps with TRL, return the last step's row.
     ``weight_layout``: ``QerlNVFP4Config``'s, applied to ``trl-qerl``'s NVFP4 layers as ``from_pretrained`` applies it
-    (:func:`qerl.hf.quantizer.tiles_on_load`)."""
+    (:func:`qerl.hf.quantizer.lay_out`)."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from datasets import Dataset
     from peft import LoraConfig, get_peft_model
     from trl import GRPOConfig, GRPOTrainer
 
     import qerl.hf
-    from qerl.hf.quantizer import tiles_on_load
+    from qerl.hf.quantizer import lay_out
     from qerl.models.nvfp4_linear import NVFP4Linear
     from qerl.models.random import build, prompts
 
@@ -85,7 +85,7 @@ def trl_step(model_name: str, variant: str, batch: int, prompt_len: int, gen_len
         lm.hf_quantizer, lm.is_quantized, lm.quantization_method = quantizer, True, qerl.hf.quantizer.QUANT_METHOD
         lm.config.quantization_config = quantizer.quantization_config
         layers = [m for m in lm.modules() if isinstance(m, NVFP4Linear)]
-        tiled = f"{sum(m.set_layout(True) for m in layers if tiles_on_load(m, weight_layout))} of {len(layers)}"
+        tiled = f"{lay_out(layers, weight_layout)} of {len(layers)}"
     policy = get_peft_model(lm, LoraConfig(r=32, lora_alpha=32, target_modules=[
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
     vocab = lm.config.vocab_size

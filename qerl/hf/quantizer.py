@@ -114,6 +114,12 @@ def tiles_on_load(mod, layout: str) -> bool:
     return tiled_keeps(1, mod.out_features, mod.in_features, w.device)
 
 
+def lay_out(layers: list, layout: str) -> int:
+    """Re-lay, in place, each :class:`~qerl.models.nvfp4_linear.NVFP4Linear` of ``layers`` that
+    :func:`tiles_on_load` picks for ``layout``; returns how many were."""
+    return sum(m.set_layout(True) for m in layers if tiles_on_load(m, layout))
+
+
 class _QuantizeOnLoad(ConversionOps):
     """One checkpoint weight ``[N, K]`` -> its packed tensors, under the global scale of its fused group."""
 
@@ -206,12 +212,8 @@ class QerlNVFP4HfQuantizer(HfQuantizer):
         if left:
             raise ValueError(f"QerlNVFP4Config: {len(left)} quantized layer(s) got no weights from the checkpoint, "
                              f"e.g. {left[:3]}")
-        layout = getattr(self.quantization_config, "weight_layout", "rows")
-        if layout != "rows":
-            for name in self.targets_found:
-                mod = model.get_submodule(name)
-                if tiles_on_load(mod, layout):
-                    mod.set_layout(True)
+        lay_out([model.get_submodule(n) for n in self.targets_found],
+                getattr(self.quantization_config, "weight_layout", "rows"))
         return model
 
     def _dequantize(self, model, dtype=None):

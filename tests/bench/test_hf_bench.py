@@ -1,6 +1,7 @@
 """`qerl bench hf` on CPU: the two TRL steps (bf16 + default generation, NVFP4 + qerl's rollout_func) run to a
 CSV / Markdown row each on a tiny model's shapes; the `qerl` variant asks for a GPU by name."""
 import csv
+import json
 
 import pytest
 
@@ -32,8 +33,6 @@ def test_trl_qerl_step_on_tiled_weights(tiny_dirs, tmp_path):
     assert hf.main(["--models", str(tiny_dirs["qwen2"]), "--variants", "trl-qerl", "--batch", "4", "--generations",
                     "4", "--prompt-len", "6", "--gen-len", "5", "--output", str(out), "--weight-layout", "tiled"]) == 0
     (row,) = list(csv.DictReader(open(out / "cpu.csv")))
-    import json
-
     spec = json.loads((tiny_dirs["qwen2"] / "config.json").read_text())
     h, i = spec["hidden_size"], spec["intermediate_size"]
     kv = spec["num_key_value_heads"] * h // spec["num_attention_heads"]

@@ -184,6 +184,7 @@ def test_nonfinite_gradient_is_skipped_up_to_optim_skip_nonfinite(warm_model, tm
 
     from qerl.rl import losses
     from qerl.train import update
+    from qerl.train.config import ConfigError
     from qerl.train.steps import TrainingError
 
     out = tmp_path / "nangrad"
@@ -213,7 +214,7 @@ def test_nonfinite_gradient_is_skipped_up_to_optim_skip_nonfinite(warm_model, tm
     with pytest.raises(TrainingError, match=said):
         train(make_cfg(warm_model, out, steps=4, **{"optim.skip_nonfinite": 1}), resume=True, tracker=NullTracker(),
               progress=False)
-    with pytest.raises(Exception, match=r"config.optim.skip_nonfinite: must be >= 0, got -1"):
+    with pytest.raises(ConfigError, match=r"config.optim.skip_nonfinite: must be >= 0, got -1"):
         make_cfg(warm_model, out, **{"optim.skip_nonfinite": -1})
 
 
