@@ -249,12 +249,15 @@ def _verdict(lo: float, hi: float, positive_is_confirmed: bool = True) -> str:
 
 # -- tables -----------------------------------------------------------------------------------------------------
 def label(config: dict, method: str) -> str:
-    """The paper's row label of a method, ``variant (base label + overrides)``, or for an arm on another model
-    ``label (the <model> base)``."""
+    """The paper's row label of a method: a variant's own ``label`` where the config gives one, else ``variant
+    (base label variant)`` (``base label + AQN`` for an AQN-only variant); for an arm on another model ``label (the
+    <model> base)``."""
     if "@" in method:
         name, model = method.split("@", 1)
         return f"{label(config, name)} (the {model} base)"
     if method in config.get("variants", {}):
+        if config["variants"][method].get("label"):
+            return config["variants"][method]["label"]
         over = config["variants"][method].get("overrides", {})
         if over == {"aqn": {"enabled": True}}:
             return f"{method_label(base_method(config, method))} + AQN"

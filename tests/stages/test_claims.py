@@ -265,6 +265,9 @@ def test_every_qerl_arm_is_judged_against_lora_also_on_another_base(results, tmp
     with open(tmp_path / "rep/runs.csv") as f:
         runs_ = [r for r in csv.DictReader(f) if r["method"] == "qerl@m-best"]
     assert [r["model"] for r in runs_] == ["m-best", "m-best"]
+    cfg["variants"]["qerl_2x"]["label"] = "QeRL at 2x LoRA's rate"  # a variant's own label wins
+    assert label(cfg, "qerl_2x") == "QeRL at 2x LoRA's rate"
+    assert label(cfg, "qerl_2x@m-best") == "QeRL at 2x LoRA's rate (the m-best base)"
 
 
 def test_qlora_is_measured_from_its_own_nf4_base_never_the_bf16_one(results, tmp_path):
