@@ -53,3 +53,18 @@ def test_qerl_variant_and_bad_batch_are_named(tiny_dirs, tmp_path, monkeypatch):
         hf.main(["--models", str(tiny_dirs["qwen2"]), "--variants", "qerl", "--output", str(tmp_path)])
     with pytest.raises(SystemExit, match="--batch 6 is not a multiple of --generations 4"):
         hf.main(["--batch", "6", "--generations", "4", "--output", str(tmp_path)])
+
+
+def test_one_visible_gpu_unless_torchrun():
+    """Several visible GPUs make TRL's Trainer use nn.DataParallel, which GRPOTrainer refuses: the bench keeps the
+    first (before CUDA starts), and leaves torchrun's processes and an explicit single choice alone."""
+    from qerl.bench.hf import one_visible_gpu
+
+    env = {}
+    assert one_visible_gpu(env) == "0" and env == {"CUDA_VISIBLE_DEVICES": "0"}
+    env = {"CUDA_VISIBLE_DEVICES": "3, 1"}
+    assert one_visible_gpu(env) == "3" and env["CUDA_VISIBLE_DEVICES"] == "3"
+    for kept in ({"CUDA_VISIBLE_DEVICES": "2"}, {"CUDA_VISIBLE_DEVICES": ""},
+                 {"WORLD_SIZE": "2", "CUDA_VISIBLE_DEVICES": "0,1"}):
+        before = dict(kept)
+        assert one_visible_gpu(kept) is None and kept == before
