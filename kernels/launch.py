@@ -30,6 +30,10 @@ from __future__ import annotations
 import contextlib
 import threading
 
+from qerl_kernels import interpreter_compat
+
+interpreter_compat.patch()  # Triton 3.6's interpreter under NumPy >= 2.4
+
 DIRECT = [True]  # direct launches on (tests and experiments turn it off)
 _TLS = threading.local()  # per thread (autograd runs CUDA backward on its own thread): .key (the current call's scope,
 # None outside), .n (its launches so far)

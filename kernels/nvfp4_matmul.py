@@ -41,6 +41,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from qerl_kernels import interpreter_compat
+
+interpreter_compat.patch()  # loop bounds from tl.program_id, TRITON_INTERPRET, NumPy >= 2.4 (every kernel module
+# imports this one or launch)
+
 ENC_SHIFT = 7  # the MMA sees e2m1 · scale · 2^-ENC_SHIFT; the epilogue multiplies by 2^ENC_SHIFT / gs
 
 
