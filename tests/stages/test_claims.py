@@ -97,6 +97,8 @@ def test_report_tables_intervals_and_verdicts(results, tmp_path):
     assert "cut at the new-token cap: median 0.0100 over runs" in (out / "claims.md").read_text()
     assert abs(float(r0["gpu_hours"]) - (20.0 + 0.6 + 49 * 2.0 + 36.0) / 3600) < 1e-4
     assert (out / "curves.png").stat().st_size > 10_000 and "| (a) QeRL" in (out / "claims.md").read_text()
+    assert (out / "accuracy.png").stat().st_size > 10_000  # pass@1 per arm, drawn from accuracy.csv and runs.csv
+    assert "![pass@1 per arm](accuracy.png)" in (out / "claims.md").read_text()
     first = (out / "accuracy.csv").read_bytes()
     build(CONFIG, results, out)
     assert (out / "accuracy.csv").read_bytes() == first  # seeded bootstrap: a rerun writes the same numbers

@@ -93,7 +93,7 @@ def test_the_committed_matrix_report_is_rebuilt_from_its_evidence_alone(tmp_path
     assert r.returncode == 0, r.stderr[-2000:]
     for name in ("runs.csv", "runs.md", "accuracy.csv", "accuracy.md", "claims.md", "curves.csv", "step_alone.csv"):
         assert (tmp_path / name).read_text() == (real / name).read_text(), name
-    assert (tmp_path / "curves.png").stat().st_size > 10_000
+    assert (tmp_path / "curves.png").stat().st_size > 10_000 and (tmp_path / "accuracy.png").stat().st_size > 10_000
     runs = list(csv.DictReader(open(real / "runs.csv")))
     rates = {"lora": "0.0001", "qerl": "3e-05", "nvfp4_lora": "3e-05", "qlora": "3e-05", "lora_aqn": "0.0001",
              "qerl_2x_lora_lr": "0.0002", "qerl@q05b-awq-fos-tail": "3e-05"}
