@@ -68,6 +68,7 @@ def test_the_committed_sweep_is_rebuilt_from_its_evidence_alone(tmp_path):
     assert "chosen learning rates: lora 0.0001, qerl 3e-05" in r.stdout
     for name in ("lr_sweep.csv", "lr_sweep.md"):
         assert (tmp_path / name).read_text() == (ROOT / "reports/real" / name).read_text(), name
+    assert (tmp_path / "lr_sweep.png").stat().st_size > 10_000  # drawn from lr_sweep.csv, compared above
     import yaml
 
     real = yaml.safe_load((ROOT / "config/real/real.yaml").read_text())
