@@ -103,7 +103,9 @@ def bases_rows(config: dict, results: Path, report: str | None = None,
 
 def build_bases(config: dict, results: Path, out: Path, report: str | None = None,
                 base_kl: Path | None = None) -> dict:
-    """Write ``bases.csv`` and ``bases.md`` into ``out``; returns :func:`bases_rows`' summary."""
+    """Write ``bases.csv``, ``bases.md`` and ``bases.png`` (:mod:`qerl.stages.bases_plot`) into ``out``; returns
+    :func:`bases_rows`' summary."""
+    from qerl.stages.bases_plot import bases_figure
     from qerl.workflow_config import write_text_atomic
 
     rows, info = bases_rows(config, results, report, read_base_kl(base_kl) if base_kl else None)
@@ -118,6 +120,8 @@ def build_bases(config: dict, results: Path, out: Path, report: str | None = Non
             f"pass@1 (a tie goes to the base listed first); {info['reported']} is not read to choose.", "", _md(rows),
             f"Chosen: **{info['chosen']}**. Its gap to bf16 on {info['reported']}: {100 * dm:+.1f} points "
             f"[{100 * lo:+.1f}, {100 * hi:+.1f}], {goal} {100 * GOAL:g} points (the goal: the interval above "
-            f"-{100 * GOAL:g}).", ""]
+            f"-{100 * GOAL:g}).", "", "![each NVFP4 base's gap to bf16 and KL](bases.png)", ""]
     write_text_atomic(str(out / "bases.md"), "\n".join(text))
+    bases_figure(rows, out / "bases.png", f"{config.get('configuration', '')}: the untrained NVFP4 bases against bf16 "
+                 f"(pass@1 on {info['reported']})", GOAL)
     return info

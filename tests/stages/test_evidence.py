@@ -114,6 +114,7 @@ def test_the_committed_bases_table_is_rebuilt_from_its_evidence_alone(tmp_path):
     assert "chosen base: q05b-awq-fos-tail" in r.stdout
     for name in ("bases.csv", "bases.md"):
         assert (tmp_path / name).read_text() == (bases / name).read_text(), name
+    assert (tmp_path / "bases.png").stat().st_size > 10_000  # drawn from bases.csv, compared above
     import yaml
 
     real = yaml.safe_load((ROOT / "config/real/real.yaml").read_text())
