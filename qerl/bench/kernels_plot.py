@@ -59,9 +59,6 @@ def plot(csv_path: Path, png_path: Path | None = None) -> Path:
     device = rows[0].get("device", "")
     fig.suptitle(f"NVFP4 W4A16 kernels vs cuBLAS bf16 — {device}, copy BW {float(rows[0]['copy_GBps']):.0f} GB/s")
     fig.tight_layout()
-    png_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = png_path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(png_path)  # atomic: a killed run never leaves half a figure
-    return png_path
+    from qerl.figures import save_figure
+
+    return save_figure(fig, png_path)  # atomic: a killed run never leaves half a figure

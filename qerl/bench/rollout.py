@@ -344,11 +344,9 @@ def plot(rows: list[dict], path: Path, device: str) -> Path | None:
         ax.legend(fontsize=7)
     fig.suptitle(f"Rollout throughput, {device}")
     fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    from qerl.figures import save_figure
+
+    return save_figure(fig, path)
 
 
 def _num(v) -> str:

@@ -76,9 +76,6 @@ def plot(rows: list[dict], png_path: Path, device: str) -> Path:
     fig.suptitle(f"GRPO step split — {device}" + (f"\n(not measured: {'; '.join(failed)})" if failed else ""),
                  fontsize=10)
     fig.tight_layout()
-    png_path = Path(png_path)
-    tmp = png_path.with_name(png_path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(png_path)
-    return png_path
+    from qerl.figures import save_figure
+
+    return save_figure(fig, png_path)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from qerl.figures import save_figure
+
 
 def accuracy_figure(acc_rows: list[list[str]], runs_rows: list[list[str]], path: Path, title: str,
                     reference: str = "lora", margin: float = 0.02) -> Path:
@@ -49,7 +51,4 @@ def accuracy_figure(acc_rows: list[list[str]], runs_rows: list[list[str]], path:
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1 - 0.6 / len(arms)), ncol=3, frameon=False)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from qerl.figures import save_figure
+
 
 def bases_figure(rows: list[list[str]], path: Path, title: str, goal: float = 0.02) -> Path:
     """Two panels, one row per quantized base in ``bases.csv``'s order: its pass@1 gap to bf16 on the reported
@@ -47,7 +49,4 @@ def bases_figure(rows: list[list[str]], path: Path, title: str, goal: float = 0.
     kl_ax.set_xlabel("KL(bf16 || base) per token, validation text")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -535,6 +535,7 @@ def figure(data: list[RunData], config: dict, path: Path, title: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from qerl.figures import save_figure
     from qerl.workflow_config import write_text_atomic
 
     by = _by_method(data)
@@ -566,9 +567,7 @@ def figure(data: list[RunData], config: dict, path: Path, title: str) -> Path:
     axes.flat[0].legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     write_text_atomic(str(path.with_suffix(".csv")), _csv_text(data_rows))
     return path
 

@@ -263,6 +263,6 @@ def figures(config: dict, results: Path, out: Path) -> list[Path]:
 
 
 def _save(plt, fig, path: Path) -> Path:
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    from qerl.figures import save_figure
+
+    return save_figure(fig, path)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from qerl.figures import save_figure
+
 
 def sweep_figure(rows: list[list[str]], path: Path, title: str) -> Path:
     """Per method: validation pass@1 at each rate (log scale) with its 95% interval, the chosen rate ringed, the
@@ -45,7 +47,4 @@ def sweep_figure(rows: list[list[str]], path: Path, title: str) -> Path:
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

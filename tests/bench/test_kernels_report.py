@@ -29,7 +29,7 @@ def test_plot_from_csv(tmp_path, capsys):
     png = tmp_path / "Test_GPU.png"
     assert json.loads(capsys.readouterr().out)["png"] == str(png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
-    assert not list(tmp_path.glob("*.tmp.png"))
+    assert not list(tmp_path.glob("*.tmp-*"))  # qerl.figures.save_figure: no temporary left
 
 
 def test_plot_rejects_other_csv(tmp_path):
