@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from qerl.workflow_config import atomic_open
+
 
 def texts(path: Path, field: str, answer_field: str | None, tokenizer, template: str, limit: int) -> list[str]:
     """The first ``limit`` rows of a JSONL file: ``field`` through the prompt template, then ``answer_field``."""
@@ -91,8 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [["model", "path", "tokens", "ppl", "kl_vs_reference", "device"]]
     rows += [[k, str(args.reference if k == "reference" else specs[k]), str(v["tokens"]), f"{v['ppl']:.4f}",
               f"{v['kl']:.5f}", device] for k, v in res.items()]
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.output, "w", newline="") as f:
+    with atomic_open(args.output, newline="") as f:
         csv.writer(f, lineterminator="\n").writerows(rows)
     for r in rows:
         print(",".join(r))

@@ -33,6 +33,8 @@ import sys
 
 import torch
 
+from qerl.workflow_config import atomic_open, write_text_atomic
+
 
 def _model(base: str, dtype, device, layers: int = 3, lora: bool = True, seed: int = 0):
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -188,8 +190,7 @@ def main(out: str | None = None, device: str | None = None) -> int:
     text = json.dumps(res, indent=1, default=str)
     print(text)
     if out:
-        with open(out, "w") as f:
-            f.write(text)
+        write_text_atomic(out, text)
     return 0 if ok else 1
 
 
@@ -297,14 +298,14 @@ if __name__ == "__main__":
         res = sampler_check(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         print(json.dumps(res, indent=1))
         if a.out:
-            with open(a.out, "w") as f:
+            with atomic_open(a.out) as f:
                 json.dump(res, f, indent=1)
         sys.exit(0 if res["ok"] else 1)
     if a.budget:
         res = mismatch_budget(a.budget, device=a.device or "cuda")
         print(json.dumps(res, indent=1))
         if a.out:
-            with open(a.out, "w") as f:
+            with atomic_open(a.out) as f:
                 json.dump(res, f, indent=1)
         sys.exit(0)
     sys.exit(main(a.out, a.device))

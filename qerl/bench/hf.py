@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from qerl.bench.step import _sync_time  # (CUDA-synchronised wall clock)
+from qerl.workflow_config import write_text_atomic
 
 VARIANTS = ("trl-bf16", "trl-qerl", "qerl")
 
@@ -156,7 +157,7 @@ def write(rows: list[dict], out: Path, device: str) -> Path:
               "step time over `qerl train`'s (goal for `trl-qerl`: <= 1.15). Peak memory: the TRL rows checkpoint "
               "activations (GRPOConfig's default `gradient_checkpointing=True`); `qerl train`'s "
               "`gradient_checkpointing: auto` keeps them when the card has room."]
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    write_text_atomic(stem.with_suffix(".md"), "\n".join(lines) + "\n")
     return stem
 
 

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from qerl.workflow_config import write_text_atomic
+
 TARGET_US = 40.0
 MS = (1, 8, 16, 64, 128, 512, 2048)
 
@@ -182,7 +184,7 @@ def write(rows: list[dict], out: Path, device: str, profile: str = "") -> Path:
         lines += ["", "## Where the slowest call's host time goes (cProfile, own time first)", "", "```",
                   profile.strip(), "```"]
     path = stem.with_suffix(".md")
-    path.write_text("\n".join(lines) + "\n")
+    write_text_atomic(path, "\n".join(lines) + "\n")
     return path
 
 

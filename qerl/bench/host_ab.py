@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from qerl.workflow_config import write_text_atomic
+
 TARGET_US = 40.0
 KEY = ("model", "proj", "M", "call")
 
@@ -188,7 +190,7 @@ def write(rows: list[dict], out: Path, device: str, rounds: int, baseline: Path,
                      f"| {r['host_before']} | {r['host_after']} | {r['loop_before']} | {r['loop_after']} | "
                      f"{r['cublas_loop']} |")
     path = stem.with_suffix(".md")
-    path.write_text("\n".join(lines) + "\n")
+    write_text_atomic(path, "\n".join(lines) + "\n")
     return path
 
 

@@ -18,6 +18,7 @@ import torch
 from qerl.bench.timing import copy_bandwidth
 from qerl.bench.timing import eager_time as _eager_time, graph_time as _graph_time, graph_times as _graph_times
 from qerl.models.shapes import MODELS_HELP, QWEN25, SHAPES, model_arg, projections  # noqa: F401 (projections: the bench's public shape table)
+from qerl.workflow_config import atomic_open, write_text_atomic
 
 MODELS = ("7B", "14B", "32B")  # the Qwen2.5 sizes whose projections are timed (their shapes: qerl.models.shapes)
 MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 2048, 8192)
@@ -152,8 +153,7 @@ def bench_dequant(model: str, proj: str, N: int, K: int, copy_gbps: float) -> di
 def _write_csv(rows: list[dict], device: str, path: Path) -> Path:
     import csv
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
+    with atomic_open(path, newline="") as f:
         w = csv.DictWriter(f, fieldnames=["device", *rows[0].keys()])
         w.writeheader()
         w.writerows({"device": device, **r} for r in rows)
@@ -168,7 +168,7 @@ def write_reports(rows: list[dict], copy_gbps: float, device: str, out_dir: Path
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = device.replace(" ", "_")
     csv_path, md_path = out_dir / f"{stem}.csv", out_dir / f"{stem}.md"
-    with open(csv_path, "w", newline="") as f:
+    with atomic_open(csv_path, newline="") as f:
         w = csv.DictWriter(f, fieldnames=["device", "copy_GBps", *rows[0].keys()])
         w.writeheader()
         for r in rows:
@@ -204,7 +204,7 @@ def write_reports(rows: list[dict], copy_gbps: float, device: str, out_dir: Path
                      f"{r['cublas_us']:.1f} | {r['speedup']:.2f}x | {r.get('reference_us', float('nan')):.1f} | "
                      f"{r.get('vs_reference', float('nan')):.2f}x | {r['GBps']:.0f} | {100 * r['GBps'] / copy_gbps:.0f}% | "
                      f"{r['TFLOPs']:.1f} | {lo} |" + gl)
-    md_path.write_text("\n".join(lines) + "\n")
+    write_text_atomic(md_path, "\n".join(lines) + "\n")
     return csv_path, md_path
 
 

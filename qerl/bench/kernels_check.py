@@ -15,6 +15,8 @@ import sys
 
 import torch
 
+from qerl.workflow_config import atomic_open
+
 
 def _ref_fwd(x, packed, scale, gs, bias, xa, lb, s):
     from qerl.quant.nvfp4 import dequantize
@@ -318,7 +320,7 @@ def main(argv=None) -> int:
         rows += run_tiled("cpu", [(128, 256)], [1, 17], 1e-2)
     bad = [r for r in rows if not r["ok"]]
     if a.json:
-        with open(a.json, "w") as f:
+        with atomic_open(a.json) as f:
             json.dump({"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu-interpreter",
                        "rows": rows}, f, indent=1)
     print(json.dumps({"checked": len(rows), "tiled": sum(r.get("layout") == "tiled" for r in rows), "failed": len(bad),

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from qerl_kernels import ops
+from qerl.workflow_config import atomic_open, write_text_atomic
 
 
 def _split_options(tiles_out: int, loop: int, sms: int) -> list[int]:
@@ -458,8 +459,8 @@ def _tune_all(shapes, ms, progress, csv_path, kinds, paths, workers, lora=0, til
             if progress is False:
                 print(f"{key}: {best[0] * 1e6:.1f} us, cuBLAS {t_cublas * 1e6:.1f} us, "
                       f"{t_cublas / best[0]:.2f}x  {best[1]}", flush=True)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(table, indent=0, sort_keys=True))  # after every key: a cut-off run keeps its work
+        # after every key, atomically: a cut-off run keeps its work, one killed while writing the previous table
+        write_text_atomic(path, json.dumps(table, indent=0, sort_keys=True))
         if csv_path is not None:
             _write_csv(log, csv_path)
     ops._tables.cache_clear()
@@ -484,7 +485,7 @@ def _write_csv(rows, path: Path) -> None:
     import csv
 
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    with open(path, "w", newline="") as f:
+    with atomic_open(path, newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
         w.writerows(rows)

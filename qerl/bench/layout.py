@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from qerl.workflow_config import write_text_atomic
+
 MS = (1, 8, 16, 64, 128, 256)
 GOALS = {64: 1.6, 128: 1.25}  # issue 66: the public op on tiled weights against cuBLAS bf16 (CUDA graphs)
 
@@ -112,7 +114,7 @@ def write(rows: list[dict], out: Path, device: str) -> Path:
                      f"{r['cublas_us']} | {r['speedup']:.2f}x | {r['rows_x_cublas']:.2f}x | {r['tiled_x_cublas']:.2f}x "
                      f"| {'yes' if r['equal'] else 'no'} | {r['rel_diff']:.1e} |")
     path = stem.with_suffix(".md")
-    path.write_text("\n".join(lines) + "\n")
+    write_text_atomic(path, "\n".join(lines) + "\n")
     if bad:
         raise AssertionError(f"qerl bench layout: {len(bad)} call(s) kept their config but differ: "
                              + ", ".join(f"{r['model']} {r['proj']} M={r['M']}" for r in bad))

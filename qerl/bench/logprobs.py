@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from qerl.workflow_config import write_text_atomic
+
 VOCAB = 151_936  # Qwen2.5
 
 
@@ -84,7 +86,7 @@ def write(rows: list[dict], out: Path, device: str) -> Path:
             lines.append(f"| {tok} | {hid} | {c['forward_ms'] / f['forward_ms']:.2f}x | "
                          f"{c['backward_ms'] / f['backward_ms']:.2f}x |")
     path = stem.with_suffix(".md")
-    path.write_text("\n".join(lines) + "\n")
+    write_text_atomic(path, "\n".join(lines) + "\n")
     return path
 
 

@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from qerl.workflow_config import write_text_atomic
+
 COLUMNS = ["device", "shape", "stage", "status", "seconds", "steps", "sequences", "generated_tokens", "problems",
            "seconds_per_step", "tokens_per_second", "peak_gb", "note"]
 PAPER = Path(__file__).resolve().parents[2] / "config" / "paper.yaml"
@@ -207,7 +209,7 @@ def write(rows: list[dict], out: Path, device: str) -> Path:
         lines.append(" | ".join(["", r["shape"], r["stage"], r["status"], f("seconds"), f("steps"), f("sequences"),
                                  f("generated_tokens"), f("problems"), f("seconds_per_step"), f("tokens_per_second"),
                                  f("peak_gb"), str(r.get("note", "")), ""]).strip())
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    write_text_atomic(stem.with_suffix(".md"), "\n".join(lines) + "\n")
     return stem.with_suffix(".csv")
 
 

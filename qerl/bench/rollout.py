@@ -33,6 +33,7 @@ import torch
 from qerl.bench.report import existing_csv
 from qerl.models.random import CountTokenizer, prompts
 from qerl.models.shapes import MODELS_HELP, model_arg
+from qerl.workflow_config import write_text_atomic
 
 COLUMNS = ["device", "model", "base", "engine", "batch", "group_size", "lengths", "prompt_len", "gen_len", "tok_s",
            "ms_per_step", "floor_ms", "frac_of_floor", "peak_gb", "note"]
@@ -314,7 +315,7 @@ def write(rows: list[dict], out: Path, device: str, copy_gbps: float) -> Path:
                      f"{r.get('group_size', 1)} | {r.get('lengths', 'fixed')} | {r['prompt_len']} | {r['gen_len']} | "
                      f"{r['tok_s']:.0f} | {r['ms_per_step']:.2f} | {_num(r['floor_ms'])} | {_num(r['frac_of_floor'])} | "
                      f"{r['peak_gb']:.1f} | {r['note']} |")
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    write_text_atomic(stem.with_suffix(".md"), "\n".join(lines) + "\n")
     plot(rows, stem.with_suffix(".png"), device)
     return stem.with_suffix(".csv")
 

@@ -57,6 +57,7 @@ from qerl.bench.report import existing_csv
 from qerl.models.shapes import SHAPES
 
 from qerl.rollout.engine.runner import SPLIT as ENGINE_SPLIT  # the engine's split of rollout_s (prefill_s, ...)
+from qerl.workflow_config import write_text_atomic
 
 COLUMNS = ["device", "model", "method", "batch", "prompt_len", "gen_len", "lengths", "nproc", "status", "rollout_s", "logprob_s",
            "update_s", "total_s", "tokens_per_s", "peak_gb", "rank_idle_s", "checkpointing", "micro_batch",
@@ -235,7 +236,7 @@ def _profile(policy, tok, aqn, batch, prompt_len, gen_len, micro, opt, out: Path
     phases = {e.key: (e.cpu_time_total / 1e3, e.device_time_total / 1e3) for e in ka if e.key.startswith("step:")}
     split = "\n".join(f"{k}: host {c:.1f} ms, device {d:.1f} ms (device work issued inside the range)"
                       for k, (c, d) in sorted(phases.items()))
-    path.write_text(f"{name}: {json.dumps({k: round(v, 3) for k, v in st.items()})}\n{split}\n\n"
+    write_text_atomic(path, f"{name}: {json.dumps({k: round(v, 3) for k, v in st.items()})}\n{split}\n\n"
                     + ka.table(sort_by="cuda_time_total", row_limit=40) + "\n\n"
                     + ka.table(sort_by="cpu_time_total", row_limit=40) + "\n\n"
                     + prof.key_averages(group_by_input_shape=True).table(sort_by="self_cuda_time_total",
@@ -438,7 +439,7 @@ def write(rows: list[dict], out: Path, device: str) -> tuple[Path, Path]:
 
         plot(rows, stem.with_suffix(".png"), device)
         lines[4:4] = [f"![step split]({stem.with_suffix('.png').name})", ""]
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    write_text_atomic(stem.with_suffix(".md"), "\n".join(lines) + "\n")
     return stem.with_suffix(".csv"), stem.with_suffix(".md")
 
 

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from qerl.workflow_config import write_text_atomic
 
 
 def add_bench(sub) -> None:
@@ -116,7 +117,6 @@ def run_mlflow_init(args) -> dict:
         marker["parent_run_id"] = start_parent(args.tracking_uri, args.experiment, args.parent_run, params,
                                                {"configuration": args.experiment},
                                                [args.config] if args.config else [])
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(marker) + "\n")
+    write_text_atomic(args.output, json.dumps(marker) + "\n")
     print(json.dumps(marker))
     return {}

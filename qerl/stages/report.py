@@ -12,7 +12,7 @@ from qerl.methods import ROWS, UNTRAINED, label as row_label
 from qerl.readers import number, read_eval_summary, read_json
 from qerl.stages.paper_numbers import TABLE1, TABLE2, TABLE2_BENCHMARKS, TABLE2_ROWS
 from qerl.stages.report_figures import figures, pass1 as _eval, planned_files
-from qerl.workflow_config import arm_changes, base_method, runs
+from qerl.workflow_config import arm_changes, base_method, runs, write_text_atomic
 
 
 def _mean(xs):
@@ -204,8 +204,8 @@ def build_report(config: dict, results: Path, out: Path) -> Path:
         if tab is None:
             continue
         title, rows = tab
-        (out / f"{tag}.md").write_text(_markdown(title, rows))
-        (out / f"{tag}.csv").write_text(_csv(rows))
+        write_text_atomic(out / f"{tag}.md", _markdown(title, rows))
+        write_text_atomic(out / f"{tag}.csv", _csv(rows))
         parts += [_markdown(title, rows), f"[{tag}.csv]({tag}.csv)", ""]
     parts += ["## Figures", ""]
     made = figures(config, results, out)
@@ -217,5 +217,5 @@ def build_report(config: dict, results: Path, out: Path) -> Path:
     for p in made:
         parts += [f"![{p.stem}]({p.name})" if p.suffix == ".png" else f"[{p.name}]({p.name})", ""]
     idx = out / "index.md"
-    idx.write_text("\n".join(parts))
+    write_text_atomic(idx, "\n".join(parts))
     return idx

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qerl.readers import InputFileError, is_number, read_eval_summary, read_jsonl
-from qerl.workflow_config import aqn_on, arm_changes, base_method, runs, untrained_bases
+from qerl.workflow_config import aqn_on, arm_changes, atomic_open, base_method, runs, untrained_bases
 
 CURVES = (("reward_mean", "reward"), ("accuracy", "accuracy"), ("entropy", "policy entropy"),
           ("response_len_mean", "response length (tokens)"))
@@ -230,7 +230,7 @@ def figures(config: dict, results: Path, out: Path) -> list[Path]:
         if len(arms) > 1:
             bench = benches[0] if benches else None
             rows = arm_rows(config, results, rs, bench)
-            with open(out / f"arms_{tag}.csv", "w", newline="") as f:
+            with atomic_open(out / f"arms_{tag}.csv", newline="") as f:
                 csv.writer(f).writerows(rows)
             made.append(out / f"arms_{tag}.csv")
             made.append(_save(plt, _arms_figure(plt, config, results, model, dataset, algo, rs, bench, rows[1:]),
