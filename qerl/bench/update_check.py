@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from qerl.workflow_config import write_text_atomic
+
 
 def _mean_logprob(policy, ids: torch.Tensor) -> torch.Tensor:
     """Mean log-prob of each next token of ``ids [B, T]`` (fp32 logits)."""
@@ -142,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         del policy
         torch.cuda.empty_cache()
     out["ok"] = all(r["ok"] for r in out["results"].values())
-    a.output.parent.mkdir(parents=True, exist_ok=True)
-    a.output.write_text(json.dumps(out, indent=1, default=str) + "\n")
+    write_text_atomic(a.output, json.dumps(out, indent=1, default=str) + "\n")
     return 0 if out["ok"] else 1
 
 
