@@ -11,7 +11,7 @@ from qerl.figures import save_figure
 def bases_figure(rows: list[list[str]], path: Path, title: str, goal: float = 0.02) -> Path:
     """Two panels, one row per quantized base in ``bases.csv``'s order: its pass@1 gap to bf16 on the reported
     benchmark with the 95% interval (paired by problem) against the ``goal`` (a fraction: 0.02 is 2 points below
-    bf16), and its KL to bf16 (where measured). The chosen base is starred. ``rows``: the table
+    bf16), and its KL to bf16 (where measured). The chosen base is drawn in orange and marked. ``rows``: the table
     :func:`qerl.stages.bases.bases_rows` returns (header first); the figure adds no number of its own."""
     import matplotlib
 
@@ -23,8 +23,9 @@ def bases_figure(rows: list[list[str]], path: Path, title: str, goal: float = 0.
 
     def name(r: list[str]) -> str:
         how = [r[col["scale_rule"]], f"calibration {r[col['calibration']]}"]
-        if r[col["keep_bf16_last"]] not in ("0", "—", ""):
-            how.append(f"last {float(r[col['keep_bf16_last']]):.0%} bf16")
+        keep = r[col["keep_bf16_last"]]
+        if keep not in ("—", "") and float(keep) > 0:  # a fraction in (0, 1) or a layer count
+            how.append(f"last {float(keep):.0%} bf16" if float(keep) < 1 else f"last {int(float(keep))} layers bf16")
         return f"{r[col['model']]}\n({', '.join(how)})" + ("  *chosen*" if r[col["chosen"]] == "yes" else "")
 
     fig, (gap_ax, kl_ax) = plt.subplots(1, 2, figsize=(11, 0.6 * len(arms) + 1.8), sharey=True,
