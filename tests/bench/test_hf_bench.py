@@ -2,8 +2,20 @@
 CSV / Markdown row each on a tiny model's shapes; the `qerl` variant asks for a GPU by name."""
 import csv
 import json
+import os
 
 import pytest
+
+
+@pytest.fixture(autouse=True)
+def _visible_gpus_restored():
+    """hf.main narrows CUDA_VISIBLE_DEVICES to one GPU (one_visible_gpu): later tests see the environment as it was."""
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    yield
+    if before is None:
+        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
 def test_trl_steps_write_rows(tiny_dirs, tmp_path):
