@@ -102,6 +102,18 @@ def claim_from_env() -> list[str] | None:
     return got
 
 
+def keep_one() -> str | None:
+    """A one-process, one-GPU command's claim (``qerl bench hf``: TRL's ``Trainer`` wraps the model in
+    ``nn.DataParallel`` when one process sees several GPUs, which ``GRPOTrainer`` refuses): narrow
+    ``CUDA_VISIBLE_DEVICES`` to the first of :func:`visible_ids` before CUDA starts. Returns it, or None where
+    nothing changed (torchrun's workers, one GPU or none visible)."""
+    ids = visible_ids()
+    if "WORLD_SIZE" in os.environ or len(ids) < 2:
+        return None
+    os.environ["CUDA_VISIBLE_DEVICES"] = ids[0]
+    return ids[0]
+
+
 def release() -> None:
     """Give back every GPU this process claimed (the process's exit does the same)."""
     while _HELD:

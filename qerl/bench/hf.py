@@ -181,26 +181,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def one_visible_gpu(env: dict) -> str | None:
-    """Keep only the first visible GPU in ``env`` (``os.environ``) unless torchrun launched the process; returns it,
-    or None where nothing changed. TRL's ``Trainer`` wraps the model in ``nn.DataParallel`` when one process sees
-    several GPUs, which ``GRPOTrainer`` refuses; a step timing is one GPU's. It works only before CUDA starts."""
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if "WORLD_SIZE" in env or visible == "" or (visible is not None and "," not in visible):
-        return None
-    first = (visible or "0").split(",")[0].strip() or "0"
-    env["CUDA_VISIBLE_DEVICES"] = first
-    return first
-
-
 def main(argv: list[str] | None = None) -> int:
-    import os
     import tempfile
+
+    from qerl.gpu_claim import keep_one
 
     a = build_parser().parse_args(argv)
     if a.batch % a.generations:
         raise SystemExit(f"qerl bench hf: --batch {a.batch} is not a multiple of --generations {a.generations}")
-    one_visible_gpu(os.environ)  # before CUDA starts: the steps are timed on one GPU
+    keep_one()  # before CUDA starts: the steps are timed on one GPU
     cuda = torch.cuda.is_available()
     if "qerl" in a.variants and not cuda:
         raise SystemExit("qerl bench hf: the `qerl` variant (qerl train's step) needs a CUDA GPU; pass --variants "

@@ -61,4 +61,4 @@ def plot(csv_path: Path, png_path: Path | None = None) -> Path:
     fig.tight_layout()
     from qerl.figures import save_figure
 
-    return save_figure(fig, png_path)  # atomic: a killed run never leaves half a figure
+    return save_figure(fig, png_path)

@@ -42,7 +42,7 @@ def accuracy_figure(acc_rows: list[list[str]], runs_rows: list[list[str]], path:
         if r[col["method"]] == reference:
             ax.axvline(mean, color="C0", linestyle="--", linewidth=0.8, zorder=0)
             ax.axvspan(mean - 100 * margin, mean, color="C0", alpha=0.08, zorder=0,
-                       label=f"within {100 * margin:g} points of bf16 LoRA's mean")
+                       label=f"within {100 * margin:g} points of {r[col['label']]}'s mean")
     ax.set_yticks(range(len(arms)), [r[col["label"]] for r in arms], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("pass@1 (%)")

@@ -9,7 +9,8 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def _visible_gpus_restored():
-    """hf.main narrows CUDA_VISIBLE_DEVICES to one GPU (one_visible_gpu): later tests see the environment as it was."""
+    """hf.main narrows CUDA_VISIBLE_DEVICES to one GPU (gpu_claim.keep_one): later tests see the environment as it
+    was."""
     before = os.environ.get("CUDA_VISIBLE_DEVICES")
     yield
     if before is None:
@@ -67,16 +68,22 @@ def test_qerl_variant_and_bad_batch_are_named(tiny_dirs, tmp_path, monkeypatch):
         hf.main(["--batch", "6", "--generations", "4", "--output", str(tmp_path)])
 
 
-def test_one_visible_gpu_unless_torchrun():
+def test_one_visible_gpu_unless_torchrun(monkeypatch):
     """Several visible GPUs make TRL's Trainer use nn.DataParallel, which GRPOTrainer refuses: the bench keeps the
-    first (before CUDA starts), and leaves torchrun's processes and an explicit single choice alone."""
-    from qerl.bench.hf import one_visible_gpu
+    first (qerl.gpu_claim.keep_one, before CUDA starts), and leaves torchrun's processes and an explicit single
+    choice alone."""
+    from qerl.gpu_claim import keep_one
 
-    env = {}
-    assert one_visible_gpu(env) == "0" and env == {"CUDA_VISIBLE_DEVICES": "0"}
-    env = {"CUDA_VISIBLE_DEVICES": "3, 1"}
-    assert one_visible_gpu(env) == "3" and env["CUDA_VISIBLE_DEVICES"] == "3"
+    monkeypatch.setattr("qerl.workflow_config.visible_gpus", lambda: 2)  # two device nodes, no variable
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert keep_one() == "0" and os.environ["CUDA_VISIBLE_DEVICES"] == "0"
+    monkeypatch.undo()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, 1")
+    assert keep_one() == "3" and os.environ["CUDA_VISIBLE_DEVICES"] == "3"
     for kept in ({"CUDA_VISIBLE_DEVICES": "2"}, {"CUDA_VISIBLE_DEVICES": ""},
                  {"WORLD_SIZE": "2", "CUDA_VISIBLE_DEVICES": "0,1"}):
-        before = dict(kept)
-        assert one_visible_gpu(kept) is None and kept == before
+        monkeypatch.delenv("WORLD_SIZE", raising=False)
+        for k, v in kept.items():
+            monkeypatch.setenv(k, v)
+        assert keep_one() is None and os.environ["CUDA_VISIBLE_DEVICES"] == kept["CUDA_VISIBLE_DEVICES"]
