@@ -10,7 +10,7 @@ STAMP := $(VENV)/.qerl-installed
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade --quiet pip
-	$(BIN)/pip install --quiet -e ".[test]"
+	$(BIN)/pip install --quiet -e ".[test,slurm]"
 	# test-only judge of the four-over-six scale rule: the authors' package, its pure-PyTorch reference (an sdist
 	# whose CUDA kernels are skipped; it builds against the torch installed above)
 	$(BIN)/pip install --quiet "setuptools>=75" packaging

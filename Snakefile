@@ -38,6 +38,10 @@ if _gpus:
               f"{'each its own' if _share == 1 else f'up to {_share} to a GPU'}", file=sys.stderr)
 
 
+# Writing a resolved config or the effective config is no cluster job: on SLURM these run where snakemake runs.
+localrules: all, resolve_train_config, effective_config
+
+
 rule all:
     input:
         REPORT,

@@ -61,6 +61,22 @@ def _retry(fn, *args, attempts: int = 30, **kwargs):
             time.sleep(0.2 + random.random() * 0.5)
 
 
+def run_name(stage: str, *, model: str = "", method: str = "", algo: str = "", dataset: str = "", seed=None,
+             benchmark: str = "", configuration: str = "") -> str:
+    """An MLflow run's name as the workflow gives it, leading with what a reader compares (the UI cuts names to ~25
+    characters): ``qerl_r8 seed0 · tiny-qwen2/grpo/synthetic`` (a training run: the arm and its seed first),
+    ``qerl_r8 seed0 · synthetic_test · tiny-qwen2/grpo/synthetic`` (its evaluation), ``nvfp4 untrained ·
+    synthetic_test · tiny-qwen2``, ``quantize · tiny-qwen2``, ``sft · tiny-qwen2``, ``report · default``,
+    ``workflow · default``. The run's tags hold each part on its own (``method``, ``seed``, ``stage``, ...)."""
+    cell = "/".join(x for x in (model, algo, dataset) if x)
+    if stage == "train":
+        return f"{method} seed{seed} · {cell}"
+    if stage == "eval":
+        who = f"{method} untrained" if algo in ("", "untrained") else f"{method} seed{seed}"
+        return f"{who} · {benchmark} · {cell if algo not in ('', 'untrained') else model}"
+    return f"{stage} · {configuration or model}"
+
+
 #: The environment variable through which the workflow names the run of its invocation (workflow/rules/tracking.smk):
 #: every job's new run is nested under it.
 PARENT_ENV = "QERL_MLFLOW_PARENT_RUN_ID"

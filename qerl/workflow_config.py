@@ -105,9 +105,11 @@ def train_config(config: dict, run: Run, tracking_uri: str | None = None) -> dic
     data = _merge(cfg.get("data", {}), config["datasets"][run.dataset])
     local = config["models"][run.model].get("path") if config["models"][run.model]["source"] == "local" else None
     path = quantized_dir(run.model) if method in NVFP4_METHODS else (local or model_dir(run.model))
-    name = f"train/{run.path}"
+    from qerl.tracking import run_name
+
+    name = run_name("train", model=run.model, method=run.method, algo=run.algo, dataset=run.dataset, seed=run.seed)
     cfg = _merge(cfg, {
-        "method": method, "seed": run.seed, "output_dir": f"results/{name}", "data": data,
+        "method": method, "seed": run.seed, "output_dir": f"results/train/{run.path}", "data": data,
         "model": {"path": path},
         "algorithm": {"name": run.algo},
         "tracking": {"backend": "mlflow", "run_name": name,
@@ -429,14 +431,24 @@ def read_config_file(path: str | Path, flag: str = "--configfile") -> dict:
     return data
 
 
-def read_workflow_config(paths: list[str | Path] | str | Path, flag: str = "--configfile") -> dict:
+def read_workflow_config(paths: list[str | Path] | str | Path, flag: str = "--configfile",
+                         notes: list[str] | None = None) -> dict:
     """The workflow config of ``paths`` (each read by :func:`read_config_file`, later files merged over earlier
-    ones as snakemake merges ``--configfile A B``), checked against the workflow's JSON schema: the one reader of
-    workflow configs for every command (``report``, ``claims``, ``bench cost``, ``fetch``) and the Snakefile."""
+    ones as snakemake merges ``--configfile A B``, then :func:`qerl.overlays.settle_models`: a model an overlay
+    switches to another ``source`` keeps no key only the old source reads, ``key: null`` removes a key; its notes
+    are appended to ``notes``), checked against the workflow's JSON schema: the one reader of workflow configs for
+    every command (``report``, ``claims``, ``bench cost``, ``fetch``) and the Snakefile."""
+    from qerl.overlays import settle_models
+
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     config: dict = {}
+    layers = []
     for p in paths:
-        config = _merge(config, read_config_file(p, flag))
+        layers.append((str(p), read_config_file(p, flag)))
+        config = _merge(config, layers[-1][1])
+    said = settle_models(config, layers)
+    if notes is not None:
+        notes.extend(said)
     import jsonschema
 
     err = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema()).iter_errors(config))

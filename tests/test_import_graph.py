@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _modules() -> dict[str, Path]:
     mods = {}
-    for folder, pkg in (("qerl", "qerl"), ("kernels", "qerl_kernels")):
+    for folder, pkg in (("qerl", "qerl"), ("qerl_kernels", "qerl_kernels")):
         for f in (ROOT / folder).rglob("*.py"):
             parts = [p for p in f.relative_to(ROOT / folder).with_suffix("").parts if p != "__init__"]
             mods[".".join([pkg, *parts])] = f

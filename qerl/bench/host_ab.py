@@ -28,12 +28,13 @@ KEY = ("model", "proj", "M", "call")
 
 def baseline_package(kernels_dir: Path) -> Path:
     """The baseline ``qerl_kernels`` package in ``kernels_dir``: the directory itself when it holds ``ops.py``,
-    else its ``qerl_kernels/`` or ``kernels/`` (what ``git archive <rev> kernels`` unpacks)."""
+    else its ``qerl_kernels/`` (what ``git archive <rev> qerl_kernels`` unpacks) or ``kernels/`` (its former
+    name)."""
     for cand in (kernels_dir, kernels_dir / "qerl_kernels", kernels_dir / "kernels"):
         if (cand / "ops.py").is_file():
             return cand.resolve()
     raise SystemExit(f"qerl bench host: --baseline-kernels {kernels_dir}: no ops.py there, nor in its qerl_kernels/ "
-                     f"or kernels/ (expected a copy of the kernels package, e.g. from `git archive <rev> kernels`)")
+                     f"or kernels/ (expected a copy of the kernels package, e.g. from `git archive <rev> qerl_kernels`)")
 
 
 SELF = "self"  # --baseline-kernels self: a copy of the installed kernels (a null A/B, or a knob's with current_args)

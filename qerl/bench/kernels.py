@@ -6,7 +6,7 @@ copies, so the 50-60 MB L2 cache does not flatter small matrices) next to ``F.li
 on the bf16 weight, in the same run, the replays of the two interleaved. Reported: median µs, achieved GB/s (packed weights + scales +
 activations + outputs), TFLOP/s, speed-up over cuBLAS, LoRA-32 overhead at decode sizes, and the
 card's device-to-device copy bandwidth. ``--tune`` also searches tile configs per (kind, M bucket,
-N, K) and writes ``kernels/tuned/<device>.json`` (the committed tuned defaults).
+N, K) and writes ``qerl_kernels/tuned/<device>.json`` (the committed tuned defaults).
 """
 from __future__ import annotations
 
@@ -286,7 +286,7 @@ def build_parser():
     p.add_argument("--models", nargs="*", default=list(MODELS), type=model_arg, metavar="MODEL",
                    help="whose projection shapes are timed: " + MODELS_HELP)
     p.add_argument("--ms", nargs="*", type=int, default=list(MS), help="token counts M")
-    p.add_argument("--tune", action="store_true", help="search tile configs first (writes kernels/tuned/<device>.json)")
+    p.add_argument("--tune", action="store_true", help="search tile configs first (writes qerl_kernels/tuned/<device>.json)")
     p.add_argument("--workers", type=int, default=0,
                    help="compile the kernels in this many processes first (0/1: compile while measuring)")
     p.add_argument("--gemlite", dest="gemlite", action="store_true", default=None,

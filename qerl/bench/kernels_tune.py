@@ -1,4 +1,4 @@
-"""Tile-config search for the NVFP4 kernels; writes ``kernels/tuned/<device>.json`` (``$QERL_TUNED_DIR/<device>.json``
+"""Tile-config search for the NVFP4 kernels; writes ``qerl_kernels/tuned/<device>.json`` (``$QERL_TUNED_DIR/<device>.json``
 where that is set: a user's own searches, kept out of the package and read over it, ``qerl_kernels.ops.table_dirs``).
 
 Keyed on ``"<kind>:<M bucket>:<N>:<K>"`` (kind 'fwd' or 'bwd'); :func:`qerl_kernels.ops.config_for`
@@ -361,7 +361,7 @@ def tiled_candidates(kind: str, M: int, N: int, K: int, sms: int, cands: list[di
 def tune_all(shapes, ms, progress: bool = True, csv_path: Path | None = None, kinds=("fwd", "bwd"),
              paths: str = "all", workers: int = 0, lora: int = 0, tiled: bool = False) -> Path:
     """Time every candidate of every (kind, M, N, K) in CUDA graphs (``launch_mode("graph")``) and write the
-    fastest into ``kernels/tuned/<device>.json`` (:func:`keep_eager` at decode sizes). ``lora``: time the forward
+    fastest into ``qerl_kernels/tuned/<device>.json`` (:func:`keep_eager` at decode sizes). ``lora``: time the forward
     calls with a rank-``lora`` adapter on them (``lora_a`` / ``lora_b``, as the rollout engine calls every
     projection), so that the LoRA route each candidate takes (fused into the decode kernel, or the PDL primary in
     front of the MMA kernels) is part of its time. ``tiled``: every candidate timed on tiled weights

@@ -50,6 +50,16 @@ def _offload(mode: str, device: str, memory: dict | None) -> bool:
     return mode == "rollout" or (device == "cuda" and memory is not None and bool(memory["offload"]))
 
 
+def _eight_bit(mode, device: str) -> str:
+    """``optim.eight_bit`` as the run applies it, ``"true"`` / ``"false"``: ``auto`` is bitsandbytes' 8-bit AdamW on
+    a GPU where bitsandbytes is installed (:func:`qerl.train.steps.make_optimizer`'s rule)."""
+    import importlib.util
+
+    if str(mode).lower() != "auto":
+        return str(mode).lower()
+    return "true" if device == "cuda" and importlib.util.find_spec("bitsandbytes") is not None else "false"
+
+
 def _memory(cfg, world: int, config_path: Path) -> tuple[dict | None, list[str]]:
     """The memory planner's verdict for a local model (raises where the run cannot fit) and what it says."""
     from qerl.train.plan import check_fits
@@ -118,10 +128,22 @@ def resolve(cfg, device: str, world: int = 1, model_dir: str | Path | None = Non
 
         keep = keep_engine_cache(cfg, world, memory)
     offload = _offload(cfg.optim.offload, device, memory)
+    aqn = aqn_enabled(cfg.aqn, method.aqn)
+    if str(cfg.optim.eight_bit).lower() == "auto" and device == "cuda" and _eight_bit("auto", device) == "false":
+        notes.append("optim.eight_bit=auto: bitsandbytes is not installed; using torch AdamW (fp32 states)")
     # every decision written back: config.json, MLflow and the start line hold what the run does, never `auto`
-    cfg = dataclasses.replace(cfg, sharding=shard,
-                              rollout=dataclasses.replace(cfg.rollout, release_cache=not keep),
-                              optim=dataclasses.replace(cfg.optim, offload="rollout" if offload else "none"))
+    # (on a GPU, rollout.engine auto -- the engine where it runs the model -- and packed_sequences auto -- each
+    # micro-batch by its padding -- are decided per rollout / micro-batch and stay so)
+    cfg = dataclasses.replace(cfg, sharding=shard, device=device if cfg.device == "auto" else cfg.device,
+                              aqn=dataclasses.replace(cfg.aqn, enabled=aqn),
+                              packed_sequences=False if cfg.packed_sequences == "auto" and device != "cuda"
+                              else cfg.packed_sequences,
+                              rollout=dataclasses.replace(
+                                  cfg.rollout, release_cache=not keep,
+                                  engine="reference" if cfg.rollout.engine == "auto" and device != "cuda"
+                                  else cfg.rollout.engine),
+                              optim=dataclasses.replace(cfg.optim, offload="rollout" if offload else "none",
+                                                        eight_bit=_eight_bit(cfg.optim.eight_bit, device)))
     plan = RunPlan(device, world, cfg.micro_batch_size, bool(cfg.dense_update), ckpt, shard, keep, offload,
-                   aqn_enabled(cfg.aqn, method.aqn), tuple(notes), cfg.micro_batch_tokens)
+                   aqn, tuple(notes), cfg.micro_batch_tokens)
     return cfg, plan, memory

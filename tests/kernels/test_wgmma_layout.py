@@ -9,7 +9,7 @@
   tile is the wgmma register operand without data movement) with 8 wgmma per 128-wide step, no
   register spills, for one and two warpgroups, in-kernel gather or not, split-K and bias.
 (The GPU judge — a layout probe and the dequantized reference on Qwen2.5 shapes — is
-the retired ``scripts/wgmma_sweep.py`` (git show ea84b65:scripts/wgmma_sweep.py); its findings in kernels/README.md.)"""
+the retired ``scripts/wgmma_sweep.py`` (git show ea84b65:scripts/wgmma_sweep.py); its findings in qerl_kernels/README.md.)"""
 import os
 import re
 import subprocess

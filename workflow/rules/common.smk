@@ -23,6 +23,19 @@ def _strict_configfiles():
             continue  # (snakemake reports unreadable files itself)
         except wc.ConfigFileError as e:
             raise WorkflowError(str(e).removeprefix("--configfile ")) from None
+    # an overlay that switches a model's source drops the keys only the old source read (and `key: null` removes a
+    # key) in snakemake's own merge too, saying so once (qerl.overlays.settle_models)
+    from qerl.overlays import settle_models
+
+    layers = []
+    for f in getattr(workflow, "configfiles", None) or []:
+        try:
+            layers.append((str(f), wc.read_config_file(f)))
+        except wc.ConfigFileError:
+            pass
+    for note in settle_models(config, layers):
+        if workflow.is_main_process:
+            print(f"qerl: {note}", file=sys.stderr)
     try:
         wc.read_workflow_config(getattr(workflow, "configfiles", None) or [])
     except wc.UnreadKeyError as e:  # (other schema errors: snakemake's own report below says them, at length)
@@ -146,13 +159,16 @@ def input_revisions(tags):
     return out
 
 
-def track(stage, name, **tags):
-    """CLI options that log a job as an MLflow run named after its output path (``config_hash`` is added from
-    ``$QERL_CONFIG_HASH``; the store and the experiment from ``$MLFLOW_TRACKING_URI`` / ``$MLFLOW_EXPERIMENT_NAME``,
-    see above)."""
+def track(stage, **tags):
+    """CLI options that log a job as an MLflow run named by qerl.tracking.run_name (the arm and seed first), tagged
+    with each part (``config_hash`` is added from ``$QERL_CONFIG_HASH``; the store and the experiment from
+    ``$MLFLOW_TRACKING_URI`` / ``$MLFLOW_EXPERIMENT_NAME``, see above)."""
+    from qerl.tracking import run_name
+
+    name = run_name(stage, configuration=CONFIGURATION if stage == "report" else "", **tags)
     tags = {"stage": stage, **tags, **input_revisions(tags)}
-    t = " ".join(f"--mlflow-tag {k}={v}" for k, v in tags.items())
-    return f"--mlflow-run-name {name} {t}"
+    t = " ".join(f"--mlflow-tag {shlex.quote(f'{k}={v}')}" for k, v in tags.items())
+    return f"--mlflow-run-name {shlex.quote(name)} {t}"
 
 
 def train_inputs(w):

@@ -15,11 +15,11 @@ rule evaluate_trained:
         policy=trained_policy,
         bench=lambda w: wc.benchmark_args(config, w.benchmark, LOCKED),
         opts=eval_opts(),
-        track=lambda w: track("eval", f"eval/{w.model}/{w.method}/{w.algo}/{w.dataset}/seed{w.seed}/{w.benchmark}",
-                              model=w.model, method=w.method, algo=w.algo, dataset=w.dataset, seed=w.seed,
+        track=lambda w: track("eval", model=w.model, method=w.method, algo=w.algo, dataset=w.dataset, seed=w.seed,
                               benchmark=w.benchmark),
     resources:
         gpu=resources("evaluate", "gpu", 0),
+        cpus_per_task=resources("evaluate", "cpus", 1),
         mem_mb=resources("evaluate", "mem_mb", 8000),
         runtime=resources("evaluate", "runtime", 120),
     log:
@@ -43,10 +43,10 @@ rule evaluate_untrained:
         src=lambda w, input: os.path.dirname(input.model),
         bench=lambda w: wc.benchmark_args(config, w.benchmark, LOCKED),
         opts=eval_opts(),
-        track=lambda w: track("eval", f"eval/{w.model}/{w.method}/untrained/none/seed0/{w.benchmark}",
-                              model=w.model, method=w.method, algo="untrained", benchmark=w.benchmark),
+        track=lambda w: track("eval", model=w.model, method=w.method, algo="untrained", benchmark=w.benchmark),
     resources:
         gpu=resources("evaluate", "gpu", 0),
+        cpus_per_task=resources("evaluate", "cpus", 1),
         mem_mb=resources("evaluate", "mem_mb", 8000),
         runtime=resources("evaluate", "runtime", 120),
     log:

@@ -8,6 +8,10 @@ rule build_tiny_model:
         out=lambda w, output: os.path.dirname(output[0]),
         arch=lambda w: config["models"][w.model].get("arch", "qwen2"),
         seed=lambda w: config["models"][w.model].get("seed", 0),
+    resources:
+        cpus_per_task=resources("quantize", "cpus", 1),
+        mem_mb=resources("quantize", "mem_mb", 4000),
+        runtime=resources("quantize", "runtime", 60),
     log:
         "logs/build_tiny_model/{model}.log",
     conda:
@@ -28,7 +32,11 @@ rule warm_start:
         out=lambda w, output: os.path.dirname(output[0]),
         steps=lambda w: config["models"][w.model].get("sft_steps", 80),
         seed=lambda w: config["models"][w.model].get("seed", 0),
-        track=lambda w: track("sft", f"models/{w.model}", model=w.model),
+        track=lambda w: track("sft", model=w.model),
+    resources:
+        cpus_per_task=resources("quantize", "cpus", 1),
+        mem_mb=resources("quantize", "mem_mb", 4000),
+        runtime=resources("quantize", "runtime", 60),
     log:
         "logs/warm_start/{model}.log",
     conda:
@@ -47,6 +55,10 @@ rule download_model:
         out=lambda w, output: os.path.dirname(output[0]),
         hub_id=lambda w: config["models"][w.model]["hub_id"],
         revision=lambda w: config["models"][w.model]["revision"],
+    resources:
+        cpus_per_task=resources("quantize", "cpus", 1),
+        mem_mb=resources("quantize", "mem_mb", 4000),
+        runtime=resources("quantize", "runtime", 60),
     log:
         "logs/download_model/{model}.log",
     conda:
@@ -66,6 +78,10 @@ rule convert_gguf:
         model="|".join(re.escape(m) for m in MODELS if model_source(m) == "gguf") or "^$",
     params:
         out=lambda w, output: os.path.dirname(output[0]),
+    resources:
+        cpus_per_task=resources("quantize", "cpus", 1),
+        mem_mb=resources("quantize", "mem_mb", 4000),
+        runtime=resources("quantize", "runtime", 60),
     log:
         "logs/convert_gguf/{model}.log",
     conda:

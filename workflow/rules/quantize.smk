@@ -16,8 +16,9 @@ rule quantize:
         rule=lambda w: quant_setting(w.model, "scale_rule", "max6"),
         keep=lambda w: quant_setting(w.model, "keep_bf16_last", 0),
         cal=lambda w: calibration_args(w.model),
-        track=lambda w: track("quantize", f"quantize/{w.model}", model=w.model),
+        track=lambda w: track("quantize", model=w.model),
     resources:
+        cpus_per_task=resources("quantize", "cpus", 1),
         mem_mb=resources("quantize", "mem_mb", 4000),
         runtime=resources("quantize", "runtime", 60),
     log:

@@ -29,8 +29,12 @@ rule report:
                       category=f.category, labels={"file": f.name}) for f in planned_files(config)],
     params:
         out=lambda w, output: os.path.dirname(output.index),
-        track=track("report", f"report/{CONFIGURATION}"),
+        track=track("report"),
         results=lambda w, input: os.path.dirname(os.path.dirname(input.cfg)),
+    resources:
+        cpus_per_task=1,
+        mem_mb=resources("quantize", "mem_mb", 4000),
+        runtime=resources("quantize", "runtime", 60),
     log:
         f"logs/report/{CONFIGURATION}.log",
     conda:

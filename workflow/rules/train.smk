@@ -22,6 +22,7 @@ rule train:
         algo="|".join(wc.ALGORITHMS),
     resources:
         gpu=resources("train", "gpu", 0),
+        cpus_per_task=resources("train", "cpus", 1),
         mem_mb=resources("train", "mem_mb", 8000),
         runtime=resources("train", "runtime", 120),
     params:

@@ -12,7 +12,7 @@ the seam every model uses, builds its backend from :func:`nvfp4_matmul`, :func:`
 ``nvfp4_matmul_t(dy, packed, scale, gs, dyb=None, lora_a=None, lora_scale=1.0)``
     ``dy [..., N]`` -> ``dX [..., K] = dy · Ŵ + lora_scale · dyb · lora_a``.
 
-Tile configs: a tuned table per GPU (``kernels/tuned/<device>.json``, written by
+Tile configs: a tuned table per GPU (``qerl_kernels/tuned/<device>.json``, written by
 ``qerl bench kernels --tune``) keyed on (M bucket, N, K); for a shape without entries the nearest tuned shape's
 config at the same M bucket (:func:`transferred_entry`, M > 16), else a heuristic that splits K (or N) across
 programs at decode sizes so that every SM has work. ``launch_mode("graph")`` selects the configs
@@ -53,7 +53,7 @@ USER_TABLES = "QERL_TUNED_DIR"  # environment variable: a directory of the user'
 
 
 def table_dirs() -> tuple[Path, ...]:
-    """Where the tuned tables are read from, in order, later entries winning: the package's (``kernels/tuned``, the
+    """Where the tuned tables are read from, in order, later entries winning: the package's (``qerl_kernels/tuned``, the
     committed searches), then ``$QERL_TUNED_DIR`` where set — a user's own searches of their models
     (``python -m qerl.bench.kernels_tune`` writes there when it is set), kept out of the installed package. Set it
     before the first kernel call: the merged table is read once per process."""
