@@ -36,11 +36,14 @@ def uses_nvfp4(config: dict, method: str) -> bool:
 
 def arm_changes(config: dict, method: str) -> str:
     """What an arm changes against its base method, flattened (``"aqn.sigma_start 0.01; lora.r 8"``); ``""`` for a
-    base method itself. (``method_overrides`` apply to the base method and its variants alike: not a change.)"""
+    base method itself. (``method_overrides`` apply to the base method and its variants alike: not a change; nor is
+    an override equal to what the base method trains with, :func:`qerl.variants.unchanged_keys`.)"""
     from qerl.tracking import flatten
+    from qerl.variants import unchanged_keys
 
     over = config.get("variants", {}).get(method, {}).get("overrides") or {}
-    return "; ".join(f"{k} {v}" for k, v in flatten(over).items())
+    same = set(unchanged_keys(config, method)) if over else set()
+    return "; ".join(f"{k} {v}" for k, v in flatten(over).items() if k not in same)
 
 
 def aqn_on(config: dict, run: "Run") -> bool:

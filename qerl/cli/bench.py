@@ -114,8 +114,14 @@ def run_mlflow_init(args) -> dict:
         from qerl.cli.common import key_value_options
 
         params = key_value_options(args.param, "--param")
-        marker["parent_run_id"] = start_parent(args.tracking_uri, args.experiment, args.parent_run, params,
-                                               {"configuration": args.experiment},
+        tags = {"configuration": args.experiment}
+        if args.config:  # the run's description: what the configuration compares
+            import yaml
+
+            from qerl.tracking_links import describe
+
+            tags["mlflow.note.content"] = describe(yaml.safe_load(args.config.read_text()) or {})
+        marker["parent_run_id"] = start_parent(args.tracking_uri, args.experiment, args.parent_run, params, tags,
                                                [args.config] if args.config else [])
     write_text_atomic(args.output, json.dumps(marker) + "\n")
     print(json.dumps(marker))

@@ -121,6 +121,17 @@ def run_report(args) -> dict:
     with outputs.hold(out, "report"):
         idx = build_report(config, Path(args.results), out)
     print(f"wrote {idx}")
+    if getattr(args, "mlflow_run_name", None):  # (the workflow's report job) every arm in this experiment
+        import os
+
+        from qerl.tracking_links import link_report_runs
+
+        uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        experiment = args.mlflow_experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "qerl"
+        made = link_report_runs(uri, experiment, config, Path(args.results))
+        if made:
+            print(f"MLflow: {made} arm(s) of this report trained under another configuration linked into experiment "
+                  f"{experiment!r} (tagged qerl.linked_from)")
     return {}
 
 

@@ -39,14 +39,38 @@ class _Rollout:
     def __init__(self, engine: str, seed: int, max_new_tokens: int | None, release_cache: bool):
         self.engine, self.seed, self.max_new_tokens, self.release_cache = engine, seed, max_new_tokens, release_cache
         self.calls = 0
+        self.capped: set = set()  # (prompt length, asked length) pairs already said
 
-    def settings(self, args):
+    def settings(self, args, max_new_tokens: int | None = None):
         from qerl.rollout import SamplingSettings
 
         return SamplingSettings(temperature=float(args.temperature), top_p=float(args.top_p or 1.0),
                                 top_k=int(args.top_k or 0),
-                                max_new_tokens=int(self.max_new_tokens or args.max_completion_length),
+                                max_new_tokens=int(max_new_tokens or self.max_new_tokens or args.max_completion_length),
                                 engine=self.engine, release_cache=self.release_cache)
+
+    def fit_context(self, model, tokenizer, texts: list[str], want: int) -> int:
+        """The completion length this call samples: ``want``, capped so that the longest prompt plus its completion
+        fits the model's context (``config.max_position_embeddings``), saying so once; a prompt that leaves no room
+        is a ``ValueError`` naming the lengths (``qerl train`` refuses such prompts the same way)."""
+        ctx = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        if not ctx:
+            return want
+        longest = max(len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
+        if longest + want <= ctx:
+            return want
+        room = ctx - longest
+        if room < 1:
+            raise ValueError(f"qerl rollout_func: a prompt of {longest} tokens fills the model's context "
+                             f"(max_position_embeddings {ctx}): no room for a completion; shorten the prompts")
+        if (longest, want) not in self.capped:
+            self.capped.add((longest, want))
+            import warnings
+
+            warnings.warn(f"qerl rollout_func: prompt ({longest} tokens) + max_completion_length {want} > the model's "
+                          f"context ({ctx}, max_position_embeddings): completions capped at {room} tokens",
+                          stacklevel=3)
+        return room
 
     def __call__(self, prompts: list, trainer) -> dict:
         import torch
@@ -56,7 +80,8 @@ class _Rollout:
         model = trainer.accelerator.unwrap_model(trainer.model)
         tokenizer = trainer.processing_class
         texts = _prompt_texts(tokenizer, prompts)
-        settings = self.settings(trainer.args)
+        want = int(self.max_new_tokens or trainer.args.max_completion_length)
+        settings = self.settings(trainer.args, self.fit_context(model, tokenizer, texts, want))
         rank, n = trainer.accelerator.process_index, len(texts)
         seed = self.seed + self.calls  # a fresh draw each call; rows of other processes draw their own rows
         self.calls += 1
@@ -97,7 +122,14 @@ def rollout_func(engine: str = "auto", seed: int = 0, max_new_tokens: int | None
 
     if engine not in ENGINES:
         raise ValueError(f"rollout_func: engine {engine!r}, expected one of {list(ENGINES)}")
-    return _Rollout(engine, int(seed), max_new_tokens, bool(release_cache))
+    if max_new_tokens is not None and (not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool)
+                                       or max_new_tokens < 1):
+        raise ValueError(f"rollout_func: max_new_tokens must be a positive int or None, got {max_new_tokens!r}")
+    if not isinstance(release_cache, bool):
+        raise ValueError(f"rollout_func: release_cache must be True or False, got {release_cache!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ValueError(f"rollout_func: seed must be an int, got {seed!r}")
+    return _Rollout(engine, seed, max_new_tokens, release_cache)
 
 
 class AQNCallback(TrainerCallback):

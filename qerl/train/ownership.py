@@ -298,13 +298,32 @@ def _changed_settings(out: Path, config: dict) -> str | None:
         saved = _flat(json.loads(saved_path.read_text()))
     except json.JSONDecodeError:
         return None
-    mine = _flat(config)
+    mine, saved = _resolved_like(_flat(config), saved), _resolved_like(saved, {})  # (a run saved before resolving)
     diff = sorted(k for k in set(saved) | set(mine)
                   if saved.get(k) != mine.get(k) and not any(k == c or k.startswith(c + ".") for c in RESUMABLE_CHANGES)
                   and k != "output_dir")
     if not diff:
         return None
     return ", ".join(f"{k}: {saved.get(k)!r} -> {mine.get(k)!r}" for k in diff[:4]) + (", …" if len(diff) > 4 else "")
+
+
+#: settings whose ``auto`` the run resolves on its machine (config.json holds the resolution, qerl.train.runplan)
+MACHINE_RESOLVED = ("optim.eight_bit", "rollout.engine")
+
+
+def _resolved_like(mine: dict, saved: dict) -> dict:
+    """``mine`` (a rerun's config, flat, with its ``auto`` settings) resolved as the saved run resolved them:
+    ``aqn.enabled: auto`` to the method's own choice (a change from auto to another value is a change), and the
+    :data:`MACHINE_RESOLVED` settings' ``auto`` to whatever the saved run resolved it to."""
+    from qerl.methods import METHODS, resolve_aqn
+
+    out = dict(mine)
+    if str(out.get("aqn.enabled", "auto")).lower() == "auto" and out.get("method") in METHODS:
+        out["aqn.enabled"] = resolve_aqn("auto", METHODS[out["method"]].aqn)
+    for key in MACHINE_RESOLVED:
+        if str(out.get(key, "auto")).lower() == "auto" and key in saved:
+            out[key] = saved[key]
+    return out
 
 
 def _check_same_run(out: Path, config: dict) -> None:

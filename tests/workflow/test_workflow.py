@@ -555,3 +555,105 @@ def test_a_gguf_model_goes_through_the_workflow(tmp_path, tiny_dirs, gguf_writer
     assert summary["adapter_sha256"] == "" and summary["device"] == "cpu"
     marker = json.loads((tmp_path / "results/models/qwen2.5-coder-0.5b/qerl_source.json").read_text())
     assert marker["file"] == "tiny.gguf" and marker["dequantized"]
+
+
+# --- SLURM: the workflow through snakemake-executor-plugin-slurm on a real single-node SLURM -----------------------
+
+def _slurm_missing() -> str | None:
+    """Why this machine cannot run the SLURM test, or None (sbatch and friends on PATH, a node up, the plugin)."""
+    import importlib.util
+
+    for exe in ("sbatch", "squeue", "sinfo", "scancel"):
+        if shutil.which(exe) is None:
+            return f"{exe} is not on PATH (`bash .ci/slurm-localhost.sh` installs and starts a one-node SLURM)"
+    up = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True)
+    if up.returncode != 0 or not any(s.startswith(("idle", "mix", "alloc")) for s in up.stdout.split()):
+        return f"no SLURM node is up (sinfo: {(up.stdout + up.stderr).strip()[:200] or 'nothing'})"
+    if importlib.util.find_spec("snakemake_executor_plugin_slurm") is None:
+        return "snakemake-executor-plugin-slurm is not installed (pip install -e '.[slurm]')"
+    return None
+
+
+def _need_slurm() -> None:
+    """Skip, saying why, where SLURM is not running; under QERL_REQUIRE_SLURM=1 (CI) that is a failure instead."""
+    why = _slurm_missing()
+    if why and os.environ.get("QERL_REQUIRE_SLURM") == "1":
+        pytest.fail(f"QERL_REQUIRE_SLURM=1 but {why}")
+    if why:
+        pytest.skip(why)
+
+
+def _slurm_jobs() -> dict[str, tuple[str, str]]:
+    """Every job SLURM still lists (MinJobAge keeps finished ones): ``{id: (state, comment)}``; the executor plugin
+    comments each job with its rule (``rule_train_<wildcards>``)."""
+    out = subprocess.run(["squeue", "--states=all", "-h", "-o", "%i|%T|%k"], capture_output=True, text=True,
+                         check=True).stdout
+    return {i: (state, comment) for i, state, comment in (line.split("|", 2) for line in out.splitlines() if line)}
+
+
+# the project's own profile; squeue for job states (this SLURM has no accounting database: sacct says so), status
+# polled every 2 s instead of the plugin's 40 s start; no retry, so a cancelled job fails this invocation
+SLURM = ("--workflow-profile", "workflow/profiles/slurm", "--slurm-status-command", "squeue",
+         "--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "2", "--retries", "0")
+
+
+@pytest.mark.xdist_group("default_run")  # (the default run it is compared with is made once per worker)
+def test_the_default_workflow_on_a_real_slurm_cluster(default_run, tmp_path):
+    """One chain of the default workflow (warm start, quantize, QeRL seed 0 trained and evaluated, the NVFP4 base
+    evaluated) through ``--executor slurm`` with workflow/profiles/slurm on a real SLURM: every job goes through
+    sbatch; the training job, cancelled with scancel after its first checkpoint, resumes from it on the next
+    invocation; the results are the bytes of the local run's; a rerun submits nothing."""
+    _need_slurm()
+    repo, _, _ = default_run
+    run, untrained = "tiny-qwen2/qerl/grpo/synthetic/seed0", "tiny-qwen2/nvfp4/untrained/none/seed0"
+    targets = (f"results/eval/{run}/synthetic_test.json", f"results/eval/{untrained}/synthetic_test.json")
+    other = fresh_copy(tmp_path / "qerl")
+    known = set(_slurm_jobs())
+    # 1. the training job is cancelled (scancel) once its first checkpoint is written
+    proc = snakemake(*SLURM, *targets, cwd=other, popen=True)
+    state = other / "results/train" / run / "checkpoint/trainer_state.json"
+    cancelled = None
+    deadline = time.time() + 420
+    while time.time() < deadline and proc.poll() is None and cancelled is None:
+        if state.is_file():
+            train = [i for i, (st, c) in _slurm_jobs().items() if i not in known and c.startswith("rule_train_")
+                     and st == "RUNNING"]
+            if train:
+                subprocess.run(["scancel", train[0]], check=True)
+                cancelled = train[0]
+        time.sleep(0.05)
+    log, _ = proc.communicate(timeout=300)
+    assert cancelled, f"the training job was not seen running with a checkpoint:\n{log[-3000:]}"
+    assert proc.returncode != 0 and not (other / "results/train" / run / "summary.json").exists(), log[-3000:]
+    assert _slurm_jobs()[cancelled][0] == "CANCELLED"
+    # 2. the next invocation submits the unfinished jobs again; the training job resumes from its checkpoint
+    snakemake(*SLURM, *targets, cwd=other)
+    train_log = (other / "logs/train" / f"{run}.log").read_text()
+    assert re.search(r"resuming from .*checkpoint \(step (10|20|30)\)", train_log), train_log[-2000:]
+    ours = {i: v for i, v in _slurm_jobs().items() if i not in known}
+    rules = [c.split("_wildcards_")[0].removeprefix("rule_") for _, c in ours.values()]
+    assert sorted(rules) == ["build_tiny_model", "evaluate_trained", "evaluate_untrained", "quantize", "train",
+                             "train", "warm_start"], ours  # (the cancelled training job, then its resumption)
+    assert all(st == "COMPLETED" for i, (st, _) in ours.items() if i != cancelled), ours
+    # 3. what SLURM computed is what the local run computed, byte for byte (timings aside)
+    a, b = _result_view(repo / "results", run, untrained), _result_view(other / "results", run, untrained)
+    assert a.keys() == b.keys() and not [k for k in a if a[k] != b[k]], \
+        f"the SLURM run differs from the local run in {[k for k in a if a[k] != b[k]]}"
+    # 4. a rerun submits nothing
+    again = snakemake(*SLURM, *targets, cwd=other)
+    assert "Nothing to be done" in again.stdout + again.stderr
+    assert set(_slurm_jobs()) == set(ours) | known
+
+
+def test_a_slurm_profile_with_a_missing_partition_stops_before_any_job(tmp_path):
+    """A partition this cluster lacks (set on the command line, as a profile would) is one line naming it and the
+    partitions sinfo lists, before anything is submitted or written."""
+    _need_slurm()
+    other = fresh_copy(tmp_path / "qerl")
+    known = set(_slurm_jobs())
+    out = snakemake(*SLURM, "--default-resources", "slurm_partition=no-such-partition", cwd=other, check=False)
+    said = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "SLURM partition 'no-such-partition' (default-resources slurm_partition) is not a partition of this " \
+           "cluster; sinfo lists:" in said, said[-2000:]
+    assert set(_slurm_jobs()) == known and not (other / "results/models").exists()

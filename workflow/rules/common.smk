@@ -46,8 +46,14 @@ def _strict_configfiles():
 
 _strict_configfiles()
 validate(config, os.path.join(workflow.basedir, "workflow/schemas/config.schema.yaml"))
+_plain_variants = set(config.get("variants") or {})
 try:
     wc.expand_grids(config)  # a variant's `grid` -> one variant per combination (the effective config holds those)
+    from qerl.variants import check_variants  # an arm that changes nothing is refused (a grid's: a note)
+
+    for _note in check_variants(config, grid_arms=set(config.get("variants") or {}) - _plain_variants):
+        if workflow.is_main_process:
+            print(f"qerl: {_note}", file=sys.stderr)
 except ValueError as e:
     raise WorkflowError(str(e)) from None
 # `inputs_lock` (qerl fetch): hub models / training sets at the locked commits (in the config from here on), the

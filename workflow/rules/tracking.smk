@@ -18,7 +18,22 @@ def _mlflow(*args, what):
     return done.stdout
 
 
+def _check_cluster():
+    """On SLURM, before any job is submitted: every partition the profile or the command line names exists."""
+    if getattr(workflow.executor_plugin, "name", None) != "slurm":
+        return
+    from qerl import cluster
+
+    rs = workflow.resource_settings
+    try:
+        cluster.check_partitions(cluster.asked_partitions(rs.default_resources, rs.overwrite_resources),
+                                 cluster.cluster_partitions())
+    except cluster.ClusterError as e:
+        raise WorkflowError(str(e)) from None
+
+
 onstart:
+    _check_cluster()
     _effective = f"results/mlflow/{CONFIGURATION}.config.yaml"
     wc.write_text_atomic(_effective, yaml.safe_dump(config, sort_keys=False))
     _mlflow("--experiment", CONFIGURATION, "--output", MLFLOW_MARKER, "--parent-run", f"workflow · {CONFIGURATION}",
