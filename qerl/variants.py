@@ -2,9 +2,10 @@
 
 ``variants: {qerl_s5e-2: {method: qerl, overrides: {aqn: {sigma_start: 5.0e-2}}}}`` over a config whose ``train.aqn``
 already says ``sigma_start: 0.05`` retrains the ``qerl`` baseline under a new name, and its report would say it
-"changes aqn.sigma_start 0.05". A plain variant all of whose overrides are the base's own values is refused; a grid
-arm that lands on the base's value (a sweep through the baseline) is kept, with a note; either way the report's
-``changes`` column lists only what differs (:func:`qerl.workflow_config.arm_changes`).
+"changes aqn.sigma_start 0.05". A plain variant all of whose overrides are the base's own values, trained beside the base
+method itself, is refused; a sweep's point that lands on the base's value (a grid arm, or a variant whose base is not
+in the matrix) is kept, with a note; either way the report's ``changes`` column lists only what differs
+(:func:`qerl.workflow_config.arm_changes`).
 """
 from __future__ import annotations
 
@@ -36,9 +37,18 @@ def unchanged_keys(config: dict, arm: str) -> list[str]:
     return [k for k in over if k in base and base[k] == mine.get(k)]
 
 
+def _beside_its_base(config: dict, arm: str, base: str) -> bool:
+    """Whether the matrix also trains ``base`` itself in a cell (model, algorithm, dataset, seed) of ``arm``'s."""
+    from qerl.workflow_config import runs
+
+    cells = {(r.model, r.algo, r.dataset, r.seed) for r in runs(config) if r.method == base}
+    return any((r.model, r.algo, r.dataset, r.seed) in cells for r in runs(config) if r.method == arm)
+
+
 def check_variants(config: dict, grid_arms=frozenset()) -> list[str]:
     """Refuse (``ValueError``, one line) a variant outside ``grid_arms`` whose every override is its base method's own
-    value; return one note per other arm with such keys (named, with the values)."""
+    value while the matrix trains that base in the same cells; return one note per other arm with such keys (named,
+    with the values)."""
     from qerl.tracking import flatten
 
     notes = []
@@ -49,7 +59,7 @@ def check_variants(config: dict, grid_arms=frozenset()) -> list[str]:
         over = flatten(variant.get("overrides") or {})
         what = "; ".join(f"{k} {over[k]}" for k in same)
         base = variant["method"]
-        if len(same) == len(over) and arm not in grid_arms:
+        if len(same) == len(over) and arm not in grid_arms and _beside_its_base(config, arm, base):
             raise ValueError(f"config variants.{arm}: {what} {'is' if len(same) == 1 else 'are'} what {base!r} "
                              f"already trains with: the arm would retrain {base!r} under another name (change the "
                              "value, or remove the variant)")

@@ -43,7 +43,10 @@ def arm_changes(config: dict, method: str) -> str:
 
     over = config.get("variants", {}).get(method, {}).get("overrides") or {}
     same = set(unchanged_keys(config, method)) if over else set()
-    return "; ".join(f"{k} {v}" for k, v in flatten(over).items() if k not in same)
+    flat = flatten(over)
+    if flat and same == set(flat):  # a sweep's point on the base's own value
+        return f"none ({'; '.join(f'{k} {v}' for k, v in flat.items())}: {base_method(config, method)}'s own)"
+    return "; ".join(f"{k} {v}" for k, v in flat.items() if k not in same)
 
 
 def aqn_on(config: dict, run: "Run") -> bool:

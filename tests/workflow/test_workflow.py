@@ -59,14 +59,64 @@ def _jobs(dry_output: str) -> dict[str, int]:
     return stats
 
 
+PAPER_8_GPUS = (str(ROOT / "config/paper.yaml"), str(ROOT / "config/resources/gpus8.yaml"))
+
+
 def test_paper_config_dag_resolves_offline(tmp_path):
-    out = snakemake("--configfile", str(ROOT / "config/paper.yaml"), "--cores", "4", "--directory", str(tmp_path), "-n")
+    out = snakemake("--configfile", *PAPER_8_GPUS, "--cores", "4", "--directory", str(tmp_path), "-n")
     jobs = _jobs(out.stdout + out.stderr)
     # Table 1: 2 models x 5 methods; Table 2: 4 (7B) + 3 (14B) + 3 (32B) DAPO runs
     assert jobs["train"] == 20 and jobs["download_model"] == 4 and jobs["quantize"] == 4
     assert jobs["evaluate_trained"] == 10 * 1 + 10 * 4
-    assert "--limit" not in snakemake("--configfile", str(ROOT / "config/paper.yaml"), "--cores", "4", "--directory",
+    assert "--limit" not in snakemake("--configfile", *PAPER_8_GPUS, "--cores", "4", "--directory",
                                       str(tmp_path), "-n", "-p", "--forcerun", "evaluate_trained").stdout
+
+
+def test_a_dry_run_names_the_jobs_that_cannot_fit_their_gpus(tmp_path):
+    """The paper's matrix on one 80 GB GPU: the 14B and 32B full fine-tunes do not fit (the memory planner `qerl
+    train` applies); the dry run says which, how much each needs and the overlay that fixes it, before any job."""
+    out = snakemake("--configfile", str(ROOT / "config/paper.yaml"), "--cores", "4", "--directory", str(tmp_path),
+                    "-n", check=False)
+    said = out.stdout + out.stderr
+    assert out.returncode != 0 and "2 training job(s) cannot fit the GPUs they are given" in said
+    for run in ("qwen2.5-14b/full/dapo/bigmath_l345/seed0", "qwen2.5-32b/full/dapo/bigmath_l45/seed0"):
+        line = next(x for x in said.splitlines() if f"train {run}: needs ~" in x)
+        assert "GB per GPU" in line and "add the overlay config/resources/gpus8.yaml" in line
+    assert not (tmp_path / "results").exists()
+
+
+def test_the_paper_matrix_on_local_weights_through_the_shipped_overlay(tmp_path, tiny_dirs):
+    """config/paper_local.yaml switches every model of config/paper.yaml to `source: local` (the hub keys dropped,
+    saying so); with its paths pointed at local directories the matrix dry-runs offline, no download planned and no
+    model copied. A local model without a path, or a typo in the overlay, is one line."""
+    import yaml
+
+    local = yaml.safe_load((ROOT / "config/paper_local.yaml").read_text())
+    assert set(local["models"]) == set(yaml.safe_load((ROOT / "config/paper.yaml").read_text())["models"])
+    (tmp_path / "models").mkdir()
+    paths = {}
+    for name, entry in local["models"].items():  # the overlay's layout, under this test's directory
+        where = tmp_path / "models" / Path(entry["path"]).name
+        where.symlink_to(tiny_dirs["qwen2"], target_is_directory=True)
+        paths[name] = {"path": str(where)}
+    (tmp_path / "paths.yaml").write_text(yaml.safe_dump({"models": paths}))
+    overlays = ("--configfile", *PAPER_8_GPUS, str(ROOT / "config/paper_local.yaml"), str(tmp_path / "paths.yaml"))
+    out = snakemake(*overlays, "--cores", "4", "--directory", str(tmp_path / "w"), "-n")
+    said = out.stdout + out.stderr
+    jobs = _jobs(said)
+    assert "download_model" not in jobs and jobs["train"] == 20 and jobs["quantize"] == 4
+    assert "qerl: models.qwen2.5-7b: source 'local' (" in said and "does not read hub_id, revision" in said
+    # a local model without its path; a typo in the overlay
+    (tmp_path / "nopath.yaml").write_text("models:\n  qwen2.5-7b: {source: local}\n")
+    bad = snakemake("--configfile", *PAPER_8_GPUS, str(tmp_path / "nopath.yaml"), "--directory", str(tmp_path / "w2"),
+                    "-n", check=False)
+    assert bad.returncode != 0 and "qwen2.5-7b" in bad.stdout + bad.stderr and "'path' is a required property" in \
+        bad.stdout + bad.stderr
+    (tmp_path / "typo.yaml").write_text("models:\n  qwen2.5-7b: {source: local, pth: /x}\n")
+    bad = snakemake("--configfile", *PAPER_8_GPUS, str(tmp_path / "typo.yaml"), "--directory", str(tmp_path / "w3"),
+                    "-n", check=False)
+    assert bad.returncode != 0 and "unknown key 'models.qwen2.5-7b.pth' (did you mean 'path'?)" in \
+        bad.stdout + bad.stderr
 
 
 def test_multi_gpu_training_launches_through_torchrun(tmp_path):
@@ -95,8 +145,11 @@ def test_multi_gpu_training_launches_through_torchrun(tmp_path):
     plan = plan_config(validate(from_dict(TrainConfig, wc.train_config(cfg, big, "x"))), shape="32B",
                        available=80e9, world=8)
     assert plan["fits"] and plan["offload"] and plan["estimate"]["waves"] == 4, plan["markdown"]
-    one = snakemake("--configfile", str(ROOT / "config/paper.yaml"), "--cores", "4", "--directory", str(tmp_path),
-                    "-n", "-p", "--forcerun", "train").stdout
+    table1 = tmp_path / "table1.yaml"  # Table 1's runs (3B / 7B, GSM8K) fit one GPU each
+    table1.write_text(_yaml.safe_dump({"experiments": _yaml.safe_load((ROOT / "config/paper.yaml").read_text())
+                                       ["experiments"][:1]}))
+    one = snakemake("--configfile", str(ROOT / "config/paper.yaml"), str(table1), "--cores", "4", "--directory",
+                    str(tmp_path), "-n", "-p", "--forcerun", "train").stdout
     assert "--nproc" not in one and "qerl train --config" in one
 
 

@@ -104,6 +104,11 @@ if not _CONDA:  # every run's qerl-train config checked now (the field named), n
         check_train_configs(config, " + ".join(map(str, workflow.configfiles)) or "config")
     except ValueError as e:
         raise WorkflowError(str(e)) from None
+    if workflow.is_main_process:  # a training job that cannot fit its GPUs is named now (a dry run too), with its fix
+        from qerl.fit_check import describe, misfits
+
+        if _misfit := misfits(config):
+            raise WorkflowError(describe(_misfit))
 
 
 TRAIN_METHODS = list(wc.METHODS) + list(config.get("variants", {}))
