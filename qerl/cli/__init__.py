@@ -11,6 +11,7 @@ Verbs (each has ``--help``):
   download       hub snapshot at a pinned revision
   fetch          every hub input of a workflow config into the cache + a lock file (then run offline)
   plan           estimate a training config's peak GPU memory (before loading anything)
+  status         every training job of a results tree: step / total, reward, s/step, ETA (while it runs)
   bench          GPU benchmarks: kernels, rollout, step
   mlflow-init    workflow helper: the MLflow store before parallel jobs
 Heavy imports happen inside each verb so ``qerl --help`` stays fast.
@@ -24,13 +25,13 @@ import sys
 
 from qerl import __version__
 from qerl.argtypes import HelpFormatter
-from qerl.cli import bench, evaluate, models, train
+from qerl.cli import bench, evaluate, models, status, train
 from qerl.cli.common import tracked
 
 # the verbs in the order `qerl --help` lists them: each module's add_<verb>(sub) builds its parser
 VERBS = (models.add_build_tiny, models.add_quantize, models.add_export_merged, models.add_sft, train.add_train,
-         evaluate.add_evaluate, evaluate.add_report, evaluate.add_claims, models.add_download, models.add_from_gguf, models.add_fetch, train.add_plan, bench.add_bench,
-         bench.add_mlflow_init)
+         evaluate.add_evaluate, evaluate.add_report, evaluate.add_claims, models.add_download, models.add_from_gguf, models.add_fetch, train.add_plan, status.add_status,
+         bench.add_bench, bench.add_mlflow_init)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,10 +4,12 @@ redone), then checked: tables, figures and MLflow runs."""
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -343,14 +345,16 @@ def test_default_workflow_tracking_reruns_and_an_ablation(default_run):
     exp = client.get_experiment_by_name("default")
     runs = client.search_runs([exp.experiment_id], max_results=200)
     names = {r.info.run_name for r in runs if r.info.status == "FINISHED"}
-    assert "train/tiny-qwen2/qerl/grpo/synthetic/seed0" in names and "quantize/tiny-qwen2" in names
-    assert "eval/tiny-qwen2/nvfp4/untrained/none/seed0/synthetic_test" in names and "report/default" in names
-    assert len([n for n in names if n.startswith("train/")]) == 6
-    assert len([n for n in names if n.startswith("eval/")]) == 8
-    train_run = next(r for r in runs if r.info.run_name == "train/tiny-qwen2/qerl/grpo/synthetic/seed0"
+    # run names lead with the arm and seed (the UI cuts them): the stage and the cell follow
+    assert "qerl seed0 · tiny-qwen2/grpo/synthetic" in names and "quantize · tiny-qwen2" in names
+    assert "nvfp4 untrained · synthetic_test · tiny-qwen2" in names and "report · default" in names
+    finished = [r for r in runs if r.info.status == "FINISHED"]
+    assert len({r.info.run_name for r in finished if r.data.tags.get("stage") == "train"}) == 6
+    assert len({r.info.run_name for r in finished if r.data.tags.get("stage") == "eval"}) == 8
+    train_run = next(r for r in runs if r.info.run_name == "qerl seed0 · tiny-qwen2/grpo/synthetic"
                      and r.info.status == "FINISHED")
     assert {"model", "method", "algo", "dataset", "seed", "git_commit", "config_hash", "device"} <= set(train_run.data.tags)
-    quant_run = next(r for r in runs if r.info.run_name == "quantize/tiny-qwen2")
+    quant_run = next(r for r in runs if r.info.run_name == "quantize · tiny-qwen2")
     assert len(quant_run.data.tags["config_hash"]) == 12 and quant_run.data.tags["stage"] == "quantize"
     assert len(client.get_metric_history(train_run.info.run_id, "reward_mean")) == 40
     summary = json.loads((repo / "results/eval/tiny-qwen2/qerl/grpo/synthetic/seed0/synthetic_test.json").read_text())
@@ -359,12 +363,12 @@ def test_default_workflow_tracking_reruns_and_an_ablation(default_run):
     # training run it evaluated and its pass@1 on that run too, artifacts under results/, no stray 'Default'
     assert [e.name for e in client.search_experiments()] == ["default"]
     assert exp.artifact_location == (repo / "results/mlartifacts/default").resolve().as_uri()
-    invocations = [r for r in runs if r.info.run_name == "workflow/default"]
+    invocations = [r for r in runs if r.info.run_name == "workflow · default"]
     assert invocations and all(r.data.params["configuration"] == "default" for r in invocations)
     assert {r.info.status for r in invocations} <= {"FINISHED", "KILLED"}  # (the killed one: closed by the next)
     by_id = {r.info.run_id: r for r in runs}
-    assert by_id[train_run.data.tags["mlflow.parentRunId"]].info.run_name == "workflow/default"
-    ev = next(r for r in runs if r.info.run_name == "eval/tiny-qwen2/qerl/grpo/synthetic/seed0/synthetic_test")
+    assert by_id[train_run.data.tags["mlflow.parentRunId"]].info.run_name == "workflow · default"
+    ev = next(r for r in runs if r.info.run_name == "qerl seed0 · synthetic_test · tiny-qwen2/grpo/synthetic")
     assert ev.data.tags["mlflow.parentRunId"] == train_run.info.run_id
     assert train_run.data.metrics["pass_at_1/synthetic_test"] == summary["pass@1"]
     assert {a.path for a in client.list_artifacts(train_run.info.run_id)} >= {"config.json", "train.yaml",
@@ -372,6 +376,16 @@ def test_default_workflow_tracking_reruns_and_an_ablation(default_run):
     assert train_run.data.params["method"] == "qerl" and train_run.data.params["base_method"] == "qerl"
     last = max((r for r in invocations if r.info.status == "FINISHED"), key=lambda r: r.info.start_time)
     assert "accuracy.png" in {a.path.split("/")[-1] for a in client.list_artifacts(last.info.run_id, "report")}
+    # ... params are what ran, never `auto`; the invocation says what the configuration compares
+    autos = [(r.info.run_name, k) for r in finished for k, v in r.data.params.items() if str(v).lower() == "auto"]
+    assert not autos, autos
+    assert train_run.data.params["aqn.enabled"] == "True" and train_run.data.params["device"] == "cpu"
+    assert "`qerl`" in last.data.tags["mlflow.note.content"] and "tiny-qwen2" in last.data.tags["mlflow.note.content"]
+    assert client.search_runs([exp.experiment_id], "params.`aqn.enabled` = 'True' and tags.stage = 'train'")
+    # ... and no job log carries transformers' / bitsandbytes' probe for the hub's `kernels` package
+    probed = [str(p) for p in (repo / "logs").rglob("*.log") if "kernels-community" in p.read_text(errors="replace")
+              or "get_kernel" in p.read_text(errors="replace")]
+    assert not probed, probed
     # ... and `snakemake --report` carries the report's tables and figures, captioned
     snakemake("--report", "report.html", cwd=repo)
     html = (repo / "report.html").read_text(errors="replace")
@@ -393,14 +407,11 @@ def test_default_workflow_tracking_reruns_and_an_ablation(default_run):
     # 8. an ablation the README's way: an overlay with two new arms (another configuration, so another MLflow
     # experiment) plans only their jobs (the qerl baseline, the warm start, the quantization and the untrained
     # evaluations are reused: where a job is tracked is not part of what it is), then runs to its report
-    (repo / "ablation.yaml").write_text(
-        "configuration: two-arms\n"
-        "variants:\n  qerl_s2e-2: {method: qerl, overrides: {aqn: {sigma_start: 0.02}}}\n"
-        "  qerl_r8: {method: qerl, overrides: {lora: {r: 8}}}\n"
-        "experiments:\n  - {models: [tiny-qwen2], datasets: [synthetic], methods: [qerl, qerl_s2e-2, qerl_r8], "
-        "algorithms: [grpo]}\n")
-    overlay = ("--configfile", "config/config.yaml", "ablation.yaml", "--cores", "2")
-    dry = snakemake(*overlay, "-n", cwd=repo)
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"```yaml\n\s*# my_ablation.yaml\n(.*?)```", readme, re.S).group(1)
+    (repo / "my_ablation.yaml").write_text(textwrap.dedent(block))
+    dry_cmd, run_cmd = re.findall(r"^\s*\.venv/bin/snakemake (.*?my_ablation\.yaml)", readme, re.M)[:2]
+    dry = snakemake(*shlex.split(dry_cmd), cwd=repo)  # the README's commands, as printed ("--cores all": 2 here)
     jobs = _jobs(dry.stdout + dry.stderr)
     jobs.pop("total", None)
     assert jobs == {"resolve_train_config": 2, "train": 2, "evaluate_trained": 2, "effective_config": 1, "report": 1,
@@ -410,15 +421,28 @@ def test_default_workflow_tracking_reruns_and_an_ablation(default_run):
 
     tracking = yaml.safe_load((repo / "results/train/tiny-qwen2/qerl/grpo/synthetic/seed0/train.yaml").read_text())
     assert not {"tracking_uri", "experiment"} & set(tracking["tracking"])
-    snakemake(*overlay, cwd=repo)
-    arms = (repo / "results/reports/two-arms/arms_tiny-qwen2_synthetic_grpo.csv").read_text()
-    assert "qerl_s2e-2,qerl,aqn.sigma_start 0.02," in arms and "qerl_r8,qerl,lora.r 8," in arms
-    assert (repo / "results/reports/two-arms/arms_tiny-qwen2_synthetic_grpo.png").stat().st_size > 10_000
-    arm_runs = client.search_runs([client.get_experiment_by_name("two-arms").experiment_id],
-                                  "tags.stage = 'train'")
-    assert sorted(r.data.params["method"] for r in arm_runs) == ["qerl_r8", "qerl_s2e-2"]
+    snakemake(*shlex.split(run_cmd), cwd=repo)
+    arms = (repo / "results/reports/my-ablation/arms_tiny-qwen2_synthetic_grpo.csv").read_text()
+    assert "qerl_s2e-2,qerl,aqn.sigma_start 0.02," in arms and "qerl_r8,qerl,lora.r 8; lora.alpha 16," in arms
+    assert (repo / "results/reports/my-ablation/arms_tiny-qwen2_synthetic_grpo.png").stat().st_size > 10_000
+    # ... the README's MLflow recipe: the experiment `my-ablation`, filtered to its training runs, holds every arm of
+    # its report, the reused `qerl` baseline as a link to the run `default` trained
+    ablation = client.get_experiment_by_name("my-ablation").experiment_id
+    arm_runs = client.search_runs([ablation], "tags.stage = 'train'")
+    assert sorted(r.data.params["method"] for r in arm_runs) == ["qerl", "qerl_r8", "qerl_s2e-2"]
     assert all(r.data.params["base_method"] == "qerl" and "pass_at_1/synthetic_test" in r.data.metrics
                for r in arm_runs)
+    link = next(r for r in arm_runs if r.data.params["method"] == "qerl")
+    assert link.data.tags["qerl.linked_from"] == train_run.info.run_id
+    assert link.data.tags["qerl.linked_from_experiment"] == "default"
+    assert link.info.run_name == train_run.info.run_name and link.data.params == train_run.data.params
+    assert [m.value for m in client.get_metric_history(link.info.run_id, "reward_mean")] == \
+        [m.value for m in client.get_metric_history(train_run.info.run_id, "reward_mean")]
+    assert len(client.search_runs([ablation], "params.base_method = 'qerl'")) == 3
+    bases = {r.info.run_name for r in client.search_runs([ablation], "tags.stage = 'eval'")}
+    assert {"bf16 untrained · synthetic_test · tiny-qwen2", "nvfp4 untrained · synthetic_test · tiny-qwen2"} <= bases
+    # ... and the default's experiment still holds exactly its own report's arms
+    assert len({r.info.run_name for r in client.search_runs([exp.experiment_id], "tags.stage = 'train'")}) == 6
     # 9. a job Snakemake reruns replaces its own earlier output, no manual delete: the untrained evaluations and the
     # report, then the warm start and the quantization (model directories Snakemake has partly deleted first; a
     # training job rerun after its config or base changed starts over: tests/train/test_ownership.py)
@@ -672,8 +696,12 @@ def test_the_default_workflow_on_a_real_slurm_cluster(default_run, tmp_path):
             train = [i for i, (st, c) in _slurm_jobs().items() if i not in known and c.startswith("rule_train_")
                      and st == "RUNNING"]
             if train:
+                seen = subprocess.run([str(BIN / "qerl"), "status", "results"], cwd=other, capture_output=True,
+                                      text=True)  # (while Snakemake runs: the job is running on SLURM)
                 subprocess.run(["scancel", train[0]], check=True)
                 cancelled = train[0]
+                assert seen.returncode == 0 and re.search(rf"{run}\s+running\s+\d+/40 .*SLURM", seen.stdout), \
+                    seen.stdout + seen.stderr
         time.sleep(0.05)
     log, _ = proc.communicate(timeout=300)
     assert cancelled, f"the training job was not seen running with a checkpoint:\n{log[-3000:]}"
