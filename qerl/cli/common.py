@@ -103,7 +103,12 @@ def tracked(args, func):
         tags["qerl.train_run_id"] = trained
     tracker = MLflowTracker(experiment, args.mlflow_run_name, uri, tags=tags, parent_run_id=trained)
     try:
-        tracker.log_params({k: v for k, v in vars(args).items() if k not in ("func",) and not k.startswith("mlflow")})
+        params = {k: v for k, v in vars(args).items() if k not in ("func",) and not k.startswith("mlflow")}
+        if params.get("device") == "auto":  # what ran, never `auto` (as a training run's params)
+            import torch
+
+            params["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+        tracker.log_params(params)
         result = func(args) or {}
         tracker.log_metrics(result, step=0)
         for path in artifacts_of(args):

@@ -11,7 +11,7 @@ from pathlib import Path
 from qerl.methods import ROWS, UNTRAINED, label as row_label
 from qerl.readers import number, read_eval_summary, read_json
 from qerl.stages.paper_numbers import TABLE1, TABLE2, TABLE2_BENCHMARKS, TABLE2_ROWS
-from qerl.stages.report_figures import figures, pass1 as _eval, planned_files
+from qerl.stages.report_figures import caption, figures, pass1 as _eval, planned_files
 from qerl.workflow_config import arm_changes, base_method, runs, write_text_atomic
 
 
@@ -128,6 +128,49 @@ def _markdown(title: str, rows: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _html(title: str, rows: list[list[str]], note: str = "") -> str:
+    """The table as a small standalone HTML page (``snakemake --report`` displays HTML files; a CSV it only offers
+    for download)."""
+    import html
+
+    head, *body = rows
+    cell = lambda tag, x: f"<{tag}>{html.escape(str(x))}</{tag}>"  # noqa: E731
+    lines = ['<!doctype html><meta charset="utf-8">',
+             "<style>body{font:13px sans-serif}table{border-collapse:collapse}th,td{border:1px solid #ccc;"
+             "padding:3px 8px;text-align:right}th:first-child,td:first-child{text-align:left}th{background:#f3f3f3}"
+             "</style>", f"<h3>{html.escape(title)}</h3>", "<table>",
+             "<tr>" + "".join(cell("th", h) for h in head) + "</tr>",
+             *("<tr>" + "".join(cell("td", x) for x in r) + "</tr>" for r in body), "</table>"]
+    if note:
+        lines.append(f"<p>{html.escape(note)}</p>")
+    return "\n".join(lines) + "\n"
+
+
+def table1_note(config: dict) -> str:
+    """What Table 1's trained cells rest on: the seeds each is the mean of, and, on one seed, that the ordering is
+    not a ranking (a seed moves trained pass@1 by several points; on the tiny default model by up to ±20)."""
+    t = config.get("report", {}).get("table1", {})
+    algo = t.get("algorithm", "grpo")
+    seeds = sorted({len(v) for v in _seed_counts(config, algo).values()})
+    if not seeds:
+        return ""
+    if seeds == [1]:
+        return ("Each trained cell is one seed. Between seeds a trained pass@1 moves by several points (on the tiny "
+                "default model by up to ±20, reports/default/tolerance.json): methods this close are not ranked by "
+                "this table. Give the experiment `seeds: [0, 1, 2]` for intervals (the arms figure and runs table "
+                "show them).")
+    return (f"Each trained cell is the mean over {', '.join(map(str, seeds))} seed(s); the arms figures give each "
+            "arm's 95% interval over seeds.")
+
+
+def _seed_counts(config: dict, algo: str) -> dict[tuple, list[int]]:
+    out: dict[tuple, list[int]] = {}
+    for r in runs(config):
+        if r.algo == algo:
+            out.setdefault((r.model, r.method, r.dataset), []).append(r.seed)
+    return out
+
+
 def _csv(rows: list[list[str]]) -> str:
     import csv
     import io
@@ -204,9 +247,12 @@ def build_report(config: dict, results: Path, out: Path) -> Path:
         if tab is None:
             continue
         title, rows = tab
-        write_text_atomic(out / f"{tag}.md", _markdown(title, rows))
+        note = table1_note(config) if tag == "table1" else ""
+        md = _markdown(title, rows) + (f"\n{note}\n" if note else "")
+        write_text_atomic(out / f"{tag}.md", md)
         write_text_atomic(out / f"{tag}.csv", _csv(rows))
-        parts += [_markdown(title, rows), f"[{tag}.csv]({tag}.csv)", ""]
+        write_text_atomic(out / f"{tag}.html", _html(title, rows, note))
+        parts += [md, f"[{tag}.csv]({tag}.csv) · [{tag}.html]({tag}.html)", ""]
     parts += ["## Figures", ""]
     made = figures(config, results, out)
     planned = [f.name for f in planned_files(config)]  # (the workflow declares them as the report rule's outputs)
@@ -214,8 +260,10 @@ def build_report(config: dict, results: Path, out: Path) -> Path:
     if stray or missing:
         raise ReportError(f"{out}: the report's files differ from its plan (written, not planned: {sorted(stray)}; "
                           f"planned, not written: {missing}); a defect of qerl.stages.report_figures.planned_files")
-    for p in made:
+    for p in made:  # each figure with its caption (the one `snakemake --report` shows)
         parts += [f"![{p.stem}]({p.name})" if p.suffix == ".png" else f"[{p.name}]({p.name})", ""]
+        if text := caption(config, p.name):
+            parts += [f"*{text}*", ""]
     idx = out / "index.md"
     write_text_atomic(idx, "\n".join(parts))
     return idx

@@ -35,6 +35,22 @@ def groups(config: dict) -> dict[tuple[str, str, str], list]:
     return out
 
 
+def arm_colors(config: dict) -> dict[str, str]:
+    """One colour per arm across every figure of a report (its order in the matrix; tab10, then tab20's lighter
+    shades past ten arms)."""
+    import matplotlib
+
+    arms = list(dict.fromkeys(r.method for r in runs(config)))
+    return {a: f"C{i}" if i < 10 else matplotlib.colormaps["tab20"](2 * (i - 10) % 20 + 1) for i, a in enumerate(arms)}
+
+
+def _legend_outside(fig, ax, fontsize: int = 7) -> None:
+    """The legend of ``ax`` right of the figure, off the data (the figure uses constrained layout)."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside right upper", fontsize=fontsize, frameon=False)
+
+
 def _arms(rs: list) -> dict[str, list]:
     out: dict[str, list] = {}
     for r in rs:
@@ -58,12 +74,10 @@ def planned_files(config: dict) -> list[ReportFile]:
     benches = ev.get("benchmarks", [])
     trained = bool(runs(config))
     files = []
-    if trained:
-        files += [ReportFile("table1.csv", "Tables", "table1"), ReportFile("runs.csv", "Tables", "runs")]
-    if config.get("report", {}).get("table2"):
-        files.append(ReportFile("table2.csv", "Tables", "table2"))
-    if ev.get("base_models") and benches:
-        files.append(ReportFile("bases.csv", "Tables", "bases"))
+    tables = (["table1", "runs"] if trained else []) + (["table2"] if config.get("report", {}).get("table2") else []) \
+        + (["bases"] if ev.get("base_models") and benches else [])
+    for t in tables:  # (the HTML one displays in `snakemake --report`; the CSV is the data)
+        files += [ReportFile(f"{t}.html", "Tables", t), ReportFile(f"{t}.csv", "Tables", t)]
     for (model, dataset, algo), rs in groups(config).items():
         tag = f"{model}_{dataset}_{algo}"
         files.append(ReportFile(f"curves_{tag}.png", "Training curves", "curves"))
@@ -75,6 +89,21 @@ def planned_files(config: dict) -> list[ReportFile]:
     if benches and trained:
         files.append(ReportFile("accuracy.png", "Evaluation", "accuracy"))
     return files
+
+
+CAPTIONS = Path(__file__).resolve().parents[2] / "workflow" / "report"
+
+
+def caption(config: dict, name: str) -> str:
+    """The caption of report file ``name`` (``workflow/report/<caption>.rst``, which ``snakemake --report`` shows) as
+    one Markdown paragraph for index.md; ``""`` where there is none."""
+    import re
+
+    f = next((x for x in planned_files(config) if x.name == name), None)
+    path = CAPTIONS / f"{f.caption}.rst" if f is not None else None
+    if path is None or not path.is_file():
+        return ""
+    return re.sub(r"``([^`]+)``", r"`\1`", " ".join(path.read_text().split()))
 
 
 def _smooth(ys: list[float], alpha: float = 0.3) -> list[float]:
@@ -158,8 +187,9 @@ def arm_rows(config: dict, results: Path, rs: list, bench: str | None) -> list[l
 
 def _arms_figure(plt, config, results, model, dataset, algo, rs, bench, rows):
     """``rows``: :func:`arm_rows` of ``rs`` (the CSV beside the figure), without its header."""
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [3, 2]})
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [3, 2]}, layout="constrained")
     arms = _arms(rs)
+    colour = arm_colors(config)
     for i, (arm, members) in enumerate(arms.items()):
         curves = [[(x["step"], x.get("reward_mean", float("nan"))) for x in _metrics(results, r)] for r in members]
         curves = [c for c in curves if c]
@@ -169,18 +199,19 @@ def _arms_figure(plt, config, results, model, dataset, algo, rs, bench, rows):
         smooth = [dict(zip([s for s, _ in c], _smooth([y for _, y in c]))) for c in curves]
         cols = [[sm[s] for sm in smooth if s in sm and sm[s] == sm[s]] for s in steps]
         mean = [sum(c) / len(c) if c else float("nan") for c in cols]
-        ax.plot(steps, mean, color=f"C{i % 10}", lw=1.6, label=f"{arm} ({len(curves)} seed{'s' * (len(curves) > 1)})")
+        ax.plot(steps, mean, color=colour[arm], lw=1.6, label=f"{arm} ({len(curves)} seed{'s' * (len(curves) > 1)})")
         if len(curves) > 1:
             ax.fill_between(steps, [min(c) if c else float("nan") for c in cols],
-                            [max(c) if c else float("nan") for c in cols], color=f"C{i % 10}", alpha=0.15)
-    ax.set_xlabel("step"), ax.set_ylabel("reward (EMA 0.3)"), ax.grid(alpha=0.3), ax.legend(fontsize=7)
+                            [max(c) if c else float("nan") for c in cols], color=colour[arm], alpha=0.15)
+    ax.set_xlabel("step"), ax.set_ylabel("reward (EMA 0.3)"), ax.grid(alpha=0.3)
+    _legend_outside(fig, ax)
     ax.set_title("reward: mean over seeds (band: their range)")
     labels = [r[0] + ("" if r[6] else "\n(not evaluated)") for r in rows]
     nan = float("nan")
     means = [float(r[6]) if r[6] else nan for r in rows]
     err = [[(float(r[6]) - float(r[7])) if r[7] else nan for r in rows],  # (no interval from one seed: no whisker)
            [(float(r[8]) - float(r[6])) if r[8] else nan for r in rows]]
-    bx.bar(range(len(rows)), means, color=[f"C{i % 10}" for i in range(len(rows))], yerr=err, capsize=4)
+    bx.bar(range(len(rows)), means, color=[colour.get(r[0], "0.5") for r in rows], yerr=err, capsize=4)
     for j, base in enumerate(untrained_bases(config).get(model, []) if bench else []):
         v = pass1(results, f"{model}/{base}/untrained/none/seed0", bench)
         if v is not None:  # (labels alternate ends, so that two close bases stay readable)
@@ -191,7 +222,6 @@ def _arms_figure(plt, config, results, model, dataset, algo, rs, bench, rows):
     bx.set_ylabel(f"{bench} pass@1 (%)" if bench else "pass@1 (%)"), bx.grid(axis="y", alpha=0.3)
     bx.set_title("pass@1: mean over seeds ± 95% (≥ 2 seeds)", fontsize=10)
     fig.suptitle(f"{model} · {dataset} · {algo.upper()}: arms side by side")
-    fig.tight_layout()
     return fig
 
 
@@ -209,23 +239,23 @@ def figures(config: dict, results: Path, out: Path) -> list[Path]:
     for (model, dataset, algo), rs in groups(config).items():
         tag = f"{model}_{dataset}_{algo}"
         arms = list(_arms(rs))
-        fig, axes = plt.subplots(1, len(CURVES), figsize=(4.2 * len(CURVES), 3.4))
+        colour = arm_colors(config)
+        fig, axes = plt.subplots(1, len(CURVES), figsize=(4.2 * len(CURVES) + 1.6, 3.4), layout="constrained")
         for ax, (key, label) in zip(axes, CURVES):
             for r in rs:
                 m = _metrics(results, r)
                 if m:
                     xs, ys = [x["step"] for x in m], [x.get(key, float("nan")) for x in m]
-                    color, first = f"C{arms.index(r.method) % 10}", r is next(x for x in rs if x.method == r.method)
+                    color, first = colour[r.method], r is next(x for x in rs if x.method == r.method)
                     ax.plot(xs, ys, color=color, lw=0.8, alpha=0.3)
                     ax.plot(xs, _smooth(ys), color=color, lw=1.6, label=r.method if first else None,
                             ls=("-", "--", ":", "-.")[[x for x in rs if x.method == r.method].index(r) % 4])
             ax.set_xlabel("step")
             ax.set_title(label)
             ax.grid(alpha=0.3)
-        axes[0].legend(fontsize=8)
+        _legend_outside(fig, axes[0], fontsize=8)
         fig.suptitle(f"{model} · {dataset} · {algo.upper()}  (one colour per arm, one line style per seed; "
                      "faint: per step; bold: EMA 0.3)")
-        fig.tight_layout()
         made.append(_save(plt, fig, out / f"curves_{tag}.png"))
         if len(arms) > 1:
             bench = benches[0] if benches else None
@@ -237,27 +267,32 @@ def figures(config: dict, results: Path, out: Path) -> list[Path]:
                               out / f"arms_{tag}.png"))
     sig = aqn_runs(config, results)
     if sig:
-        fig, ax = plt.subplots(figsize=(5.5, 3.4))
-        for r, m in sig:
+        fig, ax = plt.subplots(figsize=(7.5, 3.4), layout="constrained")
+        colour = arm_colors(config)
+        models = {r.model for r, _ in sig}
+        algos = list(dict.fromkeys(r.algo for r, _ in sig))
+        for r, m in sig:  # the arm's colour, one line style per algorithm; each run its own legend entry
             ax.step([x["step"] for x in m], [x.get("sigma", float("nan")) for x in m], where="post",
-                    label=f"{r.model} · {r.method} s{r.seed}")
+                    color=colour[r.method], ls=("-", "--", ":", "-.")[algos.index(r.algo) % 4],
+                    label=" · ".join([*([r.model] if len(models) > 1 else []), r.method, r.algo.upper(),
+                                      f"seed {r.seed}"]))
         if not any(m for _, m in sig):
             ax.text(0.5, 0.5, "no metrics yet", transform=ax.transAxes, ha="center")
         ax.set_xlabel("step"), ax.set_ylabel("AQN σ"), ax.set_title("AQN noise schedule")
-        ax.grid(alpha=0.3), ax.legend(fontsize=7) if any(m for _, m in sig) else None
-        fig.tight_layout()
+        ax.grid(alpha=0.3)
+        _legend_outside(fig, ax)
         made.append(_save(plt, fig, out / "aqn_sigma.png"))
     if benches and runs(config):
         labels, values = accuracy_bars(config, results, benches)
         nan = float("nan")  # a missing evaluation draws no bar (its label says so), never a bar at 0
         values = {b: [nan if v is None else v for v in vs] for b, vs in values.items()}
-        fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(labels)), 3.8))
+        fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(labels)) + 1.2, 3.8), layout="constrained")
         w = 0.8 / len(benches)
         for i, b in enumerate(benches):
             ax.bar([x + i * w for x in range(len(labels))], values[b], width=w, label=b)
         ax.set_xticks([x + w * (len(benches) - 1) / 2 for x in range(len(labels))], labels, fontsize=7, rotation=30, ha="right")
-        ax.set_ylabel("pass@1 (%)"), ax.set_title("Evaluation"), ax.legend(fontsize=8), ax.grid(axis="y", alpha=0.3)
-        fig.tight_layout()
+        ax.set_ylabel("pass@1 (%)"), ax.set_title("Evaluation"), ax.grid(axis="y", alpha=0.3)
+        _legend_outside(fig, ax, fontsize=8)
         made.append(_save(plt, fig, out / "accuracy.png"))
     return made
 
