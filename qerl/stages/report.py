@@ -21,6 +21,8 @@ def _mean(xs):
 
 
 def _fmt(x) -> str:
+    if isinstance(x, _Spread):
+        return f"{x:.1f} ± {x.half:.1f} (n={x.n})"
     return "—" if x is None else f"{x:.1f}"
 
 
@@ -28,7 +30,23 @@ def _score(config, results, model, method, algo, dataset, bench):
     if method in UNTRAINED:
         return _eval(results, f"{model}/{method}/untrained/none/seed0", bench)
     seeds = [r.seed for r in runs(config) if (r.model, r.method, r.algo, r.dataset) == (model, method, algo, dataset)]
-    return _mean([_eval(results, f"{model}/{method}/{algo}/{dataset}/seed{s}", bench) for s in seeds])
+    got = [x for x in (_eval(results, f"{model}/{method}/{algo}/{dataset}/seed{s}", bench) for s in seeds)
+           if x is not None]
+    if len(got) < 2:
+        return _mean(got)
+    from qerl.stages.report_figures import mean_interval
+
+    mean, low, _ = mean_interval(got)
+    return _Spread(mean, mean - low, len(got))
+
+
+class _Spread(float):
+    """A trained cell over several seeds: the mean, printed with its 95% Student-t half-width and the seed count."""
+
+    def __new__(cls, mean: float, half: float, n: int):
+        obj = super().__new__(cls, mean)
+        obj.half, obj.n = half, n
+        return obj
 
 
 def table1(config: dict, results: Path) -> tuple[str, list[list[str]]]:
@@ -159,8 +177,8 @@ def table1_note(config: dict) -> str:
                 "default model by up to ±20, reports/default/tolerance.json): methods this close are not ranked by "
                 "this table. Give the experiment `seeds: [0, 1, 2]` for intervals (the arms figure and runs table "
                 "show them).")
-    return (f"Each trained cell is the mean over {', '.join(map(str, seeds))} seed(s); the arms figures give each "
-            "arm's 95% interval over seeds.")
+    return (f"Each trained cell is the mean over its seeds ({', '.join(map(str, seeds))}), with a 95% Student-t "
+            "half-width where there are two or more (`± h (n=seeds)`).")
 
 
 def _seed_counts(config: dict, algo: str) -> dict[tuple, list[int]]:

@@ -77,3 +77,15 @@ def test_arms_side_by_side_changes_and_intervals_over_seeds(tmp_path):
     runs_csv = (out / "runs.csv").read_text().splitlines()
     assert runs_csv[0].startswith("model,method,base method,changes,") and "sigma_hi,qerl,aqn.sigma_start 0.05" in \
         "\n".join(runs_csv)
+    # Table 1 over two seeds: each trained cell's mean with its 95% half-width and seed count; one seed: the mean,
+    # with the caveat that one seed does not rank methods; the tables also as HTML (snakemake --report shows them)
+    from qerl.stages.report import table1, table1_note
+
+    cfg1 = {**cfg, "report": {"table1": {"benchmark": "b", "algorithm": "grpo", "dataset": "d"}}}
+    _, t1 = table1(cfg1, res)
+    cell = {r[0]: r[1] for r in t1[1:]}
+    assert cell["NVFP4 LoRA + AQN (QeRL)"] == f"30.0 ± {half:.1f} (n=2)" and cell["bf16 LoRA"] == "50.0"
+    assert "95% Student-t half-width" in table1_note(cfg1)
+    one = {**cfg1, "experiments": [{**cfg1["experiments"][0], "seeds": [0]}]}
+    assert "Each trained cell is one seed" in table1_note(one) and "not ranked" in table1_note(one)
+    assert "<table>" in (out / "runs.html").read_text() and "sigma_hi" in (out / "runs.html").read_text()

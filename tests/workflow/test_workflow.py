@@ -738,3 +738,21 @@ def test_a_slurm_profile_with_a_missing_partition_stops_before_any_job(tmp_path)
     assert "SLURM partition 'no-such-partition' (default-resources slurm_partition) is not a partition of this " \
            "cluster; sinfo lists:" in said, said[-2000:]
     assert set(_slurm_jobs()) == known and not (other / "results/models").exists()
+
+
+def test_the_readmes_paper_commands_plan_the_matrix(tmp_path):
+    """The README's commands for the paper, as printed (each as a dry run, in an empty directory): the matrix plans
+    on one 8-GPU box and through the SLURM profile (where SLURM runs here; CI always)."""
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"```bash\npip install -e \"\.\[gpu,slurm\]\".*?```", readme, re.S).group(0)
+    commands = [shlex.split(line, comments=True) for line in block.splitlines() if line.startswith("snakemake ")]
+    assert len(commands) == 3 and any("workflow/profiles/slurm" in c for c in commands)
+    for cmd in commands:
+        if "workflow/profiles/slurm" in cmd:
+            _need_slurm()
+            cmd = [*cmd, "--slurm-status-command", "squeue"]
+        args = [a if not a.startswith("config/") else str(ROOT / a) for a in cmd[1:]]
+        if "workflow/profiles/slurm" in cmd:
+            args[args.index("workflow/profiles/slurm")] = str(ROOT / "workflow/profiles/slurm")
+        out = snakemake(*args, *([] if "-n" in args else ["-n"]), "--directory", str(tmp_path))
+        assert _jobs(out.stdout + out.stderr)["train"] == 20, cmd
