@@ -465,6 +465,8 @@ def read_workflow_config(paths: list[str | Path] | str | Path, flag: str = "--co
             keys = [r["required"][0] for r in err.validator_value["anyOf"] if r["required"][0] in err.instance]
             what = (f"{', '.join(keys)} {'is' if len(keys) == 1 else 'are'} not read for source "
                     f"{err.instance.get('source')!r} (it would be silently ignored): remove {'it' if len(keys) == 1 else 'them'}")
+        if err.validator == "required" and isinstance(err.instance, dict) and "source" in err.instance:
+            what = f"{what} for source {err.instance['source']!r}"
         unread = err.validator == "not" and isinstance(err.instance, dict) and "anyOf" in err.validator_value
         raise (UnreadKeyError if unread else ConfigFileError)(f"{flag} {' '.join(map(str, paths))}: {where}: {what}")
     try:

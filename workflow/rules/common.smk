@@ -36,12 +36,12 @@ def _strict_configfiles():
     for note in settle_models(config, layers):
         if workflow.is_main_process:
             print(f"qerl: {note}", file=sys.stderr)
-    try:
+    try:  # the merged config against the schema: the first problem in one line (file(s), key path, what is wrong)
         wc.read_workflow_config(getattr(workflow, "configfiles", None) or [])
-    except wc.UnreadKeyError as e:  # (other schema errors: snakemake's own report below says them, at length)
+    except wc.UnreadableFileError:
+        pass  # (snakemake reports unreadable files itself)
+    except wc.ConfigFileError as e:
         raise WorkflowError(str(e).removeprefix("--configfile ")) from None
-    except wc.ConfigFileError:
-        pass
 
 
 _strict_configfiles()
