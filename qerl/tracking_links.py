@@ -83,7 +83,8 @@ def link_report_runs(tracking_uri: str, experiment: str, config: dict, results: 
 def describe(config: dict) -> str:
     """What a configuration compares, in a few Markdown lines (its invocation run's description in MLflow): per
     experiment block the models, datasets, algorithms and seeds, and each arm with what it changes."""
-    from qerl.workflow_config import arm_changes, base_method, untrained_bases
+    from qerl.variants import arm_changes
+    from qerl.workflow_config import base_method, untrained_bases
 
     lines = [f"Configuration `{config.get('configuration', 'default')}`: what its report compares."]
     for block in config.get("experiments", []):

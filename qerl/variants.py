@@ -5,11 +5,27 @@ already says ``sigma_start: 0.05`` retrains the ``qerl`` baseline under a new na
 "changes aqn.sigma_start 0.05". A plain variant all of whose overrides are the base's own values, trained beside the base
 method itself, is refused; a sweep's point that lands on the base's value (a grid arm, or a variant whose base is not
 in the matrix) is kept, with a note; either way the report's ``changes`` column lists only what differs
-(:func:`qerl.workflow_config.arm_changes`).
+(:func:`arm_changes`).
 """
 from __future__ import annotations
 
 import dataclasses
+
+
+def arm_changes(config: dict, method: str) -> str:
+    """What an arm changes against its base method, flattened (``"aqn.sigma_start 0.01; lora.r 8"``); ``""`` for a
+    base method itself. (``method_overrides`` apply to the base method and its variants alike: not a change; nor is
+    an override equal to what the base method trains with, :func:`unchanged_keys`: a sweep's point on the base's own
+    value reads ``none (optim.lr 0.0001: lora's own)``.)"""
+    from qerl.tracking import flatten
+    from qerl.workflow_config import base_method
+
+    over = config.get("variants", {}).get(method, {}).get("overrides") or {}
+    same = set(unchanged_keys(config, method)) if over else set()
+    flat = flatten(over)
+    if flat and same == set(flat):
+        return f"none ({'; '.join(f'{k} {v}' for k, v in flat.items())}: {base_method(config, method)}'s own)"
+    return "; ".join(f"{k} {v}" for k, v in flat.items() if k not in same)
 
 
 def _first_run(config: dict, arm: str):

@@ -34,21 +34,6 @@ def uses_nvfp4(config: dict, method: str) -> bool:
     return base_method(config, method) in NVFP4_METHODS
 
 
-def arm_changes(config: dict, method: str) -> str:
-    """What an arm changes against its base method, flattened (``"aqn.sigma_start 0.01; lora.r 8"``); ``""`` for a
-    base method itself. (``method_overrides`` apply to the base method and its variants alike: not a change; nor is
-    an override equal to what the base method trains with, :func:`qerl.variants.unchanged_keys`.)"""
-    from qerl.tracking import flatten
-    from qerl.variants import unchanged_keys
-
-    over = config.get("variants", {}).get(method, {}).get("overrides") or {}
-    same = set(unchanged_keys(config, method)) if over else set()
-    flat = flatten(over)
-    if flat and same == set(flat):  # a sweep's point on the base's own value
-        return f"none ({'; '.join(f'{k} {v}' for k, v in flat.items())}: {base_method(config, method)}'s own)"
-    return "; ".join(f"{k} {v}" for k, v in flat.items() if k not in same)
-
-
 def aqn_on(config: dict, run: "Run") -> bool:
     """Whether ``run`` trains with AQN: its resolved ``aqn.enabled``, or (``auto``) its base method's choice."""
     from qerl.methods import aqn_on as _aqn_on

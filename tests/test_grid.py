@@ -4,7 +4,8 @@ in a grid key or a value that makes no name is one line naming it."""
 import pytest
 
 from qerl.train.config import read_workflow_config_checked
-from qerl.workflow_config import ConfigFileError, arm_changes, runs, train_config
+from qerl.variants import arm_changes
+from qerl.workflow_config import ConfigFileError, runs, train_config
 
 BASE = """configuration: sweep
 models: {m: {source: tiny}}

@@ -96,7 +96,7 @@ def test_the_workflow_runs_the_locked_commits_with_the_hub_off(tmp_path, fake_hu
     env = {**os.environ, "PATH": "/usr/local/bin:/usr/bin:/bin"}
     env.pop("MLFLOW_TRACKING_URI", None)
     cmd = [str(Path(sys.executable).parent / "snakemake"), "--snakefile", str(ROOT / "Snakefile"), "--configfile",
-           str(PAPER), str(over), "--cores", "4", "--directory", str(tmp_path), "-n", "-p"]
+           str(PAPER), str(PAPER.parent / "resources/gpus8.yaml"), str(over), "--cores", "4", "--directory", str(tmp_path), "-n", "-p"]
     out = subprocess.run(cmd + ["--forcerun", "download_model", "evaluate_trained"], env=env, capture_output=True,
                          text=True)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -62,7 +62,7 @@ def test_one_reader_of_workflow_configs(tmp_path):
         "typo.yaml": ("models: {tiny-qwen2: {source: tiny, revison: main}}\n",
                       "unknown key 'models.tiny-qwen2.revison' (did you mean 'revision'?)"),
         "gguf.yaml": ("models: {tiny-qwen2: {source: gguf, path: m.gguf, sft_steps: 5, seed: 1}}\n",
-                      "models.tiny-qwen2: seed, sft_steps, arch are not read for source 'gguf'"),
+                      "models.tiny-qwen2: seed, sft_steps are not read for source 'gguf'"),
         "hub.yaml": ("models: {tiny-qwen2: {source: hub, hub_id: a/b}}\n", "'revision' is a required property"),
     }
     for name, (text, message) in cases.items():

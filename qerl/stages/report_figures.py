@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qerl.readers import InputFileError, is_number, read_eval_summary, read_jsonl
-from qerl.workflow_config import aqn_on, arm_changes, atomic_open, base_method, runs, untrained_bases
+from qerl.variants import arm_changes
+from qerl.workflow_config import aqn_on, atomic_open, base_method, runs, untrained_bases
 
 CURVES = (("reward_mean", "reward"), ("accuracy", "accuracy"), ("entropy", "policy entropy"),
           ("response_len_mean", "response length (tokens)"))

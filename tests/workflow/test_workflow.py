@@ -172,8 +172,13 @@ def test_a_local_run_keeps_gpu_jobs_within_the_visible_gpus(tmp_path, monkeypatc
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert wc.visible_gpus() == 0 and wc.local_gpus({}, paper) is None
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    args = ("--configfile", str(ROOT / "config/paper.yaml"), "--cores", "2", "--directory", str(tmp_path), "-n", "-p",
-            "--forcerun", "train")
+    import yaml
+
+    table1 = tmp_path / "table1.yaml"  # the paper's Table 1 runs: one GPU each
+    table1.write_text(yaml.safe_dump({"experiments": yaml.safe_load((ROOT / "config/paper.yaml").read_text())
+                                      ["experiments"][:1]}))
+    args = ("--configfile", str(ROOT / "config/paper.yaml"), str(table1), "--cores", "2", "--directory",
+            str(tmp_path), "-n", "-p", "--forcerun", "train")
     out = snakemake(*args)
     assert "qerl: local run on 2 visible GPU(s): GPU jobs use at most 2 at a time, each its own" in out.stderr
     assert "QERL_CLAIM_GPUS=1 qerl train --config" in out.stdout
