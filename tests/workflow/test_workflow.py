@@ -395,6 +395,7 @@ def test_default_workflow_tracking_reruns_and_an_ablation(default_run):
     snakemake("--report", "report.html", cwd=repo)
     html = (repo / "report.html").read_text(errors="replace")
     assert "arms_tiny-qwen2_synthetic_grpo.png" in html and "runs.csv" in html and "side by side" in html
+    assert "table1.html" in html and "runs.html" in html  # (shown as tables; a CSV is only offered for download)
     # 6. a second `make run` does nothing; a broken config stops before any job and loses nothing
     before = _outputs(repo)
     again = make_run(repo)
