@@ -729,7 +729,7 @@ def test_the_default_workflow_on_a_real_slurm_cluster(default_run, tmp_path):
     # 4. a rerun submits nothing
     again = snakemake(*SLURM, *targets, cwd=other)
     assert "Nothing to be done" in again.stdout + again.stderr
-    assert set(_slurm_jobs()) == set(ours) | known
+    assert not set(_slurm_jobs()) - set(ours) - known  # no new job (old ones may age out: MinJobAge)
 
 
 def test_a_slurm_profile_with_a_missing_partition_stops_before_any_job(tmp_path):
@@ -743,7 +743,7 @@ def test_a_slurm_profile_with_a_missing_partition_stops_before_any_job(tmp_path)
     assert out.returncode != 0
     assert "SLURM partition 'no-such-partition' (default-resources slurm_partition) is not a partition of this " \
            "cluster; sinfo lists:" in said, said[-2000:]
-    assert set(_slurm_jobs()) == known and not (other / "results/models").exists()
+    assert not set(_slurm_jobs()) - known and not (other / "results/models").exists()
 
 
 def test_the_readmes_paper_commands_plan_the_matrix(tmp_path):
