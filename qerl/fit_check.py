@@ -3,7 +3,7 @@ given, by the memory planner ``qerl train`` itself applies on a GPU (:func:`qerl
 
 A job is planned where its model's size is known without downloading it: a ``paper_column`` (the Qwen2.5 sizes of the
 paper's tables) or a local model directory's ``config.json``. It runs on ``resources.train.gpu`` GPUs (one process
-each) of ``resources.gpu_gb`` GB (default 80, the paper's H100). One that does not fit is named with what it needs,
+each) of ``resources.gpu_gb`` GB (default 80). One that does not fit is named with what it needs,
 and with the shipped overlay that fixes it (``config/resources/gpus8.yaml``: 8 GPUs, FSDP for the full method) when
 that one does; otherwise with the planner's advice.
 """

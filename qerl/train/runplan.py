@@ -50,9 +50,10 @@ def _offload(mode: str, device: str, memory: dict | None) -> bool:
     return mode == "rollout" or (device == "cuda" and memory is not None and bool(memory["offload"]))
 
 
-def _eight_bit(mode, device: str) -> str:
+def eight_bit(mode, device: str) -> str:
     """``optim.eight_bit`` as the run applies it, ``"true"`` / ``"false"``: ``auto`` is bitsandbytes' 8-bit AdamW on
-    a GPU where bitsandbytes is installed (:func:`qerl.train.steps.make_optimizer`'s rule)."""
+    a GPU where bitsandbytes is installed. The one rule (:func:`resolve` writes it into a run's config;
+    :func:`qerl.train.steps.make_optimizer` applies it)."""
     import importlib.util
 
     if str(mode).lower() != "auto":
@@ -129,7 +130,7 @@ def resolve(cfg, device: str, world: int = 1, model_dir: str | Path | None = Non
         keep = keep_engine_cache(cfg, world, memory)
     offload = _offload(cfg.optim.offload, device, memory)
     aqn = aqn_enabled(cfg.aqn, method.aqn)
-    if str(cfg.optim.eight_bit).lower() == "auto" and device == "cuda" and _eight_bit("auto", device) == "false":
+    if str(cfg.optim.eight_bit).lower() == "auto" and device == "cuda" and eight_bit("auto", device) == "false":
         notes.append("optim.eight_bit=auto: bitsandbytes is not installed; using torch AdamW (fp32 states)")
     # every decision written back: config.json, MLflow and the start line hold what the run does, never `auto`
     # (on a GPU, rollout.engine auto -- the engine where it runs the model -- and packed_sequences auto -- each
@@ -143,7 +144,7 @@ def resolve(cfg, device: str, world: int = 1, model_dir: str | Path | None = Non
                                   engine="reference" if cfg.rollout.engine == "auto" and device != "cuda"
                                   else cfg.rollout.engine),
                               optim=dataclasses.replace(cfg.optim, offload="rollout" if offload else "none",
-                                                        eight_bit=_eight_bit(cfg.optim.eight_bit, device)))
+                                                        eight_bit=eight_bit(cfg.optim.eight_bit, device)))
     plan = RunPlan(device, world, cfg.micro_batch_size, bool(cfg.dense_update), ckpt, shard, keep, offload,
                    aqn, tuple(notes), cfg.micro_batch_tokens)
     return cfg, plan, memory

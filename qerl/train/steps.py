@@ -239,21 +239,14 @@ def warmup_cosine(optimizer, warmup: int, total: int, min_ratio: float):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def _has_bitsandbytes() -> bool:
-    import importlib.util
-
-    if importlib.util.find_spec("bitsandbytes") is None:
-        print("optim.eight_bit=auto: bitsandbytes is not installed; using torch AdamW (fp32 states)")
-        return False
-    return True
-
-
 def make_optimizer(params, o, device: torch.device, shard: bool = False, foreach: bool | None = None):
     """AdamW (bitsandbytes' 8-bit one where ``o.eight_bit`` says so) over ``params`` (tensors, or param-group
     dicts). ``shard``: under torch.distributed, wrapped in :class:`torch.distributed.optim.ZeroRedundancyOptimizer`
     — each rank keeps and updates the states of its partition of ``params`` and broadcasts the updated values (the
     same step as one AdamW over all of them). ``foreach``: torch AdamW's multi-tensor path (default: on CUDA)."""
-    eight = o.eight_bit == "true" or (o.eight_bit == "auto" and device.type == "cuda" and _has_bitsandbytes())
+    from qerl.train.runplan import eight_bit
+
+    eight = eight_bit(o.eight_bit, device.type) == "true"  # (a run's config arrives resolved: qerl.train.runplan)
     if eight:
         import bitsandbytes as bnb
 
