@@ -50,17 +50,6 @@ def _offload(mode: str, device: str, memory: dict | None) -> bool:
     return mode == "rollout" or (device == "cuda" and memory is not None and bool(memory["offload"]))
 
 
-def eight_bit(mode, device: str) -> str:
-    """``optim.eight_bit`` as the run applies it, ``"true"`` / ``"false"``: ``auto`` is bitsandbytes' 8-bit AdamW on
-    a GPU where bitsandbytes is installed. The one rule (:func:`resolve` writes it into a run's config;
-    :func:`qerl.train.steps.make_optimizer` applies it)."""
-    import importlib.util
-
-    if str(mode).lower() != "auto":
-        return str(mode).lower()
-    return "true" if device == "cuda" and importlib.util.find_spec("bitsandbytes") is not None else "false"
-
-
 def _memory(cfg, world: int, config_path: Path) -> tuple[dict | None, list[str]]:
     """The memory planner's verdict for a local model (raises where the run cannot fit) and what it says."""
     from qerl.train.plan import check_fits
@@ -128,6 +117,8 @@ def resolve(cfg, device: str, world: int = 1, model_dir: str | Path | None = Non
         from qerl.train.plan import keep_engine_cache
 
         keep = keep_engine_cache(cfg, world, memory)
+    from qerl.train.steps import eight_bit
+
     offload = _offload(cfg.optim.offload, device, memory)
     aqn = aqn_enabled(cfg.aqn, method.aqn)
     if str(cfg.optim.eight_bit).lower() == "auto" and device == "cuda" and eight_bit("auto", device) == "false":

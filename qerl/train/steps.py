@@ -239,13 +239,22 @@ def warmup_cosine(optimizer, warmup: int, total: int, min_ratio: float):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def eight_bit(mode, device: str) -> str:
+    """``optim.eight_bit`` as the run applies it, ``"true"`` / ``"false"``: ``auto`` is bitsandbytes' 8-bit AdamW on
+    a GPU where bitsandbytes is installed. The one rule (:func:`qerl.train.runplan.resolve` writes it into a run's
+    config; :func:`make_optimizer` applies it)."""
+    import importlib.util
+
+    if str(mode).lower() != "auto":
+        return str(mode).lower()
+    return "true" if device == "cuda" and importlib.util.find_spec("bitsandbytes") is not None else "false"
+
+
 def make_optimizer(params, o, device: torch.device, shard: bool = False, foreach: bool | None = None):
     """AdamW (bitsandbytes' 8-bit one where ``o.eight_bit`` says so) over ``params`` (tensors, or param-group
     dicts). ``shard``: under torch.distributed, wrapped in :class:`torch.distributed.optim.ZeroRedundancyOptimizer`
     — each rank keeps and updates the states of its partition of ``params`` and broadcasts the updated values (the
     same step as one AdamW over all of them). ``foreach``: torch AdamW's multi-tensor path (default: on CUDA)."""
-    from qerl.train.runplan import eight_bit
-
     eight = eight_bit(o.eight_bit, device.type) == "true"  # (a run's config arrives resolved: qerl.train.runplan)
     if eight:
         import bitsandbytes as bnb
