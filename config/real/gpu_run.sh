@@ -38,7 +38,6 @@ if [ -d .whl ] && [ ! -f "$SITE/.installed" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
     && touch "$SITE/.installed" || { echo "wheel install failed"; exit 1; }
 fi
-ln -sfn "$ROOT/kernels" "$SITE/qerl_kernels"
 export PYTHONPATH="$ROOT:$SITE" PATH="$SITE/bin:$PATH" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4} HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 for d in .parts*/; do [ -d "$d" ] && cp -f "$d"* "$PARTS/"; done

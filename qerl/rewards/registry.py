@@ -43,7 +43,8 @@ def _math(settings: RewardSettings) -> RewardFn:
     verifier = MathVerifier(timeout=settings.timeout)
 
     def reward(completion: str, gold: str) -> float:
-        return 1.0 if verifier(gold, strip_units(extract_answer(completion, settings.extraction))) else 0.0
+        # both sides lose a currency sign / unit words (MATH500 holds golds such as "\\$18.90")
+        return 1.0 if verifier(strip_units(gold), strip_units(extract_answer(completion, settings.extraction))) else 0.0
 
     reward.verifier = verifier
     return reward
