@@ -142,7 +142,7 @@ def add_claims(sub) -> None:
                                    "adapter sha256, device, step time, GPU-hours), pass@1 per method with 95% "
                                    "bootstrap intervals over problems and seeds, training curves with 95% bands over "
                                    "seeds, and the paper's claims (a) accuracy, (b) reward growth, (c1)/(c2) entropy, "
-                                   "(d) step time, each marked confirmed, refuted or inconclusive under the decision "
+                                   "(d) step time, each marked confirmed, refuted, inconclusive or not judged under the decision "
                                    "rule claims.md states. From --results, or from committed --evidence alone; "
                                    "--pack writes that evidence, --sweep a learning-rate sweep's table. A bases-only "
                                    "config (experiments: [], evaluation.base_models; config/real/bases.yaml) gives "
@@ -158,8 +158,12 @@ def add_claims(sub) -> None:
     c.add_argument("--benchmark", default=None, help="benchmark to compare on (default: report.table1's)")
     c.add_argument("--timing", nargs="*", default=[], metavar="METHOD=FILE",
                    help="step times for claim (d) from runs that had the GPU to themselves: METHOD=metrics.jsonl, one "
-                        "per timed run (3 or more a method give an interval), or METHOD=step_alone.csv of an earlier "
+                        "per timed run (5 or more a method are judged: a t-interval over runs), or "
+                        "METHOD=step_alone.csv of an earlier "
                         "report (workflow runs that shared GPUs do not time fairly)")
+    c.add_argument("--matched-rate", metavar="DIR", type=Path,
+                   help="an evidence directory of runs of NVFP4 LoRA and bf16 LoRA at one common learning rate "
+                        "(config/real/matched_rate.yaml): claim (c1) is judged on them, where the rate cannot enter")
     c.add_argument("--step-table", nargs="*", default=[], type=Path, metavar="CSV",
                    help="reports/step/<device>.csv tables: claim (d) also at 7B-32B, where the paper makes it (bf16 "
                         "LoRA / QeRL step time per model and batch)")
@@ -219,7 +223,14 @@ def run_claims(args) -> int:
             print(f"wrote {args.output}/lr_sweep.csv")
             return 0
         timing = read_timing(args.timing) or None
-        result = build(config, results, Path(args.output), args.benchmark, timing, args.step_table or None)
+        matched = None
+        if args.matched_rate:
+            from qerl.stages.evidence import unpack
+
+            mdir = Path(tmp) / "matched-rate"
+            matched = (unpack(args.matched_rate, mdir), mdir)
+        result = build(config, results, Path(args.output), args.benchmark, timing, args.step_table or None,
+                       matched)
     for c in result["claims"]:
         print(f"{c['verdict']:>12}  {c['claim']}")
     print(f"wrote {args.output}/claims.md ({result['runs']} runs)")

@@ -31,18 +31,28 @@ from pathlib import Path
 
 from qerl.methods import base_of, label as method_label
 from qerl.readers import is_number, read_eval_summary, read_jsonl
+from qerl.stages.stats import BOOT, boot_diff, boot_mean, boot_seeds, pct as _pct, welch_log_ratio
 from qerl.workflow_config import base_method, runs, train_config
 
-BOOT = 2000
 REFERENCE = "lora"
 MARGIN = 0.02  # non-inferiority margin of an accuracy claim: 2 points of pass@1
-RULE = (f"**Decision rule.** Intervals are 95% percentile bootstraps ({BOOT} resamples, fixed seed) that resample "
-        "seeds and problems together (paired by problem where two methods are compared). An accuracy difference "
-        f"*exceeds* when its interval lies above 0, *matches* when it lies above -{100 * MARGIN:g} points (non-"
-        f"inferior within that margin), *falls short* when it lies below -{100 * MARGIN:g}, and is *inconclusive* "
-        "otherwise; claim (a) is confirmed by *exceeds* or *matches* and refuted by *falls short*. Every other claim "
-        "is confirmed or refuted only when its interval excludes 0 (the step time: a ratio beyond 5% in every seed "
-        "pair). A NaN or missing value stops the report with the run named; it is never a verdict.")
+BORDERLINE = 0.005  # an accuracy interval's end this close to 0 or -MARGIN (0.5 points) is called borderline
+RULE = (f"**Decision rule.** Every interval is at the level its data are independent at. Accuracy: 95% percentile "
+        f"bootstraps ({BOOT} resamples, fixed seed) that resample seeds and problems together (paired by problem "
+        "where two methods are compared). An accuracy difference *exceeds* when its interval lies above 0, *matches* "
+        f"when it lies above -{100 * MARGIN:g} points (non-inferior within that margin), *falls short* when it lies "
+        f"below -{100 * MARGIN:g}, and is *inconclusive* otherwise; claim (a) is confirmed by *exceeds* or *matches* "
+        "and refuted by *falls short*, and a verdict whose interval ends within "
+        f"{100 * BORDERLINE:g} points of 0 or -{100 * MARGIN:g} is marked *borderline*. Curves ((b), (c1), (c2)): one "
+        "value a run (its steps stay together: a window mean), each arm's seeds resampled on their own (a bootstrap "
+        f"of {BOOT}, fixed seed), at least 2 seeds an arm, else *not judged*; confirmed or refuted only when the "
+        "interval excludes 0. (c1) is judged where the learning rate cannot enter: NVFP4 LoRA against bf16 LoRA at one "
+        "common rate over the early window where such runs exist, else at step 1 (the rollout before any update); an "
+        "early window of runs at different rates is shown, never judged. Step time (d): one median a run (step 1 left "
+        "out), the ratio of the geometric means, bf16 LoRA / QeRL, with a 95% Welch t-interval on the logs, over at "
+        "least 5 runs a method that had the GPU to themselves (else *not judged*); confirmed when the interval lies "
+        "above 1.05, refuted when it lies below 0.95. A NaN or missing value stops the report with the run named; it "
+        "is never a verdict.")
 
 
 class ClaimsError(ValueError):
@@ -139,6 +149,28 @@ def collect(config: dict, results: Path, benchmark: str | None = None) -> tuple[
     return out, meta
 
 
+def collect_curves(config: dict, results: Path) -> list[RunData]:
+    """The training runs (metrics alone, no evaluation needed) of a config's first (dataset, algorithm): the curves a
+    second configuration contributes to a curve claim (``--matched-rate``)."""
+    all_runs = runs(config)
+    out = []
+    for r in all_runs:
+        if (r.dataset, r.algo) != (all_runs[0].dataset, all_runs[0].algo):
+            continue
+        mfile = results / "train" / r.path / "metrics.jsonl"
+        if not mfile.is_file():
+            continue
+        metrics = _read_jsonl(mfile)
+        _check_finite(r.path, metrics, {"pass@1": 0.0}, None)
+        lr = (train_config(config, r).get("optim") or {}).get("lr")
+        out.append(RunData(arm(r.method, r.model, all_runs[0].model), r.seed, metrics, {}, None, [], r.model,
+                           float(lr) if lr is not None else None))
+    if not out:
+        raise ClaimsError(f"{results}: no training run of configuration {config.get('configuration')!r} "
+                          "(train/**/metrics.jsonl)")
+    return out
+
+
 # -- statistics -------------------------------------------------------------------------------------------------
 def _by_method(data: list[RunData]) -> dict[str, list[RunData]]:
     out: dict[str, list[RunData]] = {}
@@ -147,54 +179,6 @@ def _by_method(data: list[RunData]) -> dict[str, list[RunData]]:
     for v in out.values():
         v.sort(key=lambda d: d.seed)
     return out
-
-
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    k = (len(xs) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-
-def boot_mean(scores: list[list[float]], seed: int = 0) -> tuple[float, float, float]:
-    """Mean of ``scores[seed][problem]`` and its 95% percentile interval, resampling seeds and problems."""
-    rng = random.Random(seed)
-    n_s, n_p = len(scores), len(scores[0])
-    mean = sum(map(sum, scores)) / (n_s * n_p)
-    stats = []
-    for _ in range(BOOT):
-        ss = [rng.randrange(n_s) for _ in range(n_s)]
-        pp = [rng.randrange(n_p) for _ in range(n_p)]
-        stats.append(sum(scores[s][p] for s in ss for p in pp) / (n_s * n_p))
-    return mean, _pct(stats, 0.025), _pct(stats, 0.975)
-
-
-def boot_diff(a: list[list[float]], b: list[list[float]], seed: int = 0) -> tuple[float, float, float]:
-    """Mean of ``a`` minus mean of ``b`` (same problems; seeds paired by position) and its 95% interval."""
-    rng = random.Random(seed)
-    n_s, n_p = min(len(a), len(b)), len(a[0])
-    if len(b[0]) != n_p:
-        raise ClaimsError(f"methods were evaluated on different problem counts ({n_p} vs {len(b[0])})")
-
-    def diff(ss, pp):
-        return sum(a[s][p] - b[s][p] for s in ss for p in pp) / (len(ss) * len(pp))
-
-    stats = []
-    for _ in range(BOOT):
-        stats.append(diff([rng.randrange(n_s) for _ in range(n_s)], [rng.randrange(n_p) for _ in range(n_p)]))
-    return diff(range(n_s), range(n_p)), _pct(stats, 0.025), _pct(stats, 0.975)
-
-
-def boot_ratio(num: list[float], den: list[float], seed: int = 0) -> tuple[float, float, float]:
-    """mean(``num``) / mean(``den``) (two independent sets of runs) and its 95% percentile interval, resampling
-    each set's runs."""
-    rng = random.Random(seed)
-
-    def ratio(a, b):
-        return (sum(a) / len(a)) / (sum(b) / len(b))
-
-    stats = [ratio([rng.choice(num) for _ in num], [rng.choice(den) for _ in den]) for _ in range(BOOT)]
-    return ratio(num, den), _pct(stats, 0.025), _pct(stats, 0.975)
 
 
 def _series(d: RunData, key: str) -> list[float]:
@@ -221,14 +205,6 @@ def early_noise_window(d: RunData) -> tuple[int, int]:
         n = len(d.metrics)
         return int(0.1 * n), int(0.4 * n)
     return on, min(len(sig), on + max(1, int(0.3 * len(sig))))
-
-
-def boot_steps(a: list[float], b: list[float], seed: int = 0) -> tuple[float, float, float]:
-    """mean(a) - mean(b) over steps and its 95% interval, resampling steps (a and b independently)."""
-    rng = random.Random(seed)
-    diff = sum(a) / len(a) - sum(b) / len(b)
-    stats = [sum(rng.choice(a) for _ in a) / len(a) - sum(rng.choice(b) for _ in b) / len(b) for _ in range(BOOT)]
-    return diff, _pct(stats, 0.025), _pct(stats, 0.975)
 
 
 def accuracy_verdict(lo: float, hi: float, margin: float = MARGIN) -> str:
@@ -354,16 +330,19 @@ def accuracy_claim(config: dict, name: str, arm_runs: list[RunData], lora: list[
                 f"difference of the gains {_pts(*g)}")
     title = ("(a) QeRL reaches at least bf16 LoRA's accuracy" if name == "qerl" else
              f"(a) also: {label(config, name)} against bf16 LoRA")
-    return {"claim": title, "verdict": verdict,
+    near = min(abs(x - m) for x in (dlo, dhi) for m in (0.0, -MARGIN))
+    return {"claim": title, "verdict": verdict, "borderline": near < BORDERLINE,
             "numbers": f"pass@1 {100 * qm:.1f} vs {100 * lm:.1f}; difference {_pts(dm, dlo, dhi)} (problems x "
                        f"seeds): {how} (margin -{100 * MARGIN:g}){gain}"}
 
 
-def claims(data: list[RunData], config: dict, timing: dict[str, list[list[dict]]] | None = None) -> list[dict]:
+def claims(data: list[RunData], config: dict, timing: dict[str, list[list[dict]]] | None = None,
+           matched: tuple[dict, dict[str, list[RunData]]] | None = None) -> list[dict]:
     """The paper's four claims checked on these runs: ``{"claim", "verdict", "numbers"}`` each. ``timing``: method ->
     metrics of a run that had its GPU to itself (``--timing``), the step times of claim (d); without it the
     workflow runs' own step times are used, and when those runs shared GPUs (``resources.jobs_per_gpu`` > 1) the
-    claim stays inconclusive."""
+    claim is not judged. ``matched``: another configuration's ``(config, runs by arm)`` holding NVFP4 LoRA and bf16
+    LoRA at one rate, where claim (c1) is judged (:func:`format_entropy_claim`)."""
     by = _by_method(data)
     out = []
     qerl, lora = by.get("qerl"), by.get(REFERENCE)
@@ -376,86 +355,178 @@ def claims(data: list[RunData], config: dict, timing: dict[str, list[list[dict]]
     qerl_arms = ["qerl"] + [a for a in by if a != "qerl" and base_method(config, arm_method(a)) == "qerl"]
     for name in qerl_arms:
         out.append(accuracy_claim(config, name, by[name], lora))
-    # (b) reward growth: mean reward of the last 20% of steps minus the first 20%, per seed
+    # (b) reward growth: mean reward of the last 20% of steps minus the first 20%, one value a run
+    out.append(growth_claim(qerl, lora))
+    # (c) entropy early. Two halves: NVFP4's own rounding noise against bf16 (no AQN), then AQN against none
+    out.append(format_entropy_claim(config, by, matched))
+    pairs = [("qerl", "nvfp4_lora"), *[(v, base_method(config, v)) for v in by if v in config.get("variants", {})
+                                       and config["variants"][v].get("overrides") == {"aqn": {"enabled": True}}]]
+    found = [x for w, wo in pairs if w in by and wo in by and (x := early_entropy(config, by[w], by[wo]))]
+    verdicts = {v for v, _ in found}
+    out.append({"claim": "(c2) AQN raises policy entropy early in training",
+                "verdict": verdicts.pop() if len(verdicts) == 1 else "inconclusive",
+                "numbers": "; ".join(t for _, t in found) or "no run pair to compare"})
+    out.append(step_time_claim(config, data, qerl, lora, timing))
+    return out
+
+
+NOT_JUDGED = "not judged"
+MIN_SEEDS = 2  # a curve claim's runs a method (a seed-level interval)
+MIN_TIMED_RUNS = 5  # claim (d)'s timed runs a method (a t-interval over runs)
+
+
+def _few_seeds(what: str, *arms: list[RunData]) -> str | None:
+    """The message of a curve claim that cannot be judged: an arm with fewer than :data:`MIN_SEEDS` runs."""
+    short = [f"{ds[0].method} has {len(ds)} run(s)" for ds in arms if len(ds) < MIN_SEEDS]
+    if not short:
+        return None
+    return (f"{what}: {'; '.join(short)}; a curve claim is judged over seeds (a run's steps are not independent "
+            f"draws) and needs >= {MIN_SEEDS} seeds an arm")
+
+
+def growth_claim(qerl: list[RunData], lora: list[RunData]) -> dict:
+    """Claim (b): each run's reward gain (mean of its last 20% of steps minus its first 20%), QeRL's runs against bf16
+    LoRA's, seeds resampled (:func:`qerl.stages.stats.boot_seeds`)."""
+    claim = "(b) QeRL's reward grows faster than bf16 LoRA's"
+
     def growth(d):
         r = _series(d, "reward_mean")
         return window_mean(r, 0.8, 1.0) - window_mean(r, 0.0, 0.2)
 
     gq, gl = [growth(d) for d in qerl], [growth(d) for d in lora]
-    late_q = [x for d in qerl for x in _series(d, "reward_mean")[int(0.8 * len(d.metrics)):]]
-    early_q = [x for d in qerl for x in _series(d, "reward_mean")[:int(0.2 * len(d.metrics))]]
-    late_l = [x for d in lora for x in _series(d, "reward_mean")[int(0.8 * len(d.metrics)):]]
-    early_l = [x for d in lora for x in _series(d, "reward_mean")[:int(0.2 * len(d.metrics))]]
-    rng = random.Random(1)
-    stats = []
-    for _ in range(BOOT):
-        def m(xs):
-            return sum(rng.choice(xs) for _ in xs) / len(xs)
-        stats.append((m(late_q) - m(early_q)) - (m(late_l) - m(early_l)))
-    d_b = statistics.mean(gq) - statistics.mean(gl)
-    lo, hi = _pct(stats, 0.025), _pct(stats, 0.975)
-    out.append({"claim": "(b) QeRL's reward grows faster than bf16 LoRA's", "verdict": _verdict(lo, hi),
-                "numbers": f"reward gain, last 20% of steps minus first 20%: QeRL {', '.join(f'{g:+.3f}' for g in gq)} "
-                           f"vs bf16 LoRA {', '.join(f'{g:+.3f}' for g in gl)} (per seed); difference {d_b:+.3f}, 95% "
-                           f"interval [{lo:+.3f}, {hi:+.3f}] (steps resampled)"})
-    # (c) entropy early. Two halves: NVFP4's own rounding noise against bf16 (no AQN), then AQN against none
-    def early_entropy(with_: str, without: str):
-        # judged on the rollout policy's entropy (what AQN changes: the sampling distribution) where the runs
-        # logged it, else on the trainer's recomputation
-        key = "rollout_entropy" if all(_series(d, "rollout_entropy") for d in by[with_] + by[without]) else "entropy"
-        a_vals, b_vals = [], []
-        for da, db in zip(by[with_], by[without]):
-            lo_s, hi_s = early_noise_window(da)
-            a_vals += _series(da, key)[lo_s:hi_s]
-            b_vals += _series(db, key)[lo_s:hi_s]
-        if not a_vals or not b_vals:
-            return None
-        diff, lo, hi = boot_steps(a_vals, b_vals)
-        what = "rollout-policy entropy" if key == "rollout_entropy" else "entropy (trainer)"
-        return _verdict(lo, hi), (f"{label(config, with_)} vs {label(config, without)}: {what} "
-                                  f"{statistics.mean(a_vals):.4f} vs {statistics.mean(b_vals):.4f} early in training, "
-                                  f"difference {diff:+.4f}, 95% interval [{lo:+.4f}, {hi:+.4f}]")
+    shown = (f"reward gain, last 20% of steps minus first 20%: QeRL {', '.join(f'{g:+.3f}' for g in gq)} vs bf16 "
+             f"LoRA {', '.join(f'{g:+.3f}' for g in gl)} (per seed)")
+    if msg := _few_seeds(shown, qerl, lora):
+        return {"claim": claim, "verdict": NOT_JUDGED, "numbers": msg}
+    d, lo, hi = boot_seeds(gq, gl, seed=1)
+    return {"claim": claim, "verdict": _verdict(lo, hi),
+            "numbers": f"{shown}; difference {d:+.3f}, 95% interval [{lo:+.3f}, {hi:+.3f}] (seeds resampled)"}
 
-    halves = (("(c1) NVFP4 rounding raises policy entropy early in training (no AQN)", [("nvfp4_lora", REFERENCE)]),
-              ("(c2) AQN raises policy entropy early in training",
-               [("qerl", "nvfp4_lora"), *[(v, base_method(config, v)) for v in by if v in config.get("variants", {})
-                                          and config["variants"][v].get("overrides") == {"aqn": {"enabled": True}}]]))
-    for claim, pairs in halves:
-        found = [x for w, wo in pairs if w in by and wo in by and (x := early_entropy(w, wo))]
-        verdicts = {v for v, _ in found}
-        out.append({"claim": claim, "verdict": verdicts.pop() if len(verdicts) == 1 else "inconclusive",
-                    "numbers": "; ".join(t for _, t in found) or "no run pair to compare"})
-    # (d) step time
+
+def _entropy_key(runs_: list[RunData]) -> str:
+    """The rollout policy's entropy (what AQN changes: the sampling distribution) where every run logged it, else the
+    trainer's recomputation."""
+    return "rollout_entropy" if all(_series(d, "rollout_entropy") for d in runs_) else "entropy"
+
+
+def early_entropy(config: dict, with_: list[RunData], without: list[RunData], window: str = "early") -> tuple | None:
+    """``(verdict, text)``: each run's mean entropy over the early window (``early_noise_window`` of the arm with the
+    noise; ``window="step1"``: the first step alone, before any update), ``with_``'s runs against ``without``'s, seeds
+    resampled. None when a window is empty."""
+    key = _entropy_key(with_ + without)
+    a_vals, b_vals = [], []
+    for runs_, vals in ((with_, a_vals), (without, b_vals)):
+        for i, d in enumerate(runs_):
+            series = _series(d, key)
+            lo_s, hi_s = (0, 1) if window == "step1" else early_noise_window(with_[min(i, len(with_) - 1)])
+            part = series[lo_s:hi_s]
+            if part:
+                vals.append(sum(part) / len(part))
+    if not a_vals or not b_vals:
+        return None
+    what = "rollout-policy entropy" if key == "rollout_entropy" else "entropy (trainer)"
+    when = "at step 1 (before any update)" if window == "step1" else "early in training"
+    rates = {x.lr for x in with_}, {x.lr for x in without}
+    rate = ""
+    if all(len(r) == 1 and None not in r for r in rates):
+        (ra,), (rb,) = rates
+        rate = f" (both at {ra:g})" if ra == rb else f" (at {ra:g} vs {rb:g})"
+    head = (f"{label(config, with_[0].method)} vs {label(config, without[0].method)}{rate if window != 'step1' else ''}"
+            f": {what} {when} {statistics.mean(a_vals):.4f} vs {statistics.mean(b_vals):.4f}")
+    if msg := _few_seeds(head, with_, without):
+        return NOT_JUDGED, msg
+    diff, lo, hi = boot_seeds(a_vals, b_vals)
+    per = ", ".join(f"{x - y:+.3f}" for x, y in zip(a_vals, b_vals))
+    return _verdict(lo, hi), (f"{head}, difference {diff:+.4f}, 95% interval [{lo:+.4f}, {hi:+.4f}] (seeds "
+                              f"resampled; per seed pair {per})")
+
+
+def _bf16_lora_arms(config: dict, by: dict[str, list[RunData]]) -> list[str]:
+    """Arms that train bf16 LoRA without AQN (``lora`` and its variants that leave AQN off)."""
+    out = []
+    for a in by:
+        if base_method(config, arm_method(a)) != REFERENCE:
+            continue
+        over = (config.get("variants", {}).get(arm_method(a)) or {}).get("overrides") or {}
+        if not (over.get("aqn") or {}).get("enabled"):
+            out.append(a)
+    return out
+
+
+def matched_pair(config: dict, by: dict[str, list[RunData]]) -> tuple[list[RunData], list[RunData]] | None:
+    """NVFP4 LoRA's runs and a bf16 LoRA arm's (no AQN) at the same learning rate, where these runs hold both."""
+    nv = by.get("nvfp4_lora")
+    if not nv or len({d.lr for d in nv}) != 1:
+        return None
+    for a in _bf16_lora_arms(config, by):
+        if {d.lr for d in by[a]} == {nv[0].lr}:
+            return nv, by[a]
+    return None
+
+
+def format_entropy_claim(config: dict, by: dict[str, list[RunData]],
+                         matched: tuple[dict, dict[str, list[RunData]]] | None = None) -> dict:
+    """Claim (c1), NVFP4's rounding against bf16 (no AQN on either). Judged where the learning rate cannot enter: on
+    the runs of NVFP4 LoRA and bf16 LoRA at one common rate over the early window (these runs, or ``matched``: another
+    configuration's ``(config, runs by arm)``), else at step 1 (the rollout before any update). The early window of
+    runs at different rates is shown beside, never judged."""
+    claim = "(c1) NVFP4 rounding raises policy entropy early in training (no AQN)"
+    nv, lora = by.get("nvfp4_lora"), by.get(REFERENCE)
+    parts, verdict = [], None
+    pair = matched_pair(config, by)
+    where = (config, pair) if pair else None
+    if where is None and matched:
+        mpair = matched_pair(matched[0], matched[1])
+        where = (matched[0], mpair) if mpair else None
+    if where:
+        v, text = early_entropy(where[0], *where[1])
+        verdict = v
+        parts.append(f"at a matched rate ({where[0].get('configuration', '')}): {text}")
+    if nv and lora:
+        step1 = early_entropy(config, nv, lora, window="step1")
+        if step1:
+            if verdict is None:
+                verdict = step1[0]
+            parts.append(step1[1])
+        unmatched = early_entropy(config, nv, lora)
+        if unmatched and not pair:
+            rates = f"{nv[0].lr:g} vs {lora[0].lr:g}" if nv[0].lr and lora[0].lr else "different rates"
+            parts.append(f"not judged, the rates differ ({rates}): {unmatched[1]}")
+    if not parts:
+        return {"claim": claim, "verdict": "inconclusive", "numbers": "no run pair to compare"}
+    return {"claim": claim, "verdict": verdict or "inconclusive", "numbers": "; ".join(parts)}
+
+
+def step_time_claim(config: dict, data: list[RunData], qerl: list[RunData], lora: list[RunData],
+                    timing: dict[str, list[list[dict]]] | None) -> dict:
+    """Claim (d): bf16 LoRA's step time over QeRL's, one median a run (step 1 left out), the ratio of the geometric
+    means with its Welch t-interval (:func:`qerl.stages.stats.welch_log_ratio`) over >= :data:`MIN_TIMED_RUNS` runs a
+    method that had the GPU to themselves (``timing``, else the workflow's runs when they did not share GPUs)."""
+    claim = "(d) the QeRL step is faster than bf16 LoRA's"
     shared = int((config.get("resources") or {}).get("jobs_per_gpu", 1) or 1) > 1
-    interval = None
     if timing and "qerl" in timing and REFERENCE in timing:
         mq = [statistics.median(step_seconds(RunData("qerl", 0, rows, {}, None))) for rows in timing["qerl"]]
         ml = [statistics.median(step_seconds(RunData(REFERENCE, 0, rows, {}, None))) for rows in timing[REFERENCE]]
-        how = (f"runs alone on the GPU ({len(mq)} QeRL and {len(ml)} bf16 LoRA run(s), --timing)")
-        if len(mq) >= 2 and len(ml) >= 2:
-            interval = boot_ratio(ml, mq)
+        how = f"runs alone on the GPU ({len(mq)} QeRL and {len(ml)} bf16 LoRA run(s), --timing)"
     else:
         mq = [statistics.median(step_seconds(d)) for d in qerl]
         ml = [statistics.median(step_seconds(d)) for d in lora]
         how = ("the workflow's runs, which shared GPUs (resources.jobs_per_gpu "
                f"{config['resources']['jobs_per_gpu']}): not a fair timing" if shared else "the workflow's runs")
-    if interval is not None:  # runs timed alone, >= 2 a method: the interval of the ratio of the mean medians
-        ratio, lo, hi = interval
-        verdict = "confirmed" if lo > 1.05 else "refuted" if hi < 0.95 else "inconclusive"
-        shown = f"{ratio:.2f}x, 95% interval [{lo:.2f}, {hi:.2f}] (runs resampled)"
-    else:
-        ratios = [b / a for a, b in zip(mq, ml)]
-        verdict = ("confirmed" if all(r > 1.05 for r in ratios) else
-                   "refuted" if all(r < 0.95 for r in ratios) else "inconclusive")
-        shown = ", ".join(f"{r:.2f}x" for r in ratios)
-    if shared and not timing:
-        verdict = "inconclusive"
     devices = sorted({str(d.evaluation.get("device", "?")) for d in data})
-    out.append({"claim": "(d) the QeRL step is faster than bf16 LoRA's", "verdict": verdict,
-                "numbers": f"median step (rollout + update, step 1 left out) QeRL {', '.join(f'{x:.2f}' for x in mq)} s "
-                           f"vs bf16 LoRA {', '.join(f'{x:.2f}' for x in ml)} s: bf16 LoRA / QeRL = "
-                           f"{shown}; {how} ({', '.join(devices)})"})
-    return out
+    shown = (f"median step (rollout + update, step 1 left out) QeRL {', '.join(f'{x:.2f}' for x in mq)} s vs bf16 "
+             f"LoRA {', '.join(f'{x:.2f}' for x in ml)} s")
+    if shared and not timing:
+        return {"claim": claim, "verdict": NOT_JUDGED, "numbers": f"{shown}; {how} ({', '.join(devices)})"}
+    if min(len(mq), len(ml)) < MIN_TIMED_RUNS:
+        return {"claim": claim, "verdict": NOT_JUDGED,
+                "numbers": f"{shown}; {how}: {len(mq)} QeRL and {len(ml)} bf16 LoRA run(s), the rule needs >= "
+                           f"{MIN_TIMED_RUNS} timed runs a method ({', '.join(devices)})"}
+    ratio, lo, hi, df = welch_log_ratio(ml, mq)
+    verdict = "confirmed" if lo > 1.05 else "refuted" if hi < 0.95 else "inconclusive"
+    return {"claim": claim, "verdict": verdict,
+            "numbers": f"{shown}: bf16 LoRA / QeRL = {ratio:.2f}x (geometric means), 95% interval [{lo:.2f}, "
+                       f"{hi:.2f}] (Welch t on log run medians, {df:.1f} df); {how} ({', '.join(devices)})"}
 
 
 def step_table_claim(paths: list[Path], models: tuple[str, ...] = ("7B", "14B", "32B")) -> dict:
@@ -491,7 +562,7 @@ def step_table_claim(paths: list[Path], models: tuple[str, ...] = ("7B", "14B", 
     verdict = ("confirmed" if all(x > 1.05 for x in ratios) else
                "refuted" if all(x < 0.95 for x in ratios) else "inconclusive")
     return {"claim": "(d2) the QeRL step is faster than bf16 LoRA's at 7B-32B (where the paper claims it)",
-            "verdict": verdict, "numbers": f"QeRL faster (> 1.05x) in {sum(x > 1.05 for x in ratios)} of {len(ratios)} "
+            "verdict": verdict, "scale": "7B-32B", "numbers": f"QeRL faster (> 1.05x) in {sum(x > 1.05 for x in ratios)} of {len(ratios)} "
                                            f"settings, slower (< 0.95x) in {sum(x < 0.95 for x in ratios)}; bf16 LoRA "
                                            "/ QeRL step time (rollout + log-probs + update), one step after warm-up "
                                            "each: " + "; ".join(parts)}
@@ -636,16 +707,38 @@ def read_timing(specs: list[str]) -> dict[str, list[list[dict]]]:
     return out
 
 
+def scale(model: str) -> str:
+    """The model size a verdict holds at, read from its name (``qwen2.5-coder-0.5b`` -> ``0.5B``); ``this scale``
+    where the name gives none."""
+    import re
+
+    sizes = re.findall(r"(?<![\w.])(\d+(?:\.\d+)?)b(?![a-z])", model.lower())
+    return f"{sizes[-1]}B" if sizes else "this scale"
+
+
+def verdict_text(c: dict, model: str) -> str:
+    """``**refuted** at 0.5B`` (``, borderline`` where the interval's end is within :data:`BORDERLINE` of a margin)."""
+    if c["verdict"] == NOT_JUDGED:
+        return f"**{NOT_JUDGED}**"
+    return (f"**{c['verdict']}** at {c.get('scale') or scale(model)}"
+            + (", borderline" if c.get("borderline") else ""))
+
+
 def build(config: dict, results: Path, out: Path, benchmark: str | None = None,
-          timing: dict[str, list[list[dict]]] | None = None, step_tables: list[Path] | None = None) -> dict:
+          timing: dict[str, list[list[dict]]] | None = None, step_tables: list[Path] | None = None,
+          matched: tuple[dict, Path] | None = None) -> dict:
     """Write runs.csv/.md, accuracy.csv/.md/.png, curves.png/.csv and claims.md (and step_alone.csv with
-    ``timing``) into ``out``; returns the claims."""
+    ``timing``) into ``out``; returns the claims. ``matched``: ``(config, results)`` of the runs claim (c1) is
+    judged on at one common rate (``--matched-rate``)."""
     from qerl.workflow_config import write_text_atomic
 
     data, meta = collect(config, results, benchmark)
+    more = None
+    if matched:
+        more = (matched[0], _by_method(collect_curves(*matched)))
     out.mkdir(parents=True, exist_ok=True)
     runs_rows, acc_rows = run_rows(data, meta, config), accuracy_rows(data, config)
-    found = claims(data, config, timing)
+    found = claims(data, config, timing, more)
     if step_tables:
         found.append(step_table_claim(step_tables))
     if timing:
@@ -667,8 +760,8 @@ def build(config: dict, results: Path, out: Path, benchmark: str | None = None,
     text = [f"# Claims checked: `{config.get('configuration', '')}` — {meta['model']}, {meta['algorithm'].upper()} on "
             f"{meta['dataset']}, pass@1 on {meta['benchmark']}", "",
             "Generated by `qerl claims` from the workflow's results (metrics.jsonl and evaluation JSON files).", "",
-            "| claim (paper) | verdict at this scale | numbers |", "|---|---|---|"]
-    text += [f"| {c['claim']} | **{c['verdict']}** | {c['numbers']} |" for c in found]
+            "| claim (paper) | verdict | numbers |", "|---|---|---|"]
+    text += [f"| {c['claim']} | {verdict_text(c, meta['model'])} | {c['numbers']} |" for c in found]
     text += ["", RULE, "", "## pass@1 per method (mean over seeds, 95% interval over problems and seeds)", "", _md(acc_rows),
              "![pass@1 per arm](accuracy.png)", "", "## Runs", "", _md(runs_rows, skip=("model", "adapter_sha256"))]
     cut = sorted(float(r[runs_rows[0].index("truncated_frac")]) for r in runs_rows[1:]

@@ -64,13 +64,19 @@ def test_report_tables_intervals_and_verdicts(results, tmp_path):
     verdicts = {c["claim"].split()[0]: c["verdict"] for c in got["claims"]}
     # QeRL ~10 points below bf16 LoRA on 300 problems x 2 seeds: falls short of the -2 margin, refuted; slower reward
     # growth: refuted; NVFP4 vs bf16 entropy equal (c1): inconclusive; AQN raises it on NVFP4 (0.40 vs 0.30) but not on
-    # bf16 (c2): inconclusive; the runs shared GPUs and no --timing: inconclusive
+    # bf16 (c2): inconclusive; the runs shared GPUs and no --timing: not judged
     assert verdicts == {"(a)": "refuted", "(b)": "refuted", "(c1)": "inconclusive", "(c2)": "inconclusive",
-                        "(d)": "inconclusive"}
+                        "(d)": "not judged"}
+    b_text = next(c["numbers"] for c in got["claims"] if c["claim"].startswith("(b)"))
+    assert "(seeds resampled)" in b_text and "steps resampled" not in b_text
+    # NVFP4 LoRA and bf16 LoRA train at one rate here (1e-4): (c1) is judged at that matched rate, step 1 beside it
+    c1_text = next(c["numbers"] for c in got["claims"] if c["claim"].startswith("(c1)"))
+    assert c1_text.startswith("at a matched rate (unit): NVFP4 LoRA vs bf16 LoRA (both at 0.0001)") and \
+        "at step 1 (before any update)" in c1_text
     a_text = next(c["numbers"] for c in got["claims"] if c["claim"].startswith("(a)"))
     assert "falls short (margin -2)" in a_text and "gain over its own untrained base (paired by problem)" in a_text
     c_text = next(c["numbers"] for c in got["claims"] if c["claim"].startswith("(c2)"))
-    assert "QeRL) vs NVFP4 LoRA: entropy (trainer) 0.4012 vs 0.2997" in c_text and "bf16 LoRA + AQN vs" in c_text
+    assert "QeRL) vs NVFP4 LoRA (at 3e-05 vs 0.0001): entropy (trainer) early in training 0.4012 vs 0.2997" in c_text and "bf16 LoRA + AQN vs" in c_text
     assert "NVFP4 LoRA vs bf16 LoRA" in next(c["numbers"] for c in got["claims"] if c["claim"].startswith("(c1)"))
     assert "**Decision rule.**" in (out / "claims.md").read_text()
     rows = list(csv.DictReader(open(out / "accuracy.csv")))
@@ -106,7 +112,7 @@ def test_report_tables_intervals_and_verdicts(results, tmp_path):
         rows = [json.loads(x) for x in f.read_text().splitlines()]
         f.write_text("".join(json.dumps({**r, "rollout_entropy": r["entropy"] + 0.1}) + "\n" for r in rows))
     c2 = next(c for c in build(CONFIG, results, out)["claims"] if c["claim"].startswith("(c2)"))
-    assert "rollout-policy entropy 0.5012 vs 0.3997" in c2["numbers"]
+    assert "rollout-policy entropy early in training 0.5012 vs 0.3997" in c2["numbers"]
 
 
 @pytest.mark.parametrize("lo, hi, want", [(0.001, 0.05, "exceeds"), (-0.019, 0.01, "matches"),
@@ -153,35 +159,63 @@ def test_a_matching_method_is_confirmed_and_a_nan_is_an_error_naming_the_run(tmp
         build(CONFIG, res, tmp_path / "rep3")
 
 
+def _timed(alone, method, k, s):
+    (alone / f"{method}{k}").mkdir(parents=True)
+    f = alone / f"{method}{k}" / "metrics.jsonl"
+    f.write_text("".join(json.dumps({"step": i, "rollout_seconds": s * 0.7, "train_seconds": s * 0.3, "sigma": 0})
+                         + "\n" for i in range(1, 11)))
+    return f
+
+
 def test_timing_from_runs_alone_decides_the_step_claim(results, tmp_path):
-    """One timed run a method: the ratio of the medians decides; three a method: the 95% interval of the ratio of the
-    mean medians (runs resampled) decides, and step_alone.csv gives the same runs back."""
+    """Claim (d) is judged on >= 5 timed runs a method: the ratio of the geometric means of the run medians with a
+    Welch t-interval on the logs. Fewer runs: not judged, with the count. step_alone.csv gives the same runs back."""
     from qerl.stages.claims import ClaimsError, build, read_timing
 
     alone = tmp_path / "alone"
-    for method, s in (("lora", 2.0), ("qerl", 1.5)):
-        for k, jitter in enumerate((0.0, 0.05, -0.05)):
-            (alone / f"{method}{k}").mkdir(parents=True)
-            (alone / f"{method}{k}" / "metrics.jsonl").write_text("".join(json.dumps(
-                {"step": i, "rollout_seconds": (s + jitter) * 0.7, "train_seconds": (s + jitter) * 0.3, "sigma": 0})
-                + "\n" for i in range(1, 11)))
-    timing = read_timing([f"{m}={alone / (m + '0') / 'metrics.jsonl'}" for m in ("lora", "qerl")])
-    got = build(CONFIG, results, tmp_path / "rep", timing=timing)
-    d = next(c for c in got["claims"] if c["claim"].startswith("(d)"))
-    assert d["verdict"] == "confirmed" and "1.33x" in d["numbers"] and "alone" in d["numbers"]
-    three = read_timing([f"{m}={alone / (m + str(k)) / 'metrics.jsonl'}" for m in ("lora", "qerl") for k in range(3)])
-    assert [len(three[m]) for m in ("lora", "qerl")] == [3, 3]
-    got = build(CONFIG, results, tmp_path / "rep3", timing=three)
+    jit = (0.0, 0.05, -0.05, 0.02, -0.02)
+    files = {m: [_timed(alone, m, k, s + j) for k, j in enumerate(jit)] for m, s in (("lora", 2.0), ("qerl", 1.5))}
+    for n in (1, 3):
+        got = build(CONFIG, results, tmp_path / f"rep{n}",
+                    timing=read_timing([f"{m}={f}" for m in files for f in files[m][:n]]))
+        d = next(c for c in got["claims"] if c["claim"].startswith("(d)"))
+        assert d["verdict"] == "not judged" and f"{n} QeRL and {n} bf16 LoRA run(s), the rule needs >= 5" in \
+            d["numbers"]
+    five = read_timing([f"{m}={f}" for m in files for f in files[m]])
+    assert [len(five[m]) for m in ("lora", "qerl")] == [5, 5]
+    got = build(CONFIG, results, tmp_path / "rep5", timing=five)
     d = next(c for c in got["claims"] if c["claim"].startswith("(d)"))
     lo, hi = (float(x) for x in d["numbers"].split("95% interval [")[1].split("]")[0].split(", "))
-    assert d["verdict"] == "confirmed" and "1.33x" in d["numbers"] and 1.05 < lo < 1.33 < hi < 1.45
-    again = read_timing([f"{m}={tmp_path / 'rep3' / 'step_alone.csv'}" for m in ("lora", "qerl")])
+    assert d["verdict"] == "confirmed" and "1.33x (geometric means)" in d["numbers"] and 1.05 < lo < 1.33 < hi < 1.45
+    assert "Welch t on log run medians" in d["numbers"] and "alone" in d["numbers"]
+    again = read_timing([f"{m}={tmp_path / 'rep5' / 'step_alone.csv'}" for m in ("lora", "qerl")])
     assert [[r["rollout_seconds"] for r in run] for run in again["qerl"]] == \
-        [[r["rollout_seconds"] for r in run] for run in three["qerl"]]
+        [[r["rollout_seconds"] for r in run] for run in five["qerl"]]
     for bad, want in (("qerl", "expected METHOD=FILE"), (f"qerl={tmp_path / 'none.jsonl'}", "not found"),
-                      (f"qerl={alone / 'qerl0/metrics.jsonl'} qerl={alone / 'qerl0/metrics.jsonl'}", "given twice")):
+                      (f"qerl={files['qerl'][0]} qerl={files['qerl'][0]}", "given twice")):
         with pytest.raises(ClaimsError, match=want):
             read_timing(bad.split())
+
+
+def test_the_step_rule_claims_md_writes_is_the_one_applied(results, tmp_path):
+    """A case where "a ratio beyond 5% in every seed pair" (the rule once written) and the interval disagree: every
+    pair is 1.06x-1.60x faster, but 5 noisy runs a method put the interval's lower end below 1.05 -- inconclusive, as
+    claims.md's rule says."""
+    from qerl.stages.claims import RULE, build, read_timing
+
+    alone = tmp_path / "alone"
+    lora = [3.2, 2.0, 3.6, 2.1, 3.0]
+    qerl = [2.0, 1.88, 2.4, 1.95, 2.5]
+    assert all(a / b > 1.05 for a, b in zip(lora, qerl))
+    specs = [f"lora={_timed(alone, 'lora', k, s)}" for k, s in enumerate(lora)]
+    specs += [f"qerl={_timed(alone, 'qerl', k, s)}" for k, s in enumerate(qerl)]
+    got = build(CONFIG, results, tmp_path / "rep", timing=read_timing(specs))
+    d = next(c for c in got["claims"] if c["claim"].startswith("(d)"))
+    lo = float(d["numbers"].split("95% interval [")[1].split(",")[0])
+    assert lo < 1.05 and d["verdict"] == "inconclusive"
+    assert "Welch t-interval on the logs" in RULE and "at least 5 runs a method" in RULE
+    assert "every seed pair" not in RULE
+    assert RULE in (tmp_path / "rep" / "claims.md").read_text()
 
 
 def test_missing_results_are_named(results, tmp_path):
