@@ -142,7 +142,8 @@ def add_claims(sub) -> None:
                                    "adapter sha256, device, step time, GPU-hours), pass@1 per method with 95% "
                                    "bootstrap intervals over problems and seeds, training curves with 95% bands over "
                                    "seeds, and the paper's claims (a) accuracy, (b) reward growth, (c1)/(c2) entropy, "
-                                   "(d) step time, each marked confirmed, refuted, inconclusive or not judged under the decision "
+                                   "(d) step time, each marked confirmed, refuted, inconclusive or not judged "
+                                   "under the decision "
                                    "rule claims.md states. From --results, or from committed --evidence alone; "
                                    "--pack writes that evidence, --sweep a learning-rate sweep's table. A bases-only "
                                    "config (experiments: [], evaluation.base_models; config/real/bases.yaml) gives "
@@ -191,7 +192,8 @@ def run_claims(args) -> int:
         if not args.workflow_config:
             raise ClaimsError("--pack DIR needs --workflow-config (the config the runs under --results were made with)")
         n = pack(Path(args.results), Path(args.workflow_config), Path(args.pack))
-        print(f"{args.pack}: evidence of {n['runs']} runs and {n['evaluations']} evaluations")
+        print(f"{args.pack}: evidence of {n['runs']} runs, {n['evaluations']} evaluations and {n['completions']} "
+              "graded completions")
         for run in n.get("unfinished", []):
             print(f"  left out (no summary.json: training unfinished): {run}")
         return 0
@@ -209,8 +211,10 @@ def run_claims(args) -> int:
         if is_bases_only(config):
             info = build_bases(config, results, Path(args.output), args.benchmark, args.base_kl)
             lo, hi = info["gap"][1:]
-            print(f"chosen base: {info['chosen']} (gap to bf16 on {info['reported']}: {100 * info['gap'][0]:+.1f} "
-                  f"points [{100 * lo:+.1f}, {100 * hi:+.1f}])")
+            from qerl.stages.numbers import p1
+
+            print(f"chosen base: {info['chosen']} (gap to bf16 on {info['reported']}: {p1(info['gap'][0], True)} "
+                  f"points [{p1(lo, True)}, {p1(hi, True)}])")
             print(f"wrote {args.output}/bases.csv")
             return 0
         if args.base_kl:
@@ -233,5 +237,9 @@ def run_claims(args) -> int:
                        matched)
     for c in result["claims"]:
         print(f"{c['verdict']:>12}  {c['claim']}")
+    if not result["runs"]:
+        print(f"no training run yet: wrote {args.output}/benchmarks.md ({result['bases']} untrained bases) and "
+              f"{args.output}/claims.md (no verdict)")
+        return 0
     print(f"wrote {args.output}/claims.md ({result['runs']} runs)")
     return 0

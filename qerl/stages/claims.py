@@ -31,6 +31,7 @@ from pathlib import Path
 
 from qerl.methods import base_of, label as method_label
 from qerl.readers import is_number, read_eval_summary, read_jsonl
+from qerl.stages.numbers import csv_text as _csv_text, p1
 from qerl.stages.stats import BOOT, boot_diff, boot_mean, boot_seeds, pct as _pct, welch_log_ratio
 from qerl.workflow_config import base_method, runs, train_config
 
@@ -57,6 +58,10 @@ RULE = (f"**Decision rule.** Every interval is at the level its data are indepen
 
 class ClaimsError(ValueError):
     """Results that cannot make the comparison (none found, a run without its evaluation...)."""
+
+
+class NoRunsError(ClaimsError):
+    """No training run of the configuration has both its metrics and its evaluation (none has landed yet)."""
 
 
 @dataclass
@@ -142,7 +147,7 @@ def collect(config: dict, results: Path, benchmark: str | None = None) -> tuple[
         out.append(RunData(arm(r.method, r.model, first.model), r.seed, metrics, ev, base_ev, ev["per_problem"],
                            r.model, float(lr) if lr is not None else None))
     if not out:
-        raise ClaimsError(f"{results}: no run has both metrics.jsonl and a {bench} evaluation (missing: "
+        raise NoRunsError(f"{results}: no run has both metrics.jsonl and a {bench} evaluation (missing: "
                           f"{', '.join(missing[:3])}{' …' if len(missing) > 3 else ''})")
     meta = {"model": first.model, "dataset": first.dataset, "algorithm": first.algo, "benchmark": bench,
             "missing": missing}
@@ -254,7 +259,7 @@ def run_rows(data: list[RunData], meta: dict, config: dict) -> list[list[str]]:
     head = ["model", "model_source", "method", "label", "seed", "lr", "device", "steps", "skipped_updates",
             "truncated_frac", "problems",
             "samples_per_problem", "pass1_before", "pass1_after", "adapter_sha256", "median_step_s", "gpu_hours",
-            "reward_first10", "reward_last10", "mismatch_kl_mean", "entropy_mean"]
+            "reward_first10pct", "reward_last10pct", "mismatch_kl_mean", "entropy_mean"]
     rows = [head]
     for d in data:
         ev, rew = d.evaluation, _series(d, "reward_mean")
@@ -297,7 +302,7 @@ def accuracy_rows(data: list[RunData], config: dict) -> list[list[str]]:
 
 # -- claims -----------------------------------------------------------------------------------------------------
 def _pts(m: float, lo: float, hi: float) -> str:
-    return f"{100 * m:+.1f} points [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+    return f"{p1(m, True)} points [{p1(lo, True)}, {p1(hi, True)}]"
 
 
 def _gains(ds: list[RunData]) -> list[list[float]]:
@@ -325,14 +330,14 @@ def accuracy_claim(config: dict, name: str, arm_runs: list[RunData], lora: list[
         gq, gl = _gains(arm_runs), _gains(lora)
         g = boot_diff(gq, gl)
         gain = (f"; gain over its own untrained base (paired by problem): {label(config, name)} "
-                f"{_pts(*boot_diff(gq, _zeros(gq)))} (NVFP4 base {100 * arm_runs[0].base_eval['pass@1']:.1f}), bf16 "
-                f"LoRA {_pts(*boot_diff(gl, _zeros(gl)))} (bf16 base {100 * lora[0].base_eval['pass@1']:.1f}); the "
+                f"{_pts(*boot_diff(gq, _zeros(gq)))} (NVFP4 base {p1(arm_runs[0].base_eval['pass@1'])}), bf16 "
+                f"LoRA {_pts(*boot_diff(gl, _zeros(gl)))} (bf16 base {p1(lora[0].base_eval['pass@1'])}); the "
                 f"difference of the gains {_pts(*g)}")
     title = ("(a) QeRL reaches at least bf16 LoRA's accuracy" if name == "qerl" else
              f"(a) also: {label(config, name)} against bf16 LoRA")
     near = min(abs(x - m) for x in (dlo, dhi) for m in (0.0, -MARGIN))
     return {"claim": title, "verdict": verdict, "borderline": near < BORDERLINE,
-            "numbers": f"pass@1 {100 * qm:.1f} vs {100 * lm:.1f}; difference {_pts(dm, dlo, dhi)} (problems x "
+            "numbers": f"pass@1 {p1(qm)} vs {p1(lm)}; difference {_pts(dm, dlo, dhi)} (problems x "
                        f"seeds): {how} (margin -{100 * MARGIN:g}){gain}"}
 
 
@@ -650,15 +655,6 @@ def _md(rows: list[list[str]], skip: tuple[str, ...] = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _csv_text(rows: list[list[str]]) -> str:
-    import csv
-    import io
-
-    buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerows(rows)
-    return buf.getvalue()
-
-
 TIMING_KEYS = ("step", "rollout_seconds", "rollout_gen_seconds", "generated_tokens", "train_seconds", "sigma",
                "rollout_capture_seconds", "rollout_prefill_seconds", "peak_memory_gb")
 
@@ -724,6 +720,24 @@ def verdict_text(c: dict, model: str) -> str:
             + (", borderline" if c.get("borderline") else ""))
 
 
+def benchmark_table_alone(config: dict, results: Path, out: Path, why: str) -> dict | None:
+    """A configuration whose training runs have not landed: ``benchmarks.csv`` / ``.md`` of its untrained bases and a
+    ``claims.md`` that says so (no verdict); None when there is no evaluation either."""
+    from qerl.stages.benchmarks_table import benchmarks_md, write_benchmarks
+    from qerl.workflow_config import write_text_atomic
+
+    if not any((results / "eval").glob("*/*/untrained/none/seed0/*.json")):
+        return None
+    rows = write_benchmarks(config, results, out, label, _eval_json)
+    if len(rows) < 2:
+        return None
+    text = [f"# Claims checked: `{config.get('configuration', '')}` — no verdict yet", "",
+            f"No training run of this configuration has landed ({why}); the untrained bases' scores alone:", "",
+            benchmarks_md(rows, list(config["evaluation"]["benchmarks"]))]
+    write_text_atomic(str(out / "claims.md"), "\n".join(text))
+    return {"claims": [], "runs": 0, "bases": len(rows) - 1}
+
+
 def build(config: dict, results: Path, out: Path, benchmark: str | None = None,
           timing: dict[str, list[list[dict]]] | None = None, step_tables: list[Path] | None = None,
           matched: tuple[dict, Path] | None = None) -> dict:
@@ -732,7 +746,18 @@ def build(config: dict, results: Path, out: Path, benchmark: str | None = None,
     judged on at one common rate (``--matched-rate``)."""
     from qerl.workflow_config import write_text_atomic
 
-    data, meta = collect(config, results, benchmark)
+    from qerl.stages.benchmarks_table import benchmarks_md, write_benchmarks
+
+    try:
+        data, meta = collect(config, results, benchmark)
+    except NoRunsError:  # no trained run yet: the untrained bases' table, if any, is the report
+        planned = len(runs(config))
+        table = benchmark_table_alone(config, results, out, f"{planned} planned, none with its metrics and a "
+                                      f"{benchmark or (config.get('report', {}).get('table1', {}).get('benchmark'))} "
+                                      "evaluation")
+        if table is None:
+            raise
+        return table
     more = None
     if matched:
         more = (matched[0], _by_method(collect_curves(*matched)))
@@ -770,6 +795,10 @@ def build(config: dict, results: Path, out: Path, benchmark: str | None = None,
         text += [f"Training completions cut at the new-token cap: median {statistics.median(cut):.4f} over runs "
                  f"(from {cut[0]:.4f} to {cut[-1]:.4f}).", ""]
     text += ["![training curves](curves.png)", ""]
+    if len(config["evaluation"]["benchmarks"]) > 1:
+        rows = write_benchmarks(config, results, out, label, _eval_json)
+        text += ["## Every benchmark (the paper's Table 2 shape; [benchmarks.csv](benchmarks.csv))", "",
+                 benchmarks_md(rows, list(config["evaluation"]["benchmarks"]))]
     if meta["missing"]:
         text += [f"Runs without results (left out): {', '.join(meta['missing'])}", ""]
     write_text_atomic(str(out / "claims.md"), "\n".join(text))

@@ -6,7 +6,10 @@
   ``<model>/<method>/<algo>/<dataset>/seed<k>`` (the run's path under ``results/train``);
 * ``evaluations.jsonl.gz`` -- every evaluation summary, per-problem scores included, with ``"path"``: its path under
   ``results/eval`` (``<model>/<method>/<algo>/<dataset>/seed<k>/<benchmark>.json``, untrained bases as
-  ``<model>/<base>/untrained/none/seed0/...``).
+  ``<model>/<base>/untrained/none/seed0/...``);
+* ``completions.jsonl.gz`` -- every graded sample of those evaluations (``*.samples.jsonl``), so that the grader
+  can be audited: ``"path"`` (its evaluation's), ``problem``, ``sample``, ``completion``, ``extracted``, ``gold``,
+  ``correct`` (the prompt is left out: the benchmark file and the template rebuild it).
 
 :func:`pack` writes them from a workflow's ``results/`` and merges into evidence already there (a batch of runs at a
 time: an entry of the same run or path is replaced, the others stay); :func:`unpack` rebuilds the ``results/``
@@ -20,6 +23,8 @@ import json
 from pathlib import Path
 
 CONFIG, METRICS, EVALS = "config.yaml", "metrics.jsonl.gz", "evaluations.jsonl.gz"
+COMPLETIONS = "completions.jsonl.gz"
+SAMPLE_KEYS = ("problem", "sample", "completion", "extracted", "gold", "correct")
 
 
 class EvidenceError(ValueError):
@@ -57,7 +62,7 @@ def pack(results: Path, config_file: Path, out: Path) -> dict:
     evidence in ``out``; ``config_file``: the workflow config they were made with (an existing ``out/config.yaml``
     must be the same configuration). Only finished runs are evidence: a run without its ``summary.json`` (training
     cut short; it restarts or resumes in a later batch) is left out and named in ``"unfinished"``. Returns
-    ``{"runs", "evaluations"}`` counts of what ``out`` now holds (and ``"unfinished"`` when some were left out)."""
+    ``{"runs", "evaluations", "completions"}`` counts of what ``out`` now holds (and ``"unfinished"`` when some were left out)."""
     from qerl.train.config import read_workflow_config_checked
     from qerl.workflow_config import read_workflow_config, write_text_atomic
 
@@ -91,10 +96,22 @@ def pack(results: Path, config_file: Path, out: Path) -> dict:
         evals[path] = {"path": path, **summary}
     if not found and not evals:
         raise EvidenceError(f"{results}: no train/**/metrics.jsonl and no eval/**/*.json to pack")
+    samples = {(r["path"], r["problem"], r["sample"]): r for r in _read_gz(out / COMPLETIONS)}
+    for f in sorted((results / "eval").glob("**/*.samples.jsonl")):
+        path = f.relative_to(results / "eval").as_posix().removesuffix(".samples.jsonl") + ".json"
+        samples = {k: v for k, v in samples.items() if k[0] != path}  # an evaluation's samples replaced as a whole
+        for i, line in enumerate(f.read_text().splitlines(), 1):
+            if line.strip():
+                row = json.loads(line)
+                if missing := [k for k in SAMPLE_KEYS if k not in row]:
+                    raise EvidenceError(f"{f}: line {i} has no {', '.join(missing)} (a sample of qerl evaluate)")
+                samples[(path, row["problem"], row["sample"])] = {"path": path, **{k: row[k] for k in SAMPLE_KEYS}}
     _write_gz(out / METRICS, [metrics[k] for k in sorted(metrics)])
     _write_gz(out / EVALS, [evals[k] for k in sorted(evals)])
+    if samples:
+        _write_gz(out / COMPLETIONS, [samples[k] for k in sorted(samples)])
     write_text_atomic(str(out / CONFIG), Path(config_file).read_text())
-    counts = {"runs": len({k[0] for k in metrics}), "evaluations": len(evals)}
+    counts = {"runs": len({k[0] for k in metrics}), "evaluations": len(evals), "completions": len(samples)}
     return {**counts, "unfinished": unfinished} if unfinished else counts
 
 
@@ -124,3 +141,8 @@ def unpack(evidence: Path, dest: Path) -> dict:
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(json.dumps({k: v for k, v in e.items() if k != "path"}))
     return read_workflow_config_checked([cfg], "--evidence")
+
+
+def read_completions(evidence: Path) -> list[dict]:
+    """The graded samples an evidence directory holds (``completions.jsonl.gz``; empty when it holds none)."""
+    return _read_gz(Path(evidence) / COMPLETIONS)

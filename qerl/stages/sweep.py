@@ -17,7 +17,7 @@ from qerl.stages.claims import (ClaimsError, _check_finite, _csv_text, _eval_jso
 from qerl.workflow_config import base_method, runs, train_config, uses_nvfp4
 
 HEAD = ["method", "variant", "lr", "seed", "steps", "problems", "val_pass1", "ci95_low", "ci95_high", "base_pass1",
-        "train_truncated_frac", "val_truncated_frac", "reward_first10", "reward_last10", "chosen"]
+        "train_truncated_frac", "val_truncated_frac", "reward_first10pct", "reward_last10pct", "chosen"]
 
 
 def sweep_rows(config: dict, results: Path, benchmark: str | None = None) -> list[list[str]]:

@@ -52,3 +52,38 @@ def test_validation_split_and_500_test_problems_are_disjoint_from_training_and_e
         worst = max(len(g & h) / min(len(g), len(h)) for r in test500 if (g := _grams(r["question"]))
                     for h in grams if h)
         assert worst <= 0.5, f"a test problem shares {worst:.0%} of its 8-grams with a {name} problem"
+
+
+MATH_FILES = {"math500.jsonl": (500, "plain", "35dc41080a3680858b27fa7e0533d2d547825316fc5dafe5d316f4ccc5a06132"),
+              "aime24.jsonl": (30, "aime", "af2b8bd2aa911b6333ad0df32f3ca05c7ae8ed10f1731f4372c8ae26990bf7ac"),
+              "amc23.jsonl": (40, "plain", "43707e1ca784602d8479de24ee8ce36609dbebc46dd152b0b12a46611aa898a4")}
+
+
+def test_the_math_benchmarks_are_the_committed_public_files_and_grade_their_own_gold():
+    """config/real/data/README.md: MATH500 (openai/prm800k's test split), AIME 2024 and AMC 2023, byte for byte the
+    source files (sha256); every gold answer, boxed, is graded correct by the training reward (math-verify), so a
+    wrong score would be the model's, not the reader's."""
+    import hashlib
+
+    from qerl.data.tasks import load_local
+    from qerl.rewards.registry import RewardSettings, build_reward
+
+    reward = build_reward(RewardSettings(correctness="math"))
+    readme = (DATA / "README.md").read_text()
+    for name, (rows, fmt, sha) in MATH_FILES.items():
+        assert hashlib.sha256((DATA / name).read_bytes()).hexdigest() == sha and sha in readme, name
+        records = load_local(DATA / name, "problem", "answer", fmt)
+        assert len(records) == rows
+        bad = [r["answer"] for r in records if reward(f"The answer is \\boxed{{{r['answer']}}}.", r["answer"]) != 1.0]
+        assert not bad, f"{name}: gold answers that do not grade as correct: {bad[:5]}"
+
+
+def test_the_math_benchmarks_share_no_problem_with_the_training_or_validation_data():
+    train = [r["question"] for r in _rows("gsm8k_train.jsonl") + _rows("gsm8k_val.jsonl")]
+    train_norm = {_norm(q) for q in train}
+    train_grams = [g for q in train if (g := _grams(q))]
+    for name in MATH_FILES:
+        problems = [r["problem"] for r in _rows(name)]
+        assert not {_norm(p) for p in problems} & train_norm, name
+        worst = max(len(g & h) / min(len(g), len(h)) for p in problems if (g := _grams(p)) for h in train_grams)
+        assert worst <= 0.5, f"{name}: a problem shares {worst:.0%} of its 8-grams with a training problem"

@@ -76,7 +76,8 @@ def test_report_tables_intervals_and_verdicts(results, tmp_path):
     a_text = next(c["numbers"] for c in got["claims"] if c["claim"].startswith("(a)"))
     assert "falls short (margin -2)" in a_text and "gain over its own untrained base (paired by problem)" in a_text
     c_text = next(c["numbers"] for c in got["claims"] if c["claim"].startswith("(c2)"))
-    assert "QeRL) vs NVFP4 LoRA (at 3e-05 vs 0.0001): entropy (trainer) early in training 0.4012 vs 0.2997" in c_text and "bf16 LoRA + AQN vs" in c_text
+    assert "QeRL) vs NVFP4 LoRA (at 3e-05 vs 0.0001): entropy (trainer) early in training 0.4012 vs 0.2997" in \
+        c_text and "bf16 LoRA + AQN vs" in c_text
     assert "NVFP4 LoRA vs bf16 LoRA" in next(c["numbers"] for c in got["claims"] if c["claim"].startswith("(c1)"))
     assert "**Decision rule.**" in (out / "claims.md").read_text()
     rows = list(csv.DictReader(open(out / "accuracy.csv")))
@@ -334,3 +335,21 @@ def test_qlora_is_measured_from_its_own_nf4_base_never_the_bf16_one(results, tmp
     d.mkdir(parents=True)
     (d / "b.json").write_text(json.dumps({"pass@1": 0.27, "problems": 300, "per_problem": [0.27] * 300}))
     assert before() == (["27.00", "27.00"], "27.00")
+
+
+def test_a_curve_claim_on_one_seed_is_not_judged_and_says_why(results, tmp_path):
+    """Evidence with one seed an arm: the curve claims say they need >= 2 seeds (a run's steps are not independent
+    draws), never a verdict; the accuracy claim (problems resampled) is still judged."""
+    import shutil
+
+    from qerl.stages.claims import build
+
+    for d in list(results.glob("train/m/*/grpo/d/seed1")) + list(results.glob("eval/m/*/grpo/d/seed1")):
+        shutil.rmtree(d)
+    one = {**CONFIG, "experiments": [{**CONFIG["experiments"][0], "seeds": [0]}]}
+    got = {c["claim"].split()[0]: c for c in build(one, results, tmp_path / "rep")["claims"]}
+    for k in ("(b)", "(c1)"):
+        assert got[k]["verdict"] == "not judged", k
+        assert "needs >= 2 seeds an arm" in got[k]["numbers"] and "has 1 run(s)" in got[k]["numbers"], k
+    assert got["(a)"]["verdict"] == "refuted"
+    assert "**not judged**" in (tmp_path / "rep" / "claims.md").read_text()

@@ -35,12 +35,12 @@ def test_pack_merges_batches_is_byte_stable_and_unpacks(tmp_path):
     cfg.write_text(CFG.format(name="unit"))
     a = _results(tmp_path / "a", {"m/lora/grpo/d/seed0": 0.5})
     out = tmp_path / "ev"
-    assert evidence.pack(a, cfg, out) == {"runs": 1, "evaluations": 1}
+    assert evidence.pack(a, cfg, out) == {"runs": 1, "evaluations": 1, "completions": 0}
     first = {p.name: p.read_bytes() for p in out.iterdir()}
     evidence.pack(a, cfg, out)  # the same results again: the same bytes (no timestamps, sorted lines)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == first
     b = _results(tmp_path / "b", {"m/qerl/grpo/d/seed0": 0.25, "m/lora/grpo/d/seed0": 0.75})  # a later batch
-    assert evidence.pack(b, cfg, out) == {"runs": 2, "evaluations": 2}  # lora seed0 replaced, not duplicated
+    assert evidence.pack(b, cfg, out) == {"runs": 2, "evaluations": 2, "completions": 0}  # lora seed0 replaced
     config = evidence.unpack(out, tmp_path / "r")
     assert config["configuration"] == "unit"
     rows = [json.loads(x) for x in (tmp_path / "r/train/m/lora/grpo/d/seed0/metrics.jsonl").read_text().split("\n")
@@ -55,7 +55,8 @@ def test_pack_merges_batches_is_byte_stable_and_unpacks(tmp_path):
         evidence.unpack(tmp_path / "a", tmp_path / "r2")
     c = _results(tmp_path / "c", {"m/lora/grpo/d/seed1": 0.5})  # a run cut short: metrics, no summary.json
     (c / "train/m/lora/grpo/d/seed1/summary.json").unlink()
-    assert evidence.pack(c, cfg, out) == {"runs": 2, "evaluations": 3, "unfinished": ["m/lora/grpo/d/seed1"]}
+    assert evidence.pack(c, cfg, out) == {"runs": 2, "evaluations": 3, "completions": 0,
+                                          "unfinished": ["m/lora/grpo/d/seed1"]}
 
 
 def test_the_committed_sweep_is_rebuilt_from_its_evidence_alone(tmp_path):
@@ -87,7 +88,7 @@ def test_the_committed_matrix_report_is_rebuilt_from_its_evidence_alone(tmp_path
     timed = real / "evidence/timing"  # claim (d): the runs timed alone, as reports/real/README.md's command
     r = subprocess.run([sys.executable, "-m", "qerl", "claims", "--evidence", str(real / "evidence/real"),
                         "--output", str(tmp_path), "--timing",
-                        *(f"{m}={timed}/{m}_seed{s}.metrics.jsonl.gz" for m in ("lora", "qerl") for s in (0, 1, 2)),
+                        *(f"{m}={timed}/{m}_seed{s}.metrics.jsonl.gz" for m in ("lora", "qerl") for s in range(5)),
                         "--step-table", *(str(ROOT / f"reports/step/{d}.csv") for d in ("NVIDIA_H100_80GB_HBM3",
                                                                                        "NVIDIA_H200"))],
                        capture_output=True, text=True, cwd=ROOT)
@@ -173,3 +174,64 @@ def test_the_sweep_choice_its_tie_rule_and_bad_values(tmp_path):
     (res / "eval/m/qerl_0.0001/grpo/d/seed0/b.json").unlink()
     with pytest.raises(ClaimsError, match=r"without metrics or a b evaluation: m/qerl_0.0001/grpo/d/seed0"):
         sweep_rows(config, res)
+
+
+def test_completions_are_packed_with_their_evaluation_and_replaced_as_a_whole(tmp_path):
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(CFG.format(name="unit"))
+    a = _results(tmp_path / "a", {"m/lora/grpo/d/seed0": 0.5})
+    sample = {"problem": 0, "sample": 0, "prompt": "p " * 50, "completion": "so \\boxed{4}", "extracted": "4",
+              "gold": "4", "correct": True}
+    (a / "eval/m/lora/grpo/d/seed0/b.samples.jsonl").write_text(
+        "".join(json.dumps({**sample, "problem": p, "sample": s}) + "\n" for p in (0, 1) for s in (0, 1)))
+    out = tmp_path / "ev"
+    assert evidence.pack(a, cfg, out)["completions"] == 4
+    rows = evidence.read_completions(out)
+    assert {r["path"] for r in rows} == {"m/lora/grpo/d/seed0/b.json"} and "prompt" not in rows[0]
+    (a / "eval/m/lora/grpo/d/seed0/b.samples.jsonl").write_text(json.dumps(sample) + "\n")  # a rerun: one sample
+    assert evidence.pack(a, cfg, out)["completions"] == 1
+    (a / "eval/m/lora/grpo/d/seed0/b.samples.jsonl").write_text(json.dumps({"problem": 0}) + "\n")
+    with pytest.raises(evidence.EvidenceError, match="line 1 has no sample, completion, extracted, gold, correct"):
+        evidence.pack(a, cfg, out)
+
+
+def test_the_committed_completions_regrade_to_the_committed_scores():
+    """The grader can be audited: every committed evaluation's per-problem scores are the mean of its committed
+    samples' grades, and a seeded sample of 150 completions graded again by the reward function (math-verify) gets
+    the grades they were committed with."""
+    import gzip
+    import random
+
+    from qerl.rewards.registry import RewardSettings, build_reward
+
+    ev = ROOT / "reports/real/evidence/real-matched-rate"
+    rows = evidence.read_completions(ev)
+    evals = {e["path"]: e for e in (json.loads(x) for x in gzip.open(ev / "evaluations.jsonl.gz", "rt"))}
+    assert rows and {r["path"] for r in rows} == set(evals)
+    for path, e in evals.items():
+        mine = [r for r in rows if r["path"] == path]
+        assert len(mine) == e["problems"] * e["samples_per_problem"], path
+        per = [0.0] * e["problems"]
+        for r in mine:
+            per[r["problem"]] += float(r["correct"]) / e["samples_per_problem"]
+        assert all(abs(a - b) < 1e-9 for a, b in zip(per, e["per_problem"])), path
+    reward = build_reward(RewardSettings(correctness="math"))
+    picked = random.Random(0).sample(rows, 150)
+    assert sum(r["correct"] for r in picked) >= 5  # the sample holds right answers, not only wrong ones
+    for r in picked:
+        assert reward(r["completion"], r["gold"]) == float(r["correct"]), (r["path"], r["problem"], r["sample"])
+
+
+def test_the_committed_matched_rate_report_is_rebuilt_from_its_evidence(tmp_path):
+    """Before its training runs land, the matched-rate configuration's report is its untrained bases on GSM8K and
+    the three math benchmarks (no verdict), rebuilt from the evidence byte for byte."""
+    real = ROOT / "reports/real"
+    r = subprocess.run([sys.executable, "-m", "qerl", "claims", "--evidence",
+                        str(real / "evidence/real-matched-rate"), "--output", str(tmp_path)],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "no training run yet" in r.stdout
+    for name in ("benchmarks.csv", "benchmarks.md", "claims.md"):
+        assert (tmp_path / name).read_text() == (real / "matched_rate" / name).read_text(), name
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert "| bf16 (untrained) | 1 | 21.4 [18.9, 24.1]" in text and "math500_local" in text and "amc23_local" in text
