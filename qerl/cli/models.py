@@ -69,7 +69,10 @@ def add_quantize(sub) -> None:
     q.add_argument("--calibration-data", type=Path, default=None, metavar="FILE",
                    help="AWQ calibration text: a JSONL file (its --calibration-field) or a text file (its lines), "
                         "e.g. the training prompts config/real/data/gsm8k_train.jsonl")
-    q.add_argument("--calibration-field", default="question", help="the JSONL field holding the text")
+    q.add_argument("--calibration-field", default="question", help="the JSONL field holding the prompt text")
+    q.add_argument("--calibration-solution-field", default=None, metavar="FIELD",
+                   help="the JSONL field holding a worked solution, calibrated on after its prompt (the tokens a "
+                        "policy writes; e.g. GSM8K's answer); every row must have it")
     q.add_argument("--calibration-template", choices=["raw", "chat", "paper"], default="raw",
                    help="how each text is formatted before tokenizing (chat / paper: the tokenizer's chat template, "
                         "as training prompts are)")
@@ -101,6 +104,7 @@ def run_quantize(args) -> int:
                                       scale_rule=args.scale_rule, keep_bf16_last=args.keep_bf16_last,
                                       calibration=args.calibration, calibration_data=args.calibration_data,
                                       calibration_field=args.calibration_field,
+                                      calibration_solution_field=args.calibration_solution_field,
                                       calibration_template=args.calibration_template,
                                       calibration_samples=args.calibration_samples,
                                       calibration_seq_len=args.calibration_seq_len, device=args.device)

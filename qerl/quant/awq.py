@@ -1,17 +1,25 @@
-"""AWQ for NVFP4: activation-aware per-input-channel scales, searched on calibration text and folded into the
-preceding norm or linear, so the NVFP4 checkpoint keeps its format and costs nothing at run time.
+"""AWQ for NVFP4: activation-aware per-input-channel scales and weight clipping, searched on calibration text and
+folded into the weights, so the NVFP4 checkpoint keeps its format and costs nothing at run time.
 
-AWQ (Lin et al. 2024, "Activation-aware Weight Quantization") protects the weight columns that meet large
-activations. For a linear ``y = x Wᵀ`` and a positive per-input-channel scale ``s [K]``,
+AWQ (Lin et al. 2024, "Activation-aware Weight Quantization"; llm-awq's ``auto_scale`` / ``auto_clip``) protects the
+weight columns that meet large activations. For a linear ``y = x Wᵀ`` and a positive per-input-channel scale
+``s [K]``,
 
-    y = (x / s) (W diag(s))ᵀ   exactly,   so   ŷ(s) = (x / s) Q(W diag(s))ᵀ
+    y = (x / s) (W diag(s))ᵀ   exactly,   so   ŷ(s) = (x / s) Q(W diag(s))ᵀ = x (Q(W diag(s)) diag(1/s))ᵀ
 
 is what the quantized layer computes once ``1 / s`` is folded into what produces ``x``. The search (per group of
 linears that read the same ``x``) takes ``s = mean|x|^α`` (per channel, over the calibration tokens, normalised by
-``sqrt(max s · min s)``) for ``α`` on a grid in [0, 1) and keeps the ``α`` with the least
-``Σ_linears ‖x Wᵀ − ŷ(s)‖²`` (``α = 0`` is round-to-nearest, so the calibration loss never exceeds RTN's). ``Q`` is
-NVFP4 quantize-dequantize under the scale rule of the checkpoint (``max6`` or ``four-over-six``) with the group's
-fused global scale, as the checkpoint will hold it.
+``sqrt(max s · min s)``) for ``α`` on a grid in [0, 1) and keeps the ``α`` with the least squared error of the
+**block's output**, as llm-awq inspects it: the attention block's output for q / k / v (the scaled-and-quantized
+q / k / v inside the real attention: rotary, softmax, o), the MLP's output for gate / up, the linear's own output for
+o and down. ``α = 0`` is round-to-nearest, so the calibration loss never exceeds RTN's. ``Q`` is NVFP4
+quantize-dequantize under the checkpoint's scale rule (``max6`` or ``four-over-six``) with the group's fused global
+scale, as the checkpoint will hold it.
+
+Then the clipping search (``auto_clip``; not for q / k, whose error the attention's q·k product amplifies): per
+output row and 16-element NVFP4 block, the largest ``|w|`` is clipped to ``r · max|w|`` for ``r`` in
+{1, 0.95, …, 0.5}, each block keeping the ``r`` with the least squared error of its part of the output on the
+calibration inputs (at most :data:`CLIP_TOKENS` of them, evenly spaced).
 
 Groups in a Qwen2 / Llama decoder layer and where ``1 / s`` goes:
 
@@ -21,13 +29,18 @@ Groups in a Qwen2 / Llama decoder layer and where ``1 / s`` goes:
   (``v.out_features == o.in_features``), as AWQ does;
 * down (reads ``act(gate) · up``): up's rows.
 
-The layers run one after another on the calibration hidden states, one forward each: it captures every group's
-input and the layer's output, then the groups are searched and folded (a fold is exact, so folding one group moves
-no other group's input and not the output). :func:`smooth` changes the model in place; :func:`reference_fold` is the readable
-one-group fold the tests check against.
+A norm divided by ``s`` also divides AQN's noise on it (QeRL adds its noise to the norm's weight): the effective
+per-channel noise of a folded norm is ``σ · s_j`` of the unfolded one; the report gives the quantiles of ``s``.
+
+The layers run one after another on the calibration hidden states of the bf16 model, one forward each: it captures
+every group's and block's input and output, then the groups are searched, folded and clipped. :func:`smooth`
+changes the model in place; :func:`reference_fold` is the readable one-group fold the tests check against;
+:func:`kl_to` measures the end-to-end guard (AWQ's KL on held-out tokens against its own α = 0 base's).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +48,9 @@ import torch
 from qerl.quant import nvfp4
 
 GRID = 20  # alpha in {0, 1/20, ..., 19/20}
+CLIP_GRID = 11  # clip ratios 1, 0.95, ..., 0.5
+CLIP_TOKENS = 512  # calibration tokens a clip search reads (llm-awq's n_sample_token)
+BLOCK = 16  # NVFP4's block along K
 
 
 @dataclass
@@ -63,10 +79,47 @@ def group_loss(x: torch.Tensor, ws: list[torch.Tensor], s: torch.Tensor, scale_r
                for w, ws_ in zip(ws, scaled))
 
 
-def search_scale(x: torch.Tensor, ws: list[torch.Tensor], scale_rule: str = "max6", grid: int = GRID
-                 ) -> tuple[torch.Tensor, dict]:
+def folded_quant(w: torch.Tensor, s: torch.Tensor, gs: torch.Tensor, scale_rule: str) -> torch.Tensor:
+    """``Q(W diag(s)) diag(1 / s)`` (fp32): the weight that, fed the unfolded input ``x``, computes what the folded
+    and quantized linear computes on ``x / s``."""
+    return fake_quant(w.float() * s[None, :], gs, scale_rule) / s[None, :]
+
+
+def fused_global_scale(ws: list[torch.Tensor], scale_rule: str, s: torch.Tensor | None = None) -> torch.Tensor:
+    """The global scale a group's linears share in the checkpoint (the least of theirs), of ``W diag(s)``."""
+    return torch.stack([nvfp4.compute_global_scale(w.float() * (1 if s is None else s[None, :]), scale_rule)
+                        for w in ws]).amin(0)
+
+
+@contextmanager
+def swapped(linears: list, weights: list[torch.Tensor]):
+    """The linears compute with ``weights`` inside the block, with their own weights again after it."""
+    old = [lin.weight.data for lin in linears]
+    try:
+        for lin, w in zip(linears, weights):
+            lin.weight.data = w.to(lin.weight.dtype)
+        yield
+    finally:
+        for lin, w in zip(linears, old):
+            lin.weight.data = w
+
+
+def block_loss(module, args: tuple, kwargs: dict, reference: torch.Tensor, linears: list) -> Callable:
+    """``loss(weights) = ‖module(…) − reference‖²`` with ``linears`` computing with ``weights``: the error of a block's
+    output (attention for q / k / v, the MLP for gate / up) as llm-awq's search measures it."""
+    def loss(weights: list[torch.Tensor]) -> float:
+        with swapped(linears, weights):
+            out = module(*args, **kwargs)
+        out = out[0] if isinstance(out, tuple) else out
+        return float((out.float() - reference.float()).square().sum())
+    return loss
+
+
+def search_scale(x: torch.Tensor, ws: list[torch.Tensor], scale_rule: str = "max6", grid: int = GRID,
+                 block: Callable | None = None) -> tuple[torch.Tensor, dict]:
     """The best per-channel scale ``s [K]`` (fp32) for the group's weights ``ws`` on inputs ``x [T, K]`` and its
-    report ``{"alpha", "loss", "loss_rtn"}``."""
+    report ``{"alpha", "loss", "loss_rtn"}``. ``block``: the group's block-output loss (:func:`block_loss`) judged
+    on ``Q(W diag(s)) diag(1 / s)``; without it, the linears' own outputs (:func:`group_loss`)."""
     x = x.float()
     x_mean = x.abs().mean(0).clamp(min=1e-8)
     best, best_s, rtn = None, torch.ones_like(x_mean), None
@@ -75,12 +128,50 @@ def search_scale(x: torch.Tensor, ws: list[torch.Tensor], scale_rule: str = "max
         alpha = i / grid
         s = x_mean.pow(alpha)
         s = (s / (s.max() * s.min()).sqrt()).clamp(min=1e-4)
-        loss = group_loss(x, ws, s, scale_rule)
+        if block is None:
+            loss = group_loss(x, ws, s, scale_rule)
+        else:
+            gs = fused_global_scale(ws, scale_rule, s)
+            loss = block([folded_quant(w, s, gs, scale_rule) for w in ws])
         if i == 0:
             rtn = loss
         if best is None or loss < best:
             best, best_s, alpha_best = loss, s, alpha
     return best_s, {"alpha": alpha_best, "loss": best, "loss_rtn": rtn}
+
+
+def _spaced(x: torch.Tensor, n: int | None) -> torch.Tensor:
+    """At most ``n`` rows of ``x``, evenly spaced (all of them for ``n`` None)."""
+    if n is None or x.shape[0] <= n:
+        return x
+    return x[torch.linspace(0, x.shape[0] - 1, n, device=x.device).long()]
+
+
+def search_clip(x: torch.Tensor, w: torch.Tensor, gs: torch.Tensor, scale_rule: str = "max6", grid: int = CLIP_GRID,
+                tokens: int | None = CLIP_TOKENS, rows: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """llm-awq's ``auto_clip`` for NVFP4: per output row and 16-element block of ``w [N, K]``, the clip ratio ``r``
+    in {1, 0.95, …} whose clipped-and-quantized block errs least on its share of the output on inputs ``x [T, K]``
+    (``Σ_t (x_tb · (w_nb − Q(clip(w_nb, r))))²``). Returns the clipped weight (fp32) and the ratios ``[N, K / 16]``."""
+    x, w = _spaced(x.float(), tokens), w.float()
+    n, k = w.shape
+    g = k // BLOCK
+    xb = x.reshape(x.shape[0], g, BLOCK)
+    wb = w.reshape(n, g, BLOCK)
+    amax = wb.abs().amax(-1, keepdim=True)
+    best_err = torch.full((n, g), float("inf"), device=w.device)
+    best_r = torch.ones((n, g), device=w.device)
+    for i in range(grid):
+        r = 1.0 - 0.05 * i
+        lim = r * amax
+        diff = (wb - fake_quant(torch.maximum(torch.minimum(wb, lim), -lim).reshape(n, k), gs, scale_rule)
+                .reshape(n, g, BLOCK))
+        err = torch.cat([torch.einsum("tgb,ngb->tng", xb, diff[a:a + rows]).square().sum(0)
+                         for a in range(0, n, rows)])
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best_r = torch.where(better, torch.full_like(best_r, r), best_r)
+    lim = best_r[..., None] * amax
+    return torch.maximum(torch.minimum(wb, lim), -lim).reshape(n, k), best_r
 
 
 @torch.no_grad()
@@ -109,31 +200,57 @@ def layer_groups(layer, name: str) -> list[Group]:
     return groups
 
 
-def _inputs(layer, groups: list[Group], hidden: torch.Tensor, kwargs: dict) -> tuple[dict[str, torch.Tensor],
-                                                                                    torch.Tensor]:
-    """Run ``layer`` on ``hidden`` and capture each group's input (its first linear's, as ``[tokens, K]``);
-    return them and the layer's output."""
-    seen, hooks = {}, []
+@dataclass
+class Captured:
+    """What one forward of a decoder layer shows: each group's input ``[tokens, K]``, and the attention and MLP
+    blocks' inputs (``(args, kwargs)``) and outputs."""
+
+    x: dict
+    blocks: dict
+    out: torch.Tensor
+
+
+def _capture(layer, groups: list[Group], hidden: torch.Tensor, kwargs: dict) -> Captured:
+    """Run ``layer`` on ``hidden`` and capture each group's input (its first linear's) and the attention / MLP
+    blocks' inputs and outputs (none without ``groups``)."""
+    seen, blocks, hooks = {}, {}, []
     for g in groups:
         def hook(mod, args, g=g):
             seen.setdefault(g.name, []).append(args[0].detach().reshape(-1, args[0].shape[-1]).float())
         hooks.append(g.linears[0].register_forward_pre_hook(hook))
+    if groups:
+        for name, mod in (("attn", layer.self_attn), ("mlp", layer.mlp)):
+            def pre(m, args, kw, name=name):
+                blocks[name] = [args, dict(kw), None]
+
+            def post(m, args, kw, out, name=name):
+                blocks[name][2] = (out[0] if isinstance(out, tuple) else out).detach()
+            hooks.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
+            hooks.append(mod.register_forward_hook(post, with_kwargs=True))
     try:
         out = layer(hidden, **kwargs)
     finally:
         for h in hooks:
             h.remove()
     out = out[0] if isinstance(out, tuple) else out
-    return {k: torch.cat(v) for k, v in seen.items()}, out
+    return Captured({k: torch.cat(v) for k, v in seen.items()}, blocks, out)
+
+
+def _quantiles(s: torch.Tensor) -> dict:
+    q = torch.quantile(s.float().cpu(), torch.tensor([0.0, 0.5, 1.0]))
+    return {"s_min": float(q[0]), "s_median": float(q[1]), "s_max": float(q[2])}
 
 
 @torch.no_grad()
 def smooth(model, input_ids: torch.Tensor, scale_rule: str = "max6", skip_layers: set[int] = frozenset(),
-           grid: int = GRID, max_tokens: int = 8192, progress: bool = False) -> dict:
+           grid: int = GRID, max_tokens: int | None = None, clip: bool = True, clip_tokens: int | None = CLIP_TOKENS,
+           progress: bool = False) -> dict:
     """Search and fold AWQ scales into ``model`` (a transformers Qwen2 / Llama causal LM) in place, layer by layer,
-    on calibration ``input_ids [n, L]``. ``skip_layers``: decoder layers left as they are (those kept in bf16).
-    ``max_tokens``: at most this many calibration tokens (evenly spaced) enter each loss. Returns a report
-    ``{group name: {"alpha", "loss", "loss_rtn"}}``."""
+    on calibration ``input_ids [n, L]``, then clip its weights (``clip``; :func:`search_clip`). ``skip_layers``:
+    decoder layers left as they are (those kept in bf16). ``max_tokens``: at most this many calibration tokens
+    (evenly spaced) enter the linears' own losses (o, down; default all); the block losses read every token.
+    Returns a report ``{group name: {"alpha", "loss", "loss_rtn", "loss_on", "tokens", "s_min", "s_median",
+    "s_max", "clip": {linear: {"ratio_mean", "clipped_frac"}}}}``."""
     from tqdm.auto import tqdm
 
     dec = model.get_decoder()
@@ -152,23 +269,82 @@ def smooth(model, input_ids: torch.Tensor, scale_rule: str = "max6", skip_layers
         pass
     report = {}
     for i, layer in enumerate(tqdm(dec.layers, desc="awq", disable=not progress)):
-        groups = layer_groups(layer, f"layers.{i}")
-        # One forward gives every group's input and the layer's output: a fold is exact, so folding one group
-        # changes neither another group's input nor what the layer computes (rounding aside).
-        xs, hidden = _inputs(layer, [] if i in skip_layers else groups, hidden, kwargs)
-        for g in groups if i not in skip_layers else []:
-            x = xs[g.name]
-            if x.shape[0] > max_tokens:
-                x = x[torch.linspace(0, x.shape[0] - 1, max_tokens, device=x.device).long()]
-            s, rep = search_scale(x, [lin.weight for lin in g.linears], scale_rule, grid)
+        groups = [] if i in skip_layers else layer_groups(layer, f"layers.{i}")
+        # One forward of the bf16 layer gives every group's and block's input and output: a fold is exact, so
+        # folding one group changes neither another group's input nor what the layer computes (rounding aside).
+        cap = _capture(layer, groups, hidden, kwargs)
+        scales = {}
+        for g in groups:
+            x, kind = cap.x[g.name], g.name.rsplit(".", 1)[1]
+            block = {"qkv": "attn", "gate_up": "mlp"}.get(kind)
+            loss = None if block is None else block_loss(layer.self_attn if block == "attn" else layer.mlp,
+                                                         *cap.blocks[block], g.linears)
+            xl = x if block else _spaced(x, max_tokens)
+            s, rep = search_scale(xl, [lin.weight for lin in g.linears], scale_rule, grid, loss)
             reference_fold(g, s)
-            report[g.name] = rep
+            scales[g.name] = s
+            report[g.name] = {**rep, "loss_on": {"attn": "attention output", "mlp": "MLP output"}.get(
+                block, "the linear's own output"), "tokens": int(xl.shape[0]), "tokens_total": int(x.shape[0]),
+                **_quantiles(s), "clip": {}}
+        for g in groups if clip else []:  # clipping after every fold of the layer: on the final weights
+            x = _spaced(cap.x[g.name], clip_tokens) / scales[g.name][None, :]  # (spaced first: no full copy)
+            gs = fused_global_scale([lin.weight for lin in g.linears], scale_rule)
+            for lin in g.linears:
+                name = next(n for n, m in layer.named_modules() if m is lin).rsplit(".", 1)[-1]
+                if name in ("q_proj", "k_proj") or lin.weight.shape[1] % BLOCK:
+                    continue
+                w, r = search_clip(x, lin.weight, gs, scale_rule, tokens=clip_tokens)
+                lin.weight.data = w.to(lin.weight.dtype)
+                report[g.name]["clip"][name] = {"ratio_mean": float(r.mean()),
+                                                "clipped_frac": float((r < 1).float().mean())}
+        hidden = cap.out
     return report
 
 
-def calibration_texts(path, field: str = "question") -> list[str]:
-    """The calibration texts of a local file: a JSONL file's ``field`` (e.g. GSM8K's ``question``) or a text
-    file's non-empty lines. An empty file, or a JSONL row without ``field``, is an error naming it."""
+@contextmanager
+def fake_quantized(model, scale_rule: str = "max6", skip_layers: set[int] = frozenset()):
+    """Inside the block every decoder linear (but the layers in ``skip_layers``) computes with its NVFP4
+    quantize-dequantize, each group under its fused global scale, as the checkpoint will; the weights come back
+    after it (the originals wait on the CPU)."""
+    saved = []
+    try:
+        for i, layer in enumerate(model.get_decoder().layers):
+            if i in skip_layers:
+                continue
+            a, m = layer.self_attn, layer.mlp
+            for lins in ([a.q_proj, a.k_proj, a.v_proj], [a.o_proj], [m.gate_proj, m.up_proj], [m.down_proj]):
+                gs = fused_global_scale([lin.weight for lin in lins], scale_rule)
+                for lin in lins:
+                    saved.append((lin, lin.weight.data.to("cpu", copy=True)))
+                    lin.weight.data = fake_quant(lin.weight, gs, scale_rule).to(lin.weight.dtype)
+        yield model
+    finally:
+        for lin, w in saved:
+            lin.weight.data = w.to(lin.weight.device)
+
+
+@torch.no_grad()
+def logprobs(model, ids: torch.Tensor) -> torch.Tensor:
+    """Next-token log-probabilities ``[n, L, V]`` (fp32) of ``ids [n, L]``."""
+    return torch.log_softmax(model(ids.to(next(model.parameters()).device)).logits.float(), -1)
+
+
+@torch.no_grad()
+def kl_to(reference: torch.Tensor, model, ids: torch.Tensor, scale_rule: str = "max6",
+          skip_layers: set[int] = frozenset()) -> float:
+    """Mean over tokens of KL(reference ‖ NVFP4 of ``model``) (nats), ``reference``: :func:`logprobs` of the bf16
+    model on ``ids``: the guard's end-to-end measure."""
+    with fake_quantized(model, scale_rule, skip_layers):
+        q = logprobs(model, ids)
+    return float((reference.exp() * (reference - q)).sum(-1).mean())
+
+
+def calibration_texts(path, field: str = "question", solution_field: str | None = None) -> list[tuple[str, str]]:
+    """The calibration samples of a local file, ``(prompt, completion)`` pairs: a JSONL file's ``field`` (e.g.
+    GSM8K's ``question``) and, with ``solution_field``, its worked solution (GSM8K's ``answer``: the tokens a policy
+    writes, which AWQ should see as well as the prompt's), or a text file's non-empty lines (no completion). An empty
+    file, or a JSONL row without ``field`` / ``solution_field``, is an error naming the file, the line and the
+    field."""
     import json
     from pathlib import Path
 
@@ -179,27 +355,42 @@ def calibration_texts(path, field: str = "question") -> list[str]:
     if path.suffix == ".jsonl":
         out = []
         for i, line in enumerate(lines, 1):
-            row = json.loads(line)
-            if not isinstance(row.get(field), str) or not row[field].strip():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"--calibration-data {path}: line {i} is not JSON ({e.msg})") from None
+            if not isinstance(row, dict) or not isinstance(row.get(field), str) or not row[field].strip():
                 raise ValueError(f"--calibration-data {path}: line {i} has no text field {field!r} "
-                                 f"(fields: {sorted(row)})")
-            out.append(row[field])
-        lines = out
-    if not lines:
+                                 f"(fields: {sorted(row) if isinstance(row, dict) else type(row).__name__})")
+            if solution_field is not None and (not isinstance(row.get(solution_field), str)
+                                               or not row[solution_field].strip()):
+                raise ValueError(f"--calibration-data {path}: line {i} has no solution field {solution_field!r} "
+                                 f"(fields: {sorted(row)}); calibrating on prompt + solution tokens needs a worked "
+                                 "solution on every row (--calibration-solution-field)")
+            out.append((row[field], row[solution_field] if solution_field else ""))
+        pairs = out
+    else:
+        if solution_field is not None:
+            raise ValueError(f"--calibration-data {path}: a text file has no fields; --calibration-solution-field "
+                             f"{solution_field!r} needs a JSONL file")
+        pairs = [(x, "") for x in lines]
+    if not pairs:
         raise ValueError(f"--calibration-data {path}: holds no text")
-    return lines
+    return pairs
 
 
-def calibration_ids(tokenizer, texts: list[str], samples: int, seq_len: int, template: str = "raw") -> torch.Tensor:
-    """``[samples, seq_len]`` token ids: the texts (each through :func:`qerl.data.tasks.format_prompt` with
-    ``template``, then the EOS token) concatenated in order, repeated if short, cut into rows -- as AWQ's own
-    calibration packs its samples."""
+def calibration_ids(tokenizer, texts: list, samples: int, seq_len: int, template: str = "raw") -> torch.Tensor:
+    """``[samples, seq_len]`` token ids: the samples (each prompt through :func:`qerl.data.tasks.format_prompt` with
+    ``template``, then its completion, then the EOS token) concatenated in order, repeated if short, cut into rows
+    -- as AWQ's own calibration packs its samples. ``texts``: ``(prompt, completion)`` pairs or plain strings."""
     from qerl.data.tasks import format_prompt
 
     need, stream, i = samples * seq_len, [], 0
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     while len(stream) < need:
-        text = format_prompt(texts[i % len(texts)], tokenizer, template)
+        item = texts[i % len(texts)]
+        prompt, completion = (item, "") if isinstance(item, str) else item
+        text = format_prompt(prompt, tokenizer, template) + completion
         stream += tokenizer(text, add_special_tokens=False)["input_ids"] + eos
         i += 1
         if i > 100 * len(texts) and not stream:

@@ -198,6 +198,7 @@ def quantize_checkpoint(
     calibration: str = "none",
     calibration_data: str | Path | None = None,
     calibration_field: str = "question",
+    calibration_solution_field: str | None = None,
     calibration_template: str = "raw",
     calibration_samples: int = 128,
     calibration_seq_len: int = 512,
@@ -212,10 +213,12 @@ def quantize_checkpoint(
     or a fraction of the layers), written into the checkpoint's ignore list
     (:func:`qerl.quant.format.last_layers_pattern`) so compressed-tensors, vLLM and our loader agree.
     ``calibration``: ``none`` (round-to-nearest) or ``awq`` -- scales searched on ``calibration_samples`` x
-    ``calibration_seq_len`` tokens of ``calibration_data`` (a JSONL file's ``calibration_field``, or a text file's
-    lines, each formatted with ``calibration_template``; the paper calibrates on 256 x 2,048) on ``device``, folded
-    into the norms / linears before quantization (:mod:`qerl.quant.awq`); the layers kept in bf16 are left as
-    they are. The calibration settings and the data's sha256 are part of the manifest (a rerun with other data
+    ``calibration_seq_len`` tokens of ``calibration_data`` (a JSONL file's ``calibration_field`` and, with
+    ``calibration_solution_field``, its worked solution after it, or a text file's lines; each prompt formatted
+    with ``calibration_template``; the paper calibrates on 256 x 2,048) on ``device``, folded into the norms /
+    linears and the weights clipped before quantization (:mod:`qerl.quant.awq`); the layers kept in bf16 are left
+    as they are. A tenth of the samples (at most 64) is held out of the search: on them the checkpoint's KL to bf16
+    is measured against its own α = 0 base's (round-to-nearest), and a loss is said (``awq_worse_than_rtn``). The calibration settings and the data's sha256 are part of the manifest (a rerun with other data
     quantizes again).
     """
     from qerl.models.source import resolve_model_dir
@@ -246,6 +249,8 @@ def quantize_checkpoint(
             raise CheckpointError(f"calibration size {calibration_samples} x {calibration_seq_len}: both must be >= 1")
         settings["calibration"] = {"method": "awq", "data_sha256": sha256_file(Path(calibration_data)),
                                    "field": calibration_field, "template": calibration_template,
+                                   **({"solution_field": calibration_solution_field}
+                                      if calibration_solution_field else {}),
                                    "samples": calibration_samples, "seq_len": calibration_seq_len}
     fingerprint = source_fingerprint(src)
     if is_nonempty_dir(dst) and not force:
@@ -273,11 +278,16 @@ def quantize_checkpoint(
 
         kept = set(range(layers - kept_layers(layers, keep_bf16_last), layers))
         smoothed = Path(tempfile.mkdtemp(prefix="qerl-awq-", dir=dst.parent if dst.parent.exists() else None))
-        awq_report = _awq_smoothed_copy(src, smoothed, scale_rule, kept, calibration_data, calibration_field,
-                                        calibration_template, calibration_samples, calibration_seq_len, device,
-                                        progress)
+        try:
+            awq_report = _awq_smoothed_copy(src, smoothed, scale_rule, kept, calibration_data, calibration_field,
+                                            calibration_template, calibration_samples, calibration_seq_len, device,
+                                            progress, calibration_solution_field)
+        except (ValueError, FileNotFoundError) as e:  # the calibration data's own problems, named
+            shutil.rmtree(smoothed, ignore_errors=True)
+            raise CheckpointError(str(e)) from None
     try:
-        return _write(src if smoothed is None else smoothed, src, dst, force, ignore, max_shard_size, progress,
+        rtn = smoothed is None or (awq_report or {}).get("guard", {}).get("kept") == "round-to-nearest"
+        return _write(src if rtn else smoothed, src, dst, force, ignore, max_shard_size, progress,
                       scale_rule, settings, fingerprint, awq_report)
     finally:
         if smoothed is not None:
@@ -285,20 +295,43 @@ def quantize_checkpoint(
 
 
 def _awq_smoothed_copy(src: Path, out: Path, scale_rule: str, kept: set[int], data, field: str, template: str,
-                       samples: int, seq_len: int, device: str, progress: bool) -> dict:
-    """Load ``src`` in fp32 on ``device``, fold AWQ scales searched on the calibration data into it, and save it
-    (in the source's dtype, with its tokenizer files) to ``out``; returns the per-group search report."""
+                       samples: int, seq_len: int, device: str, progress: bool,
+                       solution_field: str | None = None) -> dict:
+    """Load ``src`` in fp32 on ``device``, fold AWQ scales searched on the calibration data into it (and clip), and
+    save it (in the source's dtype, with its tokenizer files) to ``out``; returns ``{"groups": the per-group search
+    report, "guard": the held-out KL of RTN and of AWQ}``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from qerl.quant import awq
 
     dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     tok = AutoTokenizer.from_pretrained(src)
-    ids = awq.calibration_ids(tok, awq.calibration_texts(data, field), samples, seq_len, template)
+    pairs = awq.calibration_texts(data, field, solution_field)
+    held = pairs[len(pairs) - min(64, len(pairs) // 10):] if len(pairs) >= 10 else []
+    ids = awq.calibration_ids(tok, pairs[:len(pairs) - len(held)], samples, seq_len, template)
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).to(dev).eval()
     cfg = read_json(src / "config.json")
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").removeprefix("torch.")
-    report = awq.smooth(model, ids, scale_rule, skip_layers=kept, progress=progress)
+    guard = {"held_out_samples": len(held)}
+    if held:
+        held_ids = awq.calibration_ids(tok, held, min(4, samples), min(256, seq_len), template)
+        ref = awq.logprobs(model, held_ids)
+        guard.update(held_out_tokens=int(held_ids.numel()),
+                     kl_rtn=awq.kl_to(ref, model, held_ids, scale_rule, kept))
+    groups = awq.smooth(model, ids, scale_rule, skip_layers=kept, progress=progress)
+    if held:
+        guard["kl_awq"] = awq.kl_to(ref, model, held_ids, scale_rule, kept)
+        guard["awq_worse_than_rtn"] = guard["kl_awq"] > guard["kl_rtn"]
+        if guard["awq_worse_than_rtn"]:
+            import sys
+
+            print(f"qerl quantize: AWQ's KL(bf16 || NVFP4) on {guard['held_out_tokens']} held-out calibration tokens "
+                  f"({guard['kl_awq']:.4g}) exceeds its own alpha = 0 base's (round-to-nearest, {guard['kl_rtn']:.4g})"
+                  ": AWQ would make this base worse, so the checkpoint is round-to-nearest's (quantize_report.json: "
+                  "awq_guard)", file=sys.stderr)
+            return {"groups": groups, "guard": {**guard, "kept": "round-to-nearest"}}
+    guard["kept"] = "awq"
+    report = {"groups": groups, "guard": guard}
     model.to(getattr(torch, dtype)).cpu().save_pretrained(out)
     tok.save_pretrained(out)
     return report
@@ -347,11 +380,17 @@ def _write(read_from: Path, src: Path, dst: Path, force: bool, ignore, max_shard
                 shutil.copy2(f, tmp / f.name)
         summary = {**_summary(report, total), "scale_rule": scale_rule}
         if awq_report is not None:
-            gain = [r["loss"] / r["loss_rtn"] for r in awq_report.values() if r["loss_rtn"] > 0]
+            groups, guard = awq_report["groups"], awq_report["guard"]
+            gain = [r["loss"] / r["loss_rtn"] for r in groups.values() if r["loss_rtn"] > 0]
             summary["calibration"] = "awq"
             summary["awq_loss_vs_rtn_mean"] = sum(gain) / len(gain) if gain else 1.0
+            summary.update({f"awq_{k}": v for k, v in guard.items() if k not in ("awq_worse_than_rtn", "kept")})
+            summary["awq_kept"] = guard.get("kept", "awq")
+            if "awq_worse_than_rtn" in guard:
+                summary["awq_worse_than_rtn"] = guard["awq_worse_than_rtn"]
         write_json(tmp / REPORT, {"summary": summary, "layers": report,
-                                  **({"awq": awq_report} if awq_report is not None else {})})
+                                  **({"awq": awq_report["groups"], "awq_guard": awq_report["guard"]}
+                                     if awq_report is not None else {})})
         write_json(tmp / MANIFEST, {"source": str(src), "source_fingerprint": fingerprint,
                                     "settings": settings, "shards": names})
     return {"up_to_date": False, **summary}

@@ -45,7 +45,7 @@ def test_folded_model_equals_the_unfolded_one_in_fp32(tmp_path, arch, kv_heads):
     with torch.no_grad():
         before = m(ids).logits
     folded = copy.deepcopy(m)
-    report = awq.smooth(folded, ids, grid=10)
+    report = awq.smooth(folded, ids, grid=10, clip=False)  # the fold alone (clipping changes the function)
     with torch.no_grad():
         after = folded(ids).logits
     assert torch.allclose(before, after, atol=2e-5, rtol=1e-5), float((before - after).abs().max())
@@ -70,7 +70,7 @@ def test_smooth_sees_the_inputs_the_model_computes(tmp_path):
         m(ids)
     full = {i: v[0].reshape(-1, v[0].shape[-1]) for i, v in seen.items()}
     seen.clear()
-    awq.smooth(m, ids, grid=1)  # alpha 0 only: s = 1, the model unchanged; the hooks see the search's inputs
+    awq.smooth(m, ids, grid=1, clip=False)  # alpha 0 only: s = 1, the model unchanged; the hooks see the search's inputs
     for h in hooks:
         h.remove()
     for i, x in full.items():
@@ -92,6 +92,14 @@ def test_awq_checkpoint_errs_less_than_rtn_on_held_out_text(tmp_path, arch):
     s = quantize_checkpoint(src, tmp_path / "awq", progress=False, calibration="awq",
                             calibration_data=tmp_path / "cal.txt", calibration_samples=16, calibration_seq_len=64)
     assert s["calibration"] == "awq" and s["awq_loss_vs_rtn_mean"] < 1.0
+    # the guard: AWQ's KL on the held-out tenth of the calibration text below its own alpha = 0 base's, so kept
+    assert s["awq_kept"] == "awq" and s["awq_kl_awq"] < s["awq_kl_rtn"] and s["awq_held_out_samples"] == 64
+    report = json.loads((tmp_path / "awq" / "quantization_report.json").read_text())
+    qkv, down = report["awq"]["layers.0.self_attn.qkv"], report["awq"]["layers.0.mlp.down"]
+    assert qkv["loss_on"] == "attention output" and report["awq"]["layers.0.mlp.gate_up"]["loss_on"] == "MLP output"
+    assert down["loss_on"] == "the linear's own output" and qkv["tokens"] == qkv["tokens_total"] == 16 * 64
+    assert set(qkv["clip"]) == {"v_proj"} and 0.5 <= down["clip"]["down_proj"]["ratio_mean"] <= 1.0
+    assert qkv["s_min"] <= qkv["s_median"] <= qkv["s_max"] and report["awq_guard"]["kept"] == "awq"
     ids = AutoTokenizer.from_pretrained(src)(HELD_OUT, return_tensors="pt", padding=True).input_ids
     with torch.no_grad():
         ref = torch.log_softmax(load_policy(src, base="bf16", dtype=torch.float32)(ids).logits, -1)
@@ -144,6 +152,30 @@ def test_awq_composes_with_four_over_six_and_the_bf16_tail_and_compressed_tensor
                             keep_bf16_last=1)
 
 
+def test_the_guard_keeps_round_to_nearest_where_awq_would_lose_on_held_out_tokens(tmp_path, capsys):
+    """A model without outlier channels, calibrated on prompts + worked solutions: AWQ lowers its calibration loss
+    but raises KL(bf16 || NVFP4) on the held-out samples, so the quantizer says so and writes round-to-nearest's
+    checkpoint (byte-equal weights): AWQ never leaves a base worse than its own alpha = 0."""
+    from safetensors.torch import load_file
+
+    from qerl.stages.quantize import quantize_checkpoint
+
+    src = _model(tmp_path, "qwen2", outliers=False)
+    data = tmp_path / "cal.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {a} plus {b}?", "answer": f"{a} + {b} = {a + b}. "
+                                        f"#### {a + b}"}) + "\n" for a in range(40) for b in range(40)))
+    s = quantize_checkpoint(src, tmp_path / "awq", progress=False, calibration="awq", calibration_data=data,
+                            calibration_solution_field="answer", calibration_samples=16, calibration_seq_len=64)
+    assert s["awq_loss_vs_rtn_mean"] < 1.0 and s["awq_kl_awq"] > s["awq_kl_rtn"]
+    assert s["awq_kept"] == "round-to-nearest" and s["awq_worse_than_rtn"] is True
+    assert "AWQ would make this base worse, so the checkpoint is round-to-nearest's" in capsys.readouterr().err
+    quantize_checkpoint(src, tmp_path / "rtn", progress=False)
+    a, r = load_file(tmp_path / "awq/model.safetensors"), load_file(tmp_path / "rtn/model.safetensors")
+    assert a.keys() == r.keys() and all(torch.equal(a[k], r[k]) for k in a)
+    manifest = json.loads((tmp_path / "awq" / "qerl_quantize.json").read_text())["settings"]["calibration"]
+    assert manifest["solution_field"] == "answer"
+
+
 def test_bad_calibration_inputs_are_named(tmp_path):
     from qerl.checkpoint import CheckpointError
     from qerl.stages.quantize import quantize_checkpoint
@@ -159,6 +191,15 @@ def test_bad_calibration_inputs_are_named(tmp_path):
         quantize_checkpoint(src, tmp_path / "a", progress=False, calibration="awq", calibration_data=bad)
     with pytest.raises(FileNotFoundError, match="no such file"):
         awq.calibration_texts(tmp_path / "none.txt")
+    # calibrating on prompt + solution: a row without its worked solution is named, never skipped
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"question": "1+1", "answer": "2"}\n{"question": "2+2"}\n')
+    with pytest.raises(CheckpointError, match=r"prompts.jsonl: line 2 has no solution field 'answer'"):
+        quantize_checkpoint(src, tmp_path / "a", progress=False, calibration="awq", calibration_data=prompts,
+                            calibration_solution_field="answer")
+    (tmp_path / "c.txt").write_text("a line of text\n")
+    with pytest.raises(ValueError, match="a text file has no fields"):
+        awq.calibration_texts(tmp_path / "c.txt", "question", "answer")
     assert not (tmp_path / "a").exists()
 
 

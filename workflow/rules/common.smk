@@ -231,7 +231,9 @@ def calibration_args(model):
                             "prompts or a text file)")
     return (f"--calibration awq --calibration-data {q['calibration_data']} "
             f"--calibration-field {q.get('calibration_field', 'question')} "
-            f"--calibration-template {q.get('calibration_template', 'raw')} "
+            + (f"--calibration-solution-field {q['calibration_solution_field']} "
+               if q.get("calibration_solution_field") else "")
+            + f"--calibration-template {q.get('calibration_template', 'raw')} "
             f"--calibration-samples {q.get('calibration_samples', 128)} "
             f"--calibration-seq-len {q.get('calibration_seq_len', 512)}")
 
