@@ -187,11 +187,14 @@ def run_claims(args) -> int:
     from qerl.stages.report import load_workflow_config
 
     if args.pack:
+        from qerl import outputs
         from qerl.stages.evidence import pack
 
         if not args.workflow_config:
             raise ClaimsError("--pack DIR needs --workflow-config (the config the runs under --results were made with)")
-        n = pack(Path(args.results), Path(args.workflow_config), Path(args.pack))
+        outputs.check_parent_writable(Path(args.pack), "evidence directory")
+        with outputs.hold(Path(args.pack), "claims --pack"):  # one writer at a time: a second is refused, not merged
+            n = pack(Path(args.results), Path(args.workflow_config), Path(args.pack))
         print(f"{args.pack}: evidence of {n['runs']} runs, {n['evaluations']} evaluations and {n['completions']} "
               "graded completions")
         for run in n.get("unfinished", []):
@@ -199,7 +202,16 @@ def run_claims(args) -> int:
         return 0
     if not args.output:
         raise ClaimsError("--output DIR is required (where the report is written)")
-    with tempfile.TemporaryDirectory(prefix="qerl-evidence-") as tmp:
+    from qerl import outputs
+    from qerl.stages.report_set import check_output, staged
+
+    final = Path(args.output)
+    check_output(final, None if args.evidence else Path(args.results), Path(args.evidence) if args.evidence else None)
+    outputs.check_parent_writable(final, "report")
+    with tempfile.TemporaryDirectory(prefix="qerl-evidence-") as tmp, outputs.hold(final, "claims"), \
+            staged(final) as out:
+        shown = args.output
+        args.output = str(out)  # every file of the set goes to the staging folder, renamed into place at the end
         if args.evidence:
             from qerl.stages.evidence import unpack
 
@@ -215,7 +227,7 @@ def run_claims(args) -> int:
 
             print(f"chosen base: {info['chosen']} (gap to bf16 on {info['reported']}: {p1(info['gap'][0], True)} "
                   f"points [{p1(lo, True)}, {p1(hi, True)}])")
-            print(f"wrote {args.output}/bases.csv")
+            print(f"wrote {shown}/bases.csv")
             return 0
         if args.base_kl:
             raise ClaimsError("--base-kl: only for a bases-only config (experiments: [], evaluation.base_models)")
@@ -224,7 +236,7 @@ def run_claims(args) -> int:
 
             chosen = build_sweep(config, results, Path(args.output), args.benchmark)
             print("chosen learning rates: " + ", ".join(f"{m} {lr:g}" for m, lr in sorted(chosen.items())))
-            print(f"wrote {args.output}/lr_sweep.csv")
+            print(f"wrote {shown}/lr_sweep.csv")
             return 0
         timing = read_timing(args.timing) or None
         matched = None
@@ -238,8 +250,12 @@ def run_claims(args) -> int:
     for c in result["claims"]:
         print(f"{c['verdict']:>12}  {c['claim']}")
     if not result["runs"]:
-        print(f"no training run yet: wrote {args.output}/benchmarks.md ({result['bases']} untrained bases) and "
-              f"{args.output}/claims.md (no verdict)")
+        print(f"no training run yet: wrote {shown}/benchmarks.md ({result['bases']} untrained bases) and "
+              f"{shown}/claims.md (no verdict)")
         return 0
-    print(f"wrote {args.output}/claims.md ({result['runs']} runs)")
+    for what, key in (("no metrics or no evaluation", "missing"), ("training unfinished", "unfinished")):
+        if result.get(key):
+            print(f"left out ({what}): {len(result[key])} run(s): {', '.join(result[key][:4])}"
+                  f"{' …' if len(result[key]) > 4 else ''}")
+    print(f"wrote {shown}/claims.md ({result['runs']} runs)")
     return 0

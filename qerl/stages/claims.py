@@ -88,7 +88,19 @@ def arm_method(name: str) -> str:
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    return read_jsonl(path, "metrics file", allow_nan=True)
+    """A run's metrics rows in step order: a row without its step, a step twice or a step missing between the first
+    and the last is an error naming the file and the step (rows are read by their keys, never by position)."""
+    rows = read_jsonl(path, "metrics file", allow_nan=True)
+    if bad := [i for i, r in enumerate(rows, 1) if not isinstance(r.get("step"), int) or isinstance(r["step"], bool)]:
+        raise ClaimsError(f"{path}: row {bad[0]} has no integer step (fields: {sorted(rows[bad[0] - 1])[:6]})")
+    rows.sort(key=lambda r: r["step"])
+    steps = [r["step"] for r in rows]
+    if dup := sorted({s for a, s in zip(steps, steps[1:]) if a == s}):
+        raise ClaimsError(f"{path}: step {dup[0]} appears more than once; a run's metrics hold each step once")
+    if rows and (gap := next((a + 1 for a, b in zip(steps, steps[1:]) if b != a + 1), None)) is not None:
+        raise ClaimsError(f"{path}: step {gap} is missing (steps {steps[0]}..{steps[-1]}, {len(steps)} rows); a cut "
+                          "or merged metrics file cannot be compared")
+    return rows
 
 
 def _eval_json(path: Path) -> dict | None:
@@ -97,6 +109,9 @@ def _eval_json(path: Path) -> dict | None:
     data = read_eval_summary(path)
     if "per_problem" not in data:
         raise ClaimsError(f"{path}: has no per-problem scores (written by an older qerl evaluate); rerun it")
+    if "problems" in data and len(data["per_problem"]) != data["problems"]:
+        raise ClaimsError(f"{path}: per_problem holds {len(data['per_problem'])} scores for {data['problems']} "
+                          "problems (a cut or edited evaluation); rerun it")
     return data
 
 
@@ -127,12 +142,15 @@ def collect(config: dict, results: Path, benchmark: str | None = None) -> tuple[
     first = all_runs[0]
     bench = benchmark or (config.get("report", {}).get("table1", {}).get("benchmark")
                           or config["evaluation"]["benchmarks"][0])
-    out, missing = [], []
+    out, missing, unfinished = [], [], []
     for r in all_runs:
         if (r.dataset, r.algo) != (first.dataset, first.algo):
             continue
         mfile = results / "train" / r.path / "metrics.jsonl"
         ev = _eval_json(results / "eval" / r.path / f"{bench}.json")
+        if mfile.is_file() and not (mfile.parent / "summary.json").is_file():
+            unfinished.append(r.path)  # training cut short (or still running): never counted
+            continue
         if not mfile.is_file() or ev is None:
             missing.append(r.path)
             continue
@@ -150,7 +168,7 @@ def collect(config: dict, results: Path, benchmark: str | None = None) -> tuple[
         raise NoRunsError(f"{results}: no run has both metrics.jsonl and a {bench} evaluation (missing: "
                           f"{', '.join(missing[:3])}{' …' if len(missing) > 3 else ''})")
     meta = {"model": first.model, "dataset": first.dataset, "algorithm": first.algo, "benchmark": bench,
-            "missing": missing}
+            "missing": missing, "unfinished": unfinished}
     return out, meta
 
 
@@ -801,5 +819,8 @@ def build(config: dict, results: Path, out: Path, benchmark: str | None = None,
                  benchmarks_md(rows, list(config["evaluation"]["benchmarks"]))]
     if meta["missing"]:
         text += [f"Runs without results (left out): {', '.join(meta['missing'])}", ""]
+    if meta["unfinished"]:
+        text += [f"Runs whose training did not finish (no summary.json; left out): {', '.join(meta['unfinished'])}",
+                 ""]
     write_text_atomic(str(out / "claims.md"), "\n".join(text))
-    return {"claims": found, "runs": len(data)}
+    return {"claims": found, "runs": len(data), "missing": meta["missing"], "unfinished": meta["unfinished"]}

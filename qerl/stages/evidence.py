@@ -32,29 +32,67 @@ class EvidenceError(ValueError):
 
 
 def _read_gz(path: Path) -> list[dict]:
+    """The JSON lines of a gzip file (none for a missing file); a cut or non-gzip file, or a line that is not a
+    JSON object, is an :class:`EvidenceError` naming the file (and the line)."""
+    import zlib
+
     if not path.is_file():
         return []
     out = []
-    with gzip.open(path, "rt") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise EvidenceError(f"{path}: line {i} is not JSON ({e.msg})") from None
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            for i, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise EvidenceError(f"{path}: line {i} is not JSON ({e.msg})") from None
+                if not isinstance(row, dict):
+                    raise EvidenceError(f"{path}: line {i} is not a JSON object")
+                out.append(row)
+    except (EOFError, gzip.BadGzipFile, zlib.error, UnicodeDecodeError) as e:
+        raise EvidenceError(f"{path}: not a whole gzip file of JSON lines ({type(e).__name__}: {e}); the evidence is "
+                            "cut or damaged: restore it (git checkout) or pack it again") from None
     return out
 
 
-def _write_gz(path: Path, rows: list[dict]) -> None:
-    """``rows`` as gzipped JSON lines, written to a temporary file and renamed (no timestamp in the stream)."""
+def _write_gz(path: Path, rows: list[dict]) -> Path:
+    """``rows`` as gzipped JSON lines in a temporary file beside ``path`` (no timestamp in the stream); returns it,
+    for the caller to rename once every file of the set is written (:func:`_swap_in`)."""
     import os
 
-    data = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode()
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    data = "".join(json.dumps(r, sort_keys=True, allow_nan=False) + "\n" for r in rows).encode()
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as f:
+            f.write(data)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def _swap_in(staged: dict[Path, Path]) -> None:
+    """Rename each staged temporary file over its target: the set is written whole before any of it replaces the
+    evidence (a full disk or an interruption while writing leaves the earlier evidence as it was)."""
+    import os
+
+    for target, tmp in staged.items():
+        os.replace(tmp, target)
+
+
+def _finite(path: Path, run: str, row: dict) -> None:
+    """A metrics row a verdict reads holds finite numbers (the keys :data:`qerl.stages.claims.CHECKED_METRICS`)."""
+    import math
+
+    from qerl.stages.claims import CHECKED_METRICS
+
+    for k in CHECKED_METRICS:
+        v = row.get(k)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise EvidenceError(f"{path}: step {row.get('step', '?')} has {k} = {v}; a non-finite value is not "
+                                f"evidence (run {run}: rerun it, or leave it out)")
 
 
 def pack(results: Path, config_file: Path, out: Path) -> dict:
@@ -70,10 +108,19 @@ def pack(results: Path, config_file: Path, out: Path) -> dict:
     config = read_workflow_config_checked([config_file], "--workflow-config")
     old = out / CONFIG
     if old.is_file():
-        have = read_workflow_config([old], "evidence").get("configuration")
+        had = read_workflow_config([old], "evidence")
+        have = had.get("configuration")
         if have != config.get("configuration"):
             raise EvidenceError(f"{out}: holds the evidence of configuration {have!r}, not "
                                 f"{config.get('configuration')!r} ({config_file}); pack it into its own directory")
+        if had != config:
+            from qerl.tracking import flatten
+
+            a, b = flatten(had), flatten(config)
+            keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+            raise EvidenceError(f"{out}: its runs were made with another config of {have!r} ({config_file} differs "
+                                f"in {', '.join(keys[:4])}{' …' if len(keys) > 4 else ''}); runs of two configs are "
+                                "not one evidence set: pack these into their own directory")
     out.mkdir(parents=True, exist_ok=True)
     metrics = {(r["run"], r["step"]): r for r in _read_gz(out / METRICS)}
     found = sorted((results / "train").glob("**/metrics.jsonl"))
@@ -83,15 +130,25 @@ def pack(results: Path, config_file: Path, out: Path) -> dict:
     for f in found:
         run = f.parent.relative_to(results / "train").as_posix()
         metrics = {k: v for k, v in metrics.items() if k[0] != run}  # a run's rows are replaced as a whole
-        for line in f.read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                metrics[(run, row["step"])] = {"run": run, **row}
+        from qerl.readers import read_jsonl
+
+        for row in read_jsonl(f, "metrics file", allow_nan=True):
+            if "step" not in row:
+                raise EvidenceError(f"{f}: a row without its step ({sorted(row)[:5]})")
+            if (run, row["step"]) in metrics:
+                raise EvidenceError(f"{f}: step {row['step']} appears twice; a run's metrics hold each step once")
+            _finite(f, run, row)
+            metrics[(run, row["step"])] = {"run": run, **row}
     evals = {r["path"]: r for r in _read_gz(out / EVALS)}
     for f in sorted((results / "eval").glob("**/*.json")):
-        summary = json.loads(f.read_text())
+        from qerl.readers import read_eval_summary
+
+        summary = read_eval_summary(f)
         if "per_problem" not in summary:
             raise EvidenceError(f"{f}: an evaluation without per-problem scores (an older qerl evaluate); rerun it")
+        if len(summary["per_problem"]) != summary.get("problems", len(summary["per_problem"])):
+            raise EvidenceError(f"{f}: per_problem holds {len(summary['per_problem'])} scores for "
+                                f"{summary['problems']} problems; a cut or edited evaluation is not evidence")
         path = f.relative_to(results / "eval").as_posix()
         evals[path] = {"path": path, **summary}
     if not found and not evals:
@@ -106,10 +163,17 @@ def pack(results: Path, config_file: Path, out: Path) -> dict:
                 if missing := [k for k in SAMPLE_KEYS if k not in row]:
                     raise EvidenceError(f"{f}: line {i} has no {', '.join(missing)} (a sample of qerl evaluate)")
                 samples[(path, row["problem"], row["sample"])] = {"path": path, **{k: row[k] for k in SAMPLE_KEYS}}
-    _write_gz(out / METRICS, [metrics[k] for k in sorted(metrics)])
-    _write_gz(out / EVALS, [evals[k] for k in sorted(evals)])
-    if samples:
-        _write_gz(out / COMPLETIONS, [samples[k] for k in sorted(samples)])
+    staged: dict[Path, Path] = {}
+    try:
+        staged[out / METRICS] = _write_gz(out / METRICS, [metrics[k] for k in sorted(metrics)])
+        staged[out / EVALS] = _write_gz(out / EVALS, [evals[k] for k in sorted(evals)])
+        if samples:
+            staged[out / COMPLETIONS] = _write_gz(out / COMPLETIONS, [samples[k] for k in sorted(samples)])
+    except BaseException:
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)
+        raise
+    _swap_in(staged)
     write_text_atomic(str(out / CONFIG), Path(config_file).read_text())
     counts = {"runs": len({k[0] for k in metrics}), "evaluations": len(evals), "completions": len(samples)}
     return {**counts, "unfinished": unfinished} if unfinished else counts
@@ -131,16 +195,26 @@ def unpack(evidence: Path, dest: Path) -> dict:
         raise EvidenceError(f"{evidence}: neither {METRICS} nor {EVALS} holds anything")
     by_run: dict[str, list[dict]] = {}
     for r in rows:
+        if "run" not in r or "step" not in r:
+            raise EvidenceError(f"{evidence / METRICS}: a row without its run or step ({sorted(r)[:5]})")
         by_run.setdefault(r["run"], []).append({k: v for k, v in r.items() if k != "run"})
+    config = read_workflow_config_checked([cfg], "--evidence")
+    from qerl.workflow_config import runs
+
+    named = {r.path for r in runs(config)}
+    if stray := sorted(set(by_run) - named):
+        raise EvidenceError(f"{evidence}: holds run(s) its {CONFIG} does not name ({', '.join(stray[:3])}); evidence "
+                            "of another configuration was merged in: pack each configuration into its own directory")
     for run, steps in by_run.items():
         f = dest / "train" / run / "metrics.jsonl"
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text("".join(json.dumps(s) + "\n" for s in sorted(steps, key=lambda s: s["step"])))
+        (f.parent / "summary.json").write_text(json.dumps({"steps": len(steps), "from": "evidence"}))  # finished
     for e in evals:
         f = dest / "eval" / e["path"]
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(json.dumps({k: v for k, v in e.items() if k != "path"}))
-    return read_workflow_config_checked([cfg], "--evidence")
+    return config
 
 
 def read_completions(evidence: Path) -> list[dict]:

@@ -32,6 +32,7 @@ def _write(results, method, seed, acc, reward_slope, entropy, step_s, sigma_on, 
                                  "train_seconds": step_s * 0.3,
                                  "skipped_updates": int(method == "qerl" and seed == 1 and i == 6)}))
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (run / "summary.json").write_text(json.dumps({"steps": 50}))  # a finished run
     ev = results / "eval" / f"{model}/{method}/grpo/d/seed{seed}"
     ev.mkdir(parents=True)
     per = [1.0 if rng.random() < acc else 0.0 for _ in range(300)]
