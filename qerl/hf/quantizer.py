@@ -41,6 +41,22 @@ SCALE_RULES = ("max6", "four-over-six")
 WEIGHT_LAYOUTS = ("rows", "tiled", "auto")
 
 
+#: the keys of a checkpoint's ``quantization_config`` block that transformers hands back to the constructor on load
+CHECKPOINT_KEYS = frozenset({"quant_method", "format", "quantization_status", "config_groups", "kv_cache_scheme",
+                             "global_compression_ratio", "sparsity_config", "transform_config", "version"})
+
+
+def _names(param: str, value, default: list[str]) -> list[str]:
+    """A list of module names: one string is one name (never its letters), anything but strings is refused."""
+    if value is None:
+        return list(default)
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+        raise TypeError(f"QerlNVFP4Config: {param} {value!r}: a list of module names or patterns (strings)")
+    return list(value)
+
+
 @register_quantization_config(QUANT_METHOD)
 class QerlNVFP4Config(QuantizationConfigMixin):
     """Load a model's Linears as NVFP4 (4-bit float, 16-element fp8 blocks, an fp32 global scale; weights only).
@@ -65,18 +81,31 @@ class QerlNVFP4Config(QuantizationConfigMixin):
     def __init__(self, scale_rule: str = "max6", keep_bf16_last: float = 0, ignore: list[str] | None = None,
                  targets: list[str] | None = None, weight_layout: str = "rows", **kwargs):
         self.quant_method = QUANT_METHOD
+        if unknown := sorted(set(kwargs) - CHECKPOINT_KEYS):
+            raise TypeError(f"QerlNVFP4Config: unknown keyword(s) {', '.join(unknown)} (its parameters: scale_rule, "
+                            "keep_bf16_last, ignore, targets, weight_layout; NVFP4's block is fixed at 16)")
         if scale_rule not in SCALE_RULES:
             raise ValueError(f"QerlNVFP4Config: scale_rule {scale_rule!r}, expected one of {list(SCALE_RULES)}")
         if weight_layout not in WEIGHT_LAYOUTS:
             raise ValueError(f"QerlNVFP4Config: weight_layout {weight_layout!r}, expected one of "
                              f"{list(WEIGHT_LAYOUTS)}")
         self.weight_layout = weight_layout
-        qformat.kept_layers(10**6, keep_bf16_last)  # the value's own checks (a count or a fraction)
+        import math
+
+        if isinstance(keep_bf16_last, bool) or not isinstance(keep_bf16_last, (int, float)) or \
+                not math.isfinite(keep_bf16_last):
+            raise ValueError(f"QerlNVFP4Config: keep_bf16_last {keep_bf16_last!r}: a layer count (0, 1, 2, ...) or a "
+                             "fraction of the layers in (0, 1)")
+        try:
+            qformat.kept_layers(10**6, keep_bf16_last)  # the value's own checks (a count or a fraction)
+        except ValueError as e:
+            raise ValueError(f"QerlNVFP4Config: keep_bf16_last {keep_bf16_last!r}: "
+                             f"{str(e).split(': ', 1)[-1]}") from None
         self.scale_rule = scale_rule
         self.keep_bf16_last = keep_bf16_last
-        self.ignore = list(ignore) if ignore is not None else ["lm_head"]
+        self.ignore = _names("ignore", ignore, ["lm_head"])
         qformat.check_patterns(self.ignore, "QerlNVFP4Config ignore")
-        self.targets = list(targets) if targets is not None else ["Linear"]
+        self.targets = _names("targets", targets, ["Linear"])
 
     def to_dict(self) -> dict[str, Any]:
         """The checkpoint's ``quantization_config`` (the compressed-tensors NVFP4A16 block): what

@@ -136,10 +136,24 @@ def test_bad_config_values_are_named():
 
     with pytest.raises(ValueError, match="scale_rule 'max5'"):
         QerlNVFP4Config(scale_rule="max5")
-    with pytest.raises(ValueError, match="keep-bf16-last 1.5"):
+    with pytest.raises(ValueError, match="keep_bf16_last 1.5: a layer count"):
         QerlNVFP4Config(keep_bf16_last=1.5)
     with pytest.raises(ValueError, match="not a valid regular expression"):
         QerlNVFP4Config(ignore=["re:(("])
+    # issue 80 S8, S9, S11: the Python API validates like the CLI, naming the parameter
+    assert QerlNVFP4Config(ignore="lm_head").ignore == ["lm_head"]  # one name, never its letters
+    assert QerlNVFP4Config(targets="Linear").targets == ["Linear"]
+    with pytest.raises(TypeError, match="unknown keyword.s. group_size"):
+        QerlNVFP4Config(group_size=32)
+    for bad in (True, float("nan"), "0.15", -1):
+        with pytest.raises(ValueError, match="QerlNVFP4Config: keep_bf16_last"):
+            QerlNVFP4Config(keep_bf16_last=bad)
+    with pytest.raises(TypeError, match=r"ignore \[1\]: a list of module names"):
+        QerlNVFP4Config(ignore=[1])
+    # what transformers hands back from a saved checkpoint's quantization_config is still taken
+    cfg = QerlNVFP4Config()
+    again = QerlNVFP4Config(**{k: v for k, v in cfg.to_dict().items() if k != "ignore"}, ignore=cfg.ignore)
+    assert again.to_dict() == cfg.to_dict()
 
 
 def test_plain_lora_config_gets_the_fused_layer_and_adapters_load_on_bf16(quantized_dirs, tmp_path):
