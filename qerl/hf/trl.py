@@ -145,6 +145,16 @@ class AQNCallback(TrainerCallback):
 
     def __init__(self, sigma_start: float = 1e-2, sigma_end: float = 5e-4, stages: int = 10,
                  schedule: str = "exponential", apply_to: str = "rollout", final_norm: bool = False, seed: int = 0):
+        import math
+
+        for name, v in (("sigma_start", sigma_start), ("sigma_end", sigma_end)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"AQNCallback: {name} {v!r}: a finite number > 0 (the paper: 1e-2 to 5e-4)")
+        for name, v, lo in (("stages", stages, 1), ("seed", seed, 0)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"AQNCallback: {name} {v!r}: a whole number >= {lo}")
+        if not isinstance(final_norm, bool):
+            raise ValueError(f"AQNCallback: final_norm {final_norm!r}: True or False")
         self.settings = AQNSettings(enabled=True, sigma_start=sigma_start, sigma_end=sigma_end, stages=stages,
                                     schedule=schedule, apply_to=apply_to, final_norm=final_norm)
         self.seed = seed

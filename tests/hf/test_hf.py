@@ -284,3 +284,17 @@ def test_a_7b_model_loads_in_under_6_gb():
     assert not [k for k in sizes if k.endswith("_proj.weight")]
     total = sum(sizes.values())
     assert 5.5e9 < total <= 6e9, total  # 3.7 GB of packed projections + 2.2 GB of bf16 embeddings and lm_head
+
+
+def test_the_aqn_callback_validates_its_arguments_naming_each():
+    """issue 80 item 4: AQNCallback's parameters checked at construction, each named in one line."""
+    from qerl.hf import AQNCallback
+
+    for kw, want in ((dict(sigma_start=-1), "sigma_start -1: a finite number > 0"),
+                     (dict(sigma_start="0.01"), "sigma_start '0.01'"), (dict(sigma_end=float("nan")), "sigma_end nan"),
+                     (dict(stages=2.5), "stages 2.5: a whole number >= 1"), (dict(stages=True), "stages True"),
+                     (dict(seed="a"), "seed 'a': a whole number >= 0"), (dict(final_norm="no"), "final_norm 'no'"),
+                     (dict(schedule="x"), "aqn.schedule must be one of"), (dict(apply_to="all"), "aqn.apply_to")):
+        with pytest.raises(ValueError, match=want):
+            AQNCallback(**kw)
+    assert AQNCallback(stages=3, seed=1, final_norm=True).settings.stages == 3
