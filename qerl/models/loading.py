@@ -35,17 +35,32 @@ def load_policy(path: str | Path, base: str = "nvfp4", device: str | torch.devic
     cfg = read_json(src / "config.json")
     check_supported(cfg.get("model_type"), f"{src}/config.json")
     qcfg = parse_quantization_config(cfg.get("quantization_config"), f"{src}/config.json")
-    TensorIndex(src)  # every shard's header read: a truncated or foreign file is named before transformers loads it
+    index = TensorIndex(src)  # every shard's header read: a truncated or foreign file is named before transformers
+    from qerl.models.check import check_weights
+
+    check_weights(src, cfg, index, quantized=qcfg is not None)  # shapes / dtype against config.json, named
     if base == "nf4":
         if qcfg is not None:
             raise CheckpointError(f"{src}: base='nf4' needs a dense (bf16) checkpoint; this one is NVFP4")
         return _load_nf4(src, device, dtype)
     if qcfg is None:
-        if base == "bf16":
-            return _load_dense(src, device, dtype)
-        return quantize_model(_load_dense(src, "cpu", dtype), cfg["model_type"]).to(device)
-    model = _load_nvfp4(src, cfg, qcfg, dtype).to(device)
+        dense = check_finite(_load_dense(src, device if base == "bf16" else "cpu", dtype), src)
+        return dense if base == "bf16" else quantize_model(dense, cfg["model_type"]).to(device)
+    model = check_finite(_load_nvfp4(src, cfg, qcfg, dtype).to(device), src)
     return dequantize_model(model, dtype) if base == "bf16" else model
+
+
+def check_finite(model: nn.Module, src: Path) -> nn.Module:
+    """Every floating-point parameter and buffer of a loaded ``model`` is finite; else a :class:`CheckpointError`
+    naming ``src`` and the first tensor holding NaN or inf (a damaged checkpoint, or one saved from a diverged run,
+    would otherwise be evaluated or trained on as if it were a model)."""
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if t.is_floating_point() and t.numel():
+            x = t.float() if t.element_size() == 1 else t  # (float8 scales: isfinite wants a wider type)
+            if not bool(torch.isfinite(x).all()):
+                raise CheckpointError(f"{src}: tensor {name} holds NaN or inf: the checkpoint is damaged (or was saved "
+                                      "from a diverged run); it cannot be evaluated or trained on")
+    return model
 
 
 def _load_dense(src: Path, device, dtype):

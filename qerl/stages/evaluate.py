@@ -196,6 +196,9 @@ def load_for_eval(base_path: str | Path, base: str, adapter: str | Path | None, 
     from qerl.lora import load_adapter
     from qerl.models import load_policy
 
+    from qerl.models.check import check_tokenizer
+
+    check_tokenizer(Path(base_path))  # before the weights load: a directory without one is named at once
     model = load_policy(base_path, base=base, device=device, dtype=dtype)
     if adapter:
         model = load_adapter(model, adapter)

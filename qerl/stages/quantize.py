@@ -225,6 +225,10 @@ def quantize_checkpoint(
 
     check_patterns(ignore)
     src = resolve_model_dir(src, revision)
+    from qerl.models.check import check_tokenizer, check_weights
+
+    check_tokenizer(src, "source model")  # the checkpoint carries the source's tokenizer (sampling needs it)
+    check_weights(src, read_json(src / "config.json"))
     if keep_bf16_last:
         from qerl.quant.format import last_layers_pattern
 

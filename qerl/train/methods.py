@@ -56,6 +56,12 @@ def load_tokenizer(src):
     """The tokenizer of a model directory, with a pad token (its EOS when it has none)."""
     from transformers import AutoTokenizer
 
+    from pathlib import Path
+
+    from qerl.models.check import check_tokenizer
+
+    if Path(src).is_dir():
+        check_tokenizer(Path(src))  # (named as it is, not as transformers' error)
     try:
         tokenizer = AutoTokenizer.from_pretrained(src)
     except (OSError, ValueError) as e:
