@@ -2,7 +2,8 @@
 
 Every directory written whole by a qerl command (a model from ``build-tiny`` / ``from-gguf`` / ``quantize`` /
 ``export-merged``, an adapter, a training checkpoint: everything :func:`qerl.checkpoint.atomic_directory` writes)
-carries a manifest, ``qerl_files.json``: each file it wrote, with its size and, for files up to 1 MiB, its sha256.
+carries a manifest, ``qerl_files.json``: each file it wrote, with its size and its sha256 (weights too: a file
+zeroed or edited at the same size is caught, at one read of the directory when it is checked).
 
 * **Replacing** a directory (``--force``) is allowed only when everything in it is owned: listed by its manifest,
   or, for a directory written before manifests existed, a file of a known model-directory name. Anything else —
@@ -25,7 +26,6 @@ from pathlib import Path
 from qerl.outputs import OutputNotWritable
 
 MANIFEST = "qerl_files.json"
-HASHED_UP_TO = 1 << 20  # files up to 1 MiB are hashed; larger ones (weights) are checked by size
 # what a qerl command written before manifests existed may have put in a directory (a model's Hugging Face and
 # qerl files, a training checkpoint's): such a directory is replaceable when it holds nothing else
 LEGACY_FILES = ("config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
@@ -69,7 +69,7 @@ def write(directory: Path, command: str) -> dict:
             raise NotOwned(f"{p}: a symbolic link in an output qerl writes (qerl writes none)")
         if p.is_file():
             size = p.stat().st_size
-            files[rel] = {"bytes": size, **({"sha256": _sha256(p)} if size <= HASHED_UP_TO else {})}
+            files[rel] = {"bytes": size, "sha256": _sha256(p)}
     # ``written``: this write's identity (a run trained on the directory records it, and a rerun after the directory
     # was rewritten, even to files of the same sizes, starts over: qerl.train.ownership)
     manifest = {"written_by": command, "written": uuid.uuid4().hex, "files": dict(sorted(files.items()))}
@@ -138,8 +138,9 @@ def unlisted(directory: Path) -> list[str]:
 
 
 def changed(directory: Path) -> list[str]:
-    """Listed files that are missing or differ from the manifest (size, or sha256 where recorded); without a
-    manifest, ``["qerl_files.json"]`` (nothing to check against)."""
+    """Listed files that are missing or differ from the manifest (size, and sha256 where recorded: every file of a
+    manifest written since weights were hashed too); without a manifest, ``["qerl_files.json"]`` (nothing to check
+    against)."""
     directory = Path(directory)
     manifest = read(directory)
     if manifest is None:

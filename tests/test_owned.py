@@ -149,3 +149,16 @@ def test_overwrite_never_follows_a_link_nor_deletes_what_train_did_not_write(tmp
     (ckpt / "important.txt").unlink()
     assert prepare(run, "overwrite") is False
     assert not (run / "metrics.jsonl").exists() and not ckpt.exists() and theirs.is_dir()
+
+
+def test_a_large_file_zeroed_at_the_same_size_is_changed(tmp_path):
+    """issue 80: the manifest checks content, not only size, for every file it lists (weights over 1 MiB too)."""
+    from qerl import owned
+
+    d = tmp_path / "out"
+    d.mkdir()
+    (d / "model.safetensors").write_bytes(bytes(range(256)) * 8192)  # 2 MiB
+    owned.write(d, "test")
+    assert owned.changed(d) == []
+    (d / "model.safetensors").write_bytes(bytes(2 * 1024 * 1024))  # the same size, zeroed
+    assert owned.changed(d) == ["model.safetensors"]
