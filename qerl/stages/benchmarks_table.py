@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from qerl.stages.numbers import csv_text, p1
+from qerl.stages.numbers import cell, csv_text, p1
 from qerl.stages.stats import boot_mean
 from qerl.workflow_config import runs
 
@@ -75,7 +75,7 @@ def benchmarks_md(rows: list[list[str]], benches: list[str]) -> str:
             v = r[3 + 4 * i: 7 + 4 * i]
             cells.append(f"{p1(float(v[0]) / 100)} [{p1(float(v[1]) / 100)}, {p1(float(v[2]) / 100)}]"
                          f"{f' ({p1(float(v[3]))}% cut)' if v[3] else ''}" if v[0] else "—")
-        lines.append(f"| {r[1]} | {r[2]} | " + " | ".join(cells) + " |")
+        lines.append(f"| {cell(r[1])} | {r[2]} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

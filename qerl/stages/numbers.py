@@ -20,3 +20,8 @@ def csv_text(rows: list[list[str]]) -> str:
     buf = io.StringIO()
     csv.writer(buf, lineterminator="\n").writerows(rows)
     return buf.getvalue()
+
+
+def cell(text: str) -> str:
+    """A Markdown table cell: a ``|`` escaped, line breaks as spaces (a label holding either would split the row)."""
+    return " ".join(str(text).replace("|", "\\|").split("\n")).replace("\r", " ")

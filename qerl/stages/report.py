@@ -142,8 +142,10 @@ def bases_table(config: dict, results: Path) -> tuple[str, list[list[str]]] | No
 
 def _markdown(title: str, rows: list[list[str]]) -> str:
     head, *body = rows
-    lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(r) + " |" for r in body]
+    from qerl.stages.numbers import cell
+
+    lines = [f"### {title}", "", "| " + " | ".join(map(cell, head)) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(map(cell, r)) + " |" for r in body]
     return "\n".join(lines) + "\n"
 
 

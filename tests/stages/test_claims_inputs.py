@@ -181,3 +181,15 @@ def test_S4_S5_S18_evidence_is_checked_against_its_config_and_holds_no_nan(res, 
     f.write_text("\n".join(lines) + "\n")
     assert _claims("--workflow-config", cfg, "--results", res, "--pack", tmp_path / "ev2") != 0
     assert "step 5 has reward_mean = nan" in _err(capsys) and not (tmp_path / "ev2" / "metrics.jsonl.gz").exists()
+
+
+def test_S13_a_label_with_a_bar_or_a_line_break_keeps_the_tables_whole(res, tmp_path):
+    from qerl.stages.claims import build
+
+    config = {**CONFIG, "variants": {"lora_aqn": {**CONFIG["variants"]["lora_aqn"], "label": "AQN | on\nbf16"}}}
+    build(config, res, tmp_path / "rep")
+    for name in ("runs.md", "accuracy.md"):
+        rows = [x for x in (tmp_path / "rep" / name).read_text().splitlines() if x.startswith("| ")]
+        bars = {x.replace("\\|", "").count("|") for x in rows}
+        assert len(bars) == 1, (name, bars)  # every row as wide as the header
+        assert any("AQN \\| on bf16" in x for x in rows), name
