@@ -17,7 +17,11 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def int_at_least(lo: int):
+MAX_GPUS = 4096  # GPUs (or processes a node, nodes) a command plans for: more is a typo, not a cluster
+
+
+def int_at_least(lo: int, hi: int | None = None):
+    """An argparse type: an integer >= ``lo`` (and <= ``hi``, a bound stated in the error)."""
     def parse(text: str) -> int:
         try:
             v = int(text)
@@ -25,8 +29,10 @@ def int_at_least(lo: int):
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
         if v < lo:
             raise argparse.ArgumentTypeError(f"must be >= {lo}, got {v}")
+        if hi is not None and v > hi:
+            raise argparse.ArgumentTypeError(f"must be <= {hi}, got {v}")
         return v
-    parse.__name__ = f"integer >= {lo}"
+    parse.__name__ = f"integer >= {lo}" if hi is None else f"integer in [{lo}, {hi}]"
     return parse
 
 

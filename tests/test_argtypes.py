@@ -69,3 +69,15 @@ def test_tracking_options_without_a_run_name_are_refused(tmp_path):
                         f"sqlite:///{tmp_path}/x.db"], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 2 and "--mlflow-uri is given without --mlflow-run-name" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "x.db").exists()
+
+
+def test_counts_have_a_bound_stated_in_the_error():
+    """issue 80 S1: `qerl bench cost --gpus 1000000000` ran 10 minutes at full CPU; a count over its bound is one
+    line now, before any work."""
+    import subprocess
+    import sys
+
+    for argv in (["bench", "cost", "--gpus", "1000000000"], ["train", "--nproc", "99999", "--config", "x.yaml"],
+                 ["plan", "--nproc", "5000"]):
+        r = subprocess.run([sys.executable, "-m", "qerl", *argv], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "must be <= 4096" in r.stderr and "Traceback" not in r.stderr, argv

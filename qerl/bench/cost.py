@@ -85,7 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="workflow config with report.table*")
     p.add_argument("--output", type=Path, default=Path("reports/reproduce"),
                    help="directory of cost_<device>.csv / .md")
-    p.add_argument("--gpus", type=int, default=8, help="GPUs for the wall-clock column")
+    from qerl.argtypes import MAX_GPUS, int_at_least
+
+    p.add_argument("--gpus", type=int_at_least(1, MAX_GPUS), default=8, help="GPUs for the wall-clock column")
     p.add_argument("--gpu-gb", type=float, default=80.0, help="memory per GPU for the planner")
     p.add_argument("--json", action="store_true", help="print the projection as JSON too")
     return p

@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from qerl.argtypes import POSITIVE, float_in
+from qerl.argtypes import MAX_GPUS, float_in, int_at_least
 from qerl.cli.common import overrides
 from qerl.models.shapes import QWEN25
 
@@ -32,10 +32,10 @@ def add_train(sub) -> None:
                    help="override a config value, e.g. --set steps=10 --set algorithm.name=dapo")
     r.add_argument("--no-progress", action="store_true",
                    help="no progress bar: one log line per step (reward, accuracy, time) instead (workflow jobs)")
-    r.add_argument("--nproc", type=POSITIVE, default=1,
+    r.add_argument("--nproc", type=int_at_least(1, MAX_GPUS), default=1,
                    help="data-parallel processes (one per GPU): relaunches itself under torchrun; each rank "
                         "generates and trains on its share of every step's prompts")
-    r.add_argument("--nnodes", type=POSITIVE, default=1,
+    r.add_argument("--nnodes", type=int_at_least(1, MAX_GPUS), default=1,
                    help="nodes of a SLURM allocation (srun + torchrun, --nproc per node)")
     r.add_argument("--dry-run", action="store_true", help="print the torchrun / srun command instead of running it")
     r.set_defaults(func=run_train)
@@ -124,7 +124,7 @@ def add_plan(sub) -> None:
     pl.add_argument("--gpu-gb", type=float_in(0.0, lo_open=True), default=None,
                     help="memory to plan for (default: this GPU, else 80)")
     pl.add_argument("--json", action="store_true", help="JSON instead of Markdown")
-    pl.add_argument("--nproc", type=POSITIVE, default=1, help="data-parallel processes sharing each step (per-process plan)")
+    pl.add_argument("--nproc", type=int_at_least(1, MAX_GPUS), default=1, help="data-parallel processes sharing each step (per-process plan)")
     pl.add_argument("--cost", action="store_true",
                     help="also project the run's GPU time on an H100 from the measured rates "
                          "(qerl.bench.projection; needs --shape): every completion at the cap, and completions drawn "
