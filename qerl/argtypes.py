@@ -44,7 +44,9 @@ def float_in(lo: float, hi: float | None = None, lo_open: bool = False):
             v = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not math.isfinite(v) or (v <= lo if lo_open else v < lo) or (hi is not None and v > hi):
+        if not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+        if (v <= lo if lo_open else v < lo) or (hi is not None and v > hi):
             rng = f"{'(' if lo_open else '['}{lo}, {hi}]" if hi is not None else f"{'>' if lo_open else '>='} {lo}"
             raise argparse.ArgumentTypeError(f"must be {'in ' if hi is not None else ''}{rng}, got {text}")
         return v

@@ -81,3 +81,12 @@ def test_counts_have_a_bound_stated_in_the_error():
                  ["plan", "--nproc", "5000"]):
         r = subprocess.run([sys.executable, "-m", "qerl", *argv], capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and "must be <= 4096" in r.stderr and "Traceback" not in r.stderr, argv
+
+
+def test_an_infinite_number_is_named_as_such():
+    import argparse
+
+    from qerl.argtypes import float_in
+
+    with pytest.raises(argparse.ArgumentTypeError, match="must be a finite number, got inf"):
+        float_in(0.0)("inf")

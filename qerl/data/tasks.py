@@ -143,10 +143,12 @@ def load_local(path: str | Path, prompt_field: str = "prompt", answer_field: str
             with open(path, encoding="utf-8") as f:
                 for i, line in enumerate(f):
                     if line.strip():
-                        try:
-                            rows.append(json.loads(line))
-                        except json.JSONDecodeError as e:
-                            raise DataError(f"{path}: line {i + 1} is not JSON ({e})") from None
+                        from qerl.readers import InputFileError, loads
+
+                        try:  # duplicate keys refused, as in every file qerl reads (which one would count?)
+                            rows.append(loads(line, f"{path}:{i + 1}"))
+                        except InputFileError as e:
+                            raise DataError(str(e)) from None
         except UnicodeDecodeError:
             raise DataError(f"{path}: not a UTF-8 text file (a .jsonl file holds one JSON object per line)") from None
         if any(not isinstance(r, dict) for r in rows):

@@ -87,3 +87,15 @@ def test_the_math_benchmarks_share_no_problem_with_the_training_or_validation_da
         assert not {_norm(p) for p in problems} & train_norm, name
         worst = max(len(g & h) / min(len(g), len(h)) for p in problems if (g := _grams(p)) for h in train_grams)
         assert worst <= 0.5, f"{name}: a problem shares {worst:.0%} of its 8-grams with a training problem"
+
+
+def test_a_jsonl_row_with_a_key_twice_is_refused(tmp_path):
+    """issue 80: duplicate keys in benchmark / training rows were taken (the last silently won)."""
+    import pytest
+
+    from qerl.data.tasks import DataError, load_local
+
+    f = tmp_path / "rows.jsonl"
+    f.write_text('{"prompt": "1+1", "answer": "2"}\n{"prompt": "2+2", "answer": "4", "answer": "5"}\n')
+    with pytest.raises(DataError, match=r"rows.jsonl:2: key 'answer' is given twice"):
+        load_local(f)

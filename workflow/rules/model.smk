@@ -87,4 +87,4 @@ rule convert_gguf:
     conda:
         "../envs/qerl.yaml"
     shell:
-        "qerl from-gguf --gguf {input} --output {params.out} --force > {log} 2>&1"
+        "qerl from-gguf --gguf {input:q} --output {params.out:q} --force > {log:q} 2>&1"
