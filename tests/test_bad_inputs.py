@@ -471,3 +471,14 @@ def test_outputs_get_the_umask_mode(world):
     for f in ("checkpoint/trainable.safetensors", "final/adapter_model.safetensors", "final/adapter_config.json"):
         assert (world["run"] / f).stat().st_mode & 0o777 == umask_mode(), f
     assert (world["nvfp4"] / "model.safetensors").stat().st_mode & 0o777 == umask_mode()
+
+
+def test_an_unknown_reward_is_named_before_any_model_loads():
+    """issue 80 (unclear): `--set reward.correctness=fuzzy` was refused only after the model had loaded (~10 s)."""
+    import dataclasses
+
+    from qerl.rewards.registry import RewardSettings
+    from qerl.train.config import ConfigError, TrainConfig, validate
+
+    with pytest.raises(ConfigError, match=r"config.reward.correctness: 'fuzzy' is not a registered reward \(exact, "):
+        validate(dataclasses.replace(TrainConfig(), reward=RewardSettings(correctness="fuzzy")))

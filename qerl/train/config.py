@@ -16,7 +16,7 @@ from pathlib import Path
 
 from qerl.lora import LoraSettings
 from qerl.methods import NAMES
-from qerl.rewards.registry import RewardSettings
+from qerl.rewards.registry import RewardSettings, available_rewards
 from qerl.rl.aqn import AQNSettings
 from qerl.rl.losses import ALGORITHMS
 from qerl.rollout.sampling import SamplingSettings
@@ -270,6 +270,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             raise ConfigError(f"config.optim.{name}: must be {want}, got {getattr(o, name)}")
     if a.max_refill_rounds < 0:
         raise ConfigError(f"config.algorithm.max_refill_rounds: must be >= 0, got {a.max_refill_rounds}")
+    if cfg.reward.correctness not in available_rewards():  # before any model loads (a name registered by a plugin
+        raise ConfigError(f"config.reward.correctness: {cfg.reward.correctness!r} is not a registered reward "
+                          f"({', '.join(available_rewards())}; qerl.rewards.register_reward adds one)")
     if cfg.reward.timeout <= 0 or cfg.reward.format_weight < 0:
         raise ConfigError(f"config.reward: timeout must be > 0 s and format_weight >= 0, got timeout "
                           f"{cfg.reward.timeout}, format_weight {cfg.reward.format_weight}")
