@@ -147,6 +147,12 @@ def run_plan(args) -> int:
     parse(args.lengths)  # (a bad spec is one line before any planning)
 
     cfg = load_config(args.config, overrides(args.set))
+    if args.nproc > 1:  # the split qerl train --nproc refuses, refused here too (a plan must not say it fits)
+        from types import SimpleNamespace
+
+        from qerl.train.dist import check_divisible
+
+        check_divisible(cfg.prompts_per_step, SimpleNamespace(on=True, world=args.nproc))
     resolved = _run_plan(cfg, args)
     run_plan = None
     if resolved is not None:  # the plan qerl train would resolve here: its memory verdict is printed as it is

@@ -408,3 +408,15 @@ def test_half_group_cap_only_where_the_update_is_arithmetic_bound():
     micro, ckpt = auto_micro_batch(small, "nvfp4", 64, 384, 32, False, "auto", 80e9, 8, dense=True, prompts=8)
     assert micro > 4 and not ckpt
     assert auto_micro_batch(big, "nvfp4", 64, 1024, 32, False, "auto", 80e9, 16, dense=True, prompts=4)[0] <= 8
+
+
+def test_plan_refuses_the_split_train_refuses():
+    """issue 80: `qerl plan --nproc 3` said a config fits where `qerl train --nproc 3` refuses it (8 prompts a
+    step do not split over 3 ranks)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "qerl", "plan", "--config", "config/train/tiny.yaml", "--nproc", "3"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "prompts_per_step = 8 does not split over 3 processes" in r.stderr
+    assert "Traceback" not in r.stderr
