@@ -482,3 +482,24 @@ def test_an_unknown_reward_is_named_before_any_model_loads():
 
     with pytest.raises(ConfigError, match=r"config.reward.correctness: 'fuzzy' is not a registered reward \(exact, "):
         validate(dataclasses.replace(TrainConfig(), reward=RewardSettings(correctness="fuzzy")))
+
+
+def test_a_cut_last_row_that_the_checkpoint_already_holds_is_marked_not_lost(world, tmp_path, capsys):
+    """issue 80: a kill cut the last metrics row (step 2) after the step-2 checkpoint was saved; resuming ran step 3
+    and finished with metrics at steps [1, 3] and a summary of 2 steps. Now the row is marked (its update is in the
+    checkpoint, its numbers are gone), the steps stay whole and the summary says 3."""
+    from qerl.cli import main
+
+    run = tmp_path / "cut2"
+    shutil.copytree(world["run"], run)
+    (run / "summary.json").unlink()
+    metrics = run / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [1, 2]
+    metrics.write_text(lines[0] + "\n" + lines[1][:20])  # step 2's row cut mid-write
+    cfg = write_cfg(tmp_path / "cut2.yaml", world["model"], run, steps=3)
+    assert main(["train", "--config", str(cfg), "--resume", "--no-progress"]) == 0
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[1] == {"step": 2, "metrics_lost": True}
+    assert json.loads((run / "summary.json").read_text())["steps"] == 3
+    assert "the row of step(s) 2 was cut by an interrupted write" in capsys.readouterr().err

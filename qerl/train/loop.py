@@ -262,9 +262,11 @@ def _write_summary(out: Path, metrics_path: Path, cfg: TrainConfig, run_id: str 
     from qerl.checkpoint import write_json
 
     rows = [json.loads(x) for x in metrics_path.read_text().splitlines() if x.strip()]
+    steps = max((r["step"] for r in rows), default=0)
+    rows = [r for r in rows if "reward_mean" in r]  # (a row marked metrics_lost holds no numbers)
     tail = rows[-max(1, len(rows) // 10):]
     write_json(out / "summary.json", {
-        "method": cfg.method, "algorithm": cfg.algorithm.name, "steps": len(rows),
+        "method": cfg.method, "algorithm": cfg.algorithm.name, "steps": steps,
         "reward_first": rows[0]["reward_mean"] if rows else None,
         "reward_last10pct": sum(r["reward_mean"] for r in tail) / len(tail) if rows else None,
         "final": str(out / "final"),
@@ -290,7 +292,18 @@ def _truncate_metrics(path: Path, completed_steps: int) -> None:
     if cut:
         rows = rows[:-1]  # a row a kill cut off mid-write: recomputed with its step
     keep = [r for r in rows if json.loads(r)["step"] <= completed_steps]
-    if len(keep) != len(rows) or cut:  # (atomically: a kill now leaves the old rows or the kept ones)
+    have = {json.loads(r)["step"] for r in keep}
+    if lost := [s for s in range(1, completed_steps + 1) if s not in have]:
+        # a step the checkpoint holds whose row was cut by a kill: its update is kept (the weights have it) but its
+        # numbers are gone; a marked row keeps the steps whole, so a report names it instead of shifting the rest
+        import sys
+
+        print(f"qerl train: {path}: the row of step(s) {', '.join(map(str, lost))} was cut by an interrupted write; "
+              "the checkpoint holds their updates, so the run resumes after them and marks the rows "
+              '("metrics_lost": true)', file=sys.stderr)
+        keep = sorted(keep + [json.dumps({"step": s, "metrics_lost": True}) for s in lost],
+                      key=lambda r: json.loads(r)["step"])
+    if len(keep) != len(rows) or cut or lost:  # (atomically: a kill now leaves the old rows or the kept ones)
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text("".join(r + "\n" for r in keep))
         os.replace(tmp, path)
