@@ -134,13 +134,15 @@ def convert(gguf_path: Path, output: Path, dtype: str = "bfloat16", force: bool 
     old = recorded(output)
     if old is not None and old.get("sha256") == digest and old.get("dtype") == dtype \
             and (output / "config.json").is_file():
-        from qerl.owned import modified
+        from qerl.owned import MANIFEST, changed
 
-        if not (bad := modified(output)):
+        if not (bad := changed(output)):  # (no manifest: nothing to check the files against, so not done)
             return {**old, "cached": True}
         if not force:
-            raise GGUFError(f"--output {output}: the conversion of this file, but {', '.join(bad[:3])} no longer "
-                            "match what was written (qerl_files.json): pass --force to convert it again")
+            why = (f"has no {MANIFEST} (deleted, or written by an older qerl), so its files cannot be checked"
+                   if bad == [MANIFEST] else f"{', '.join(bad[:3])} no longer match what was written ({MANIFEST})")
+            raise GGUFError(f"--output {output}: the conversion of this file, but it {why}: pass --force to "
+                            "convert it again")
     if output.exists() and any(output.iterdir()):
         if not force:
             what = "the conversion of another GGUF file" if old else "files that are not a converted model"

@@ -105,6 +105,19 @@ def test_cli_from_gguf(tiny_gguf, tmp_path):
     assert r.returncode == 0 and "dequantized from F32 x11, Q8_0 x16" in r.stdout
     r = run("--gguf", str(tiny_gguf["Q8_0"]), "--output", str(out))
     assert r.returncode == 0 and "nothing to do" in r.stdout
+    # issue 80: a damaged output is never "nothing to do": its manifest deleted and its weights cut, or its weights
+    # zeroed at the same size (every file is hashed)
+    weights = out / "model.safetensors"
+    good = weights.read_bytes()
+    weights.write_bytes(bytes(len(good)))
+    r = run("--gguf", str(tiny_gguf["Q8_0"]), "--output", str(out))
+    assert r.returncode != 0 and "model.safetensors no longer match what was written" in r.stderr
+    (out / "qerl_files.json").unlink()
+    weights.write_bytes(good[: len(good) // 2])
+    r = run("--gguf", str(tiny_gguf["Q8_0"]), "--output", str(out))
+    assert r.returncode != 0 and "has no qerl_files.json" in r.stderr and "Traceback" not in r.stderr
+    r = run("--gguf", str(tiny_gguf["Q8_0"]), "--output", str(out), "--force")
+    assert r.returncode == 0 and weights.read_bytes() == good
     r = run("--gguf", str(tmp_path / "missing.gguf"), "--output", str(tmp_path / "x"))
     assert r.returncode == 2 and "no such GGUF file" in r.stderr and "Traceback" not in r.stderr
 
