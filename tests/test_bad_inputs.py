@@ -268,7 +268,7 @@ CASES = [
     ("from-gguf-output-is-a-file", ["from-gguf", "--gguf", R("cut.gguf"), "--output", R("a_file")], 2,
      ["a_file", "is a file"]),
     ("claims-results-missing", ["claims", "--workflow-config", R("workflow.yaml"), "--results", R("no_results"),
-                                "--output", R("cl")], 2, ["no run has both metrics.jsonl"]),
+                                "--output", R("cl")], 2, ["no finished run has both metrics.jsonl"]),
     ("claims-timing-not-method-file", ["claims", "--workflow-config", R("workflow.yaml"), "--results",
                                        R("results_empty"), "--output", R("cl"), "--timing", "qerl"], 2,
      ["--timing 'qerl'", "METHOD=FILE"]),

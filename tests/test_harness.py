@@ -129,6 +129,7 @@ def _results(root: Path) -> None:
     for method in ("lora", "qerl"):
         run_dir = root / "train" / f"m/{method}/grpo/d/seed0"
         run_dir.mkdir(parents=True)
+        run_dir.joinpath("summary.json").write_text(json.dumps({"steps": 5}))  # a finished run
         run_dir.joinpath("metrics.jsonl").write_text("".join(
             json.dumps({"step": i, "reward_mean": 0.1 * i, "entropy": 0.3, "rollout_seconds": 1.0,
                         "train_seconds": 0.5}) + "\n" for i in range(1, 6)))

@@ -165,8 +165,12 @@ def collect(config: dict, results: Path, benchmark: str | None = None) -> tuple[
         out.append(RunData(arm(r.method, r.model, first.model), r.seed, metrics, ev, base_ev, ev["per_problem"],
                            r.model, float(lr) if lr is not None else None))
     if not out:
-        raise NoRunsError(f"{results}: no run has both metrics.jsonl and a {bench} evaluation (missing: "
-                          f"{', '.join(missing[:3])}{' …' if len(missing) > 3 else ''})")
+        parts = [f"missing: {', '.join(missing[:3])}{' …' if len(missing) > 3 else ''}"] if missing else []
+        if unfinished:
+            parts.append(f"training unfinished (no summary.json): {', '.join(unfinished[:3])}"
+                         f"{' …' if len(unfinished) > 3 else ''}")
+        raise NoRunsError(f"{results}: no finished run has both metrics.jsonl and a {bench} evaluation "
+                          f"({'; '.join(parts)})")
     meta = {"model": first.model, "dataset": first.dataset, "algorithm": first.algo, "benchmark": bench,
             "missing": missing, "unfinished": unfinished}
     return out, meta

@@ -228,7 +228,7 @@ def test_missing_results_are_named(results, tmp_path):
     shutil.rmtree(results / "eval" / "m/lora_aqn")
     got = build(CONFIG, results, tmp_path / "rep")
     assert got["runs"] == 6 and "m/lora_aqn/grpo/d/seed0" in (tmp_path / "rep" / "claims.md").read_text()
-    with pytest.raises(ClaimsError, match="no run has both metrics.jsonl and a b evaluation"):
+    with pytest.raises(ClaimsError, match="no finished run has both metrics.jsonl and a b evaluation"):
         build(CONFIG, tmp_path / "empty", tmp_path / "rep2")
 
 
@@ -242,7 +242,7 @@ def test_cli(results, tmp_path):
     assert r.returncode == 0 and "refuted  (a) QeRL reaches at least bf16 LoRA's accuracy" in r.stdout
     r = subprocess.run([sys.executable, "-m", "qerl", "claims", "--workflow-config", str(cfg), "--results",
                         str(tmp_path / "nothing"), "--output", str(tmp_path / "rep3")], capture_output=True, text=True)
-    assert r.returncode == 2 and "no run has both" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "no finished run has both" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_the_step_claim_at_7b_to_32b_reads_the_step_tables(tmp_path):

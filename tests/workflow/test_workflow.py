@@ -608,8 +608,8 @@ def test_bases_overlay_quantizes_six_ways_and_evaluates_bases_only(tmp_path, tin
     assert "train" not in jobs and "evaluate_trained" not in jobs
     text = out.stdout
     assert text.count("--calibration awq --calibration-data config/real/data/gsm8k_train.jsonl "
-                      "--calibration-field question --calibration-template paper --calibration-samples 128 "
-                      "--calibration-seq-len 512") == 3
+                      "--calibration-field question --calibration-solution-field answer --calibration-template paper "
+                      "--calibration-samples 256 --calibration-seq-len 2048") == 3
     assert "--output results/quantize/q05b-awq-fos-tail --force --max-shard-size 2GB --scale-rule four-over-six " \
            "--keep-bf16-last 0.15 --calibration awq" in text
     assert "--model results/models/qwen2.5-coder-0.5b --output results/quantize/q05b-rtn" in text
