@@ -143,10 +143,12 @@ def load_local(path: str | Path, prompt_field: str = "prompt", answer_field: str
             with open(path, encoding="utf-8") as f:
                 for i, line in enumerate(f):
                     if line.strip():
-                        from qerl.readers import InputFileError, loads
+                        from qerl.readers import InputFileError, _pairs
 
                         try:  # duplicate keys refused, as in every file qerl reads (which one would count?)
-                            rows.append(loads(line, f"{path}:{i + 1}"))
+                            rows.append(json.loads(line, object_pairs_hook=_pairs(f"{path}:{i + 1}")))
+                        except json.JSONDecodeError as e:
+                            raise DataError(f"{path}: line {i + 1} is not JSON ({e})") from None
                         except InputFileError as e:
                             raise DataError(str(e)) from None
         except UnicodeDecodeError:
