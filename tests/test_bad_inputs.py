@@ -480,7 +480,8 @@ def test_an_unknown_reward_is_named_before_any_model_loads():
     from qerl.rewards.registry import RewardSettings
     from qerl.train.config import ConfigError, TrainConfig, validate
 
-    with pytest.raises(ConfigError, match=r"config.reward.correctness: 'fuzzy' is not a registered reward \(.*exact.*math"):
+    with pytest.raises(ConfigError,
+                       match=r"config.reward.correctness: 'fuzzy' is not a registered reward \(.*exact.*math"):
         validate(dataclasses.replace(TrainConfig(), reward=RewardSettings(correctness="fuzzy")))
 
 
