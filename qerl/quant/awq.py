@@ -51,6 +51,9 @@ GRID = 20  # alpha in {0, 1/20, ..., 19/20}
 CLIP_GRID = 11  # clip ratios 1, 0.95, ..., 0.5
 CLIP_TOKENS = 512  # calibration tokens a clip search reads (llm-awq's n_sample_token)
 BLOCK = 16  # NVFP4's block along K
+CHUNK_TOKENS = 16384  # calibration tokens one forward of a layer or block reads (rows of [n, L] at a time): bounded
+#                       memory at any calibration size (the paper's 256 x 2,048 in one forward materialises a 56 GiB
+#                       fp32 attention matrix [256, heads, 2048, 2048] where attention falls back to the math kernel)
 
 
 @dataclass
@@ -104,14 +107,36 @@ def swapped(linears: list, weights: list[torch.Tensor]):
             lin.weight.data = w
 
 
-def block_loss(module, args: tuple, kwargs: dict, reference: torch.Tensor, linears: list) -> Callable:
-    """``loss(weights) = ‖module(…) − reference‖²`` with ``linears`` computing with ``weights``: the error of a block's
-    output (attention for q / k / v, the MLP for gate / up) as llm-awq's search measures it."""
+def _rows(obj, a: int, b: int, n: int):
+    """``obj`` (a tensor, or tuples / lists / dicts of them) cut to calibration rows ``a:b`` along every leading
+    dimension of size ``n`` (the rows); anything else (a broadcast mask ``[1, …]``, a flag) as it is."""
+    if isinstance(obj, torch.Tensor):
+        return obj[a:b] if obj.dim() and obj.shape[0] == n else obj
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_rows(o, a, b, n) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _rows(v, a, b, n) for k, v in obj.items()}
+    return obj
+
+
+def row_chunks(n: int, seq_len: int, tokens: int = CHUNK_TOKENS) -> list[tuple[int, int]]:
+    """``[(a, b), …]``: the calibration rows ``[0, n)`` in chunks of at most ``max(1, tokens // seq_len)`` rows."""
+    step = max(1, tokens // max(1, seq_len))
+    return [(a, min(n, a + step)) for a in range(0, n, step)]
+
+
+def block_loss(module, chunks: list[tuple], linears: list) -> Callable:
+    """``loss(weights) = Σ_chunks ‖module(…) − reference‖²`` with ``linears`` computing with ``weights``: the error of
+    a block's output (attention for q / k / v, the MLP for gate / up) as llm-awq's search measures it. ``chunks``:
+    ``[(args, kwargs, reference output), …]``, the block's captured inputs and outputs a chunk of rows at a time."""
     def loss(weights: list[torch.Tensor]) -> float:
+        total = 0.0
         with swapped(linears, weights):
-            out = module(*args, **kwargs)
-        out = out[0] if isinstance(out, tuple) else out
-        return float((out.float() - reference.float()).square().sum())
+            for args, kwargs, reference in chunks:
+                out = module(*args, **kwargs)
+                out = out[0] if isinstance(out, tuple) else out
+                total += float((out.float() - reference.float()).square().sum())
+        return total
     return loss
 
 
@@ -202,18 +227,21 @@ def layer_groups(layer, name: str) -> list[Group]:
 
 @dataclass
 class Captured:
-    """What one forward of a decoder layer shows: each group's input ``[tokens, K]``, and the attention and MLP
-    blocks' inputs (``(args, kwargs)``) and outputs."""
+    """What one forward of a decoder layer shows: each group's input ``[tokens, K]``, the attention and MLP blocks'
+    inputs and outputs a chunk of rows at a time (``{"attn" | "mlp": [(args, kwargs, output), …]}``), and the
+    layer's output ``[n, L, D]``."""
 
     x: dict
     blocks: dict
     out: torch.Tensor
 
 
-def _capture(layer, groups: list[Group], hidden: torch.Tensor, kwargs: dict) -> Captured:
-    """Run ``layer`` on ``hidden`` and capture each group's input (its first linear's) and the attention / MLP
-    blocks' inputs and outputs (none without ``groups``)."""
-    seen, blocks, hooks = {}, {}, []
+def _capture(layer, groups: list[Group], hidden: torch.Tensor, kwargs: dict,
+             chunk_tokens: int = CHUNK_TOKENS) -> Captured:
+    """Run ``layer`` on ``hidden [n, L, D]`` (``kwargs``: its position embeddings, mask, …, over the same ``n`` rows)
+    a chunk of rows at a time (:func:`row_chunks`), and capture each group's input (its first linear's) and the
+    attention / MLP blocks' inputs and outputs (none without ``groups``)."""
+    seen, blocks, hooks, outs = {}, {"attn": [], "mlp": []}, [], []
     for g in groups:
         def hook(mod, args, g=g):
             seen.setdefault(g.name, []).append(args[0].detach().reshape(-1, args[0].shape[-1]).float())
@@ -221,19 +249,22 @@ def _capture(layer, groups: list[Group], hidden: torch.Tensor, kwargs: dict) -> 
     if groups:
         for name, mod in (("attn", layer.self_attn), ("mlp", layer.mlp)):
             def pre(m, args, kw, name=name):
-                blocks[name] = [args, dict(kw), None]
+                blocks[name].append([args, dict(kw), None])
 
             def post(m, args, kw, out, name=name):
-                blocks[name][2] = (out[0] if isinstance(out, tuple) else out).detach()
+                blocks[name][-1][2] = (out[0] if isinstance(out, tuple) else out).detach()
             hooks.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
             hooks.append(mod.register_forward_hook(post, with_kwargs=True))
+    n = hidden.shape[0]
     try:
-        out = layer(hidden, **kwargs)
+        for a, b in row_chunks(n, hidden.shape[1], chunk_tokens):
+            out = layer(hidden[a:b], **_rows(kwargs, a, b, n))
+            outs.append(out[0] if isinstance(out, tuple) else out)
     finally:
         for h in hooks:
             h.remove()
-    out = out[0] if isinstance(out, tuple) else out
-    return Captured({k: torch.cat(v) for k, v in seen.items()}, blocks, out)
+    return Captured({k: torch.cat(v) for k, v in seen.items()}, {k: [tuple(c) for c in v] for k, v in blocks.items()},
+                    torch.cat(outs))
 
 
 def _quantiles(s: torch.Tensor) -> dict:
@@ -244,11 +275,12 @@ def _quantiles(s: torch.Tensor) -> dict:
 @torch.no_grad()
 def smooth(model, input_ids: torch.Tensor, scale_rule: str = "max6", skip_layers: set[int] = frozenset(),
            grid: int = GRID, max_tokens: int | None = None, clip: bool = True, clip_tokens: int | None = CLIP_TOKENS,
-           progress: bool = False) -> dict:
+           progress: bool = False, chunk_tokens: int = CHUNK_TOKENS) -> dict:
     """Search and fold AWQ scales into ``model`` (a transformers Qwen2 / Llama causal LM) in place, layer by layer,
     on calibration ``input_ids [n, L]``, then clip its weights (``clip``; :func:`search_clip`). ``skip_layers``:
     decoder layers left as they are (those kept in bf16). ``max_tokens``: at most this many calibration tokens
     (evenly spaced) enter the linears' own losses (o, down; default all); the block losses read every token.
+    ``chunk_tokens``: the rows a forward reads at a time (memory; the result is the same up to fp32 summation order).
     Returns a report ``{group name: {"alpha", "loss", "loss_rtn", "loss_on", "tokens", "s_min", "s_median",
     "s_max", "clip": {linear: {"ratio_mean", "clipped_frac"}}}}``."""
     from tqdm.auto import tqdm
@@ -262,9 +294,10 @@ def smooth(model, input_ids: torch.Tensor, scale_rule: str = "max6", skip_layers
     try:
         from transformers.masking_utils import create_causal_mask
 
-        kwargs["attention_mask"] = create_causal_mask(config=model.config, inputs_embeds=hidden,
-                                                      attention_mask=torch.ones_like(ids), past_key_values=None,
-                                                      position_ids=pos, cache_position=pos[0])
+        # (one row's mask, [1, 1, L, L] or None: every row is causal and unpadded alike, so it broadcasts)
+        kwargs["attention_mask"] = create_causal_mask(config=model.config, inputs_embeds=hidden[:1],
+                                                      attention_mask=torch.ones_like(ids[:1]), past_key_values=None,
+                                                      position_ids=pos[:1], cache_position=pos[0])
     except (ImportError, TypeError):  # (the layer builds a causal mask itself when given none)
         pass
     report = {}
@@ -272,13 +305,13 @@ def smooth(model, input_ids: torch.Tensor, scale_rule: str = "max6", skip_layers
         groups = [] if i in skip_layers else layer_groups(layer, f"layers.{i}")
         # One forward of the bf16 layer gives every group's and block's input and output: a fold is exact, so
         # folding one group changes neither another group's input nor what the layer computes (rounding aside).
-        cap = _capture(layer, groups, hidden, kwargs)
+        cap = _capture(layer, groups, hidden, kwargs, chunk_tokens)
         scales = {}
         for g in groups:
             x, kind = cap.x[g.name], g.name.rsplit(".", 1)[1]
             block = {"qkv": "attn", "gate_up": "mlp"}.get(kind)
             loss = None if block is None else block_loss(layer.self_attn if block == "attn" else layer.mlp,
-                                                         *cap.blocks[block], g.linears)
+                                                         cap.blocks[block], g.linears)
             xl = x if block else _spaced(x, max_tokens)
             s, rep = search_scale(xl, [lin.weight for lin in g.linears], scale_rule, grid, loss)
             reference_fold(g, s)

@@ -289,6 +289,9 @@ def quantize_checkpoint(
         except (ValueError, FileNotFoundError) as e:  # the calibration data's own problems, named
             shutil.rmtree(smoothed, ignore_errors=True)
             raise CheckpointError(str(e)) from None
+        except torch.cuda.OutOfMemoryError as e:
+            shutil.rmtree(smoothed, ignore_errors=True)
+            raise CheckpointError(_awq_oom(e, calibration_samples, calibration_seq_len)) from None
     try:
         rtn = smoothed is None or (awq_report or {}).get("guard", {}).get("kept") == "round-to-nearest"
         return _write(src if rtn else smoothed, src, dst, force, ignore, max_shard_size, progress,
@@ -296,6 +299,17 @@ def quantize_checkpoint(
     finally:
         if smoothed is not None:
             shutil.rmtree(smoothed, ignore_errors=True)
+
+
+def _awq_oom(e: Exception, samples: int, seq_len: int) -> str:
+    """The message of an AWQ search that ran out of GPU memory: what it holds, how to make it smaller."""
+    free, total = torch.cuda.mem_get_info() if torch.cuda.is_available() else (0, 0)
+    from qerl.quant.awq import CHUNK_TOKENS
+
+    return (f"AWQ ran out of GPU memory on {samples} x {seq_len} calibration tokens ({free / 2**30:.1f} of "
+            f"{total / 2**30:.1f} GiB free now; the search holds the fp32 model, every layer's inputs over all "
+            f"calibration tokens and runs forwards of {CHUNK_TOKENS} tokens; other processes on the GPU count): lower "
+            f"--calibration-samples or --calibration-seq-len, or free the GPU (torch: {str(e).splitlines()[0][:200]})")
 
 
 def _awq_smoothed_copy(src: Path, out: Path, scale_rule: str, kept: set[int], data, field: str, template: str,

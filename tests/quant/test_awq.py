@@ -77,6 +77,30 @@ def test_smooth_sees_the_inputs_the_model_computes(tmp_path):
         assert torch.allclose(seen[i][0].reshape(-1, x.shape[-1]), x, atol=1e-5), i
 
 
+def test_smooth_a_row_at_a_time_equals_smooth_in_one_forward(tmp_path):
+    """The search reads the calibration rows in chunks (bounded memory at the paper's 256 x 2,048, where one forward
+    would materialise a 56 GiB attention matrix): one row a chunk gives the same scales, losses, clip ratios and
+    weights as all rows at once (up to fp32 summation order), and the chunks cover every row once."""
+    from transformers import AutoModelForCausalLM
+
+    assert awq.row_chunks(5, 4, tokens=8) == [(0, 2), (2, 4), (4, 5)]
+    assert awq.row_chunks(3, 2048, tokens=16) == [(0, 1), (1, 2), (2, 3)]  # never 0 rows
+    m = AutoModelForCausalLM.from_pretrained(_model(tmp_path), dtype=torch.float32).eval()
+    ids = torch.randint(3, 250, (4, 24), generator=torch.Generator().manual_seed(3))
+    whole, rows = copy.deepcopy(m), copy.deepcopy(m)
+    r_whole = awq.smooth(whole, ids, grid=10)
+    r_rows = awq.smooth(rows, ids, grid=10, chunk_tokens=24)  # one row of 24 tokens a forward
+    assert r_whole.keys() == r_rows.keys()
+    for k in r_whole:
+        assert r_whole[k]["alpha"] == r_rows[k]["alpha"], k
+        assert r_whole[k]["loss"] == pytest.approx(r_rows[k]["loss"], rel=1e-4), k
+        assert r_whole[k]["clip"].keys() == r_rows[k]["clip"].keys(), k
+        for lin, c in r_whole[k]["clip"].items():
+            assert c == pytest.approx(r_rows[k]["clip"][lin], rel=1e-4), (k, lin)
+    for (n, a), b in zip(whole.named_parameters(), rows.parameters()):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), n
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_awq_checkpoint_errs_less_than_rtn_on_held_out_text(tmp_path, arch):
     """KL(bf16 || NVFP4) of next-token distributions on held-out sentences (another template, other numbers than
@@ -201,6 +225,27 @@ def test_bad_calibration_inputs_are_named(tmp_path):
     with pytest.raises(ValueError, match="a text file has no fields"):
         awq.calibration_texts(tmp_path / "c.txt", "question", "answer")
     assert not (tmp_path / "a").exists()
+
+
+def test_awq_out_of_gpu_memory_is_a_message_with_the_sizes(tmp_path, monkeypatch):
+    """A search that runs out of GPU memory (the H200 did, at 256 x 2,048 before the search read its rows in chunks)
+    ends in one message naming the calibration size and what to lower, and leaves no output and no temporary copy."""
+    from qerl.checkpoint import CheckpointError
+    from qerl.stages.quantize import quantize_checkpoint
+
+    def oom(*a, **k):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 56.00 GiB.")
+    monkeypatch.setattr(awq, "smooth", oom)
+    src = _model(tmp_path, outliers=False)
+    cal = tmp_path / "cal.jsonl"
+    cal.write_text("".join(json.dumps({"question": f"{a}+1", "answer": str(a + 1)}) + "\n" for a in range(20)))
+    out = tmp_path / "out" / "q"
+    out.parent.mkdir()
+    with pytest.raises(CheckpointError, match=r"AWQ ran out of GPU memory on 8 x 32 calibration tokens .*lower "
+                                              r"--calibration-samples or --calibration-seq-len.*56.00 GiB"):
+        quantize_checkpoint(src, out, progress=False, calibration="awq", calibration_data=cal,
+                            calibration_samples=8, calibration_seq_len=32, calibration_solution_field="answer")
+    assert list(out.parent.iterdir()) == []
 
 
 def test_base_kl_bench_ranks_awq_below_rtn_on_cpu(tmp_path):

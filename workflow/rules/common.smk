@@ -222,6 +222,13 @@ def calibration_inputs(model):
     return [data] if data and quant_setting(model, "calibration", "none") == "awq" else []
 
 
+def quant_gpus(model):
+    """GPUs a quantize job claims: resources.quantize.gpu, and at least one for an AWQ model (its search runs the
+    fp32 model over every calibration token; several side by side on a GPU no job counted ran it out of memory)."""
+    n = int(resources("quantize", "gpu", 0))
+    return max(n, 1) if quant_setting(model, "calibration", "none") == "awq" else n
+
+
 def calibration_args(model):
     q = config.get("quantize", {})
     if quant_setting(model, "calibration", "none") != "awq":

@@ -18,6 +18,7 @@ rule quantize:
         cal=lambda w: calibration_args(w.model),
         track=lambda w: track("quantize", model=w.model),
     resources:
+        gpu=lambda w: quant_gpus(w.model),
         cpus_per_task=resources("quantize", "cpus", 1),
         mem_mb=resources("quantize", "mem_mb", 4000),
         runtime=resources("quantize", "runtime", 60),
@@ -26,6 +27,6 @@ rule quantize:
     conda:
         "../envs/qerl.yaml"
     shell:
-        "qerl quantize --model {params.src} --output {params.out} --force --max-shard-size {params.shard} "
+        "QERL_CLAIM_GPUS={resources.gpu} qerl quantize --model {params.src} --output {params.out} --force --max-shard-size {params.shard} "
         "--scale-rule {params.rule} --keep-bf16-last {params.keep} {params.cal} "
         "--no-progress {params.track} > {log} 2>&1"
