@@ -104,7 +104,8 @@ MARKERS = {"final": ("adapter_config.json", "config.json"),
 
 def foreign_run_files(out: Path) -> list[str]:
     """Names under ``out`` that look like a run's but are not qerl train's: a ``final/`` or ``checkpoint/`` without
-    any file qerl writes there, a ``summary.json`` that is no run summary. ``--overwrite`` would delete them."""
+    any file qerl writes there, a ``summary.json`` that is no run summary, a ``metrics.jsonl`` without the run's
+    ``config.json``. ``--overwrite`` and ``--rerun`` would delete them."""
     out, bad = Path(out), []
     for sub, markers in MARKERS.items():
         d = out / sub
@@ -112,6 +113,9 @@ def foreign_run_files(out: Path) -> list[str]:
             bad.append(sub)
         elif d.is_dir() and any(d.iterdir()) and not any((d / m).exists() for m in markers):
             bad.append(f"{sub}/{sorted(p.name for p in d.iterdir())[0]}")
+    metrics = out / "metrics.jsonl"  # (qerl train writes its config.json before its first row)
+    if metrics.is_file() and metrics.stat().st_size and not (out / "config.json").is_file():
+        bad.append("metrics.jsonl (without the config.json qerl train writes before its first row)")
     summary = out / "summary.json"
     if summary.exists():
         try:

@@ -182,10 +182,30 @@ def test_rerun_continues_its_own_run_and_replaces_one_of_other_settings(warm_mod
     finally:
         manifest.write_text(saved)
     assert again.returncode == 0 and "an earlier version of its base model" in again.stdout
-    cut = tmp_path / "cut"  # killed before its first checkpoint: metrics, no checkpoint
+    cut = tmp_path / "cut"  # killed before its first checkpoint: its config, metrics, no checkpoint
     cut.mkdir()
+    (cut / "config.json").write_text((out / "config.json").read_text())
     (cut / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.5}) + "\n")
     assert ownership.prepare(cut, "rerun") is False and not (cut / "metrics.jsonl").exists()
+
+
+def test_rerun_and_overwrite_never_replace_a_metrics_file_qerl_did_not_write(warm_model, tmp_path):
+    """A ``metrics.jsonl`` of someone else's (no ``config.json`` of qerl train beside it: qerl writes that before its
+    first row) in the output directory: ``--rerun`` and ``--overwrite`` refuse and name it, and it is kept byte for
+    byte."""
+    from qerl.train import ownership
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    theirs = "".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in (1, 2, 3))
+    (mine / "metrics.jsonl").write_text(theirs)
+    for mode in ("rerun", "overwrite", "new", "auto"):
+        with pytest.raises(ownership.OwnershipError, match=r"holds files that are not a qerl run's \(metrics.jsonl "
+                                                           r"\(without the config.json qerl train writes"):
+            ownership.prepare(mine, mode)
+    cli = qerl("train", "--config", config(tmp_path, warm_model, "mine", steps=1), "--no-progress", "--rerun")
+    assert cli.returncode != 0 and "metrics.jsonl (without the config.json" in cli.stderr + cli.stdout
+    assert "Traceback" not in cli.stderr and (mine / "metrics.jsonl").read_text() == theirs
 
 
 def test_library_call_cannot_restart_over_a_run(warm_model, tmp_path):
