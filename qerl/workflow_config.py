@@ -15,8 +15,7 @@ from pathlib import Path
 from dataclasses import dataclass
 
 from qerl.methods import DEFAULT_UNTRAINED, NAMES as METHODS, NVFP4_METHODS, UNTRAINED as _UNTRAINED, base_of  # noqa: F401 (the registry)
-
-ALGORITHMS = ("grpo", "dapo", "dr_grpo")
+from qerl.rl.algorithms import NAMES as ALGORITHMS  # noqa: F401 (the presets table)
 UNTRAINED = tuple(_UNTRAINED)
 
 

@@ -54,8 +54,14 @@ def world(tmp_path_factory):
     # a run that logged steps but stopped before its first checkpoint
     started = root / "started"
     started.mkdir()
+    (started / "config.json").write_text((w["run"] / "config.json").read_text())  # (written before the first row)
     (started / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.0}) + "\n")
     w["started_cfg"] = write_cfg(root / "started.yaml", w["model"], started)
+    # someone else's metrics.jsonl (no run config beside it): never replaced
+    foreign = root / "foreign"
+    foreign.mkdir()
+    (foreign / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n")
+    w["foreign_cfg"] = write_cfg(root / "foreign.yaml", w["model"], foreign)
     (root / "a_file").write_text("not a directory\n")
     (root / "list.yaml").write_text("- 1\n- 2\n")
     (root / "bad.yaml").write_text("steps: [1, 2\n")
@@ -125,6 +131,8 @@ CASES = [
     ("train-auto-resume-no-checkpoint", ["train", "--config", W("started_cfg"), "--auto-resume"], 2,
      ["no checkpoint to resume from", "--overwrite"]),
     ("train-resume-nothing", ["train", "--config", W("started_cfg"), "--resume"], 2, ["checkpoint does not exist"]),
+    ("train-rerun-over-foreign-metrics", ["train", "--config", W("foreign_cfg"), "--rerun"], 2,
+     ["not a qerl run's", "metrics.jsonl (without the config.json"]),
     ("train-resume-truncated-checkpoint", ["train", "--config", W("broken_cfg"), "--resume"], 2,
      ["trainable.safetensors", "truncated or corrupt"]),
     ("train-resume-other-settings", ["train", "--config", W("cfg"), "--resume", "--set", "optim.lr=0.5"], 2,

@@ -6,11 +6,14 @@ Per token t of completion i, with ratio ``ρ = exp(logp - old_logp)`` and advant
            · w_it                                                   (optional truncated IS weight)
            + β · k3_it,  k3 = exp(ref - logp) - (ref - logp) - 1     (optional KL, GRPO only)
 
-Aggregation (the only difference between the algorithms besides their defaults):
+Aggregation and ratio level are the axes of :mod:`qerl.rl.algorithms` (its table holds each algorithm's values):
 
-* ``grpo``    — mean over each sequence's tokens, then mean over sequences (paper §2, TRL "grpo").
-* ``dapo``    — sum over all completion tokens / number of tokens (token-level; clip-higher).
-* ``dr_grpo`` — sum over all tokens / (n_sequences · max_len): a constant normaliser, no length bias.
+* ``sequence-mean`` (GRPO, GSPO) — mean over each sequence's tokens, then mean over sequences (paper §2, TRL "grpo").
+* ``token-mean`` (DAPO) — sum over all completion tokens / number of tokens (token-level; clip-higher).
+* ``constant`` (Dr. GRPO) — sum over all tokens / (n_sequences · max_len): a constant normaliser, no length bias.
+* ``ratio_level: sequence`` (GSPO eq. 7) — every token of completion i carries the sequence ratio
+  ``s_i = exp(mean_t (logp_it − old_logp_it))`` in place of ``ρ_it``: the clip acts on whole completions, and with
+  sequence-mean aggregation ``ℓ_i = max(−A_i s_i, −A_i clip(s_i, 1 − ε_low, 1 + ε_high))``.
 
 Truncated importance sampling (TIS): rollouts come from the noisy sampling policy (AQN) while
 ``old_logp`` is the trainer's noise-free log-prob; ``w = min(exp(old_logp - rollout_logp), C)``
@@ -22,29 +25,52 @@ from dataclasses import dataclass
 
 import torch
 
-ALGORITHMS = ("grpo", "dapo", "dr_grpo")
+from qerl.rl.algorithms import NAMES as ALGORITHMS, check_axes, preset
 
 
 @dataclass(frozen=True)
 class LossSettings:
-    """Loss hyperparameters. Paper Table 4: GRPO ε = 0.2 both sides, no KL; DAPO ε_low 0.2,
-    ε_high 0.28, no KL."""
+    """Loss hyperparameters: ``algorithm`` (a preset of :mod:`qerl.rl.algorithms`) gives the defaults of every
+    setting left None. Paper Table 4: GRPO ε = 0.2 both sides, no KL; DAPO ε_low 0.2, ε_high 0.28, no KL."""
 
     algorithm: str = "grpo"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
+    clip_low: float | None = None
+    clip_high: float | None = None
     kl_coef: float = 0.0
-    max_len: int | None = None  # dr_grpo normaliser (max new tokens)
+    max_len: int | None = None  # the constant aggregation's normaliser (max new tokens)
+    aggregation: str | None = None
+    ratio_level: str | None = None
 
     def __post_init__(self):
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        p = preset(self.algorithm)
+        for name in ("clip_low", "clip_high", "aggregation", "ratio_level"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, getattr(p, name))
+        check_axes(self.aggregation, self.ratio_level, where="LossSettings")
         if self.clip_low < 0 or self.clip_high < 0:
             raise ValueError(f"clip ε must be >= 0, got low={self.clip_low}, high={self.clip_high}")
         if self.kl_coef < 0:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
-        if self.algorithm == "dr_grpo" and not self.max_len:
-            raise ValueError("dr_grpo needs max_len (the max completion length) as its normaliser")
+        if self.aggregation == "constant" and not self.max_len:
+            raise ValueError(f"{self.algorithm} (aggregation 'constant') needs max_len (the max completion length) as "
+                             "its normaliser")
+
+
+def micro_weight(aggregation: str, mask: torch.Tensor, m: slice | torch.Tensor) -> float:
+    """Share of micro-batch ``m`` (a slice or an index tensor of rows of ``mask [B, T]``) in the batch-level loss
+    under ``aggregation``, so that summing micro losses times these weights equals the loss of the whole batch:
+    its share of the batch's tokens (token-mean), of its sequences with tokens (sequence-mean), or of its rows
+    (constant)."""
+    if aggregation == "token-mean":
+        return float(mask[m].sum() / mask.sum().clamp(min=1))
+    if aggregation == "sequence-mean":
+        has = mask.sum(1) > 0
+        return float(has[m].sum() / has.sum().clamp(min=1))
+    if aggregation == "constant":
+        return ((m.stop - m.start) if isinstance(m, slice) else len(m)) / mask.shape[0]
+    raise ValueError(f"aggregation {aggregation!r} is not one of sequence-mean, token-mean, constant")
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -84,7 +110,11 @@ def policy_loss(
     adv = advantages.to(logp.dtype)
     if adv.ndim == 1:
         adv = adv.unsqueeze(1)
-    ratio = torch.exp(logp - old_logp)
+    if settings.ratio_level == "sequence":  # GSPO: one length-normalised ratio a completion, on each of its tokens
+        log_s = ((logp - old_logp) * mask).sum(1) / mask.sum(1).clamp(min=1)
+        ratio = torch.exp(log_s).unsqueeze(1).expand_as(logp)
+    else:
+        ratio = torch.exp(logp - old_logp)
     clipped = torch.clamp(ratio, 1 - settings.clip_low, 1 + settings.clip_high)
     per_token = torch.maximum(-adv * ratio, -adv * clipped)
     if is_weights is not None:
@@ -96,13 +126,13 @@ def policy_loss(
         d = ref_logp - logp
         kl = torch.exp(d) - d - 1
         per_token = per_token + settings.kl_coef * kl
-    if settings.algorithm == "grpo":
+    if settings.aggregation == "sequence-mean":
         per_seq = (per_token * mask).sum(1) / mask.sum(1).clamp(min=1)
         has_tokens = (mask.sum(1) > 0).to(per_seq.dtype)
         loss = (per_seq * has_tokens).sum() / has_tokens.sum().clamp(min=1)
-    elif settings.algorithm == "dapo":
+    elif settings.aggregation == "token-mean":
         loss = (per_token * mask).sum() / mask.sum().clamp(min=1)
-    else:  # dr_grpo
+    else:  # constant
         loss = (per_token * mask).sum() / (mask.shape[0] * settings.max_len)
     with torch.no_grad():  # (no data-dependent shapes: nothing here waits for the GPU unless ``sync``)
         is_clipped = ((ratio < 1 - settings.clip_low) & (adv < 0)) | ((ratio > 1 + settings.clip_high) & (adv > 0))

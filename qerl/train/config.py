@@ -18,7 +18,7 @@ from qerl.lora import LoraSettings
 from qerl.methods import NAMES
 from qerl.rewards.registry import RewardSettings, available_rewards
 from qerl.rl.aqn import AQNSettings
-from qerl.rl.losses import ALGORITHMS
+from qerl.rl.algorithms import NAMES as ALGORITHMS
 from qerl.rollout.sampling import SamplingSettings
 from qerl.workflow_config import runs, train_config
 
@@ -60,19 +60,22 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
-    """name: grpo | dapo | dr_grpo. group_size G (paper 8 GSM8K / 16 BigMath). clip_high defaults
-    to 0.28 for dapo (clip-higher) and clip_low otherwise. dynamic_sampling / overlong_mask default
-    on for dapo. updates_per_batch μ (paper 4 GSM8K / 1 BigMath). tis_cap: truncated importance
-    sampling cap C for the rollout-vs-trainer mismatch (None = off). old_logprob_pass: with μ = 1 the old
+    """name: a preset of :mod:`qerl.rl.algorithms` (grpo | dapo | dr_grpo | gspo), whose table gives every setting
+    left null here: ``aggregation`` (sequence-mean | token-mean | constant), ``ratio_level`` (token | sequence),
+    ``clip_low`` / ``clip_high`` (ε), ``adv_scale`` (std | none), ``dynamic_sampling``, ``overlong_mask``.
+    group_size G (paper 8 GSM8K / 16 BigMath). updates_per_batch μ (paper 4 GSM8K / 1 BigMath). tis_cap: truncated
+    importance sampling cap C for the rollout-vs-trainer mismatch (None = off). old_logprob_pass: with μ = 1 the old
     policy's log-probs are the update's own forward, detached (the ratio is 1 in value, its gradient that of
     log π; TRL does the same), so no separate no-grad pass runs; true runs that pass anyway (μ > 1 always does)."""
 
     name: str = "grpo"
     group_size: int = 8
-    clip_low: float = 0.2
+    clip_low: float | None = None
     clip_high: float | None = None
     kl_coef: float = 0.0
-    adv_scale: str | None = None  # "std" | "none"; default "none" for dr_grpo
+    adv_scale: str | None = None
+    aggregation: str | None = None
+    ratio_level: str | None = None
     updates_per_batch: int = 1
     dynamic_sampling: bool | None = None
     max_refill_rounds: int = 3
@@ -83,14 +86,15 @@ class AlgorithmConfig:
     old_logprob_pass: bool = False
 
     def resolved(self) -> "AlgorithmConfig":
-        dapo = self.name == "dapo"
-        return dataclasses.replace(
-            self,
-            clip_high=self.clip_high if self.clip_high is not None else (0.28 if dapo else self.clip_low),
-            adv_scale=self.adv_scale or ("none" if self.name == "dr_grpo" else "std"),
-            dynamic_sampling=dapo if self.dynamic_sampling is None else self.dynamic_sampling,
-            overlong_mask=dapo if self.overlong_mask is None else self.overlong_mask,
-        )
+        """Every null setting filled from the preset ``name`` (:data:`qerl.rl.algorithms.PRESETS`)."""
+        from qerl.rl.algorithms import preset
+
+        p = preset(self.name)
+        return dataclasses.replace(self, **{k: getattr(p, k) for k in PRESET_KEYS if getattr(self, k) is None})
+
+
+#: the settings of :class:`AlgorithmConfig` a preset gives when the config leaves them null
+PRESET_KEYS = ("clip_low", "clip_high", "adv_scale", "aggregation", "ratio_level", "dynamic_sampling", "overlong_mask")
 
 
 @dataclass(frozen=True)
@@ -241,8 +245,16 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(f"config.algorithm.name: {a.name!r} is not one of {ALGORITHMS}")
     if a.group_size < 2:
         raise ConfigError(f"config.algorithm.group_size: G = {a.group_size}; must be >= 2")
-    if a.clip_low < 0 or (a.clip_high is not None and a.clip_high < 0):
+    if (a.clip_low is not None and a.clip_low < 0) or (a.clip_high is not None and a.clip_high < 0):
         raise ConfigError("config.algorithm.clip_low/clip_high: ε must be >= 0")
+    from qerl.rl.algorithms import check_axes, preset
+
+    p = preset(a.name)
+    try:
+        check_axes(a.aggregation or p.aggregation, a.ratio_level or p.ratio_level, a.adv_scale or p.adv_scale,
+                   where="config.algorithm")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if a.updates_per_batch < 1:
         raise ConfigError("config.algorithm.updates_per_batch: μ must be >= 1")
     if a.kl_coef < 0:

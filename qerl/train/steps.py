@@ -219,17 +219,6 @@ def logprobs_no_grad(model, batch: Rollout, temperature: float, micro: int, rows
                           for m, pk in zip(rows, packings)])
 
 
-def micro_weight(algorithm: str, mask: torch.Tensor, m: slice | torch.Tensor) -> float:
-    """Share of micro-batch ``m`` (a slice or an index tensor of rows) in the batch-level loss, so that summing
-    micro losses times these weights equals the loss of the whole batch (sequence-, token- or constant-normalised)."""
-    if algorithm == "dapo":
-        return float(mask[m].sum() / mask.sum().clamp(min=1))
-    if algorithm == "grpo":
-        has = mask.sum(1) > 0
-        return float(has[m].sum() / has.sum().clamp(min=1))
-    return ((m.stop - m.start) if isinstance(m, slice) else len(m)) / mask.shape[0]
-
-
 def warmup_cosine(optimizer, warmup: int, total: int, min_ratio: float):
     def factor(step: int) -> float:
         if step < warmup:

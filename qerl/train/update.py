@@ -20,13 +20,13 @@ from qerl.lora import frozen_adapters
 from qerl.models.nvfp4_linear import dense_base
 from qerl.ops.packed import packed_scope
 from qerl.rl.advantages import group_advantages
-from qerl.rl.losses import LossSettings, mismatch_stats, policy_loss, truncated_is_weights
+from qerl.rl.losses import LossSettings, micro_weight, mismatch_stats, policy_loss, truncated_is_weights
 from qerl.rollout.sampler import columns_of, row_spans, sequence_logprobs
 from qerl.train import dist, sharding
 from qerl.train.fused import fused_elementwise
 from qerl.train.modes import set_training
 from qerl.train.plan import update_tokens
-from qerl.train.steps import derive_seed, logprobs_no_grad, micro_weight
+from qerl.train.steps import derive_seed, logprobs_no_grad
 
 
 def _no_phase(name: str):
@@ -245,7 +245,8 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
     ones are counted in ``skipped_updates``."""
     a = cfg.algorithm
     T = cfg.rollout.temperature
-    settings = LossSettings(a.name, a.clip_low, a.clip_high, a.kl_coef, cfg.rollout.max_new_tokens)
+    settings = LossSettings(a.name, a.clip_low, a.clip_high, a.kl_coef, cfg.rollout.max_new_tokens, a.aggregation,
+                            a.ratio_level)
     adv = group_advantages(rewards, a.group_size, a.adv_scale).to(batch.logprobs.device)
     mask = batch.completion_mask.float()
     if a.overlong_mask:
@@ -286,7 +287,7 @@ def update_policy(policy, scorer, batch, rewards, cfg, aqn, sigma: float, step: 
             # check stay on the device until the micro-batches are all launched), so the host queues a micro-batch's
             # backward while the GPU still runs its forward (measured at 7B batch 64 / 128: no change in the update's
             # time: the GPU stayed busy through the ~20 syncs per micro-batch this removed, reports/step).
-            weights = [micro_weight(a.name, mask, m) if real else 0.0 for m, real in micro]
+            weights = [micro_weight(settings.aggregation, mask, m) if real else 0.0 for m, real in micro]
             tokens = mask.cpu()
             shares = [float(tokens[m].sum()) / max(float(tokens.sum()), 1.0) if real else 0.0 for m, real in micro]
             spans = row_spans(batch.prompt_mask, batch.completion_mask)

@@ -94,6 +94,50 @@ def test_tis_and_mismatch():
     assert st["is_ratio_max"] == pytest.approx(2.0)
 
 
+def test_gspo_sequence_ratio_loss_and_gradient_by_hand():
+    """GSPO (Zheng et al. 2025, eq. 5-7): s_i = exp(mean_t (logp − old)) over completion i's tokens, the loss
+    -(1/G) Σ_i min(s_i A_i, clip(s_i, 1 − 3e-4, 1 + 4e-4) A_i), and its gradient s_i A_i / |y_i| on each token of
+    an unclipped completion, 0 on a clipped one, by hand."""
+    old = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -1.2, 0.0], [-0.7, -0.7, -0.7]])
+    delta = torch.tensor([[3e-4, -1e-4, 0.0], [2e-3, 4e-3, 9.0], [-5e-4, -5e-4, 7e-4]])  # row 1's last: padding
+    logp = (old + delta).requires_grad_()
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    adv = torch.tensor([1.0, 2.0, -1.0])
+    settings = LossSettings("gspo")
+    assert (settings.aggregation, settings.ratio_level, settings.clip_low, settings.clip_high) == \
+        ("sequence-mean", "sequence", 3e-4, 4e-4)
+    loss, info = policy_loss(logp, old, adv, mask, settings)
+    s = [math.exp((3e-4 - 1e-4) / 3), math.exp((2e-3 + 4e-3) / 2), math.exp((-5e-4 - 5e-4 + 7e-4) / 3)]
+    terms = [max(-a * r, -a * min(max(r, 1 - 3e-4), 1 + 4e-4)) for r, a in zip(s, (1.0, 2.0, -1.0))]
+    assert loss.item() == pytest.approx(sum(terms) / 3, rel=1e-6)
+    # row 0: s = e^(6.7e-5) inside the clip; row 1: s = e^0.003 > 1 + 4e-4 with A > 0: clipped (no gradient);
+    # row 2: s = e^(-1e-4) inside the clip
+    assert info["clip_frac"] == pytest.approx(2 / 8)  # row 1's two tokens of 8
+    loss.backward()
+    want = torch.zeros(3, 3)
+    want[0, :] = -1.0 * s[0] / 3 / 3
+    want[2, :] = 1.0 * s[2] / 3 / 3
+    assert torch.allclose(logp.grad, want, rtol=1e-5, atol=1e-9), logp.grad
+    # the same ratio on every token: GRPO's token ratios differ, GSPO's mean is s_i on each of the row's tokens
+    assert info["ratio_mean"] == pytest.approx((3 * s[0] + 2 * s[1] + 3 * s[2]) / 8, rel=1e-6)
+
+
+def test_axes_override_a_preset_and_bad_axes_are_named():
+    """A preset's axes can be set one by one (GRPO with sequence-level ratios is GSPO's ratio under GRPO's ε); an
+    unknown aggregation or ratio level is a ValueError naming the axis."""
+    logp, old, adv, mask = _inputs()
+    a, _ = policy_loss(logp, old, adv, mask, LossSettings("grpo", ratio_level="sequence"))
+    b, _ = policy_loss(logp, old, adv, mask, LossSettings("gspo", clip_low=0.2, clip_high=0.2))
+    assert a.item() == b.item()
+    c, _ = policy_loss(logp, old, adv, mask, LossSettings("grpo", aggregation="token-mean", clip_high=0.28))
+    d, _ = policy_loss(logp, old, adv, mask, LossSettings("dapo"))
+    assert c.item() == d.item()
+    with pytest.raises(ValueError, match=r"LossSettings.aggregation: 'mean' is not one of"):
+        LossSettings("grpo", aggregation="mean")
+    with pytest.raises(ValueError, match=r"LossSettings.ratio_level: 'group' is not one of \('token', 'sequence'\)"):
+        LossSettings("grpo", ratio_level="group")
+
+
 @pytest.mark.parametrize("kwargs, match", [({"algorithm": "ppo"}, "algorithm"), ({"clip_low": -0.1}, "ε"),
                                            ({"kl_coef": -1}, "kl_coef"), ({"algorithm": "dr_grpo"}, "max_len")])
 def test_settings_validation(kwargs, match):
@@ -101,7 +145,7 @@ def test_settings_validation(kwargs, match):
         LossSettings(**kwargs)
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "dapo", "dr_grpo"])
+@pytest.mark.parametrize("algorithm", ["grpo", "dapo", "dr_grpo", "gspo"])
 def test_policy_loss_without_sync_gives_the_same_info_as_tensors(algorithm):
     """``sync=False`` (the training loop's: nothing waits for the GPU) returns the same loss and, as detached 0-dim
     tensors, the same diagnostics as the default floats — also with a row and a whole batch of no tokens."""
@@ -120,6 +164,9 @@ def test_policy_loss_without_sync_gives_the_same_info_as_tensors(algorithm):
     assert info["ratio_min"] == info["ratio_max"] == info["ratio_mean"] == 1.0  # (no tokens: the ratio is 1)
     m = torch.tensor([[1, 1, 0, 0, 0], [1, 0, 0, 0, 0], [0] * 5])
     _, info = policy_loss(logp, old, adv, m, s, ref_logp=old)
-    r = torch.exp(logp - old)[m.bool()]
+    log_r = logp - old
+    if s.ratio_level == "sequence":  # (GSPO: each row's mean log ratio on each of its tokens)
+        log_r = ((log_r * m).sum(1) / m.sum(1).clamp(min=1)).unsqueeze(1).expand_as(logp)
+    r = torch.exp(log_r)[m.bool()]
     assert (info["ratio_min"], info["ratio_max"]) == (r.min().item(), r.max().item())
     assert info["ratio_mean"] == pytest.approx(r.mean().item(), rel=1e-6)

@@ -44,6 +44,25 @@ def test_defaults_resolve_per_algorithm(tmp_path):
     assert cfg.steps == 7 and cfg.aqn.stages == 4
 
 
+def test_gspo_preset_and_axes_set_one_by_one(tmp_path):
+    """Each preset's settings come from the one table (qerl.rl.algorithms.PRESETS); a config may set an axis
+    itself; a value outside an axis's choices is a ConfigError naming it."""
+    from qerl.rl.algorithms import PRESETS
+
+    for name, p in PRESETS.items():
+        a = load_config(_write(tmp_path, f"algorithm:\n  name: {name}\n")).algorithm
+        assert (a.aggregation, a.ratio_level, a.clip_low, a.clip_high, a.adv_scale, a.dynamic_sampling,
+                a.overlong_mask) == (p.aggregation, p.ratio_level, p.clip_low, p.clip_high, p.adv_scale,
+                                     p.dynamic_sampling, p.overlong_mask), name
+    a = load_config(_write(tmp_path, "algorithm:\n  name: grpo\n  ratio_level: sequence\n  clip_low: 0.1\n")).algorithm
+    assert (a.aggregation, a.ratio_level, a.clip_low, a.clip_high) == ("sequence-mean", "sequence", 0.1, 0.2)
+    with pytest.raises(ConfigError, match=r"config.algorithm.aggregation: 'mean' is not one of"):
+        load_config(_write(tmp_path, "algorithm:\n  aggregation: mean\n"))
+    with pytest.raises(ConfigError, match=r"config.algorithm.name: 'ppo' is not one of \('grpo', 'dapo', 'dr_grpo', "
+                                          r"'gspo'\)"):
+        load_config(_write(tmp_path, "algorithm:\n  name: ppo\n"))
+
+
 def test_the_shipped_config_loads():
     from pathlib import Path
 

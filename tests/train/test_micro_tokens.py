@@ -165,12 +165,11 @@ def test_resolve_micro_tokens_takes_the_dense_copy_only_where_it_costs_no_tokens
         assert kept.dense_update is True and kept.micro_batch_tokens == budgets[1]
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "dapo", "dr_grpo"])
+@pytest.mark.parametrize("algorithm", ["grpo", "dapo", "dr_grpo", "gspo"])
 def test_diagnostics_are_the_whole_batchs_however_it_is_cut(algorithm):
     """The update's loss diagnostics combined over micro-batches of different rows and tokens equal ``policy_loss`` on
     the whole batch: token means by token share, extremes over micro-batches, the loss by its micro-batch weight."""
-    from qerl.rl.losses import LossSettings, policy_loss
-    from qerl.train.steps import micro_weight
+    from qerl.rl.losses import LossSettings, micro_weight, policy_loss
     from qerl.train.update import Diagnostics
 
     g = torch.Generator().manual_seed(3)
@@ -185,7 +184,7 @@ def test_diagnostics_are_the_whole_batchs_however_it_is_cut(algorithm):
     tokens = mask.sum()
     for m in (torch.tensor([0, 5]), torch.tensor([1, 2, 3, 6]), torch.tensor([4])):
         _, part = policy_loss(logp[m], old[m], adv[m], mask[m], settings, ref[m], None, ent[m], sync=False)
-        diag.add(part, micro_weight(algorithm, mask, m), float(mask[m].sum() / tokens))
+        diag.add(part, micro_weight(settings.aggregation, mask, m), float(mask[m].sum() / tokens))
     got = diag.result(dist.Dist(), float(whole), "test")
     assert got["loss"] == pytest.approx(float(whole), rel=1e-6)
     for key, want in info.items():

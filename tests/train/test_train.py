@@ -1,6 +1,7 @@
 """``qerl train`` end to end on a tiny warm-started model: every method, DAPO, KL, AQN wiring,
 metrics, checkpoints, exact resume after a kill, NaN guard, MLflow, and a learning test."""
 import json
+import math
 import os
 import signal
 import subprocess
@@ -116,6 +117,34 @@ def test_dapo_dynamic_sampling_overlong_and_kl(warm_model, tmp_path):
                                                                                  "algorithm.tis_cap": 2.0}),
                 tracker=NullTracker(), progress=False)
     assert len(rows(out)) == 4
+
+
+def test_gspo_trains_with_sequence_ratios_and_its_own_clip(warm_model, tmp_path, monkeypatch):
+    """GSPO (a preset row of qerl.rl.algorithms) trains through the whole loop: its config resolves to sequence-level
+    ratios under ε 3e-4 / 4e-4, the loop's loss gets those settings, the second update of a batch (μ = 2) moves the
+    ratios off 1 -- one ratio per completion, the same on each of its tokens -- and the tiny ε clips whole
+    completions; every row is finite."""
+    from qerl.rl import losses
+    from qerl.train import update
+
+    seen = []
+
+    def spy(logp, old, adv, mask, settings, *a, **k):
+        loss, info = losses.policy_loss(logp, old, adv, mask, settings, *a, **k)
+        r = torch.exp(((logp - old) * mask).sum(1) / mask.sum(1).clamp(min=1))
+        seen.append((settings, float(info["clip_frac"]), float((r - 1).abs().max())))
+        return loss, info
+    monkeypatch.setattr(update, "policy_loss", spy)
+    out = train(make_cfg(warm_model, tmp_path / "gspo", **{"algorithm.name": "gspo", "algorithm.updates_per_batch": 2}),
+                tracker=NullTracker(), progress=False)
+    saved = json.loads((out / "config.json").read_text())["algorithm"]
+    assert (saved["aggregation"], saved["ratio_level"], saved["clip_low"], saved["clip_high"]) == \
+        ("sequence-mean", "sequence", 3e-4, 4e-4)
+    assert {(s.aggregation, s.ratio_level, s.clip_low, s.clip_high) for s, _, _ in seen} == \
+        {("sequence-mean", "sequence", 3e-4, 4e-4)}
+    assert any(off > 4e-4 for _, _, off in seen) and any(clip > 0 for _, clip, _ in seen)
+    m = rows(out)
+    assert len(m) == 4 and all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in m)
 
 
 def test_aqn_rollout_plus_train_removes_the_mismatch(warm_model, tmp_path):

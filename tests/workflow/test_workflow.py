@@ -519,6 +519,28 @@ def test_the_schema_names_the_registry_methods():
         assert json.dumps(enum) in text
 
 
+def test_every_algorithm_enum_of_the_schema_is_the_presets_table():
+    """Each place the workflow schema lists algorithms (a run's, the matrix's, the overrides' keys) lists exactly the
+    presets of qerl.rl.algorithms, in its order: a new preset is one table row (and this schema line)."""
+    import yaml
+
+    from qerl.rl.algorithms import NAMES
+
+    found = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if isinstance(node.get("enum"), list) and "grpo" in node["enum"]:
+                found.append(node["enum"])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+    walk(yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text()))
+    assert len(found) == 3 and all(e == list(NAMES) for e in found), found
+
+
 def test_a_local_benchmark_file_is_evaluated_offline_through_the_workflow(tmp_path):
     """`evaluation.local_benchmarks`: a benchmark from a local JSONL (GSM8K-style fields, `####` answers) is an
     input of its evaluation jobs and is evaluated for real (one untrained target, built offline); an undefined
