@@ -57,9 +57,10 @@ def add_quantize(sub) -> None:
     q.add_argument("--max-shard-size", default="2GB", help="output shard size, e.g. 500MB, 2GB")
     q.add_argument("--ignore", nargs="*", default=["lm_head"],
                    help="modules left unquantized: names, class names or 're:' regexes")
-    q.add_argument("--scale-rule", choices=["max6", "four-over-six"], default="max6",
-                   help="block scales: max6 (the paper's: each block's largest value on 6) or four-over-six (per "
-                        "block the max-to-6 or max-to-4 scale with the smaller squared error; ordinary NVFP4)")
+    from qerl.quant import scale_rules
+
+    q.add_argument("--scale-rule", choices=list(scale_rules.RULES), default=scale_rules.DEFAULT,
+                   help=scale_rules.help_text() + " (each writes ordinary NVFP4)")
     q.add_argument("--keep-bf16-last", type=layer_count_or_fraction, default=0, metavar="N|FRACTION",
                    help="leave the last decoder layers in bf16: a count (e.g. 4) or a fraction of the layers (e.g. "
                         "0.15, rounded up); written into the checkpoint's ignore list")

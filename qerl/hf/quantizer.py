@@ -37,7 +37,7 @@ from qerl.quant import format as qformat
 from qerl.quant import nvfp4
 
 QUANT_METHOD = "qerl_nvfp4"
-SCALE_RULES = ("max6", "four-over-six")
+SCALE_RULES = nvfp4.SCALE_RULES  # (the registry qerl.quant.scale_rules)
 WEIGHT_LAYOUTS = ("rows", "tiled", "auto")
 
 
@@ -62,8 +62,9 @@ class QerlNVFP4Config(QuantizationConfigMixin):
     """Load a model's Linears as NVFP4 (4-bit float, 16-element fp8 blocks, an fp32 global scale; weights only).
 
     Args:
-        scale_rule: ``max6`` (the paper's: each block's amax maps to 6) or ``four-over-six`` (each block's scale
-            chosen between 6 and 4 by its error); used when quantizing a bf16 checkpoint on load.
+        scale_rule: a rule of :mod:`qerl.quant.scale_rules` -- ``max6`` (the paper's: each block's amax maps to 6),
+            ``four-over-six`` (each block's scale chosen between 6 and 4 by its error) or a registered one; used
+            when quantizing a bf16 checkpoint on load.
         keep_bf16_last: the last decoder layers left in bf16: a count (``>= 1``) or a fraction of the layers
             (``0 < x < 1``, rounded up); 0 quantizes every layer.
         ignore: module names, class names or ``re:`` patterns never quantized (compressed-tensors' ``ignore``);
@@ -78,7 +79,7 @@ class QerlNVFP4Config(QuantizationConfigMixin):
             writes row-major. Not saved in the checkpoint.
     """
 
-    def __init__(self, scale_rule: str = "max6", keep_bf16_last: float = 0, ignore: list[str] | None = None,
+    def __init__(self, scale_rule: str = nvfp4.DEFAULT_RULE, keep_bf16_last: float = 0, ignore: list[str] | None = None,
                  targets: list[str] | None = None, weight_layout: str = "rows", **kwargs):
         self.quant_method = QUANT_METHOD
         if unknown := sorted(set(kwargs) - CHECKPOINT_KEYS):

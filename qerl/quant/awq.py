@@ -140,7 +140,7 @@ def block_loss(module, chunks: list[tuple], linears: list) -> Callable:
     return loss
 
 
-def search_scale(x: torch.Tensor, ws: list[torch.Tensor], scale_rule: str = "max6", grid: int = GRID,
+def search_scale(x: torch.Tensor, ws: list[torch.Tensor], scale_rule: str = nvfp4.DEFAULT_RULE, grid: int = GRID,
                  block: Callable | None = None) -> tuple[torch.Tensor, dict]:
     """The best per-channel scale ``s [K]`` (fp32) for the group's weights ``ws`` on inputs ``x [T, K]`` and its
     report ``{"alpha", "loss", "loss_rtn"}``. ``block``: the group's block-output loss (:func:`block_loss`) judged
@@ -172,7 +172,7 @@ def _spaced(x: torch.Tensor, n: int | None) -> torch.Tensor:
     return x[torch.linspace(0, x.shape[0] - 1, n, device=x.device).long()]
 
 
-def search_clip(x: torch.Tensor, w: torch.Tensor, gs: torch.Tensor, scale_rule: str = "max6", grid: int = CLIP_GRID,
+def search_clip(x: torch.Tensor, w: torch.Tensor, gs: torch.Tensor, scale_rule: str = nvfp4.DEFAULT_RULE, grid: int = CLIP_GRID,
                 tokens: int | None = CLIP_TOKENS, rows: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
     """llm-awq's ``auto_clip`` for NVFP4: per output row and 16-element block of ``w [N, K]``, the clip ratio ``r``
     in {1, 0.95, …} whose clipped-and-quantized block errs least on its share of the output on inputs ``x [T, K]``
@@ -273,7 +273,7 @@ def _quantiles(s: torch.Tensor) -> dict:
 
 
 @torch.no_grad()
-def smooth(model, input_ids: torch.Tensor, scale_rule: str = "max6", skip_layers: set[int] = frozenset(),
+def smooth(model, input_ids: torch.Tensor, scale_rule: str = nvfp4.DEFAULT_RULE, skip_layers: set[int] = frozenset(),
            grid: int = GRID, max_tokens: int | None = None, clip: bool = True, clip_tokens: int | None = CLIP_TOKENS,
            progress: bool = False, chunk_tokens: int = CHUNK_TOKENS) -> dict:
     """Search and fold AWQ scales into ``model`` (a transformers Qwen2 / Llama causal LM) in place, layer by layer,
@@ -335,7 +335,7 @@ def smooth(model, input_ids: torch.Tensor, scale_rule: str = "max6", skip_layers
 
 
 @contextmanager
-def fake_quantized(model, scale_rule: str = "max6", skip_layers: set[int] = frozenset()):
+def fake_quantized(model, scale_rule: str = nvfp4.DEFAULT_RULE, skip_layers: set[int] = frozenset()):
     """Inside the block every decoder linear (but the layers in ``skip_layers``) computes with its NVFP4
     quantize-dequantize, each group under its fused global scale, as the checkpoint will; the weights come back
     after it (the originals wait on the CPU)."""
@@ -363,7 +363,7 @@ def logprobs(model, ids: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def kl_to(reference: torch.Tensor, model, ids: torch.Tensor, scale_rule: str = "max6",
+def kl_to(reference: torch.Tensor, model, ids: torch.Tensor, scale_rule: str = nvfp4.DEFAULT_RULE,
           skip_layers: set[int] = frozenset()) -> float:
     """Mean over tokens of KL(reference ‖ NVFP4 of ``model``) (nats), ``reference``: :func:`logprobs` of the bf16
     model on ``ids``: the guard's end-to-end measure."""

@@ -24,6 +24,8 @@ from collections.abc import Iterable
 
 import torch
 
+from qerl.quant import scale_rules as _rules
+
 BLOCK_SIZE = 16
 FP4_MAX = 6.0
 FP8_MAX = 448.0
@@ -101,26 +103,30 @@ def e2m1_to_float(codes: torch.Tensor) -> torch.Tensor:
     return E2M1_LUT.to(codes.device)[codes.long()]
 
 
-#: block-scale rules: ``max6`` (the paper's: each block's largest value lands on ±6) and ``four-over-six``
-#: (Cook et al. 2025, arXiv 2512.02010: per block the scale mapping its largest value to 6 or to 4, whichever
-#: gives the smaller squared error — e2m1's step from 4 to 6 is its coarsest). Both write ordinary NVFP4.
-SCALE_RULES = ("max6", "four-over-six")
+#: block-scale rules (the registry :mod:`qerl.quant.scale_rules`: name -> scale cap, block quantizer): ``max6`` (the
+#: paper's: each block's largest value lands on ±6) and ``four-over-six`` (Cook et al. 2025, arXiv 2512.02010: per
+#: block the scale mapping its largest value to 6 or to 4, whichever gives the smaller squared error — e2m1's step
+#: from 4 to 6 is its coarsest). Every rule writes ordinary NVFP4.
+SCALE_RULES = _rules.RULES
+DEFAULT_RULE = _rules.DEFAULT  # max6
 #: four-over-six keeps the max-to-6 block scales <= 256 (global scale ``6 * 256 / amax``) so that the max-to-4
 #: candidate, 1.5x larger, still fits E4M3 (<= 384 < 448)
-FOS_SCALE_MAX = 256.0
+FOS_SCALE_MAX = _rules.get("four-over-six").scale_cap
 
 
-def _check_rule(scale_rule: str) -> None:
-    if scale_rule not in SCALE_RULES:
-        raise NVFP4Error(f"scale rule {scale_rule!r} is not one of {', '.join(SCALE_RULES)}")
+def _check_rule(scale_rule: str) -> "_rules.ScaleRule":
+    try:
+        return _rules.get(scale_rule)
+    except ValueError as e:
+        raise NVFP4Error(str(e)) from None
 
 
-def compute_global_scale(w: torch.Tensor, scale_rule: str = "max6") -> torch.Tensor:
-    """Per-tensor fp32 global scale ``[1]`` in the quantize direction: ``448*6 / amax(|w|)`` (``max6``) or
-    ``256*6 / amax(|w|)`` (``four-over-six``)."""
-    _check_rule(scale_rule)
+def compute_global_scale(w: torch.Tensor, scale_rule: str = DEFAULT_RULE) -> torch.Tensor:
+    """Per-tensor fp32 global scale ``[1]`` in the quantize direction: ``scale_cap * 6 / amax(|w|)``, the rule's cap
+    (``448*6 / amax`` under ``max6``, ``256*6 / amax`` under ``four-over-six``)."""
+    cap = _check_rule(scale_rule).scale_cap
     amax = w.detach().abs().amax().float()
-    gs = ((FP8_MAX if scale_rule == "max6" else FOS_SCALE_MAX) * FP4_MAX) / amax
+    gs = (cap * FP4_MAX) / amax
     # amax = 0 (or so tiny that 2688/amax overflows) -> 1.0, exactly as compressed-tensors does.
     gs = torch.nan_to_num(gs, nan=1.0, posinf=1.0, neginf=1.0)
     return gs.reshape(1).to(torch.float32)
@@ -130,7 +136,7 @@ def compute_global_scale(w: torch.Tensor, scale_rule: str = "max6") -> torch.Ten
 global_scale = compute_global_scale
 
 
-def fused_global_scale(weights: Iterable[torch.Tensor], scale_rule: str = "max6") -> torch.Tensor:
+def fused_global_scale(weights: Iterable[torch.Tensor], scale_rule: str = DEFAULT_RULE) -> torch.Tensor:
     """Shared global scale of fused projections (q/k/v or gate/up): the minimum of theirs."""
     scales = [compute_global_scale(w, scale_rule) for w in weights]
     if not scales:
@@ -176,7 +182,7 @@ def block_scales(w: torch.Tensor, gs: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def quantize(
     w: torch.Tensor, global_scale: torch.Tensor | float | None = None, *, name: str = "weight",
-    scale_rule: str = "max6",
+    scale_rule: str = DEFAULT_RULE,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Quantize a Linear weight to NVFP4.
 
@@ -185,23 +191,28 @@ def quantize(
         global_scale: fp32 global scale to use as is (e.g. the fused minimum); ``None`` computes
             ``2688 / amax(|w|)`` (``1536 / amax`` under four-over-six).
         name: tensor name used in error messages.
-        scale_rule: :data:`SCALE_RULES` — ``max6`` (the paper's) or ``four-over-six``
-            (:func:`quantize_four_over_six`).
+        scale_rule: a rule of :data:`SCALE_RULES` — ``max6`` (the paper's, :func:`quantize_max6`),
+            ``four-over-six`` (:func:`quantize_four_over_six`) or any registered one.
 
     Returns:
         ``(packed uint8 [N, K/2], scale float8_e4m3fn [N, K/16], global_scale float32 [1])``.
     """
     _check_weight(w, name)
-    _check_rule(scale_rule)
+    rule = _check_rule(scale_rule)
     if global_scale is None:
         gs = compute_global_scale(w, scale_rule)
     else:
         # A given scale below 1 is the reciprocal convention unless this tensor's own is below 1.
         own_below_one = float(compute_global_scale(w, scale_rule)) < 1.0
         gs = check_global_scale(global_scale, name, reject_reciprocal=not own_below_one)
-    gs = gs.to(w.device)
-    if scale_rule == "four-over-six":
-        return quantize_four_over_six(w, gs, own_scale=global_scale is None)
+    return rule.quantize_blocks()(w, gs.to(w.device), own_scale=global_scale is None)
+
+
+def quantize_max6(w: torch.Tensor, gs: torch.Tensor, own_scale: bool = True
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The paper's rule (compressed-tensors' arithmetic, bit for bit): per 16-block of ``w [N, K]`` the E4M3 scale
+    ``fp8(gs · amax_b / 6)``, codes ``rne_e2m1(w / (scale / gs))``. Returns ``(packed, scale, gs)`` like
+    :func:`quantize` (``own_scale``: unused, every block scale follows from ``gs``)."""
     n, k = w.shape
     scale = block_scales(w, gs)
     eff = scale.float() / gs  # [N, K/16]; computed exactly like compressed-tensors (no 1/gs)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from qerl.quant import scale_rules
 from qerl.stages.claims import ClaimsError, _csv_text, _eval_json, _md, boot_diff, boot_mean
 from qerl.stages.numbers import p1
 
@@ -40,7 +41,7 @@ def _quantized_how(config: dict, model: str, base: str) -> list[str]:
     if base != "nvfp4":
         return ["—"] * 3
     m, q = config["models"][model], config.get("quantize", {})
-    return [str(m.get(k, q.get(k, d))) for k, d in (("scale_rule", "max6"), ("calibration", "none"),
+    return [str(m.get(k, q.get(k, d))) for k, d in (("scale_rule", scale_rules.DEFAULT), ("calibration", "none"),
                                                      ("keep_bf16_last", 0))]
 
 

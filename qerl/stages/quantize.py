@@ -135,7 +135,7 @@ def plan(src: Path, ignore: tuple[str, ...]) -> tuple[dict, TensorIndex, list[_U
 _CHUNK_ELEMENTS = 1 << 21
 
 
-def _quantize_rows(w: torch.Tensor, gs: torch.Tensor, name: str, scale_rule: str = "max6"):
+def _quantize_rows(w: torch.Tensor, gs: torch.Tensor, name: str, scale_rule: str = nvfp4.DEFAULT_RULE):
     """Quantize ``w`` under ``gs`` in row chunks; also return its error statistics.
 
     Row blocks are independent given the global scale, so chunking is bit-identical to
@@ -143,7 +143,11 @@ def _quantize_rows(w: torch.Tensor, gs: torch.Tensor, name: str, scale_rule: str
     """
     rows = max(1, _CHUNK_ELEMENTS // w.shape[1])
     packed, scales, err2, ref2, base2 = [], [], 0.0, 0.0, 0.0
-    gs6 = None if scale_rule == "max6" else gs * (nvfp4.FP8_MAX / nvfp4.FOS_SCALE_MAX)  # max6's, for comparison
+    from qerl.quant import scale_rules
+
+    # the same tensor's global scale under the paper's max6 (the default rule), for the report's comparison
+    gs6 = None if scale_rule == scale_rules.DEFAULT else gs * (scale_rules.get(scale_rules.DEFAULT).scale_cap
+                                                                 / scale_rules.get(scale_rule).scale_cap)
     for chunk in w.split(rows):
         p, s, _ = nvfp4.quantize(chunk, global_scale=gs, name=name, scale_rule=scale_rule)
         diff = chunk.double() - nvfp4.dequantize(p, s, gs, dtype=torch.float32).double()
@@ -164,7 +168,7 @@ def _quantize_rows(w: torch.Tensor, gs: torch.Tensor, name: str, scale_rule: str
     return torch.cat(packed), torch.cat(scales), err
 
 
-def _quantize_unit(unit: _Unit, index: TensorIndex, report: dict, scale_rule: str = "max6"
+def _quantize_unit(unit: _Unit, index: TensorIndex, report: dict, scale_rule: str = nvfp4.DEFAULT_RULE
                    ) -> dict[str, torch.Tensor]:
     if unit.passthrough:
         return {unit.passthrough: index.get(unit.passthrough)}
@@ -193,7 +197,7 @@ def quantize_checkpoint(
     ignore: tuple[str, ...] = ("lm_head",),
     revision: str | None = None,
     progress: bool = True,
-    scale_rule: str = "max6",
+    scale_rule: str = nvfp4.DEFAULT_RULE,
     keep_bf16_last: float = 0,
     calibration: str = "none",
     calibration_data: str | Path | None = None,
@@ -238,7 +242,7 @@ def quantize_checkpoint(
     dst = Path(dst)
     nvfp4._check_rule(scale_rule)
     settings = {"ignore": list(ignore), "format": "nvfp4-pack-quantized",
-                **({"scale_rule": scale_rule} if scale_rule != "max6" else {})}  # (max6: manifests before the rule)
+                **({"scale_rule": scale_rule} if scale_rule != nvfp4.DEFAULT_RULE else {})}  # (max6: manifests before the rule)
     if calibration not in ("none", "awq"):
         raise CheckpointError(f"calibration {calibration!r}: expected 'none' or 'awq'")
     if calibration == "awq":

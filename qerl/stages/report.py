@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from qerl.quant import scale_rules
 from qerl.methods import ROWS, UNTRAINED, label as row_label
 from qerl.readers import number, read_eval_summary, read_json
 from qerl.stages.paper_numbers import TABLE1, TABLE2, TABLE2_BENCHMARKS, TABLE2_ROWS
@@ -129,7 +130,7 @@ def bases_table(config: dict, results: Path) -> tuple[str, list[list[str]]] | No
     for model, bases in bm.items():
         m = config["models"][model]
         for base in bases:
-            how = [m.get(k, q.get(k, d)) for k, d in (("scale_rule", "max6"), ("calibration", "none"),
+            how = [m.get(k, q.get(k, d)) for k, d in (("scale_rule", scale_rules.DEFAULT), ("calibration", "none"),
                                                       ("keep_bf16_last", 0))] if base == "nvfp4" else ["—"] * 3
             path = f"{model}/{base}/untrained/none/seed0"
             f = results / "eval" / path / f"{benches[0]}.json"
