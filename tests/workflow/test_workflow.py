@@ -784,3 +784,18 @@ def test_the_readmes_paper_commands_plan_the_matrix(tmp_path):
             args[args.index("workflow/profiles/slurm")] = str(ROOT / "workflow/profiles/slurm")
         out = snakemake(*args, *([] if "-n" in args else ["-n"]), "--directory", str(tmp_path))
         assert _jobs(out.stdout + out.stderr)["train"] == 20, cmd
+
+
+def test_the_readmes_own_model_config_plans_its_matrix(tmp_path, tiny_dirs):
+    """The README's "With the workflow" config, its model path pointed at a model directory here: the dry run plans
+    2 methods x 2 seeds of training on it, and quantizes it once for QeRL."""
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"```yaml\n# mine\.yaml\n(.*?)```", readme, re.S).group(1)
+    assert "/data/models/my-model" in block
+    (tmp_path / "mine.yaml").write_text(block.replace("/data/models/my-model", str(tiny_dirs["qwen2"])))
+    cmd = re.search(r"^\.venv/bin/snakemake (--cores all --configfile config/config\.yaml mine\.yaml)$", readme, re.M)
+    args = [str(ROOT / a) if a.startswith("config/") else str(tmp_path / a) if a == "mine.yaml" else a
+            for a in shlex.split(cmd.group(1))]
+    out = snakemake(*args, "-n", "--directory", str(tmp_path))
+    jobs = _jobs(out.stdout + out.stderr)
+    assert jobs["train"] == 4 and jobs["quantize"] == 1, jobs
