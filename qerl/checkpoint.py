@@ -38,12 +38,10 @@ def read_json(path: Path) -> dict:
 
 
 def write_json(path: Path, obj) -> None:
-    """Write JSON atomically (temp file + rename)."""
-    tmp = Path(f"{path}.tmp-{uuid.uuid4().hex[:8]}")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=False)
-        f.write("\n")
-    os.replace(tmp, path)
+    """Write JSON atomically (:func:`qerl.files.write_json`)."""
+    from qerl.files import write_json as _write
+
+    _write(path, obj)
 
 
 def shard_files(model_dir: Path) -> list[Path]:

@@ -114,9 +114,9 @@ def write_lock(lock: dict, path: str | Path) -> Path:
     path = Path(path)
     head = ("# qerl fetch: the commit each hub input of the config resolved to (use it: `inputs_lock: "
             f"{path.as_posix()}` in the workflow config)\n")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(head + yaml.safe_dump(lock, sort_keys=True))
-    tmp.replace(path)
+    from qerl.files import write_text_atomic
+
+    write_text_atomic(path, head + yaml.safe_dump(lock, sort_keys=True))
     return path
 
 

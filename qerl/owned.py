@@ -73,9 +73,9 @@ def write(directory: Path, command: str) -> dict:
     # ``written``: this write's identity (a run trained on the directory records it, and a rerun after the directory
     # was rewritten, even to files of the same sizes, starts over: qerl.train.ownership)
     manifest = {"written_by": command, "written": uuid.uuid4().hex, "files": dict(sorted(files.items()))}
-    tmp = directory / f".{MANIFEST}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-    os.replace(tmp, directory / MANIFEST)
+    from qerl.files import write_json
+
+    write_json(directory / MANIFEST, manifest, indent=1)
     return manifest
 
 

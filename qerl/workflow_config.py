@@ -7,7 +7,6 @@ module expands the matrix and resolves the per-run ``qerl train`` config: ``trai
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 import re
@@ -229,31 +228,6 @@ def eval_targets(config: dict) -> list[str]:
             for base in bases:
                 out[f"results/eval/{model}/{base}/untrained/none/seed0/{b}.json"] = None
     return list(out)
-
-
-@contextlib.contextmanager
-def atomic_open(path: str | Path, mode: str = "w", **kwargs):
-    """``open(path, mode, **kwargs)`` for a result file: what the block writes goes to a temporary file beside
-    ``path`` and replaces it in one rename when the block ends; an error inside leaves ``path`` as it was and no
-    temporary. The one place result files are written (:func:`write_text_atomic`; figures:
-    :func:`qerl.figures.save_figure`)."""
-    path = str(path)
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, mode, **kwargs) as f:
-            yield f
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    os.replace(tmp, path)
-
-
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file and a rename (:func:`atomic_open`)."""
-    with atomic_open(path) as f:
-        f.write(text)
 
 
 # Runtime packages every workflow job needs, by import name (checked before any job runs: a missing one

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from qerl.workflow_config import atomic_open
+from qerl.files import atomic_open
 
 
 def texts(path: Path, field: str, answer_field: str | None, tokenizer, template: str, limit: int) -> list[str]:

@@ -11,7 +11,7 @@ import json
 import re
 from pathlib import Path
 
-from qerl.workflow_config import write_text_atomic
+from qerl.files import write_text_atomic
 
 
 def markdown(res: dict, source: str) -> str:

@@ -33,7 +33,7 @@ import sys
 
 import torch
 
-from qerl.workflow_config import atomic_open, write_text_atomic
+from qerl.files import atomic_open, write_text_atomic
 
 
 def _model(base: str, dtype, device, layers: int = 3, lora: bool = True, seed: int = 0):

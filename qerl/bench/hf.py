@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from qerl.bench.step import _sync_time  # (CUDA-synchronised wall clock)
-from qerl.workflow_config import write_text_atomic
+from qerl.files import write_text_atomic
 
 VARIANTS = ("trl-bf16", "trl-qerl", "qerl")
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from qerl.workflow_config import write_text_atomic
+from qerl.files import write_text_atomic
 
 TARGET_US = 40.0
 MS = (1, 8, 16, 64, 128, 512, 2048)

@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from qerl.workflow_config import write_text_atomic
+from qerl.files import write_text_atomic
 
 TARGET_US = 40.0
 KEY = ("model", "proj", "M", "call")

@@ -18,7 +18,7 @@ import torch
 from qerl.bench.timing import copy_bandwidth
 from qerl.bench.timing import eager_time as _eager_time, graph_time as _graph_time, graph_times as _graph_times
 from qerl.models.shapes import MODELS_HELP, QWEN25, SHAPES, model_arg, projections  # noqa: F401 (projections: the bench's public shape table)
-from qerl.workflow_config import atomic_open, write_text_atomic
+from qerl.files import atomic_open, write_text_atomic
 
 MODELS = ("7B", "14B", "32B")  # the Qwen2.5 sizes whose projections are timed (their shapes: qerl.models.shapes)
 MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 2048, 8192)

@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from qerl.workflow_config import atomic_open
+from qerl.files import atomic_open
 
 
 def _ref_fwd(x, packed, scale, gs, bias, xa, lb, s):

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from qerl_kernels import ops
-from qerl.workflow_config import atomic_open, write_text_atomic
+from qerl.files import atomic_open, write_text_atomic
 
 
 def _split_options(tiles_out: int, loop: int, sms: int) -> list[int]:

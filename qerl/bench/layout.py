@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from qerl.workflow_config import write_text_atomic
+from qerl.files import write_text_atomic
 
 MS = (1, 8, 16, 64, 128, 256)
 GOALS = {64: 1.6, 128: 1.25}  # issue 66: the public op on tiled weights against cuBLAS bf16 (CUDA graphs)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from qerl.workflow_config import write_text_atomic
+from qerl.files import write_text_atomic
 
 VOCAB = 151_936  # Qwen2.5
 

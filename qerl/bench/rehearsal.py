@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from qerl.workflow_config import write_text_atomic
+from qerl.files import atomic_open, write_text_atomic
 
 COLUMNS = ["device", "shape", "stage", "status", "seconds", "steps", "sequences", "generated_tokens", "problems",
            "seconds_per_step", "tokens_per_second", "peak_gb", "note"]
@@ -193,13 +193,11 @@ def write(rows: list[dict], out: Path, device: str) -> Path:
     """CSV + Markdown, atomically."""
     out.mkdir(parents=True, exist_ok=True)
     stem = out / ("rehearsal_" + device.replace(" ", "_"))
-    tmp = stem.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="") as f:
+    with atomic_open(stem.with_suffix(".csv"), newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
         w.writerows({k: (round(r[k], 3) if isinstance(r.get(k), float) else r.get(k, "")) for k in COLUMNS}
                     for r in rows)
-    tmp.replace(stem.with_suffix(".csv"))
     lines = [f"# Rehearsal of the paper's pipeline on {device}", "",
              "Random-weight stand-ins at the real shapes (completions run to the cap: an upper bound).", "",
              "| shape | stage | status | s | steps | sequences | generated tokens | problems | s/step | tok/s | "

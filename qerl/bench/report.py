@@ -4,7 +4,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from qerl.workflow_config import atomic_open
+from qerl.files import atomic_open
 
 
 def device_csv(rows: list[dict], out: Path, device: str, tail: str = "") -> Path:

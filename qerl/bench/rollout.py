@@ -33,7 +33,7 @@ import torch
 from qerl.bench.report import existing_csv
 from qerl.models.random import CountTokenizer, prompts
 from qerl.models.shapes import MODELS_HELP, model_arg
-from qerl.workflow_config import write_text_atomic
+from qerl.files import atomic_open, write_text_atomic
 
 COLUMNS = ["device", "model", "base", "engine", "batch", "group_size", "lengths", "prompt_len", "gen_len", "tok_s",
            "ms_per_step", "floor_ms", "frac_of_floor", "peak_gb", "note"]
@@ -212,9 +212,7 @@ def write_traces(traces: list[tuple[dict, dict, list[dict]]], out: Path, device:
         lines.append("")
     path = out / (device.replace(" ", "_") + "_trace.md")
     out.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text("\n".join(lines))
-    tmp.replace(path)
+    write_text_atomic(path, "\n".join(lines))
     return path
 
 
@@ -294,14 +292,12 @@ def write(rows: list[dict], out: Path, device: str, copy_gbps: float) -> Path:
     """CSV + Markdown (+ PNG when matplotlib imports), written atomically."""
     out.mkdir(parents=True, exist_ok=True)
     stem = out / device.replace(" ", "_")
-    tmp = stem.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="") as f:
+    with atomic_open(stem.with_suffix(".csv"), newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
         for r in rows:
             w.writerow({k: (round(v, 4) if isinstance(v, float) else v)
                         for k, v in ((k, r.get(k, DEFAULTS.get(k))) for k in COLUMNS)})
-    tmp.replace(stem.with_suffix(".csv"))
     lines = [f"# Rollout throughput on {device}", "",
              f"Copy bandwidth {copy_gbps:.0f} GB/s; LoRA rank 32 on all seven projections; EOS never sampled: "
              "`lengths` fixed = every row generates `gen` tokens, else each row stops at a seeded drawn length "

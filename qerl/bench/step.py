@@ -57,7 +57,7 @@ from qerl.bench.report import existing_csv
 from qerl.models.shapes import SHAPES
 
 from qerl.rollout.engine.runner import SPLIT as ENGINE_SPLIT  # the engine's split of rollout_s (prefill_s, ...)
-from qerl.workflow_config import write_text_atomic
+from qerl.files import atomic_open, write_text_atomic
 
 COLUMNS = ["device", "model", "method", "batch", "prompt_len", "gen_len", "lengths", "nproc", "status", "rollout_s", "logprob_s",
            "update_s", "total_s", "tokens_per_s", "peak_gb", "rank_idle_s", "checkpointing", "micro_batch",
@@ -405,12 +405,10 @@ def write(rows: list[dict], out: Path, device: str) -> tuple[Path, Path]:
     ``.png`` of the step splits (:mod:`qerl.bench.step_plot`) where a row succeeded."""
     out.mkdir(parents=True, exist_ok=True)
     stem = out / device.replace(" ", "_")
-    tmp = stem.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="") as f:
+    with atomic_open(stem.with_suffix(".csv"), newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         w.writeheader()
         w.writerows({k: r.get(k, "") for k in COLUMNS} for r in rows)
-    tmp.replace(stem.with_suffix(".csv"))
     lines = [f"# GRPO step on {device}", "",
              "One step = rollout (engine; `lengths` fixed: every completion `gen` tokens, else each stopped at a "
              "seeded drawn length, qerl.bench.lengths) + old log-probs + update (GRPO loss, backward, "

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from qerl.workflow_config import write_text_atomic
+from qerl.files import write_text_atomic
 
 
 def _mean_logprob(policy, ids: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from qerl.workflow_config import write_text_atomic
+from qerl.files import write_text_atomic
 
 
 def add_bench(sub) -> None:

@@ -108,7 +108,7 @@ def build_bases(config: dict, results: Path, out: Path, report: str | None = Non
     """Write ``bases.csv``, ``bases.md`` and ``bases.png`` (:mod:`qerl.stages.bases_plot`) into ``out``; returns
     :func:`bases_rows`' summary."""
     from qerl.stages.bases_plot import bases_figure
-    from qerl.workflow_config import write_text_atomic
+    from qerl.files import write_text_atomic
 
     rows, info = bases_rows(config, results, report, read_base_kl(base_kl) if base_kl else None)
     out.mkdir(parents=True, exist_ok=True)

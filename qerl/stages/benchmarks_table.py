@@ -82,7 +82,7 @@ def benchmarks_md(rows: list[list[str]], benches: list[str]) -> str:
 def write_benchmarks(config: dict, results: Path, out: Path, label: Callable[[dict, str], str],
                      read: Callable[[Path], dict | None]) -> list[list[str]]:
     """Write ``benchmarks.csv`` / ``benchmarks.md`` into ``out``; returns the rows."""
-    from qerl.workflow_config import write_text_atomic
+    from qerl.files import write_text_atomic
 
     rows = benchmark_rows(config, results, label, read)
     benches = list(config["evaluation"]["benchmarks"])

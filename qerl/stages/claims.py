@@ -634,7 +634,7 @@ def figure(data: list[RunData], config: dict, path: Path, title: str) -> Path:
     import matplotlib.pyplot as plt
 
     from qerl.figures import save_figure
-    from qerl.workflow_config import write_text_atomic
+    from qerl.files import write_text_atomic
 
     by = _by_method(data)
     data_rows = [["panel", "method", "step", "mean", "band_low", "band_high"]]
@@ -746,7 +746,7 @@ def benchmark_table_alone(config: dict, results: Path, out: Path, why: str) -> d
     """A configuration whose training runs have not landed: ``benchmarks.csv`` / ``.md`` of its untrained bases and a
     ``claims.md`` that says so (no verdict); None when there is no evaluation either."""
     from qerl.stages.benchmarks_table import benchmarks_md, write_benchmarks
-    from qerl.workflow_config import write_text_atomic
+    from qerl.files import write_text_atomic
 
     if not any((results / "eval").glob("*/*/untrained/none/seed0/*.json")):
         return None
@@ -766,7 +766,7 @@ def build(config: dict, results: Path, out: Path, benchmark: str | None = None,
     """Write runs.csv/.md, accuracy.csv/.md/.png, curves.png/.csv and claims.md (and step_alone.csv with
     ``timing``) into ``out``; returns the claims. ``matched``: ``(config, results)`` of the runs claim (c1) is
     judged on at one common rate (``--matched-rate``)."""
-    from qerl.workflow_config import write_text_atomic
+    from qerl.files import write_text_atomic
 
     from qerl.stages.benchmarks_table import benchmarks_md, write_benchmarks
 

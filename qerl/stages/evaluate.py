@@ -257,10 +257,9 @@ def evaluate(model, tokenizer, benchmark: str, settings: EvalSettings, out_json:
                       f"{sum(per_problem) / done:.3f}, elapsed {el // 60}:{el % 60:02d}", flush=True)
     finally:
         reward.close()
-    out_samples.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_samples.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    tmp.replace(out_samples)
+    from qerl.files import write_jsonl
+
+    write_jsonl(out_samples, lines)
     summary = {**benchmark_meta(bench), "pass@1": sum(per_problem) / max(1, len(per_problem)),
                "problems": len(per_problem), "samples_per_problem": k, "seconds": time.time() - t0,
                "completion_tokens_mean": sum(lengths) / max(1, len(lengths)),

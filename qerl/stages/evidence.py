@@ -60,10 +60,10 @@ def _read_gz(path: Path) -> list[dict]:
 def _write_gz(path: Path, rows: list[dict]) -> Path:
     """``rows`` as gzipped JSON lines in a temporary file beside ``path`` (no timestamp in the stream); returns it,
     for the caller to rename once every file of the set is written (:func:`_swap_in`)."""
-    import os
+    from qerl.files import temporary
 
     data = "".join(json.dumps(r, sort_keys=True, allow_nan=False) + "\n" for r in rows).encode()
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temporary(path)
     try:
         with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as f:
             f.write(data)
@@ -76,10 +76,10 @@ def _write_gz(path: Path, rows: list[dict]) -> Path:
 def _swap_in(staged: dict[Path, Path]) -> None:
     """Rename each staged temporary file over its target: the set is written whole before any of it replaces the
     evidence (a full disk or an interruption while writing leaves the earlier evidence as it was)."""
-    import os
+    from qerl.files import commit
 
     for target, tmp in staged.items():
-        os.replace(tmp, target)
+        commit(tmp, target)
 
 
 def _finite(path: Path, run: str, row: dict) -> None:
@@ -102,7 +102,8 @@ def pack(results: Path, config_file: Path, out: Path) -> dict:
     cut short; it restarts or resumes in a later batch) is left out and named in ``"unfinished"``. Returns
     ``{"runs", "evaluations", "completions"}`` counts of what ``out`` now holds (and ``"unfinished"`` when some were left out)."""
     from qerl.train.config import read_workflow_config_checked
-    from qerl.workflow_config import read_workflow_config, write_text_atomic
+    from qerl.workflow_config import read_workflow_config
+    from qerl.files import write_text_atomic
 
     results, out = Path(results), Path(out)
     config = read_workflow_config_checked([config_file], "--workflow-config")

@@ -14,7 +14,8 @@ from qerl.readers import number, read_eval_summary, read_json
 from qerl.stages.paper_numbers import TABLE1, TABLE2, TABLE2_BENCHMARKS, TABLE2_ROWS
 from qerl.stages.report_figures import caption, figures, pass1 as _eval, planned_files
 from qerl.variants import arm_changes
-from qerl.workflow_config import base_method, runs, write_text_atomic
+from qerl.workflow_config import base_method, runs
+from qerl.files import write_text_atomic
 
 
 def _mean(xs):

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from qerl.readers import InputFileError, is_number, read_eval_summary, read_jsonl
 from qerl.variants import arm_changes
-from qerl.workflow_config import aqn_on, atomic_open, base_method, runs, untrained_bases
+from qerl.workflow_config import aqn_on, base_method, runs, untrained_bases
+from qerl.files import atomic_open
 
 CURVES = (("reward_mean", "reward"), ("accuracy", "accuracy"), ("entropy", "policy entropy"),
           ("response_len_mean", "response length (tokens)"))

@@ -9,12 +9,12 @@ user's ``claims.md``, a CSV of another program — is refused before anything is
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from qerl.files import commit
 from qerl.outputs import OutputNotWritable
 
 SIGNATURE = 16  # characters of the first line that identify what wrote a text file
@@ -78,7 +78,7 @@ def staged(out: Path) -> Iterator[Path]:
         yield stage
         check_owned(out, stage)
         for f in sorted(stage.iterdir()):
-            os.replace(f, out / f.name)
+            commit(f, out / f.name)
     except OSError as e:  # name the report's file, not the staging folder's; say that the earlier set stands
         if e.filename and str(stage) in str(e.filename):
             name = Path(str(e.filename)).name.split(".tmp")[0]

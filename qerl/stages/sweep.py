@@ -67,7 +67,7 @@ def build_sweep(config: dict, results: Path, out: Path, benchmark: str | None = 
     """Write ``lr_sweep.csv``, ``lr_sweep.md`` and ``lr_sweep.png`` (:mod:`qerl.stages.sweep_plot`) into ``out``;
     returns the chosen rate of each method."""
     from qerl.stages.sweep_plot import sweep_figure
-    from qerl.workflow_config import write_text_atomic
+    from qerl.files import write_text_atomic
 
     rows = sweep_rows(config, results, benchmark)
     out.mkdir(parents=True, exist_ok=True)

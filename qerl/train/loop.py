@@ -304,9 +304,9 @@ def _truncate_metrics(path: Path, completed_steps: int) -> None:
         keep = sorted(keep + [json.dumps({"step": s, "metrics_lost": True}) for s in lost],
                       key=lambda r: json.loads(r)["step"])
     if len(keep) != len(rows) or cut or lost:  # (atomically: a kill now leaves the old rows or the kept ones)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(r + "\n" for r in keep))
-        os.replace(tmp, path)
+        from qerl.files import write_jsonl
+
+        write_jsonl(path, keep)
 
 
 def _save_final(out: Path, policy, tokenizer, method, weights: dict | None = None) -> None:

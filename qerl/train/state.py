@@ -9,7 +9,6 @@ rename, so a kill at any moment leaves the previous checkpoint intact.
 from __future__ import annotations
 
 import json
-import os
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from qerl.files import commit
 from qerl.checkpoint import CheckpointError, atomic_directory, write_json
 
 CHECKPOINT = "checkpoint"
@@ -46,7 +46,7 @@ def save_checkpoint(out_dir: Path, model, optimizer, scheduler, state: TrainStat
         if is_peft:
             model.save_pretrained(str(tmp / "adapter"))
         if sharded is not None:
-            os.replace(sharded, tmp / "dcp")
+            commit(sharded, tmp / "dcp")  # (a directory the ranks wrote, moved into the staged checkpoint)
         else:
             save_file(_trainable_state(model), str(tmp / "trainable.safetensors"))
         torch.save({

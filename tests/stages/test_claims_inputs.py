@@ -69,9 +69,9 @@ def test_L3_a_rerun_that_fails_while_writing_leaves_the_previous_report_whole(re
     out = tmp_path / "rep"
     assert _claims("--workflow-config", cfg, "--results", res, "--output", out) == 0
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    from qerl import workflow_config
+    from qerl import files
 
-    real, calls = workflow_config.write_text_atomic, []
+    real, calls = files.write_text_atomic, []
 
     def full(path, text):  # the disk fills up on the third file of the rerun
         calls.append(path)
@@ -79,7 +79,7 @@ def test_L3_a_rerun_that_fails_while_writing_leaves_the_previous_report_whole(re
             raise OSError(errno.ENOSPC, "No space left on device", path)
         return real(path, text)
 
-    monkeypatch.setattr(workflow_config, "write_text_atomic", full)
+    monkeypatch.setattr(files, "write_text_atomic", full)
     rows = [json.loads(x) for x in (res / "train/m/qerl/grpo/d/seed0/metrics.jsonl").read_text().splitlines()]
     (res / "train/m/qerl/grpo/d/seed0/metrics.jsonl").write_text(
         "".join(json.dumps({**r, "reward_mean": 0.9}) + "\n" for r in rows))  # the rerun would change the verdicts

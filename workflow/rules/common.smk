@@ -10,6 +10,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from qerl import workflow_config as wc
+from qerl.files import write_text_atomic
 from qerl.inputs import benchmark_names
 
 def _strict_configfiles():

@@ -15,7 +15,7 @@ rule effective_config:
     log:
         f"logs/effective_config/{CONFIGURATION}.log",
     run:
-        wc.write_text_atomic(output[0], params.text)
+        write_text_atomic(output[0], params.text)
 
 
 rule report:

@@ -35,7 +35,7 @@ def _check_cluster():
 onstart:
     _check_cluster()
     _effective = f"results/mlflow/{CONFIGURATION}.config.yaml"
-    wc.write_text_atomic(_effective, yaml.safe_dump(config, sort_keys=False))
+    write_text_atomic(_effective, yaml.safe_dump(config, sort_keys=False))
     _mlflow("--experiment", CONFIGURATION, "--output", MLFLOW_MARKER, "--parent-run", f"workflow · {CONFIGURATION}",
             "--config", _effective, "--param", f"configuration={CONFIGURATION}",
             "--param", f"config_hash={_CONFIG_HASH}", what="creating the store and the invocation's run")

@@ -9,7 +9,7 @@ rule resolve_train_config:
     log:
         "logs/resolve_train_config/{model}/{method}/{algo}/{dataset}/seed{seed}.log",
     run:
-        wc.write_text_atomic(output[0], params.text)
+        write_text_atomic(output[0], params.text)
 
 
 rule train:
