@@ -28,7 +28,7 @@ work per weight (the activation loads, not DRAM, limit this kernel from M = 16 u
 Every value here is one per thread (tensors of shape ``[32 · num_warps]`` whose element is identified
 by the holding thread's ``%tid.x``, so the code does not depend on how Triton lays the tensor out).
 Cost per weight: 3.6 SASS instructions in the main loop for 8 activation rows (decode 2.4), 4.2 for 16,
-vs ~6 on the CUDA-core path for one row (``python -m qerl_kernels.inspect_ir --kind mmv``). CUDA only: the CPU interpreter cannot run PTX, so
+vs ~6 on the CUDA-core path for one row (``python tools/inspect_ir.py --kind mmv``). CUDA only: the CPU interpreter cannot run PTX, so
 :mod:`qerl_kernels.ops` runs :mod:`.nvfp4_gemv`'s interpreter twin there, and
 ``tests/kernels/test_mmv_fragments.py`` replays this kernel's per-lane data flow in NumPy against
 the PTX ISA's fragment tables.

@@ -31,7 +31,7 @@ consumer on its own sub-tile. Registers: the launch asks for ``maxnreg`` so that
 consumers get ``CREGS`` each (``setmaxnreg``) and the producer the rest (>= :data:`PRODUCER_REGS`).
 
 Registers: ptxas compiles every partition under the launch's ``maxnreg`` (``setmaxnreg`` does not raise its cap);
-:func:`qerl_kernels.inspect_ir.ptxas_warnings` shows where that serialises the wgmmas.
+``tools/inspect_ir.py``'s ``ptxas_warnings`` shows where that serialises the wgmmas.
 
 ``DB`` (:func:`_mma_steps_db`, tuned where ptxas compiles it without serialising the wgmmas: C = 1 at one program
 per SM, C = 2 at BT = 32): each consumer decodes step k + 1 while step k's wgmma runs (two A operands in registers,
@@ -49,7 +49,7 @@ adds them in order and runs the epilogue — more decoders per weight tile where
 non-``KS`` kernels compile to the same PTX as before it: an unused, initialised mbarrier in them was given the
 same shared bytes as the consumer's split-K ticket broadcast (the allocator reuses a dead allocation's memory; an
 mbarrier must be invalidated first), which made tickets come out wrong under CUDA-graph replays
-(:func:`qerl_kernels.inspect_ir.mbarrier_overlaps` checks the compiled kernels for it).
+(``tools/inspect_ir.py``'s ``mbarrier_overlaps`` checks the compiled kernels for it).
 
 Reference: :func:`qerl.ops.linear.reference_forward` (the seam's pure-torch forward); CPU-checkable logic: the ring's slot /
 phase sequence (:func:`ring_schedule`), a consumer's read / release order (:func:`consumer_events`) and the register

@@ -127,6 +127,8 @@ def test_overwrite_never_follows_a_link_nor_deletes_what_train_did_not_write(tmp
 
     run = tmp_path / "run"
     run.mkdir()
+    (run / "config.json").write_text(json.dumps({"method": "qerl", "algorithm": {"name": "grpo"},
+                                                 "output_dir": str(run)}))  # (qerl train writes it first)
     (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.1}) + "\n")
     (run / "summary.json").write_text(json.dumps({"method": "qerl", "steps": 1}))
     theirs = tmp_path / "theirs"

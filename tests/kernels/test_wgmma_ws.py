@@ -25,6 +25,26 @@ import pytest
 ws = pytest.importorskip("qerl_kernels.nvfp4_wgmma_ws")
 
 
+def _inspect_ir():
+    """tools/inspect_ir.py (the kernels' lab: sm_90 compiles without a GPU; not installed), loaded once."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if "inspect_ir" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("inspect_ir", Path(__file__).resolve().parents[2] / "tools" /
+                                                      "inspect_ir.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        sys.modules["inspect_ir"] = mod
+    return sys.modules["inspect_ir"]
+
+
+def _ir(*names):
+    return [getattr(_inspect_ir(), n) for n in names]
+
+
+
 class _Barrier:
     """mbarrier phase parity: ``wait(p)`` passes once the phase of parity ``p`` has completed, i.e. while the
     current (incomplete) phase's parity differs from ``p``; a fresh barrier is in phase 0 (``wait(1)`` passes)."""
@@ -140,7 +160,7 @@ def test_register_split_refuses_what_does_not_fit():
                                            (1, 1, 64, 4, dict(OCC=2, SK=True, bias=True)),
                                            (2, 1, 128, 3, dict(SK=True))])
 def test_compiles_for_sm90_warp_specialised(C, MT, BT, NS, kw):
-    from qerl_kernels.inspect_ir import compile_ws, stack_of
+    compile_ws, stack_of = _ir('compile_ws', 'stack_of')
 
     k = compile_ws(C, MT, BT, NS, **kw)
     ptx = k.asm["ptx"]
@@ -175,7 +195,7 @@ def test_tuner_ws_candidates_fit():
 def test_tma_producer_compiles_for_sm90(C, BT, kw):
     """``TMA``: the weights and the activation tile as bulk tensor copies (the tile in two 64-column boxes, the
     128-byte swizzle's width), the scales by cp.async, both completing on the same mbarrier; no spills."""
-    from qerl_kernels.inspect_ir import compile_ws_tma, stack_of
+    compile_ws_tma, stack_of = _ir('compile_ws_tma', 'stack_of')
 
     k = compile_ws_tma(C, 1, BT, 4 if BT == 64 else 3, **kw)
     ptx = k.asm["ptx"]
@@ -191,7 +211,7 @@ def test_tma_producer_compiles_for_sm90(C, BT, kw):
 def test_db_compiles_without_serialised_wgmma(C, OCC, BT, NS, kw):
     """``DB`` (two A operands live, neither loop-carried): ptxas keeps the wgmmas asynchronous (no C7512 / C7513)
     at the register caps the tuner gives it — C = 1 at one program per SM (248 registers), C = 2 at BT = 32."""
-    from qerl_kernels.inspect_ir import compile_ws_tma, ptxas_warnings, stack_of
+    compile_ws_tma, ptxas_warnings, stack_of = _ir('compile_ws_tma', 'ptxas_warnings', 'stack_of')
 
     k = compile_ws_tma(C, 1, BT, NS, OCC=OCC, DB=True, **kw)
     assert ptxas_warnings(k) == [] and stack_of(k) == 0
@@ -203,7 +223,7 @@ def test_db_where_the_tuner_leaves_it_out_is_serialised():
     """Why the tuner offers no ``DB`` at C = 2, BT = 64 (168 registers with the 4-warp producer): ptxas serialises
     the wgmmas there (C7512, insufficient registers) — and a loop-carried A operand (v11's ``PIPE``) does with
     C7513."""
-    from qerl_kernels.inspect_ir import compile_wgmma, compile_ws_tma, ptxas_warnings
+    compile_wgmma, compile_ws_tma, ptxas_warnings = _ir('compile_wgmma', 'compile_ws_tma', 'ptxas_warnings')
 
     assert any("C7512" in w for w in ptxas_warnings(compile_ws_tma(2, 1, 64, 4, DB=True)))
     assert any("C7513" in w for w in ptxas_warnings(compile_wgmma(1, 64, 4, XG=False, PIPE=True, NSW=4)))
@@ -220,7 +240,8 @@ def test_db_where_the_tuner_leaves_it_out_is_serialised():
 def test_ks_compiles_for_sm90(C, BT, kw):
     """``KS``: the program's 64 rows shared by the C consumers (the weight box is 64 rows), K steps round-robin, the
     partial sums through shared memory (one fp32 ``[64, BT]`` tile per extra consumer) into consumer 0's epilogue."""
-    from qerl_kernels.inspect_ir import compile_ws, compile_ws_tma, ptxas_warnings, stack_of
+    compile_ws, compile_ws_tma, ptxas_warnings, stack_of = _ir('compile_ws', 'compile_ws_tma', 'ptxas_warnings',
+                                                              'stack_of')
 
     k = compile_ws_tma(C, 1, BT, 6, KS=True, **kw)
     assert ptxas_warnings(k) == [] and stack_of(k) == 0
@@ -234,7 +255,7 @@ def test_ks_compiles_for_sm90(C, BT, kw):
 def test_mbarrier_overlap_detector_finds_a_reused_barrier():
     """The pattern behind the split-K ticket failures found with ``KS``: a scalar broadcast's ``st`` / ``ld.shared``
     on the bytes of an initialised, never-invalidated mbarrier (the allocator reused a dead allocation)."""
-    from qerl_kernels.inspect_ir import mbarrier_overlaps
+    mbarrier_overlaps, = _ir('mbarrier_overlaps')
 
     ptx = """
 	mov.b32 	%r225, global_smem;
@@ -261,7 +282,7 @@ def test_mbarrier_overlap_detector_finds_a_reused_barrier():
 def test_no_scratch_on_a_live_mbarrier(fn, kw):
     """No compiled WS kernel reads or writes scratch on an mbarrier's bytes (none invalidates its barriers, so a
     change of Triton's allocation that put scratch there would show here first)."""
-    from qerl_kernels import inspect_ir
+    inspect_ir = _inspect_ir()
 
     ptx = getattr(inspect_ir, fn)(**kw).asm["ptx"]
     assert inspect_ir.mbarrier_overlaps(ptx) == [] and "mbarrier.inval" not in ptx
@@ -274,7 +295,7 @@ def test_xwait_adds_one_wait_before_the_producer_loads(fn, kw):
     """``XWAIT`` (the activation permutation as this kernel's PDL primary): one ``griddepcontrol.wait`` more, ahead
     of the producer's first copy, nothing else serialised, no scratch on a barrier; without it the kernel is
     unchanged (the launcher's other calls compile as before)."""
-    from qerl_kernels import inspect_ir
+    inspect_ir = _inspect_ir()
 
     plain = getattr(inspect_ir, fn)(**kw).asm["ptx"]
     k = getattr(inspect_ir, fn)(**kw, XWAIT=True)
@@ -343,7 +364,7 @@ def test_fit_stages_on_the_entry_that_overflowed():
 
 
 def test_fitted_ring_compiles_under_the_limit():
-    from qerl_kernels.inspect_ir import compile_ws_tma
+    compile_ws_tma, = _ir('compile_ws_tma')
 
     ns = ws.fit_stages(2, 1, 128, 4, 128)
     k = compile_ws_tma(2, 1, 128, ns, R=128, PDL=True, bias=True)
@@ -357,7 +378,7 @@ def test_tiled_weights_compile_for_sm90(fn, C, BT, kw):
     """``TILED`` (:mod:`qerl_kernels.layout`): the TMA producer copies one 4 KB box [64, 64 B] per 64-row tile and K
     step (C boxes per step, one per consumer's rows; the tiled layout has them ``K/2 · 64`` bytes apart, not one
     [64·C, 64] box), the cp.async producer reads the same bytes at the layout's offsets; no spills."""
-    from qerl_kernels import inspect_ir
+    inspect_ir = _inspect_ir()
 
     k = getattr(inspect_ir, fn)(C, 1, BT, 4, TILED=True, **kw)
     assert inspect_ir.stack_of(k) == 0
@@ -378,7 +399,7 @@ def test_tiled_weights_compile_for_sm90(fn, C, BT, kw):
 def test_launch_chain_release_compiles_first_in_the_warp_specialised_kernels(tma):
     """`TRIG` (the launch chain): `griddepcontrol.launch_dependents` is the kernel's first chain instruction, before the
     producer's wait for the activation pre-pass (`XWAIT`), with the partitions compiled as without it."""
-    from qerl_kernels.inspect_ir import compile_ws, compile_ws_tma
+    compile_ws, compile_ws_tma = _ir('compile_ws', 'compile_ws_tma')
 
     k = (compile_ws_tma if tma else compile_ws)(2, 1, 64, 4, split=True, R=32, PDL=True, XWAIT=True, TRIG=True)
     ptx = k.asm["ptx"]

@@ -5,7 +5,7 @@ from the SASS that Triton's bundled ``nvdisasm`` prints — the instruction mix 
 its cost in **SASS instructions per weight** (issued per thread x threads / weights per iteration),
 the static number that decides whether dequantization can keep up with memory.
 
-``python -m qerl_kernels.inspect_ir [--kind fwd|bwd|gemv|mmv] [--bm 16 --bn 64 --bk 256 --warps 4 --stages 4
+``python tools/inspect_ir.py [--kind fwd|bwd|gemv|mmv] [--bm 16 --bn 64 --bk 256 --warps 4 --stages 4
 --split 1 --swap 0] [--sass FILE]``
 Pointer and integer arguments are specialised as multiples of 16, as Triton's JIT does at run time
 when the actual values are. ``--kind mmv``: BM 8|16 (activation rows), warps = BN / 16, stages = register
