@@ -9,7 +9,7 @@
 #      next call: training jobs continue from their last checkpoint, finished jobs are not redone),
 #   4. packs what came out under $OUT: ${TAG}results.tgz (metrics, summaries, evaluations, samples) and
 #      ${TAG}logs.tgz (job logs, snakemake's, GPU use every 15 s, the MLflow store).
-# usage: bash config/real/gpu_run.sh "CONFIG [OVERLAY...]" BUDGET_S [MODEL_FILE]
+# usage: bash tools/gpu_run.sh "CONFIG [OVERLAY...]" BUDGET_S [MODEL_FILE]
 # Environment: SNAKEMAKE_ARGS  targets / more snakemake options;
 #              WORKDIR         run in this copy of the repository (made once; the model file linked), so that a second
 #                              configuration can run beside the first (snakemake locks its directory);

