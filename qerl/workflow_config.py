@@ -178,7 +178,7 @@ def benchmark_args(config: dict, name: str, commits: dict | None = None) -> str:
         commit = (commits or {}).get(("dataset", name))
         return shlex.quote(name) + (f" --revision {shlex.quote(commit)}" if commit else "")
     args = [spec["path"], "--name", name]
-    for key in ("prompt_field", "answer_field", "answer_format"):
+    for key in ("prompt_field", "answer_field", "answer_format", "verifier"):
         if key in spec:
             args += [f"--{key.replace('_', '-')}", str(spec[key])]
     return " ".join(map(shlex.quote, args))

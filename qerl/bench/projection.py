@@ -38,6 +38,7 @@ import heapq
 from dataclasses import dataclass
 
 from qerl.models.shapes import QWEN25, Shape
+from qerl.data.tasks import REGISTERED_BENCHMARKS
 
 DEVICE = "NVIDIA H100 80GB HBM3"
 PROMPT = 256  # prompt tokens (the planner's PROMPT_TOKENS)
@@ -230,7 +231,7 @@ def eval_hours(shape: str, problems: int, samples: int, batch: int, cap: int, le
 
 
 #: problems per benchmark (the paper's test sets)
-BENCHMARK_PROBLEMS = {"gsm8k_test": 1319, "math500": 500, "aime24": 30, "aime25": 30, "amc23": 40}
+BENCHMARK_PROBLEMS = {n: b.problems for n, b in REGISTERED_BENCHMARKS.items() if b.problems}  # (the table's)
 
 
 def _evals(shape: str, benches: list[str], base: str, spec: str, ev: dict, seed: int) -> tuple[float, float]:

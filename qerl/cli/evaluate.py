@@ -16,14 +16,20 @@ def add_evaluate(sub) -> None:
     v.add_argument("--model", required=True, help="base model directory (bf16, or NVFP4 checkpoint)")
     v.add_argument("--base", choices=["bf16", "nvfp4", "nf4"], required=True, help="format to run the base in")
     v.add_argument("--adapter", default=None, help="PEFT adapter directory (trained LoRA)")
+    from qerl.data.tasks import REGISTERED_BENCHMARKS, VERIFIERS
+
     v.add_argument("--benchmark", required=True,
-                   help="synthetic_test | gsm8k_test | math500 | aime24 | aime25 | amc23, or a local .jsonl / .parquet "
-                        "file (no hub needed; see --prompt-field, --answer-field, --answer-format)")
+                   help=" | ".join(REGISTERED_BENCHMARKS) + ", or a local .jsonl / .parquet file (no hub needed; see "
+                        "--prompt-field, --answer-field, --answer-format, --verifier); registered: "
+                        + "; ".join(f"{n} ({b.doc}, verifier {b.verifier})" for n, b in REGISTERED_BENCHMARKS.items()))
     v.add_argument("--prompt-field", default=None, help="local file: the field holding the problem (default prompt)")
     v.add_argument("--answer-field", default=None, help="local file: the field holding the gold answer (default answer)")
     v.add_argument("--answer-format", default=None, choices=["plain", "gsm8k", "boxed", "aime"],
                    help="local file: how the answer field holds the answer (plain; gsm8k: after '####'; boxed: the "
                         "last \\boxed{}; aime: an integer 0-999) (default plain)")
+    v.add_argument("--verifier", default=None, choices=list(VERIFIERS),
+                   help="local file: how answers are judged (exact: the extracted answer equals the gold string; math: "
+                        "math-verify's equivalence) (default math)")
     v.add_argument("--revision", default=None,
                    help="hub benchmark: the dataset commit to read (the workflow's inputs lock; default its registered "
                         "revision)")
@@ -68,7 +74,7 @@ def run_evaluate(args) -> dict:
                             seed=args.seed, template=args.template, nf4_weights=args.nf4_weights)
     # an unknown benchmark (or a missing file) is named before the model loads
     bench = resolve_benchmark(args.benchmark, args.name, args.prompt_field, args.answer_field, args.answer_format,
-                              args.revision)
+                              args.revision, args.verifier)
     device = resolve_device(args.device)
     out = Path(args.output)
     samples = Path(args.samples_output) if args.samples_output else out.with_suffix(".samples.jsonl")

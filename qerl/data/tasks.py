@@ -33,9 +33,38 @@ class HubSpec:
     max_prompt_chars: int | None = None
 
 
-#: the registered evaluation benchmarks (``qerl evaluate --benchmark NAME``): the synthetic task and hub datasets;
-#: any other benchmark is a local file (``evaluation.local_benchmarks``)
-BENCHMARKS = ("synthetic_test", "gsm8k_test", "math500", "aime24", "aime25", "amc23")
+#: how a benchmark's answers are judged (the reward of :mod:`qerl.rewards` it names): ``exact`` (the extracted
+#: answer equals the gold string: the synthetic task) or ``math`` (math-verify's equivalence, e.g. 1/2 = 0.5)
+VERIFIERS = ("exact", "math")
+
+
+@dataclass(frozen=True)
+class RegisteredBenchmark:
+    """A benchmark ``qerl evaluate --benchmark NAME`` knows: where its problems come from (``synthetic``: built
+    offline; ``hub``: the :data:`HUB_TASKS` entry ``hub``), the verifier it declares (:data:`VERIFIERS`), the prompt
+    template it is always read with (None: the evaluation's own), its problem count (for projections) and a line
+    for ``--help``."""
+
+    source: str
+    verifier: str
+    hub: str | None = None
+    template: str | None = None
+    problems: int | None = None
+    doc: str = ""
+
+
+#: the registered evaluation benchmarks, one row each (the CLI's help, the workflow's checks and the projections
+#: read this table); any other benchmark is a local file (``evaluation.local_benchmarks``, its verifier declared)
+REGISTERED_BENCHMARKS: dict[str, RegisteredBenchmark] = {
+    "synthetic_test": RegisteredBenchmark("synthetic", "exact", template="raw",
+                                          doc="held-out problems of the offline arithmetic task"),
+    "gsm8k_test": RegisteredBenchmark("hub", "math", "gsm8k_test", problems=1319, doc="GSM8K test split"),
+    "math500": RegisteredBenchmark("hub", "math", "math500", problems=500, doc="MATH-500"),
+    "aime24": RegisteredBenchmark("hub", "math", "aime24", problems=30, doc="AIME 2024"),
+    "aime25": RegisteredBenchmark("hub", "math", "aime25", problems=30, doc="AIME 2025"),
+    "amc23": RegisteredBenchmark("hub", "math", "amc23", problems=40, doc="AMC 2023"),
+}
+BENCHMARKS = tuple(REGISTERED_BENCHMARKS)
 
 HUB_TASKS: dict[str, HubSpec] = {
     "gsm8k": HubSpec("openai/gsm8k", "main", "train", "question", "answer", "gsm8k"),

@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from qerl.data.tasks import BENCHMARKS  # noqa: F401 (the registry lives with the tasks, below every stage)
+from qerl.data.tasks import BENCHMARKS, REGISTERED_BENCHMARKS, VERIFIERS  # (the table lives with the tasks)
 
 LOCAL_SUFFIXES = (".jsonl", ".parquet")
 
@@ -23,7 +23,9 @@ class Benchmark:
     """A benchmark: a registered name (:data:`BENCHMARKS`: the synthetic task or a hub dataset) or a local
     ``.jsonl`` / ``.parquet`` file whose ``prompt_field`` holds the problem and ``answer_field`` the gold answer in
     ``answer_format`` (:data:`qerl.data.tasks.ANSWER_FORMATS`: plain, gsm8k ``####``, boxed, aime integer) — read
-    by the same loader as training data (:func:`qerl.data.tasks.load_local`). ``name`` labels the results."""
+    by the same loader as training data (:func:`qerl.data.tasks.load_local`) and judged by its declared
+    ``verifier`` (:data:`qerl.data.tasks.VERIFIERS`; a registered benchmark declares its own in
+    :data:`qerl.data.tasks.REGISTERED_BENCHMARKS`). ``name`` labels the results."""
 
     name: str
     path: str | None = None
@@ -31,15 +33,17 @@ class Benchmark:
     answer_field: str = "answer"
     answer_format: str = "plain"
     revision: str | None = None  # a hub benchmark's commit (the workflow's inputs lock), else its registered one
+    verifier: str = "math"
+    registered: str | None = None  # its row of REGISTERED_BENCHMARKS (None: a local file)
 
     @property
     def source(self) -> str:
-        return "local" if self.path else ("synthetic" if self.name == "synthetic_test" else "hub")
+        return "local" if self.path else REGISTERED_BENCHMARKS[self.registered or self.name].source
 
 
 def resolve_benchmark(benchmark, name: str | None = None, prompt_field: str | None = None,
                       answer_field: str | None = None, answer_format: str | None = None,
-                      revision: str | None = None) -> Benchmark:
+                      revision: str | None = None, verifier: str | None = None) -> Benchmark:
     """``benchmark``: a :class:`Benchmark`, a registered name, or the path of a local file (then the field / format
     options apply; ``name`` defaults to the file's stem). Anything else is a ValueError naming the choices."""
     if isinstance(benchmark, Benchmark):
@@ -48,12 +52,13 @@ def resolve_benchmark(benchmark, name: str | None = None, prompt_field: str | No
     fields = {k: v for k, v in (("prompt_field", prompt_field), ("answer_field", answer_field),
                                 ("answer_format", answer_format)) if v is not None}
     if text in BENCHMARKS:
-        if fields:
-            raise ValueError(f"--benchmark {text}: a registered benchmark; --prompt-field / --answer-field / "
-                             "--answer-format apply to local files only")
-        if revision and text == "synthetic_test":
-            raise ValueError("--revision: synthetic_test is built offline, it has no revision")
-        return Benchmark(name or text, revision=revision)
+        reg = REGISTERED_BENCHMARKS[text]
+        if fields or verifier is not None:
+            raise ValueError(f"--benchmark {text}: a registered benchmark (verifier {reg.verifier}); --prompt-field / "
+                             "--answer-field / --answer-format / --verifier apply to local files only")
+        if revision and reg.source != "hub":
+            raise ValueError(f"--revision: {text} is built offline, it has no revision")
+        return Benchmark(name or text, revision=revision, verifier=reg.verifier, registered=text)
     if Path(text).suffix in LOCAL_SUFFIXES:
         from qerl.data.tasks import ANSWER_FORMATS
 
@@ -64,7 +69,9 @@ def resolve_benchmark(benchmark, name: str | None = None, prompt_field: str | No
         fmt = fields.get("answer_format", "plain")
         if fmt not in ANSWER_FORMATS:
             raise ValueError(f"--answer-format {fmt!r}: not one of {', '.join(ANSWER_FORMATS)}")
-        return Benchmark(name or Path(text).stem, text, **fields)
+        if verifier is not None and verifier not in VERIFIERS:
+            raise ValueError(f"--verifier {verifier!r}: not one of {', '.join(VERIFIERS)}")
+        return Benchmark(name or Path(text).stem, text, **fields, verifier=verifier or "math")
     raise ValueError(f"--benchmark {text!r} is neither a known benchmark ({', '.join(BENCHMARKS)}) nor a local "
                      f"{' / '.join(LOCAL_SUFFIXES)} file")
 
@@ -95,16 +102,17 @@ def benchmark_records(benchmark, s: EvalSettings) -> tuple[list[dict], str, str]
     from qerl.data.tasks import DataError, load_hub, load_local, synthetic_arithmetic
 
     b = resolve_benchmark(benchmark)
+    reg = REGISTERED_BENCHMARKS.get(b.registered or b.name) if b.source != "local" else None
+    template = (reg.template if reg is not None else None) or s.template
     if b.source == "synthetic":  # a seed disjoint from training's stream
         recs = synthetic_arithmetic(s.synthetic_size, seed=10_000 + s.seed, max_operand=s.synthetic_max_operand)
-        kind, template = "exact", "raw"
     elif b.source == "local":
-        recs, kind, template = load_local(b.path, b.prompt_field, b.answer_field, b.answer_format), "math", s.template
+        recs = load_local(b.path, b.prompt_field, b.answer_field, b.answer_format)
         if not recs:
             raise DataError(f"--benchmark {b.path}: holds no problems (an empty file)")
     else:
-        recs, kind, template = load_hub(b.name, b.revision), "math", s.template
-    return (recs[: s.limit] if s.limit is not None else recs), kind, template
+        recs = load_hub(reg.hub, b.revision)
+    return (recs[: s.limit] if s.limit is not None else recs), b.verifier, template
 
 
 def benchmark_meta(benchmark) -> dict:
@@ -116,7 +124,8 @@ def benchmark_meta(benchmark) -> dict:
     if b.source != "local":
         return {"benchmark": b.name, **({"benchmark_revision": b.revision} if b.revision else {})}
     return {"benchmark": b.name, "benchmark_file": str(b.path), "benchmark_sha256": sha256_file(b.path),
-            "benchmark_fields": {"prompt": b.prompt_field, "answer": b.answer_field, "format": b.answer_format}}
+            "benchmark_fields": {"prompt": b.prompt_field, "answer": b.answer_field, "format": b.answer_format},
+            **({"benchmark_verifier": b.verifier} if b.verifier != "math" else {})}
 
 
 IDENTITY = ("model", "base", "adapter", "benchmark")

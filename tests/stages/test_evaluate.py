@@ -73,11 +73,59 @@ def test_local_benchmark_files_evaluate_offline(tiny_dirs, tmp_path, capsys):
     with pytest.raises(DataError, match=r"aime.jsonl: row 1, field 'answer' \(aime format\): an AIME answer is an "
                                         r"integer 0 \.\.\. 999, got '1e3'"):
         load_local(aime, answer_format="aime")
+    # a local benchmark declares its verifier (math by default): exact match, as the synthetic task is judged
+    exact = resolve_benchmark(str(pq), prompt_field="problem", answer_field="solution", answer_format="boxed",
+                              verifier="exact")
+    assert benchmark_records(exact, EvalSettings())[1] == "exact"
     # bad invocations are named before any model loads
     for extra, msg in ((["--benchmark", str(tmp_path / "nope.jsonl")], "nope.jsonl: file not found"),
                        (["--benchmark", "gsm8k_test", "--answer-format", "gsm8k"], "apply to local files only"),
+                       (["--benchmark", "math500", "--verifier", "exact"], "(verifier math)"),
                        (["--benchmark", str(tmp_path / "x.csv")], "neither a known benchmark")):
         args = [a for a in argv if a not in ("--prompt-field", "question", "--answer-field", "answer",
                                             "--answer-format", "gsm8k", "--benchmark", str(gsm))]
         assert main(args + extra) == 2
         assert msg in capsys.readouterr().err
+
+
+def test_a_registered_benchmark_is_one_row_of_one_table(tmp_path, monkeypatch):
+    """The table (qerl.data.tasks.REGISTERED_BENCHMARKS) is what the CLI's help, the resolver, the records and the
+    projections read: a row added there (a throw-away one: the synthetic task under another name, judged exactly)
+    resolves, loads and is judged by its declared verifier without touching another file; the workflow schema's
+    lists of registered names are the table's (a test ties the data file to it)."""
+    from pathlib import Path
+
+    import yaml
+
+    from qerl.data import tasks
+    from qerl.stages.evaluate import EvalSettings, benchmark_records, resolve_benchmark
+
+    row = tasks.RegisteredBenchmark("synthetic", "exact", template="raw", doc="a throw-away row")
+    monkeypatch.setitem(tasks.REGISTERED_BENCHMARKS, "arith_small", row)
+    monkeypatch.setattr(tasks, "BENCHMARKS", tuple(tasks.REGISTERED_BENCHMARKS))
+    import qerl.stages.evaluate as ev
+
+    monkeypatch.setattr(ev, "BENCHMARKS", tasks.BENCHMARKS)
+    b = resolve_benchmark("arith_small")
+    recs, verifier, template = benchmark_records(b, EvalSettings(synthetic_size=5))
+    assert (b.source, verifier, template, len(recs)) == ("synthetic", "exact", "raw", 5)
+    assert "arith_small (a throw-away row, verifier exact)" in " ".join(_evaluate_help().split())
+    monkeypatch.undo()
+    schema = yaml.safe_load((Path(__file__).resolve().parents[2] / "workflow/schemas/config.schema.yaml").read_text())
+    text = json.dumps(schema)
+    assert f'"propertyNames": {{"$ref": "#/$defs/name", "not": {{"enum": {json.dumps(list(tasks.BENCHMARKS))}}}}}' \
+        in text
+    assert ", ".join(tasks.BENCHMARKS) in text  # (the description of evaluation.benchmarks)
+    assert json.dumps(list(tasks.VERIFIERS)) in text
+
+
+def _evaluate_help() -> str:
+    import contextlib
+    import io
+
+    from qerl.cli import main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):
+        main(["evaluate", "--help"])
+    return buf.getvalue()
