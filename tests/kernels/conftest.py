@@ -1,8 +1,13 @@
-"""Shared by the kernel tests that record launches instead of running them (CPU tensors)."""
+"""Shared by the kernel tests that record launches instead of running them (CPU tensors); the compile tests import
+the lab's ``tools/inspect_ir.py`` (sm_90 compiles without a GPU; not installed) as ``inspect_ir``."""
+import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
 
 def _name(kernel) -> str:

@@ -61,7 +61,7 @@ def test_tiled_loop_compiles_for_sm90(WG, MT, BT, NS, split, XS, R):
     """The tiled plain loop compiles for sm_90 like the row-major one, also with 128 weight rows per program (two
     warpgroups or two m64 tiles: rows 64 on lie in the next tile): 8 · MT (+ R / 16) wgmma per step, the weights and
     scales still by ``cp.async``, no spills."""
-    from qerl_kernels.inspect_ir import compile_wgmma, stack_of
+    from inspect_ir import compile_wgmma, stack_of
 
     k = compile_wgmma(WG, BT, NS, split=split, bias=True, XG=False, MT=MT, R=R, XS=XS, TILED=True)
     ptx = k.asm["ptx"]
@@ -72,7 +72,7 @@ def test_tiled_loop_compiles_for_sm90(WG, MT, BT, NS, split, XS, R):
 def test_tiled_stream_k_compiles_for_sm90():
     """Stream-K on tiled weights: each (tile, K step) range reads the tile-contiguous offsets (the code differs from
     the row-major stream-K's), 8 wgmma per step, no spills."""
-    from qerl_kernels.inspect_ir import compile_wgmma, stack_of
+    from inspect_ir import compile_wgmma, stack_of
 
     tiled, rows = (compile_wgmma(1, 8, 3, XG=False, XS=True, SK=True, TILED=t) for t in (True, False))
     body = [k.asm["ptx"].split(".section")[0] for k in (tiled, rows)]

@@ -95,7 +95,7 @@ def test_split_reduction_rounds_keep_the_decode_kernels_registers():
     (within one allocation unit of 8), no spills, and its reduction issues its partials' loads back to back."""
     import re
 
-    from qerl_kernels.inspect_ir import compile_wgmma, registers_of, sass_of, stack_of
+    from inspect_ir import compile_wgmma, registers_of, sass_of, stack_of
     from qerl_kernels.nvfp4_matmul import split_red
 
     bt = 8
@@ -211,7 +211,7 @@ def test_sm90_code_inspection_without_a_gpu():
     (cp.async), swapped large tiles use wgmma, decode tiles mma.sync, and the main loop's static
     cost stays near the packed-word dequantization's (~5 SASS instructions per weight, was ~25
     with per-element decoding) — a static regression guard, not a timing."""
-    from qerl_kernels.inspect_ir import inspect
+    from inspect_ir import inspect
 
     big = inspect(128, 128, 64, 8, 3, swap=1)
     assert big["cp_async"] > 0 and big["wgmma"] > 0
@@ -232,7 +232,7 @@ def test_sm90_code_inspection_without_a_gpu():
 def test_sm90_two_row_blocks_without_a_gpu(monkeypatch):
     """RB = 2 shares the activation fragments between two blocks of 16 weight rows: twice the MMAs per
     step, fewer instructions per weight than RB = 1 at 16 activation rows."""
-    from qerl_kernels.inspect_ir import inspect
+    from inspect_ir import inspect
 
     monkeypatch.setenv("QERL_INSPECT_XPRE", "0")
     one = inspect(16, 64, 128, 4, 1, kind="mmv")
@@ -245,7 +245,7 @@ def test_sm90_two_row_blocks_without_a_gpu(monkeypatch):
 def test_resident_programs_per_sm():
     """Hopper residency from registers / shared memory / warps (the numbers the v8 timeline measured: 56
     registers, 2 warps -> 18 programs per SM; 102 -> 9)."""
-    from qerl_kernels.inspect_ir import resident_programs
+    from inspect_ir import resident_programs
 
     assert resident_programs(56, 0, 2) == 18 and resident_programs(64, 4096, 2) == 16
     assert resident_programs(102, 4, 2) == 9 and resident_programs(32, 0, 1) == 32
@@ -257,7 +257,7 @@ def test_fused_lora_keeps_the_decode_kernels_residency(monkeypatch):
     every tile of the launch: on the tuned M = 1 config of the large projections (BM 8, BN 32, 2 warps,
     activations loaded at use) the fused kernel must keep >= 16 of the base kernel's 18 programs per SM (a
     register-fragment producer with 102 registers halved it and cost +32..54%), the PDL variant all 18."""
-    from qerl_kernels.inspect_ir import inspect
+    from inspect_ir import inspect
 
     monkeypatch.setenv("QERL_INSPECT_XPRE", "0")
     base = inspect(8, 32, 128, 2, 1, kind="mmv")["resident_programs_per_sm"]
@@ -273,7 +273,7 @@ def test_sm90_pdl_lora_pair_without_a_gpu(monkeypatch):
     """The PDL LoRA pair compiles for sm_90: the decode kernel waiting for xa (griddepcontrol.wait in its
     epilogue) keeps no shared memory and the base kernel's registers (its occupancy); the primary
     (qerl_kernels.lora_xa) has its own; the trace stamps compile in."""
-    from qerl_kernels.inspect_ir import compile_sm90, inspect
+    from inspect_ir import compile_sm90, inspect
 
     monkeypatch.setenv("QERL_INSPECT_XPRE", "0")
     base = inspect(8, 32, 128, 2, 1, kind="mmv")

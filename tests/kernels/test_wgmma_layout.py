@@ -115,7 +115,7 @@ print("ok")
 def test_compiles_for_sm90_with_the_operand_in_registers(WG, BT, NS, split, bias, XG, NSW, MT):
     """NSW > 0: the pipelined loop (next step's decode under this step's wgmma, weights NSW steps ahead);
     MT = 2: two m64 weight tiles per warpgroup on one activation tile."""
-    from qerl_kernels.inspect_ir import compile_wgmma, registers_of, stack_of
+    from inspect_ir import compile_wgmma, registers_of, stack_of
 
     k = compile_wgmma(WG, BT, NS, split=split, bias=bias, XG=XG, PIPE=NSW > 0, NSW=NSW, MT=MT)
     ptx = k.asm["ptx"]
@@ -130,7 +130,7 @@ def test_compiles_for_sm90_with_the_operand_in_registers(WG, BT, NS, split, bias
 def test_lora_epilogue_compiles_as_one_more_wgmma(BT, R):
     """LoRA up-projection in the epilogue: lora_b rows as the register operand, xa from shared memory —
     R / 16 more k16 wgmma after the 8 of the main step, no spills (split-K and bias on)."""
-    from qerl_kernels.inspect_ir import compile_wgmma, stack_of
+    from inspect_ir import compile_wgmma, stack_of
 
     k = compile_wgmma(1, BT, 3, split=True, bias=True, XG=False, R=R)
     assert len(re.findall(r"wgmma\.mma_async", k.asm["ptx"])) == 8 + R // 16
@@ -143,7 +143,7 @@ def test_staged_activations_compile_for_sm90(WG, BT, NS, split, R, PDL):
     """XS (activations staged through registers into the operand tile, no pre-pass): compiles for sm_90 with
     the decoded weights still the register operand, 8 (+ R / 16 LoRA) wgmma per step, no spills, the
     griddepcontrol wait with PDL; the staging keeps a ring of tiles as loaded plus one operand tile."""
-    from qerl_kernels.inspect_ir import compile_wgmma, stack_of
+    from inspect_ir import compile_wgmma, stack_of
 
     k = compile_wgmma(WG, BT, NS, split=split, bias=True, XG=False, R=R, PDL=PDL, XS=True)
     ptx = k.asm["ptx"]
@@ -199,7 +199,7 @@ def test_stream_k_compiles_for_sm90_without_spills(WG, BT, MT):
     """`SK`: the segment loop around the plain main loop, the partial tiles and the in-order reduction compile for
     sm_90 with the weight operand in registers and no spills, also at 4 warpgroups (256 weight rows: the activation
     tile read from L2 once per 256 rows instead of per 64)."""
-    from qerl_kernels.inspect_ir import compile_wgmma, registers_of, stack_of
+    from inspect_ir import compile_wgmma, registers_of, stack_of
 
     k = compile_wgmma(WG, BT, 3, split=False, bias=True, XG=False, MT=MT, SK=True)
     ptx = k.asm["ptx"]
@@ -227,7 +227,7 @@ def test_launch_chain_issues_weights_before_the_wait_and_activations_after(XS, P
     before the wait for the previous grid (`griddepcontrol.wait`) and the activation copies after it; `TRIG` releases
     the next launch first thing. Tiled weights, M = 8 configs (one / two prologue steps, as the 7B table's q/k/v and
     gate/up); with `PDL` (the LoRA primary's dependent, not `EW`) the only wait is the epilogue's."""
-    from qerl_kernels.inspect_ir import compile_wgmma, stack_of
+    from inspect_ir import compile_wgmma, stack_of
 
     NS = 2 if XS else 3
     k = compile_wgmma(1, 8, NS, split=True, XG=False, R=32 if PDL else 0, PDL=PDL, XS=XS, TILED=True, EW=not PDL,
