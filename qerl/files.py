@@ -1,7 +1,7 @@
 """Writing qerl's files, atomically and in one place: every result, record, manifest and report goes through here
 (a temporary file beside the target, then one rename), so a kill, a full disk or an error while writing leaves the
 previous file whole and no temporary behind. Reading them back strictly: :mod:`qerl.readers`. (Checkpoint
-*directories* are swapped whole by :func:`qerl.checkpoint.swap_dir`; figures are saved through
+*directories* are swapped whole by :func:`qerl.checkpoint.atomic_directory`; figures are saved through
 :func:`qerl.figures.save_figure`, which writes here.) Light: no torch.
 """
 from __future__ import annotations
@@ -45,11 +45,6 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically (:func:`atomic_open`)."""
     with atomic_open(path) as f:
         f.write(text)
-
-
-def write_bytes_atomic(path: str | Path, data: bytes) -> None:
-    with atomic_open(path, "wb") as f:
-        f.write(data)
 
 
 def write_json(path: str | Path, obj, indent: int | None = 2) -> None:
